@@ -1,0 +1,272 @@
+// Package testflow is a three-phase payment flow (tx, call, tx) with a fake provider
+// that dedupes on the derived key, for the engine's and the sweeper's tests. Its tables
+// have no unique constraints on purpose: a duplicated effect shows up as an extra row.
+//
+// This package imports idemflow's phases package.
+package testflow
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// Name is the flow's name; Reserve, Pay and Settle are its phases.
+const (
+	Name    = "charge3"
+	Reserve = "reserve"
+	Pay     = "pay"
+	Settle  = "settle"
+)
+
+// Schema creates the flow's effect tables in the current schema.
+const Schema = `
+CREATE TABLE ledger (
+	id         bigserial PRIMARY KEY,
+	scope      text   NOT NULL,
+	idem_key   text   NOT NULL,
+	amount     bigint NOT NULL,
+	status     text   NOT NULL DEFAULT 'pending',
+	payment_id text
+);
+CREATE TABLE settlements (
+	id         bigserial PRIMARY KEY,
+	ledger_id  bigint NOT NULL,
+	payment_id text   NOT NULL
+);`
+
+// Exec runs statements; a pool or a connection.
+type Exec interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// CreateTables creates the effect tables.
+func CreateTables(ctx context.Context, db Exec) error {
+	_, err := db.Exec(ctx, Schema)
+	return err
+}
+
+// Options configure the flow.
+type Options struct {
+	// ProviderURL is the fake provider's base URL.
+	ProviderURL string
+	// Before, if set, runs at the start of every phase function; an error it returns is
+	// the phase's error. Tests use it to pause, count and inject failures.
+	Before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error
+}
+
+var (
+	ledgerID  = phases.NewSlot[int64]("ledger_id")
+	paymentID = phases.NewSlot[string]("payment_id")
+)
+
+type request struct {
+	Amount int64 `json:"amount"`
+}
+
+// Answer is the flow's 201 body.
+type Answer struct {
+	LedgerID  int64  `json:"ledger_id"`
+	PaymentID string `json:"payment_id"`
+	Amount    int64  `json:"amount"`
+}
+
+// Flow returns the flow.
+func Flow(o Options) phases.Flow {
+	before := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if o.Before == nil {
+			return nil
+		}
+		return o.Before(ctx, tx, run)
+	}
+	client := &http.Client{}
+	return phases.Flow{Name: Name, Phases: []phases.Phase{
+		phases.Tx(Reserve, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			if err := before(ctx, tx, run); err != nil {
+				return nil, err
+			}
+			var req request
+			if err := json.Unmarshal(run.Body(), &req); err != nil || req.Amount <= 0 {
+				return nil, phases.Fail(&phases.Response{Status: 400, Body: []byte(`{"error":"amount must be a positive integer"}`)})
+			}
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO ledger (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`,
+				run.Scope(), run.Key(), req.Amount).Scan(&id)
+			if err != nil {
+				return nil, err
+			}
+			return nil, ledgerID.Set(run, id)
+		}),
+		phases.Call(Pay, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			if err := before(ctx, nil, run); err != nil {
+				return nil, err
+			}
+			var req request
+			if err := json.Unmarshal(run.Body(), &req); err != nil {
+				return nil, err
+			}
+			body, _ := json.Marshal(req)
+			hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, o.ProviderURL+"/pay", bytes.NewReader(body))
+			if err != nil {
+				return nil, err
+			}
+			hreq.Header.Set("Idempotency-Key", run.DerivedKey())
+			resp, err := client.Do(hreq)
+			if err != nil {
+				return nil, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusCreated {
+				return nil, fmt.Errorf("provider answered %d: %s", resp.StatusCode, b)
+			}
+			var out struct{ ID string }
+			if err := json.Unmarshal(b, &out); err != nil {
+				return nil, err
+			}
+			return nil, paymentID.Set(run, out.ID)
+		}),
+		phases.Tx(Settle, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			if err := before(ctx, tx, run); err != nil {
+				return nil, err
+			}
+			lid, err := ledgerID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			pid, err := paymentID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			var amount int64
+			err = tx.QueryRow(ctx, `UPDATE ledger SET status = 'settled', payment_id = $2 WHERE id = $1 RETURNING amount`, lid, pid).Scan(&amount)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO settlements (ledger_id, payment_id) VALUES ($1, $2)`, lid, pid); err != nil {
+				return nil, err
+			}
+			resp, err := phases.JSON(http.StatusCreated, Answer{LedgerID: lid, PaymentID: pid, Amount: amount})
+			if err != nil {
+				return nil, err
+			}
+			resp.Header.Set("Location", "/ledger/"+strconv.FormatInt(lid, 10))
+			resp.Header.Set("Set-Cookie", "session=secret")
+			return resp, nil
+		}),
+	}}
+}
+
+// Provider is a fake payment provider: POST /pay with an Idempotency-Key header makes
+// at most one payment per key, however often and however concurrently it is asked.
+type Provider struct {
+	*httptest.Server
+
+	mu       sync.Mutex
+	payments map[string]string // idempotency key -> payment id
+	requests map[string]int
+	made     int
+	failNext int
+}
+
+// NewProvider starts a provider; Close stops it.
+func NewProvider() *Provider {
+	p := &Provider{payments: map[string]string{}, requests: map[string]int{}}
+	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
+	return p
+}
+
+func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if r.Method != http.MethodPost || r.URL.Path != "/pay" || key == "" {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requests[key]++
+	if p.failNext > 0 {
+		p.failNext--
+		http.Error(w, "provider unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	id, ok := p.payments[key]
+	if !ok {
+		p.made++
+		id = "pay_" + strconv.Itoa(p.made)
+		p.payments[key] = id
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":%q}`, id)
+}
+
+// FailNext makes the next n payment requests fail with 503 before doing anything.
+func (p *Provider) FailNext(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failNext = n
+}
+
+// Payments is the number of payments made.
+func (p *Provider) Payments() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.made
+}
+
+// Payment returns the payment made for an idempotency key, if any.
+func (p *Provider) Payment(key string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id, ok := p.payments[key]
+	return id, ok
+}
+
+// Requests is the number of requests received with an idempotency key.
+func (p *Provider) Requests(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.requests[key]
+}
+
+// Effects counts a key's local effects.
+type Effects struct {
+	Ledger      int // ledger rows for the key
+	Settled     int // of those, settled
+	Settlements int // settlement rows for the key's ledger rows
+}
+
+// Querier reads rows; a pool or a connection.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// CountEffects counts the local effects of (scope, key).
+func CountEffects(ctx context.Context, db Querier, scope, key string) (Effects, error) {
+	var e Effects
+	err := db.QueryRow(ctx, `
+		SELECT count(*),
+		       count(*) FILTER (WHERE l.status = 'settled'),
+		       (SELECT count(*) FROM settlements s JOIN ledger l2 ON l2.id = s.ledger_id WHERE l2.scope = $1 AND l2.idem_key = $2)
+		FROM ledger l WHERE l.scope = $1 AND l.idem_key = $2`, scope, key).Scan(&e.Ledger, &e.Settled, &e.Settlements)
+	if err != nil {
+		return e, fmt.Errorf("count effects: %w", err)
+	}
+	return e, nil
+}
+
+// ErrInjected is what Before hooks return to inject a failure.
+var ErrInjected = errors.New("injected failure")

@@ -1,0 +1,2 @@
+DROP FUNCTION IF EXISTS idemflow_fence(bigint);
+DROP TABLE IF EXISTS idemflow_keys;

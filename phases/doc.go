@@ -1,0 +1,39 @@
+// Package phases holds the building blocks a flow is written with: tx phases that run in
+// one local transaction, call phases that reach outside the database with a derived key,
+// typed phase data carried from phase to phase, and the outcomes a phase can return.
+//
+// A flow is an ordered list of phases with stable names:
+//
+//	var chargeID = phases.NewSlot[int64]("charge_id")
+//
+//	flow := phases.Flow{Name: "create_charge", Phases: []phases.Phase{
+//		phases.Tx("create_charge", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+//			var id int64
+//			err := tx.QueryRow(ctx, `INSERT INTO charges ... RETURNING id`).Scan(&id)
+//			if err != nil {
+//				return nil, err
+//			}
+//			return nil, chargeID.Set(run, id) // nil response: go on to the next phase
+//		}),
+//		phases.Call("provider_charge", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+//			// run.DerivedKey() is the same on every retry and in the sweeper.
+//			return nil, provider.Charge(ctx, run.DerivedKey(), ...)
+//		}),
+//		phases.Tx("finalize", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+//			return phases.JSON(201, body), nil // a response finishes the key
+//		}),
+//	}}
+//
+// What a phase function returns decides what happens next:
+//
+//   - (nil, nil): the phase succeeded; the engine moves on to the next phase.
+//   - (resp, nil) with a status below 500: the key is finished with resp, committed in
+//     the same transaction as a tx phase's writes.
+//   - an error made by Fail: the key is finished with that response; a tx phase's writes
+//     are rolled back.
+//   - any other error, a panic or a response of 5xx: transient. Nothing is stored, the
+//     key is released with its recovery point kept, and the work resumes from there on
+//     the next attempt. RetryAfter suggests when.
+//
+// This package imports none of idemflow's other packages.
+package phases

@@ -1,0 +1,154 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Reserved recovery points. A phase may not use these names.
+const (
+	// Started is the recovery point of a key before any phase completed.
+	Started = "started"
+	// Finished is the recovery point of a key whose response is stored.
+	Finished = "finished"
+)
+
+// Kind says where a phase runs.
+type Kind int
+
+const (
+	// KindTx runs in one local transaction that also advances the recovery point.
+	KindTx Kind = iota + 1
+	// KindCall runs with no transaction open, typically calling a remote service.
+	KindCall
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindTx:
+		return "tx"
+	case KindCall:
+		return "call"
+	default:
+		return fmt.Sprintf("Kind(%d)", int(k))
+	}
+}
+
+// DBTX is what a tx phase runs its SQL on: the phase's own transaction. It has the method
+// set of pgx.Tx that is safe inside a managed transaction (no Commit, Rollback or
+// savepoints), which is also sqlc's DBTX, so generated query code accepts it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+// TxFunc is the body of a tx phase. Its writes on tx commit if and only if the key's
+// recovery point advances past the phase.
+type TxFunc func(ctx context.Context, tx DBTX, run *Run) (*Response, error)
+
+// CallFunc is the body of a call phase. No transaction is open while it runs; its
+// context ends before the executor's lease does.
+type CallFunc func(ctx context.Context, run *Run) (*Response, error)
+
+// Phase is one named step of a flow. Build it with Tx or Call.
+type Phase struct {
+	// Name is the phase's recovery point once it completes. It must be stable across
+	// deployments: a key in flight resumes by name, never by position.
+	Name string
+	// Kind is KindTx or KindCall.
+	Kind Kind
+	// IsoLevel is the isolation level of a tx phase's transaction. Defaults to the
+	// server's default (read committed).
+	IsoLevel pgx.TxIsoLevel
+
+	tx   TxFunc
+	call CallFunc
+}
+
+// Tx returns a tx phase.
+func Tx(name string, fn TxFunc) Phase { return Phase{Name: name, Kind: KindTx, tx: fn} }
+
+// Call returns a call phase.
+func Call(name string, fn CallFunc) Phase { return Phase{Name: name, Kind: KindCall, call: fn} }
+
+// RunTx runs a tx phase's function. The engine calls it; tests may too.
+func (p Phase) RunTx(ctx context.Context, tx DBTX, run *Run) (*Response, error) {
+	return p.tx(ctx, tx, run)
+}
+
+// RunCall runs a call phase's function. The engine calls it; tests may too.
+func (p Phase) RunCall(ctx context.Context, run *Run) (*Response, error) {
+	return p.call(ctx, run)
+}
+
+// Flow is a named, ordered list of phases.
+type Flow struct {
+	// Name identifies the flow on stored keys. Like phase names it must be stable.
+	Name   string
+	Phases []Phase
+}
+
+// ErrInvalidFlow is returned by Validate for a flow that cannot be registered.
+var ErrInvalidFlow = errors.New("invalid flow")
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
+
+// Validate checks that the flow can be run: a valid name, at least one phase, unique
+// phase names that are not reserved, a function for every phase, and at least one tx
+// phase. The last phase is the one expected to respond; a flow that runs past it
+// without a response fails at run time with ErrNoResponse.
+func (f Flow) Validate() error {
+	if !nameRE.MatchString(f.Name) {
+		return fmt.Errorf("%w: flow name %q: want 1-64 of [a-z0-9_.-], starting with a letter", ErrInvalidFlow, f.Name)
+	}
+	if len(f.Phases) == 0 {
+		return fmt.Errorf("%w: flow %q has no phases", ErrInvalidFlow, f.Name)
+	}
+	seen := make(map[string]bool, len(f.Phases))
+	hasTx := false
+	for i, p := range f.Phases {
+		if !nameRE.MatchString(p.Name) {
+			return fmt.Errorf("%w: flow %q phase %d: name %q: want 1-64 of [a-z0-9_.-], starting with a letter", ErrInvalidFlow, f.Name, i, p.Name)
+		}
+		if p.Name == Started || p.Name == Finished {
+			return fmt.Errorf("%w: flow %q: phase name %q is reserved", ErrInvalidFlow, f.Name, p.Name)
+		}
+		if seen[p.Name] {
+			return fmt.Errorf("%w: flow %q: duplicate phase name %q", ErrInvalidFlow, f.Name, p.Name)
+		}
+		seen[p.Name] = true
+		switch {
+		case p.Kind == KindTx && p.tx != nil:
+			hasTx = true
+		case p.Kind == KindCall && p.call != nil:
+		default:
+			return fmt.Errorf("%w: flow %q phase %q: no function (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name)
+		}
+	}
+	if !hasTx {
+		return fmt.Errorf("%w: flow %q has no tx phase", ErrInvalidFlow, f.Name)
+	}
+	return nil
+}
+
+// Index returns the position of the named phase, -1 for Started, or an error for a name
+// the flow does not have.
+func (f Flow) Index(recoveryPoint string) (int, error) {
+	if recoveryPoint == Started {
+		return -1, nil
+	}
+	for i, p := range f.Phases {
+		if p.Name == recoveryPoint {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("flow %q has no phase %q", f.Name, recoveryPoint)
+}

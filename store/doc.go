@@ -1,0 +1,18 @@
+// Package store is the only code that runs SQL on idemflow's key table. It claims keys,
+// looks them up, takes over expired leases, advances recovery points under a fence,
+// finishes keys with a response and releases them after transient failures.
+//
+// Every statement filters by scope. Fenced statements match the key row's identity and
+// lock version; the ones meant to be pipelined with COMMIT raise when they match no row,
+// so the transaction aborts and the COMMIT that follows cannot succeed.
+//
+// Statements that must share a round trip with their neighbours come in pairs: QueueXxx
+// adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's
+// results, in order. The engine owns the batch; this package owns the SQL.
+//
+// pgx errors are translated into this package's errors (ErrConflict, ErrUnavailable,
+// ErrLeaseLost, ...) here and nowhere else; Classify does it for errors that came from
+// a caller's own SQL.
+//
+// This package imports none of idemflow's other packages.
+package store

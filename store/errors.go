@@ -1,0 +1,99 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrNotFound: no key row matches.
+	ErrNotFound = errors.New("key not found")
+	// ErrLeaseLost: a fenced statement matched no row. The key was taken over (its lock
+	// version moved), finished or deleted by someone else; the caller's transaction, if
+	// any, is aborted.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrNotTaken: a takeover found the key's lease live, or the key no longer in the
+	// state the caller saw.
+	ErrNotTaken = errors.New("key not taken over")
+	// ErrClaimRaced: a claim lost a race with a concurrent claim whose row is not yet
+	// visible to this statement. Retrying the claim sees it.
+	ErrClaimRaced = errors.New("claim raced with a concurrent claim")
+	// ErrConflict: a serialization failure or deadlock; the whole transaction may be
+	// retried.
+	ErrConflict = errors.New("transaction conflict")
+	// ErrUnavailable: the database could not be reached or the connection broke. If the
+	// statement was a COMMIT, its outcome is unknown unless ErrNotSent is also matched.
+	ErrUnavailable = errors.New("database unavailable")
+	// ErrNotSent: the failed request never reached the server (always with
+	// ErrUnavailable); nothing it carried took effect.
+	ErrNotSent = errors.New("request not sent")
+	// ErrInvalid: the database refused a value (a CHECK constraint, a length or format
+	// limit). Nothing was written.
+	ErrInvalid = errors.New("value refused by the database")
+)
+
+// fenceCode is the SQLSTATE raised by idemflow_fence.
+const fenceCode = "IF001"
+
+// Classify translates an error from pgx into this package's errors, wrapping the
+// original. Errors that are already ours, context errors and unknown errors come back
+// unchanged.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimRaced, ErrConflict, ErrUnavailable, ErrInvalid} {
+		if errors.Is(err, ours) {
+			return err
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == fenceCode:
+			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		case pgErr.Code == "40001" || pgErr.Code == "40P01":
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"):
+			// connection exceptions and operator intervention (shutdown, terminated backend)
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// pgx closes the connection when a context ends mid-request; the outcome of what
+		// was in flight is as unknown as on a network error.
+		if pgconn.SafeToRetry(err) {
+			return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNotSent, err)
+		}
+		return err
+	}
+	if pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNotSent, err)
+	}
+	if pgconn.Timeout(err) || isNetwork(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+func isNetwork(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) ||
+		errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNREFUSED)
+}

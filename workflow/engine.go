@@ -1,0 +1,456 @@
+package workflow
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+// Defaults for Config.
+const (
+	LeaseDefault             = 30 * time.Second
+	MaxBodyBytesDefault      = 1 << 20
+	MaxResponseBytesDefault  = 1 << 20
+	MaxPhaseDataBytesDefault = 64 << 10
+	TxRetriesDefault         = 5
+	BackoffBaseDefault       = time.Second
+	BackoffMaxDefault        = 5 * time.Minute
+)
+
+// StoredHeadersDefault are the response headers kept on a finished key and replayed.
+// Headers such as Set-Cookie, Date and authentication headers are never stored.
+var StoredHeadersDefault = []string{
+	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag",
+	"Last-Modified", "Cache-Control", "Link", "Retry-After",
+}
+
+// Config configures an Engine. The zero value (or a nil *Config) means all defaults.
+type Config struct {
+	// Lease is how long an executor owns a key before another may take it over, by the
+	// database clock. Each tx phase commit renews it; a call phase's context ends
+	// before it does. Defaults to 30s.
+	Lease time.Duration
+	// MaxBodyBytes limits the request body stored with a key. Defaults to 1 MiB.
+	MaxBodyBytes int
+	// MaxResponseBytes limits a stored response body. Larger responses are refused,
+	// never truncated. Defaults to 1 MiB.
+	MaxResponseBytes int
+	// MaxPhaseDataBytes limits the encoded phase data. Defaults to 64 KiB.
+	MaxPhaseDataBytes int
+	// TxRetries is how many times a tx phase is re-run after a serialization failure
+	// or deadlock. Defaults to 5; -1 disables retries.
+	TxRetries int
+	// BackoffBase and BackoffMax shape the delay before a released key is due for the
+	// sweeper again: BackoffBase * 2^(attempts-1), capped at BackoffMax, unless the
+	// phase suggested a delay. Default 1s and 5m.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// StoredHeaders lists the response headers kept and replayed. Defaults to
+	// StoredHeadersDefault.
+	StoredHeaders []string
+	// Hooks observe the engine. Optional.
+	Hooks Hooks
+	// Logger receives what the engine cannot return, such as a failed release after a
+	// transient failure. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Lease == 0 {
+		out.Lease = LeaseDefault
+	}
+	if out.MaxBodyBytes == 0 {
+		out.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if out.MaxResponseBytes == 0 {
+		out.MaxResponseBytes = MaxResponseBytesDefault
+	}
+	if out.MaxPhaseDataBytes == 0 {
+		out.MaxPhaseDataBytes = MaxPhaseDataBytesDefault
+	}
+	if out.TxRetries == 0 {
+		out.TxRetries = TxRetriesDefault
+	}
+	if out.TxRetries < 0 {
+		out.TxRetries = 0
+	}
+	if out.BackoffBase == 0 {
+		out.BackoffBase = BackoffBaseDefault
+	}
+	if out.BackoffMax == 0 {
+		out.BackoffMax = BackoffMaxDefault
+	}
+	if out.StoredHeaders == nil {
+		out.StoredHeaders = StoredHeadersDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Lease < time.Second:
+		return fmt.Errorf("workflow: Lease %s is under 1s", c.Lease)
+	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > 16<<20:
+		return fmt.Errorf("workflow: MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
+	case c.MaxResponseBytes < 0 || c.MaxResponseBytes > 16<<20:
+		return fmt.Errorf("workflow: MaxResponseBytes %d is outside 0..16 MiB", c.MaxResponseBytes)
+	case c.MaxPhaseDataBytes < 0 || c.MaxPhaseDataBytes > 1<<20:
+		return fmt.Errorf("workflow: MaxPhaseDataBytes %d is outside 0..1 MiB", c.MaxPhaseDataBytes)
+	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
+		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
+	}
+	return nil
+}
+
+// Pool is what the engine needs of a connection pool; *pgxpool.Pool satisfies it.
+type Pool interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Engine runs flows under idempotency keys. It is safe for concurrent use.
+type Engine struct {
+	pool   Pool
+	store  *store.Store
+	cfg    *Config
+	stored map[string]bool // canonical header names kept on finished keys
+
+	mu    sync.RWMutex
+	flows map[string]phases.Flow
+}
+
+// New returns an engine on pool. The pool's schema must have been migrated
+// (migrations.Migrate). cfg may be nil.
+func New(pool Pool, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, errors.New("workflow: nil pool")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	stored := make(map[string]bool, len(c.StoredHeaders))
+	for _, h := range c.StoredHeaders {
+		stored[http.CanonicalHeaderKey(h)] = true
+	}
+	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
+		delete(stored, never)
+	}
+	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
+}
+
+// Config returns the engine's configuration with defaults filled in.
+func (e *Engine) Config() Config { return *e.cfg }
+
+// Register adds a flow. It fails if the flow is invalid (see phases.Flow.Validate) or a
+// flow of that name is already registered.
+func (e *Engine) Register(f phases.Flow) error {
+	if err := f.Validate(); err != nil {
+		return fmt.Errorf("workflow: register: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, dup := e.flows[f.Name]; dup {
+		return fmt.Errorf("workflow: register: %w: flow %q is already registered", phases.ErrInvalidFlow, f.Name)
+	}
+	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	e.flows[f.Name] = f
+	return nil
+}
+
+func (e *Engine) flow(name string) (phases.Flow, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	f, ok := e.flows[name]
+	return f, ok
+}
+
+// Request is one attempt of a logical operation.
+type Request struct {
+	// Scope is the key's owner, resolved by the server (an account, a tenant).
+	Scope string
+	// Key is the client's idempotency key: 1-255 printable ASCII characters.
+	Key string
+	// Flow names a registered flow.
+	Flow string
+	// Method, Route and Body identify the request: a later attempt with the same key
+	// must match them (Body compared in canonical JSON form when it is JSON).
+	Method string
+	Route  string
+	Body   []byte
+}
+
+// Result is the answer to an attempt.
+type Result struct {
+	Response *phases.Response
+	// Replayed is true when the response was stored by an earlier attempt.
+	Replayed bool
+}
+
+// ValidateKey reports whether key is a valid idempotency key: 1-255 bytes of printable
+// ASCII (space through tilde). The error wraps ErrInvalidKey.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	if len(key) > 255 {
+		return fmt.Errorf("%w: %d bytes, the limit is 255", ErrInvalidKey, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: byte %#x at %d is not printable ASCII", ErrInvalidKey, c, i)
+		}
+	}
+	return nil
+}
+
+func (e *Engine) validate(req *Request) (phases.Flow, error) {
+	if err := ValidateKey(req.Key); err != nil {
+		return phases.Flow{}, err
+	}
+	if req.Scope == "" || len(req.Scope) > 255 {
+		return phases.Flow{}, fmt.Errorf("%w: want 1-255 bytes, got %d", ErrInvalidScope, len(req.Scope))
+	}
+	if req.Method == "" || len(req.Method) > 16 {
+		return phases.Flow{}, fmt.Errorf("%w: method %q", ErrInvalidRequest, req.Method)
+	}
+	if req.Route == "" || len(req.Route) > 1024 {
+		return phases.Flow{}, fmt.Errorf("%w: route of %d bytes, want 1-1024", ErrInvalidRequest, len(req.Route))
+	}
+	if len(req.Body) > e.cfg.MaxBodyBytes {
+		return phases.Flow{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(req.Body), e.cfg.MaxBodyBytes)
+	}
+	f, ok := e.flow(req.Flow)
+	if !ok {
+		return phases.Flow{}, fmt.Errorf("%w: %q", ErrUnknownFlow, req.Flow)
+	}
+	if req.Body == nil {
+		req.Body = []byte{}
+	}
+	return f, nil
+}
+
+// maxRaces bounds how often an attempt re-reads a key after losing a race with another
+// attempt on it; each race means another attempt made progress.
+const maxRaces = 8
+
+// errRaced means the key changed under this attempt; look it up again.
+var errRaced = errors.New("raced")
+
+// Do runs one attempt of req. A new key runs its flow from the start; a finished key
+// replays its stored response; an unfinished key whose lease ended is taken over and
+// resumed from its recovery point.
+//
+// Errors: ErrInvalidKey, ErrInvalidScope, ErrInvalidRequest, ErrBodyTooLarge and
+// ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
+// *InProgressError; *TransientError; ErrLeaseLost; ErrUnknownRecoveryPoint;
+// ErrDeadLettered; store errors when the database fails.
+func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
+	f, err := e.validate(&req)
+	if err != nil {
+		return nil, err
+	}
+	fp := Fingerprint(req.Method, req.Route, req.Body)
+	for range maxRaces {
+		row, err := e.store.Lookup(ctx, e.pool, req.Scope, req.Key)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			row, err = nil, nil
+		case err != nil:
+			return nil, err
+		}
+		var res *Result
+		if row == nil {
+			res, row, err = e.fresh(ctx, f, req, fp[:])
+		}
+		if row != nil { // found, or the claim found it
+			res, err = e.existing(ctx, row, &req, fp[:])
+		}
+		if errors.Is(err, errRaced) {
+			continue
+		}
+		return res, err
+	}
+	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
+}
+
+// Resume drives an existing key: it replays a finished key, and takes over and resumes
+// an unfinished one whose lease ended, from its recovery point, with the request stored
+// on the key. It is what the sweeper and operators call.
+//
+// Errors: ErrNotFound; *InProgressError while a lease is live; ErrUnknownFlow if the
+// key's flow is not registered and ErrUnknownRecoveryPoint if the flow has no phase of
+// that name (both leave the key untouched); ErrDeadLettered; and the errors of Do.
+func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	for range maxRaces {
+		row, err := e.store.Lookup(ctx, e.pool, scope, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+		}
+		if err != nil {
+			return nil, err
+		}
+		res, err := e.existing(ctx, row, nil, nil)
+		if errors.Is(err, errRaced) {
+			continue
+		}
+		return res, err
+	}
+	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
+}
+
+// existing answers an attempt that found a key row. req and fp are nil for Resume.
+func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) (*Result, error) {
+	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || string(row.Fingerprint) != string(fp)) {
+		ev.Kind = KeyMismatch
+		e.cfg.Hooks.key(ctx, ev)
+		return nil, ErrMismatch
+	}
+	switch row.Status {
+	case store.StatusFinished:
+		resp, err := storedResponse(row)
+		if err != nil {
+			return nil, err
+		}
+		ev.Kind = KeyReplayed
+		e.cfg.Hooks.key(ctx, ev)
+		return &Result{Response: resp, Replayed: true}, nil
+	case store.StatusDead:
+		last := ""
+		if row.LastError != nil {
+			last = *row.LastError
+		}
+		return nil, fmt.Errorf("%w: %s", ErrDeadLettered, last)
+	}
+	if row.LeaseLive {
+		ev.Kind = KeyInProgress
+		e.cfg.Hooks.key(ctx, ev)
+		return nil, &InProgressError{RetryAfter: max(row.LeaseLeft(), time.Second)}
+	}
+	f, ok := e.flow(row.Flow)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key)
+	}
+	next, err := f.Index(row.RecoveryPoint)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err)
+	}
+	started := time.Now()
+	taken, err := e.store.Takeover(ctx, e.pool, row.Scope, row.Key, row.ID, row.LockVersion, e.cfg.Lease)
+	if errors.Is(err, store.ErrNotTaken) {
+		return nil, errRaced
+	}
+	if err != nil {
+		return nil, err
+	}
+	ev.Kind = KeyTakenOver
+	e.cfg.Hooks.key(ctx, ev)
+	x, err := e.newExec(f, taken, started)
+	if err != nil {
+		return nil, err
+	}
+	return x.drive(ctx, next+1)
+}
+
+// fresh runs a new key from its first phase. If the claim finds the key already
+// exists, it returns that row instead, for existing to answer.
+func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byte) (*Result, *store.Row, error) {
+	id, err := newUUID()
+	if err != nil {
+		return nil, nil, err
+	}
+	x := &exec{
+		e:     e,
+		flow:  f,
+		fence: store.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
+		rp:    phases.Started,
+		claim: &store.Claim{
+			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
+			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: req.Body,
+			Lease: e.cfg.Lease,
+		},
+		leaseEnd: time.Now().Add(e.cfg.Lease),
+	}
+	x.run, _ = phases.NewRun(phases.RunInfo{
+		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
+		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
+	}, nil)
+	res, err := x.drive(ctx, 0)
+	var ce *claimedError
+	if errors.As(err, &ce) {
+		return nil, ce.row, nil
+	}
+	return res, nil, err
+}
+
+func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
+	run, err := phases.NewRun(phases.RunInfo{
+		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
+		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
+	}, row.PhaseData)
+	if err != nil {
+		return nil, err
+	}
+	return &exec{
+		e:        e,
+		flow:     f,
+		fence:    store.Fence{Scope: row.Scope, Key: row.Key, ID: row.ID, LockVersion: row.LockVersion},
+		rp:       row.RecoveryPoint,
+		run:      run,
+		leaseEnd: started.Add(row.LeaseLeft()),
+	}, nil
+}
+
+func storedResponse(row *store.Row) (*phases.Response, error) {
+	resp := &phases.Response{Body: row.ResponseBody, Header: http.Header{}}
+	if row.ResponseStatus != nil {
+		resp.Status = *row.ResponseStatus
+	}
+	if resp.Body == nil {
+		resp.Body = []byte{}
+	}
+	if len(row.ResponseHeaders) > 0 {
+		if err := json.Unmarshal(row.ResponseHeaders, &resp.Header); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %w", err)
+		}
+	}
+	return resp, nil
+}
+
+func newUUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate key id: %w", err)
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32], nil
+}

@@ -1,0 +1,87 @@
+package workflow
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+var (
+	// ErrInvalidKey: the idempotency key is empty, longer than 255 bytes or holds a
+	// character outside printable ASCII. Nothing was written.
+	ErrInvalidKey = errors.New("invalid idempotency key")
+	// ErrInvalidScope: the scope is empty or longer than 255 bytes. Nothing was written.
+	ErrInvalidScope = errors.New("invalid scope")
+	// ErrInvalidRequest: method or route is empty or too long. Nothing was written.
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrUnknownFlow: no flow of that name is registered. Nothing was written.
+	ErrUnknownFlow = errors.New("unknown flow")
+	// ErrBodyTooLarge: the request body is over Config.MaxBodyBytes. Nothing was written.
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrMismatch: the key was used before for a different request (method, route, flow
+	// or body). Nothing was written.
+	ErrMismatch = errors.New("idempotency key reused for a different request")
+	// ErrInProgress: another attempt holds the key's lease. The error is an
+	// *InProgressError carrying the time left on the lease.
+	ErrInProgress = errors.New("request in progress")
+	// ErrUnknownRecoveryPoint: the key's recovery point names a phase the flow no longer
+	// has. The key is left untouched for an operator to decide.
+	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
+	// ErrDeadLettered: the key was given up on after too many failed attempts; it keeps
+	// its last error and can be re-driven explicitly.
+	ErrDeadLettered = errors.New("key dead-lettered")
+	// ErrNotFound: Resume found no key row.
+	ErrNotFound = errors.New("key not found")
+	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
+	// work was rolled back and the new owner answers.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrTransient: the attempt failed in a way worth retrying. Nothing new was stored,
+	// the key was released and keeps its recovery point. The error is a *TransientError.
+	ErrTransient = errors.New("transient failure")
+	// ErrResponseTooLarge: a phase's response is over Config.MaxResponseBytes. It is
+	// never truncated; the attempt fails as transient with this error.
+	ErrResponseTooLarge = errors.New("response too large to store")
+	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
+	ErrPhaseDataTooLarge = errors.New("phase data too large")
+	// ErrNoResponse: the flow's last phase returned without a response.
+	ErrNoResponse = errors.New("flow ended without a response")
+)
+
+// InProgressError is returned while another attempt holds a key's lease.
+type InProgressError struct {
+	// RetryAfter is the time left on the lease by the database clock; at least one
+	// second.
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("request in progress; retry after %s", e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrInProgress) true.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// TransientError is returned when an attempt failed but may succeed later. Nothing new
+// was stored and the key keeps its recovery point.
+type TransientError struct {
+	// Phase is the phase that failed.
+	Phase string
+	// RetryAfter suggests when to retry (never less than one second).
+	RetryAfter time.Duration
+	// Response is a 5xx response the phase produced, if any, to pass on unstored.
+	Response *phases.Response
+	// Err is the cause.
+	Err error
+}
+
+func (e *TransientError) Error() string {
+	return fmt.Sprintf("phase %s: transient failure: %v", e.Phase, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *TransientError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrTransient) true.
+func (e *TransientError) Is(target error) bool { return target == ErrTransient }

@@ -1,0 +1,440 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+// exec drives one key through its phases as the holder of its lease.
+type exec struct {
+	e     *Engine
+	flow  phases.Flow
+	fence store.Fence
+	// rp is the recovery point as this executor knows it. After a call phase it is
+	// ahead of the stored one until the next commit carries it.
+	rp string
+	// claim is the key row still to be inserted: it rides in the first commit.
+	claim    *store.Claim
+	run      *phases.Run
+	leaseEnd time.Time // local estimate of when the lease ends
+}
+
+// outcome of one phase.
+type outcome struct {
+	res  *Result // set when the key finished
+	done bool
+}
+
+func (x *exec) event(p phases.Phase) PhaseEvent {
+	return PhaseEvent{
+		Flow: x.flow.Name, Phase: p.Name, Kind: p.Kind,
+		Scope: x.fence.Scope, Key: x.fence.Key, ID: x.fence.ID,
+		LockVersion: x.fence.LockVersion, Attempt: x.run.Attempt(),
+	}
+}
+
+// drive runs the phases from index start on.
+func (x *exec) drive(ctx context.Context, start int) (*Result, error) {
+	last := phases.Started
+	for i := start; i < len(x.flow.Phases); i++ {
+		p := x.flow.Phases[i]
+		last = p.Name
+		var out outcome
+		var err error
+		if p.Kind == phases.KindTx {
+			out, err = x.txPhase(ctx, p)
+		} else {
+			out, err = x.callPhase(ctx, p)
+		}
+		if err != nil || out.done {
+			return out.res, err
+		}
+	}
+	return nil, x.transient(ctx, last, ErrNoResponse, nil)
+}
+
+// txPhase runs a tx phase, re-running its whole transaction after a serialization
+// failure or deadlock.
+func (x *exec) txPhase(ctx context.Context, p phases.Phase) (outcome, error) {
+	ev := x.event(p)
+	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
+	for try := 0; ; try++ {
+		out, err := x.txOnce(ctx, p, ev)
+		if errors.Is(err, store.ErrConflict) && try < x.e.cfg.TxRetries && ctx.Err() == nil {
+			if werr := wait(ctx, conflictDelay(try)); werr == nil {
+				continue
+			}
+		}
+		var ce *claimedError
+		if err == nil || errors.As(err, &ce) || errors.Is(err, errRaced) || errors.Is(err, ErrLeaseLost) {
+			x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
+			return out, err
+		}
+		var te *TransientError
+		if errors.As(err, &te) {
+			x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
+			return out, err
+		}
+		err = x.transient(ctx, p.Name, err, nil)
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
+		return out, err
+	}
+}
+
+// txOnce runs one transaction of a tx phase. Errors that are not outcomes of the
+// claim, lease losses or already transient are turned into transient failures by the
+// caller (after conflict retries).
+func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outcome, error) {
+	conn, err := x.e.pool.Acquire(ctx)
+	if err != nil {
+		return outcome{}, fmt.Errorf("acquire connection: %w", store.Classify(err))
+	}
+	defer conn.Release()
+	tx := newPhaseTx(conn.Conn(), x.e.store, p.IsoLevel, x.claim)
+	x.run.EnterPhase(p.Name)
+	resp, ferr := runTx(ctx, p, tx, x.run)
+	if tx.err != nil { // the claim did not give us the key: nothing else matters
+		tx.rollback(ctx)
+		return outcome{}, tx.err
+	}
+	var term *phases.TerminalError
+	switch {
+	case ferr == nil && resp == nil:
+		data, err := x.data()
+		if err != nil {
+			tx.rollback(ctx)
+			return outcome{}, err
+		}
+		x.e.cfg.Hooks.beforeCommit(ctx, ev)
+		sent := time.Now()
+		err = x.commit(ctx, tx, p.Name, false, func(b *pgx.Batch) {
+			x.e.store.QueueAdvance(b, x.fence, p.Name, data, x.e.cfg.Lease)
+		})
+		if err != nil {
+			return outcome{}, err
+		}
+		x.rp = p.Name
+		x.leaseEnd = sent.Add(x.e.cfg.Lease)
+		return outcome{}, nil
+	case ferr == nil && resp.Status < 500:
+		stored, data, err := x.storable(resp)
+		if err != nil {
+			tx.rollback(ctx)
+			return outcome{}, err
+		}
+		x.e.cfg.Hooks.beforeCommit(ctx, ev)
+		err = x.commit(ctx, tx, phases.Finished, true, func(b *pgx.Batch) {
+			x.e.store.QueueFinish(b, x.fence, data, stored)
+		})
+		if err != nil {
+			return outcome{}, err
+		}
+		return x.finished(ctx, resp), nil
+	case ferr == nil: // a 5xx response: transient, passed on but never stored
+		tx.rollback(ctx)
+		x.run.Revert()
+		return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("phase responded %d", resp.Status), resp)
+	case errors.As(ferr, &term) && term.Response != nil && term.Response.Status < 500:
+		tx.rollback(ctx)
+		x.run.Revert()
+		return x.finishAlone(ctx, term.Response)
+	default:
+		tx.rollback(ctx)
+		x.run.Revert()
+		return outcome{}, store.Classify(ferr)
+	}
+}
+
+// callPhase runs a call phase with no transaction open. The key row must be durable
+// before anything leaves the process, so a claim still pending is committed first.
+func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
+	if x.claim != nil {
+		conn, err := x.e.pool.Acquire(ctx)
+		if err != nil {
+			return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("acquire connection: %w", store.Classify(err)), nil)
+		}
+		tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
+		sent := time.Now()
+		err = x.commit(ctx, tx, phases.Started, false, func(*pgx.Batch) {})
+		conn.Release()
+		if err != nil {
+			return outcome{}, x.commitFailed(ctx, p.Name, err)
+		}
+		x.leaseEnd = sent.Add(x.e.cfg.Lease)
+	}
+	ev := x.event(p)
+	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
+	x.run.EnterPhase(p.Name)
+	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
+	if !time.Now().Before(deadline) {
+		err := x.transient(ctx, p.Name, errors.New("too little of the lease is left to make the call"), nil)
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
+		return outcome{}, err
+	}
+	callCtx, cancel := context.WithDeadline(ctx, deadline)
+	resp, err := runCall(callCtx, p, x.run)
+	cancel()
+	x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
+	var term *phases.TerminalError
+	switch {
+	case err == nil && resp == nil:
+		x.rp = p.Name
+		return outcome{}, nil
+	case err == nil && resp.Status < 500:
+		return x.finishAlone(ctx, resp)
+	case err == nil:
+		x.run.Revert()
+		return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("phase responded %d", resp.Status), resp)
+	case errors.As(err, &term) && term.Response != nil && term.Response.Status < 500:
+		x.run.Revert()
+		return x.finishAlone(ctx, term.Response)
+	default:
+		x.run.Revert()
+		return outcome{}, x.transient(ctx, p.Name, err, nil)
+	}
+}
+
+// finishAlone stores resp in a transaction of its own: BEGIN, the claim if still
+// pending, the fenced finish and COMMIT, in one round trip.
+func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome, error) {
+	stored, data, err := x.storable(resp)
+	if err != nil {
+		return outcome{}, err
+	}
+	conn, err := x.e.pool.Acquire(ctx)
+	if err != nil {
+		return outcome{}, fmt.Errorf("acquire connection: %w", store.Classify(err))
+	}
+	defer conn.Release()
+	tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
+	err = x.commit(ctx, tx, phases.Finished, true, func(b *pgx.Batch) {
+		x.e.store.QueueFinish(b, x.fence, data, stored)
+	})
+	if err != nil {
+		return outcome{}, err
+	}
+	return x.finished(ctx, resp), nil
+}
+
+func (x *exec) finished(ctx context.Context, resp *phases.Response) outcome {
+	x.claim = nil
+	x.rp = phases.Finished
+	x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyFinished, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: phases.Finished})
+	return outcome{res: &Result{Response: resp}, done: true}
+}
+
+// commit commits tx with the fenced statement and settles what a failure means. A
+// commit whose outcome is unknown (the connection broke after COMMIT may have been
+// sent) is resolved by reading the key row again before anything else is decided.
+func (x *exec) commit(ctx context.Context, tx *phaseTx, target string, finish bool, fenced func(*pgx.Batch)) error {
+	err := tx.commit(ctx, fenced)
+	if err == nil {
+		if x.claim != nil {
+			x.claim = nil
+			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
+		}
+		return nil
+	}
+	tx.rollback(ctx)
+	var ce *claimedError
+	switch {
+	case errors.As(err, &ce), errors.Is(err, errRaced):
+		return err
+	case errors.Is(err, store.ErrLeaseLost):
+		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+		return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	case errors.Is(err, store.ErrConflict):
+		return err
+	case errors.Is(err, store.ErrNotSent):
+		return err // nothing reached the server
+	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
+		committed, rerr := x.resolve(ctx, target, finish)
+		if rerr != nil {
+			// Neither outcome can be ruled out, so nothing may be released or redone
+			// here: the lease runs out and the next attempt reads the truth.
+			return &TransientError{Phase: target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
+		}
+		if committed {
+			x.claim = nil
+			return nil
+		}
+		return err
+	default:
+		return err
+	}
+}
+
+// resolve reads the key row to learn whether a commit with an unknown outcome took
+// effect.
+func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	row, err := x.e.store.Lookup(ctx, x.e.pool, x.fence.Scope, x.fence.Key)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("re-read key after unknown commit outcome: %w", err)
+	}
+	if row.ID != x.fence.ID || row.LockVersion != x.fence.LockVersion {
+		return false, nil
+	}
+	if finish {
+		return row.Status == store.StatusFinished, nil
+	}
+	return row.RecoveryPoint == target, nil
+}
+
+// commitFailed turns the failure of a claim committed on its own into the error to
+// return.
+func (x *exec) commitFailed(ctx context.Context, phase string, err error) error {
+	var ce *claimedError
+	var te *TransientError
+	switch {
+	case errors.As(err, &ce), errors.Is(err, errRaced), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
+		return err
+	}
+	return x.transient(ctx, phase, err, nil)
+}
+
+// transient releases the key after a failure worth retrying, keeping what is durable,
+// and returns the *TransientError for the caller.
+func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) error {
+	after := time.Duration(0)
+	var te *phases.TransientError
+	if errors.As(cause, &te) {
+		after = te.After
+	}
+	if after <= 0 {
+		after = x.backoff()
+	}
+	if errors.Is(cause, store.ErrLeaseLost) {
+		return fmt.Errorf("%w: %w", ErrLeaseLost, cause)
+	}
+	if x.claim == nil { // the key row exists: release it
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		data, derr := x.run.MarshalData()
+		if derr == nil {
+			derr = x.e.store.Release(rctx, x.e.pool, x.fence, x.rp, data, cause.Error(), after)
+		}
+		cancel()
+		if errors.Is(derr, store.ErrLeaseLost) {
+			return fmt.Errorf("%w: %w", ErrLeaseLost, derr)
+		}
+		if derr != nil {
+			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
+				slogKey(x.fence), "phase", phase, "err", derr)
+		} else {
+			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause})
+		}
+	}
+	retry := time.Second
+	if te != nil && te.After > retry {
+		retry = te.After
+	}
+	return &TransientError{Phase: phase, RetryAfter: retry, Response: resp, Err: cause}
+}
+
+// backoff is how long a released key waits before the sweeper may take it again.
+func (x *exec) backoff() time.Duration {
+	d := x.e.cfg.BackoffBase
+	for i := 1; i < x.run.Attempt() && d < x.e.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, x.e.cfg.BackoffMax)
+}
+
+// data encodes the phase data, enforcing the size limit.
+func (x *exec) data() ([]byte, error) {
+	data, err := x.run.MarshalData()
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > x.e.cfg.MaxPhaseDataBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrPhaseDataTooLarge, len(data), x.e.cfg.MaxPhaseDataBytes)
+	}
+	return data, nil
+}
+
+// storable returns the response as stored (allow-listed headers only) and the phase
+// data, or an error if either is too large. Nothing is ever truncated.
+func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, error) {
+	if resp.Status < 100 || resp.Status > 499 {
+		return store.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored", resp.Status)
+	}
+	if len(resp.Body) > x.e.cfg.MaxResponseBytes {
+		return store.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
+	}
+	kept := http.Header{}
+	for k, v := range resp.Header {
+		if ck := http.CanonicalHeaderKey(k); x.e.stored[ck] {
+			kept[ck] = append([]string(nil), v...)
+		}
+	}
+	headers, err := json.Marshal(kept)
+	if err != nil {
+		return store.StoredResponse{}, nil, fmt.Errorf("encode headers: %w", err)
+	}
+	data, err := x.data()
+	if err != nil {
+		return store.StoredResponse{}, nil, err
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return store.StoredResponse{Status: resp.Status, Headers: headers, Body: body}, data, nil
+}
+
+// runTx calls a tx phase's function, turning a panic into a transient error.
+func runTx(ctx context.Context, p phases.Phase, tx phases.DBTX, run *phases.Run) (resp *phases.Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return p.RunTx(ctx, tx, run)
+}
+
+// runCall calls a call phase's function, turning a panic into a transient error.
+func runCall(ctx context.Context, p phases.Phase, run *phases.Run) (resp *phases.Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return p.RunCall(ctx, run)
+}
+
+// leaseMargin is how long before the lease ends a call phase's context ends.
+func leaseMargin(lease time.Duration) time.Duration {
+	return min(max(lease/10, 200*time.Millisecond), 5*time.Second)
+}
+
+// conflictDelay spaces out re-runs of a transaction that hit a serialization failure.
+func conflictDelay(try int) time.Duration {
+	base := time.Duration(1<<min(try, 6)) * time.Millisecond
+	return base + rand.N(base)
+}
+
+func wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

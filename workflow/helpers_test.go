@@ -1,0 +1,128 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+type bundle struct {
+	db       *pgtest.DB
+	provider *testflow.Provider
+	engine   *workflow.Engine
+}
+
+type setupOpts struct {
+	cfg    *workflow.Config
+	before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error
+	pool   *pgxpool.Pool // defaults to the schema's pool
+}
+
+func setup(t *testing.T, o setupOpts) *bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	require.NoError(t, testflow.CreateTables(context.Background(), db.Pool))
+	p := testflow.NewProvider()
+	t.Cleanup(p.Close)
+	b := &bundle{db: db, provider: p}
+	b.engine = b.newEngine(t, o)
+	return b
+}
+
+func (b *bundle) newEngine(t *testing.T, o setupOpts) *workflow.Engine {
+	t.Helper()
+	pool := o.pool
+	if pool == nil {
+		pool = b.db.Pool
+	}
+	e, err := workflow.New(pool, o.cfg)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(testflow.Flow(testflow.Options{ProviderURL: b.provider.URL, Before: o.before})))
+	return e
+}
+
+func chargeReq(scope, key, body string) workflow.Request {
+	return workflow.Request{Scope: scope, Key: key, Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(body)}
+}
+
+// keyRow is the whole key row as text, to compare before and after.
+func keyRow(t *testing.T, db *pgtest.DB, scope, key string) string {
+	t.Helper()
+	var s string
+	err := db.Pool.QueryRow(context.Background(),
+		`SELECT coalesce((SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = $1 AND idempotency_key = $2), '')`,
+		scope, key).Scan(&s)
+	require.NoError(t, err)
+	return s
+}
+
+func countKeys(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idemflow_keys`).Scan(&n))
+	return n
+}
+
+// expireLease moves a key's lease into the past: the database-clock equivalent of
+// waiting for it to run out.
+func expireLease(t *testing.T, db *pgtest.DB, scope, key string) {
+	t.Helper()
+	tag, err := db.Pool.Exec(context.Background(),
+		`UPDATE idemflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond'
+		 WHERE scope = $1 AND idempotency_key = $2 AND locked_until IS NOT NULL`, scope, key)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "key %s/%s has no lease to expire", scope, key)
+}
+
+type keyState struct {
+	Status        string
+	RecoveryPoint string
+	LockVersion   int64
+	Leased        bool
+	Attempts      int
+	LastError     *string
+}
+
+func state(t *testing.T, db *pgtest.DB, scope, key string) keyState {
+	t.Helper()
+	var s keyState
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL, attempts, last_error
+		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Attempts, &s.LastError)
+	require.NoError(t, err)
+	return s
+}
+
+func effects(t *testing.T, db *pgtest.DB, scope, key string) testflow.Effects {
+	t.Helper()
+	e, err := testflow.CountEffects(context.Background(), db.Pool, scope, key)
+	require.NoError(t, err)
+	return e
+}
+
+// requireOneEffect checks that a finished key has exactly one of each effect, locally
+// and at the provider.
+func requireOneEffect(t *testing.T, b *bundle, scope, key string) {
+	t.Helper()
+	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, effects(t, b.db, scope, key))
+	var id string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).Scan(&id))
+	_, paid := b.provider.Payment(id + ":" + testflow.Pay)
+	require.True(t, paid, "no provider payment for the key's derived key")
+}
+
+func isInProgress(err error) (*workflow.InProgressError, bool) {
+	var ip *workflow.InProgressError
+	ok := errors.As(err, &ip)
+	return ip, ok
+}

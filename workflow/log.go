@@ -1,0 +1,11 @@
+package workflow
+
+import (
+	"log/slog"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+func slogKey(f store.Fence) slog.Attr {
+	return slog.Group("key", slog.String("scope", f.Scope), slog.String("key", f.Key), slog.String("id", f.ID))
+}
