@@ -562,3 +562,60 @@ func TestPhaseDataCarriesAcrossResume(t *testing.T) {
 	require.NoError(t, json.Unmarshal(res.Response.Body, &got))
 	require.Equal(t, note{A: 42, B: []string{"x", "y"}}, got)
 }
+
+// TestZombieFencedByLockVersion pauses the zombie while the new owner is still
+// mid-flow, so only the lock version (not the key's status) can stop its commit.
+func TestZombieFencedByLockVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	zombiePaused, zombieGo := make(chan struct{}), make(chan struct{})
+	ownerPaused, ownerGo := make(chan struct{}), make(chan struct{})
+	var zombieOnce, ownerOnce atomic.Bool
+	b := setup(t, setupOpts{before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Settle && zombieOnce.CompareAndSwap(false, true) {
+			close(zombiePaused)
+			<-zombieGo
+		}
+		return nil
+	}})
+	owner := b.newEngine(t, setupOpts{pool: b.db.NewPool(t), before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay && ownerOnce.CompareAndSwap(false, true) {
+			close(ownerPaused)
+			<-ownerGo
+		}
+		return nil
+	}})
+
+	zombieErr := make(chan error, 1)
+	go func() {
+		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":9}`))
+		zombieErr <- err
+	}()
+	<-zombiePaused
+	// The zombie's recovery point is "pay"; the owner resumes and re-runs the call
+	// (deduped by the derived key), pausing there.
+	expireLease(t, b.db, "acct", "k")
+	ownerRes := make(chan *workflow.Result, 1)
+	go func() {
+		res, err := owner.Resume(ctx, "acct", "k")
+		if err != nil {
+			t.Errorf("owner: %v", err)
+		}
+		ownerRes <- res
+	}()
+	<-ownerPaused
+	before := keyRow(t, b.db, "acct", "k")
+	require.Equal(t, "in_progress", state(t, b.db, "acct", "k").Status)
+
+	close(zombieGo)
+	require.ErrorIs(t, <-zombieErr, workflow.ErrLeaseLost)
+	require.Equal(t, before, keyRow(t, b.db, "acct", "k"), "the zombie changed the key row")
+	require.Equal(t, testflow.Effects{Ledger: 1}, effects(t, b.db, "acct", "k"), "the zombie's writes rolled back")
+
+	close(ownerGo)
+	res := <-ownerRes
+	require.NotNil(t, res)
+	require.Equal(t, 201, res.Response.Status)
+	requireOneEffect(t, b, "acct", "k")
+	require.Equal(t, 1, b.provider.Payments())
+}
