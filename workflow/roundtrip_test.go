@@ -1,0 +1,67 @@
+package workflow_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// roundTrips counts what a pgx connection sends: each query and each batch (a
+// pipeline with one sync) is one round trip once statements are cached.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestRoundTrips holds the engine to the budget in DESIGN.md: a fresh key costs one
+// round trip more than the flow's own statements (the lookup; BEGIN, the claim, the
+// fenced updates and COMMIT all ride along with them), and a replay costs one. The
+// test flow has three statements of its own (the charges example has two, so 5).
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // one connection, so its statement cache is warm after one request
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := b.newEngine(t, setupOpts{pool: pool})
+
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+
+	rt.n.Store(0)
+	res, err := e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	fresh := rt.n.Load()
+	// The flow's own statements: INSERT in reserve; UPDATE and INSERT in settle. The
+	// engine adds the lookup and rides everything else along with them.
+	require.LessOrEqual(t, fresh, int64(6), "round trips for a fresh request")
+	require.Equal(t, int64(6), fresh, "lookup, BEGIN+claim+INSERT, advance+COMMIT, BEGIN+UPDATE, INSERT, finish+COMMIT")
+
+	rt.n.Store(0)
+	res, err = e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, int64(1), rt.n.Load(), "round trips for a replay")
+}
