@@ -1,0 +1,48 @@
+// Package pgtest provides a real PostgreSQL server for idemflow's tests and its demo,
+// and a fresh, migrated schema per test on that server.
+//
+// Where the server comes from, in order:
+//
+//  1. TEST_DATABASE_URL, when set: an existing server; pgtest never stops it.
+//  2. A throwaway server from local PostgreSQL server binaries (initdb and postgres found
+//     through PATH, `pg_config --bindir` or /usr/lib/postgresql/*/bin, newest first),
+//     initialised in a temporary directory, listening on 127.0.0.1 on a free port with
+//     unix sockets off and fsync on. When the process runs as root the server runs as
+//     the unprivileged `postgres` OS user, since PostgreSQL refuses to run as root.
+//  3. A postgres:15 container through dockertest, when a Docker daemon answers.
+//
+// Otherwise Start fails with ErrNoServer and a message that says what to install. A
+// throwaway server never touches a cluster that is already running on the machine.
+//
+// Usage in a package's tests:
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(pgtest.Main(m)) // stops the shared server after the tests
+//	}
+//
+//	func TestSomething(t *testing.T) {
+//		t.Parallel()
+//		db := pgtest.New(t) // its own schema, migrated; dropped when the test ends
+//		_, err := db.Pool.Exec(ctx, `...`)
+//		other := db.NewPool(t) // a second, independent pool on the same schema
+//	}
+//
+// To combine with goleak, check for leaks after Main has stopped the server:
+//
+//	func TestMain(m *testing.M) {
+//		code := pgtest.Main(m)
+//		if code == 0 {
+//			if err := goleak.Find(); err != nil {
+//				fmt.Fprintln(os.Stderr, err)
+//				code = 1
+//			}
+//		}
+//		os.Exit(code)
+//	}
+//
+// A program such as the demo calls Start and Stop itself. A throwaway server is stopped
+// by Stop or Main; if the process dies first, Linux delivers SIGQUIT to the server (an
+// immediate shutdown) and only its temporary directory is left behind.
+//
+// This package imports only idemflow's migrations package.
+package pgtest

@@ -1,0 +1,164 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/migrations"
+)
+
+// cleanupTimeout bounds dropping a test's schema.
+const cleanupTimeout = 30 * time.Second
+
+// shared is the process-wide server behind Shared, New and Main.
+var shared struct {
+	mu  sync.Mutex
+	srv *Server
+	err error
+}
+
+// Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
+// server if a test started it, and returns the exit code for os.Exit. A failure to stop
+// the server is printed and turns a passing run into a failing one.
+func Main(m *testing.M) int {
+	code := m.Run()
+	shared.mu.Lock()
+	srv := shared.srv
+	shared.srv, shared.err = nil, nil
+	shared.mu.Unlock()
+	if srv != nil {
+		if err := srv.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stop shared server: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	return code
+}
+
+// Shared returns the process-wide server, starting it with Start on first use. Callers
+// wait for a start in progress. A failed start is not retried: every later call returns
+// the same error, so that each test reports it rather than waiting for another attempt
+// (unless the failure was the caller's ctx ending, which does not count).
+func Shared(ctx context.Context) (*Server, error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.srv != nil {
+		return shared.srv, nil
+	}
+	if shared.err != nil {
+		return nil, shared.err
+	}
+	srv, err := Start(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			shared.err = err
+		}
+		return nil, err
+	}
+	shared.srv = srv
+	return srv, nil
+}
+
+// DB is a fresh schema on the shared server, dropped when the test that made it ends.
+type DB struct {
+	// Pool's connections have search_path = Schema. It is closed when the test ends.
+	Pool *pgxpool.Pool
+	// URL connects with search_path = Schema (pgx sends the search_path parameter as a
+	// run-time parameter), for other pools and child processes.
+	URL string
+	// Schema is the schema's name, t_ followed by 16 hex digits.
+	Schema string
+}
+
+// New creates a uniquely named schema on the shared server, applies migrations.Migrate
+// in it and opens a pool on it. When the test ends the pool is closed and the schema
+// dropped with everything in it. It fails the test if there is no server.
+func New(t testing.TB) *DB {
+	t.Helper()
+	db := NewEmpty(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := migrations.Migrate(ctx, db.Pool); err != nil {
+		t.Fatalf("pgtest: migrate schema %s: %v", db.Schema, err)
+	}
+	return db
+}
+
+// NewEmpty is New without the migrations: an empty schema and a pool on it.
+func NewEmpty(t testing.TB) *DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := Shared(ctx)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	schema := "t_" + randomHex(8)
+	quoted := pgx.Identifier{schema}.Sanitize()
+	if err := srv.exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
+		t.Fatalf("pgtest: create schema %s: %v", schema, err)
+	}
+	// Registered before the pool's cleanup, so it runs after the pool is closed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		// A transaction left open on the schema's tables would block the drop: give up
+		// with an error rather than hang.
+		if err := srv.exec(ctx, "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS "+quoted+" CASCADE"); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	db := &DB{URL: withSearchPath(srv.URL, schema), Schema: schema}
+	db.Pool = db.NewPool(t)
+	return db
+}
+
+// NewPool opens another, independent pool on the same schema, closed when the test ends.
+// Tests use separate pools to play separate executors.
+func (db *DB) NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		t.Fatalf("pgtest: open pool on schema %s: %v", db.Schema, err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("pgtest: connect to schema %s: %v", db.Schema, err)
+	}
+	return pool
+}
+
+// withSearchPath returns connString with search_path set to schema, in URL or
+// keyword/value form.
+func withSearchPath(connString, schema string) string {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		if u, err := url.Parse(connString); err == nil {
+			q := u.Query()
+			q.Set("search_path", schema)
+			u.RawQuery = q.Encode()
+			return u.String()
+		}
+	}
+	return connString + " search_path=" + schema
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,360 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/migrations"
+)
+
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestAll(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	require.NotEmpty(t, all)
+	for i, m := range all {
+		require.Equal(t, i+1, m.Version, "versions run 1, 2, 3… without gaps")
+		require.NotEmpty(t, m.Name)
+		require.NotEmpty(t, strings.TrimSpace(m.Up), "version %d up", m.Version)
+		require.NotEmpty(t, strings.TrimSpace(m.Down), "version %d down", m.Version)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+
+	t.Run("Valid", func(t *testing.T) {
+		t.Parallel()
+		got, err := migrations.Load(fstest.MapFS{
+			"002_second.up.sql":   file("up 2"),
+			"002_second.down.sql": file("down 2"),
+			"001_first.up.sql":    file("up 1"),
+			"001_first.down.sql":  file("down 1"),
+		})
+		require.NoError(t, err)
+		require.Equal(t, []migrations.Migration{
+			{Version: 1, Name: "first", Up: "up 1", Down: "down 1"},
+			{Version: 2, Name: "second", Up: "up 2", Down: "down 2"},
+		}, got)
+	})
+
+	for _, tc := range []struct {
+		name string
+		fsys fstest.MapFS
+	}{
+		{"Gap", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"003_c.up.sql": file("x"), "003_c.down.sql": file("x"),
+		}},
+		{"StartsAtZero", fstest.MapFS{
+			"000_a.up.sql": file("x"), "000_a.down.sql": file("x"),
+		}},
+		{"DuplicateVersion", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"001_b.up.sql": file("x"), "001_b.down.sql": file("x"),
+		}},
+		{"DuplicateFile", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"1_a.up.sql": file("y"),
+		}},
+		{"MissingDown", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"002_b.up.sql": file("x"),
+		}},
+		{"MissingUp", fstest.MapFS{
+			"001_a.down.sql": file("x"),
+		}},
+		{"EmptyUp", fstest.MapFS{
+			"001_a.up.sql": file(""), "001_a.down.sql": file("x"),
+		}},
+		{"BadName", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"002_B.up.sql": file("x"), "002_B.down.sql": file("x"),
+		}},
+		{"NoDirection", fstest.MapFS{
+			"001_a.sql": file("x"),
+		}},
+		{"StrayFile", fstest.MapFS{
+			"001_a.up.sql": file("x"), "001_a.down.sql": file("x"),
+			"README.md": file("x"),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := migrations.Load(tc.fsys)
+			require.ErrorIs(t, err, migrations.ErrInvalidSet)
+		})
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	latest := len(all)
+
+	t.Run("Fresh", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgtest.NewEmpty(t)
+		v, err := migrations.Version(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Zero(t, v, "no version table yet")
+
+		require.NoError(t, migrations.Migrate(ctx, db.Pool))
+		require.True(t, tableExists(t, db.Pool, "idemflow_keys"))
+		v, err = migrations.Version(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, latest, v)
+		rows := versionRows(t, db.Pool)
+		require.Len(t, rows, latest)
+		require.Equal(t, fmt.Sprintf("1 %s", all[0].Name), rows[0])
+	})
+
+	t.Run("Twice", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgtest.New(t)
+		before := snapshot(t, db.Pool)
+		require.NoError(t, migrations.Migrate(ctx, db.Pool))
+		require.Equal(t, before, snapshot(t, db.Pool), "a second Migrate changes nothing")
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.NewEmpty(t)
+		const n = 8
+		pools := make([]*pgxpool.Pool, n)
+		for i := range pools {
+			pools[i] = db.NewPool(t) // one pool each: separate processes, in effect
+		}
+		start := make(chan struct{})
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, pool := range pools {
+			wg.Go(func() {
+				<-start
+				errs[i] = migrations.Migrate(t.Context(), pool)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "caller %d", i)
+		}
+		rows := versionRows(t, db.Pool)
+		require.Len(t, rows, latest, "one row per version: %v", rows)
+		for i, m := range all {
+			require.Equal(t, fmt.Sprintf("%d %s", m.Version, m.Name), rows[i])
+		}
+	})
+
+	t.Run("DownAndUp", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgtest.New(t)
+		up := objects(t, db.Pool)
+
+		require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 0))
+		v, err := migrations.Version(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Zero(t, v)
+		require.Equal(t, []string{
+			"index " + migrations.VersionTable + "_pkey",
+			"table " + migrations.VersionTable,
+		}, objects(t, db.Pool), "the down files remove everything the up files created")
+
+		require.NoError(t, migrations.Migrate(ctx, db.Pool))
+		require.Equal(t, up, objects(t, db.Pool), "migrating up again recreates the same objects")
+		v, err = migrations.Version(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, latest, v)
+	})
+
+	t.Run("UnknownTarget", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t)
+		require.Error(t, migrations.MigrateTo(t.Context(), db.Pool, -1))
+		require.Error(t, migrations.MigrateTo(t.Context(), db.Pool, latest+1))
+	})
+
+	t.Run("NewerDatabase", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgtest.New(t)
+		_, err := db.Pool.Exec(ctx, `INSERT INTO `+migrations.VersionTable+` (version, name) VALUES (99, 'from_a_newer_build')`)
+		require.NoError(t, err)
+		before := snapshot(t, db.Pool)
+
+		require.NoError(t, migrations.Migrate(ctx, db.Pool), "an older build starts against a newer schema")
+		require.Equal(t, before, snapshot(t, db.Pool))
+		v, err := migrations.Version(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, 99, v)
+
+		require.Error(t, migrations.MigrateTo(ctx, db.Pool, 0), "cannot revert what this build does not know")
+		require.Equal(t, before, snapshot(t, db.Pool), "a failed MigrateTo changes nothing")
+	})
+}
+
+// TestConstraints checks that the database itself rejects rows that break the key
+// table's invariants, whatever code writes them.
+func TestConstraints(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+
+	type row struct {
+		key            string
+		status         string
+		responseStatus int // 0: unfinished row; otherwise a finished row with this status
+	}
+	insert := func(ctx context.Context, scope string, r row) error {
+		status, recoveryPoint := "in_progress", "started"
+		var respStatus, respHeaders, respBody, finishedAt any
+		if r.responseStatus != 0 {
+			status, recoveryPoint = "finished", "finished"
+			respStatus, respHeaders, respBody, finishedAt = r.responseStatus, []byte(`{}`), []byte(`{"ok":true}`), time.Now()
+		}
+		if r.status != "" {
+			status = r.status
+		}
+		_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
+			(scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
+			 status, recovery_point, response_status, response_headers, response_body, finished_at)
+			VALUES ($1, $2, gen_random_uuid(), 'create_charge', 'POST', '/charges', sha256('{}'::bytea), '{}'::bytea,
+			 $3, $4, $5, $6, $7, $8)`,
+			scope, r.key, status, recoveryPoint, respStatus, respHeaders, respBody, finishedAt)
+		return err
+	}
+
+	for _, tc := range []struct {
+		name       string
+		row        row
+		constraint string // "" when the row is valid
+	}{
+		{"ValidUnfinished", row{key: "order-1"}, ""},
+		{"ValidFinished", row{key: "order-1", responseStatus: 201}, ""},
+		{"ValidKey255", row{key: strings.Repeat("k", 255)}, ""},
+		{"ValidPrintable", row{key: " !~azAZ09-_:/"}, ""},
+		{"ValidFinished4xx", row{key: "order-1", responseStatus: 499}, ""},
+		{"KeyTooLong", row{key: strings.Repeat("k", 256)}, "idemflow_keys_key_format"},
+		{"KeyEmpty", row{key: ""}, "idemflow_keys_key_format"},
+		{"KeyControlChar", row{key: "order\x01"}, "idemflow_keys_key_format"},
+		{"KeyNewline", row{key: "order\n1"}, "idemflow_keys_key_format"},
+		{"KeyDelete", row{key: "order\x7f"}, "idemflow_keys_key_format"},
+		{"KeyNonASCII", row{key: "ordér"}, "idemflow_keys_key_format"},
+		{"StatusBogus", row{key: "order-1", status: "bogus"}, "idemflow_keys_status"},
+		{"ResponseStatus5xx", row{key: "order-1", responseStatus: 503}, "idemflow_keys_response_status"},
+		{"FinishedWithoutResponse", row{key: "order-1", status: "finished"}, "idemflow_keys_finished"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := insert(t.Context(), tc.name, tc.row) // scope = case name: no key collisions
+			if tc.constraint == "" {
+				require.NoError(t, err)
+				return
+			}
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "want a check violation, got %v", err)
+			require.Equal(t, "23514", pgErr.Code, "check_violation: %v", pgErr)
+			require.Equal(t, tc.constraint, pgErr.ConstraintName)
+		})
+	}
+}
+
+func tableExists(t *testing.T, pool *pgxpool.Pool, name string) bool {
+	t.Helper()
+	var exists bool
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists))
+	return exists
+}
+
+// versionRows returns "version name" for each row of the version table, in order.
+func versionRows(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT version, name FROM `+migrations.VersionTable+` ORDER BY version`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v int
+		var name string
+		require.NoError(t, rows.Scan(&v, &name))
+		out = append(out, fmt.Sprintf("%d %s", v, name))
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// objects lists the tables, indexes, sequences, views and functions in the current schema.
+func objects(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence'
+		                      WHEN 'v' THEN 'view' ELSE 'relation ' || c.relkind::text END || ' ' || c.relname
+		FROM pg_class c
+		WHERE c.relnamespace = current_schema()::regnamespace
+		UNION ALL
+		SELECT 'function ' || p.oid::regprocedure::text
+		FROM pg_proc p
+		WHERE p.pronamespace = current_schema()::regnamespace
+		UNION ALL
+		SELECT 'type ' || ty.typname
+		FROM pg_type ty
+		WHERE ty.typnamespace = current_schema()::regnamespace AND ty.typtype IN ('e', 'd', 'c')
+		  AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = ty.typrelid AND c.relkind <> 'c')
+		ORDER BY 1`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// snapshot captures the version table (with applied_at) and the schema's objects.
+func snapshot(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT version, name, applied_at FROM `+migrations.VersionTable+` ORDER BY version`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v int
+		var name string
+		var at time.Time
+		require.NoError(t, rows.Scan(&v, &name, &at))
+		out = append(out, fmt.Sprintf("version %d %s %s", v, name, at.UTC().Format(time.RFC3339Nano)))
+	}
+	require.NoError(t, rows.Err())
+	return append(out, objects(t, pool)...)
+}
