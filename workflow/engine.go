@@ -138,8 +138,9 @@ type Engine struct {
 	cfg    *Config
 	stored map[string]bool // canonical header names kept on finished keys
 
-	mu    sync.RWMutex
-	flows map[string]phases.Flow
+	mu         sync.RWMutex
+	flows      map[string]phases.Flow
+	clientOnly map[string]bool // flows that only a client's retry can resume
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -159,7 +160,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
+	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}, clientOnly: map[string]bool{}}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -179,6 +180,29 @@ func (e *Engine) Register(f phases.Flow) error {
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
 	e.flows[f.Name] = f
 	return nil
+}
+
+// registerClientOnly adds a flow whose phases need the live request (the HTTP
+// middleware's): it is not validated for a tx phase, and Resumable reports false for
+// it so that the sweeper releases its keys instead of running them.
+func (e *Engine) registerClientOnly(f phases.Flow) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, dup := e.flows[f.Name]; dup {
+		return fmt.Errorf("workflow: register: %w: flow %q is already registered", phases.ErrInvalidFlow, f.Name)
+	}
+	e.flows[f.Name] = f
+	e.clientOnly[f.Name] = true
+	return nil
+}
+
+// Resumable reports whether keys of the named flow can be finished without their
+// client: the flow is registered and does not need the live request.
+func (e *Engine) Resumable(flow string) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	_, ok := e.flows[flow]
+	return ok && !e.clientOnly[flow]
 }
 
 func (e *Engine) flow(name string) (phases.Flow, bool) {
