@@ -619,3 +619,43 @@ func TestZombieFencedByLockVersion(t *testing.T) {
 	requireOneEffect(t, b, "acct", "k")
 	require.Equal(t, 1, b.provider.Payments())
 }
+
+// TestCallFirstCommitsTheClaimBeforeCalling: a flow that starts with a call phase must
+// make its key row durable before anything leaves the process, so the derived key it
+// sends survives a crash and a duplicate sees the key in progress.
+func TestCallFirstCommitsTheClaimBeforeCalling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, setupOpts{}).db
+	e, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	var seenDuringCall string
+	var duplicateErr error
+	var derived []string
+	require.NoError(t, e.Register(phases.Flow{Name: "callfirst", Phases: []phases.Phase{
+		phases.Call("remote", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			seenDuringCall = keyRow(t, db, run.Scope(), run.Key())
+			_, duplicateErr = e.Do(ctx, workflow.Request{Scope: "s", Key: "k", Flow: "callfirst", Method: "POST", Route: "/c"})
+			derived = append(derived, run.DerivedKey())
+			if len(derived) == 1 {
+				return nil, errors.New("remote timed out")
+			}
+			return nil, nil
+		}),
+		phases.Tx("record", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return &phases.Response{Status: 200, Body: []byte("done")}, nil
+		}),
+	}}))
+	req := workflow.Request{Scope: "s", Key: "k", Flow: "callfirst", Method: "POST", Route: "/c"}
+	_, err = e.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.NotEmpty(t, seenDuringCall, "the key row was not committed before the call")
+	_, inProgress := isInProgress(duplicateErr)
+	require.True(t, inProgress, "a duplicate during the call is in progress, got %v", duplicateErr)
+
+	res, err := e.Do(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "done", string(res.Response.Body))
+	require.Len(t, derived, 2)
+	require.Equal(t, derived[0], derived[1], "the retry sends the same derived key")
+}

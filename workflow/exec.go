@@ -166,7 +166,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 		}
 		tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
 		sent := time.Now()
-		err = x.commit(ctx, tx, phases.Started, false, func(*pgx.Batch) {})
+		err = x.commit(ctx, tx, phases.Started, false, nil)
 		conn.Release()
 		if err != nil {
 			return outcome{}, x.commitFailed(ctx, p.Name, err)

@@ -180,7 +180,8 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 }
 
 // commit sends, in one round trip, whatever of the opening is still unsent, the fenced
-// statement queued by fenced, and COMMIT. If the fenced statement does not match, it
+// statement queued by fenced (none when fenced is nil: a claim committed on its own),
+// and COMMIT. If the fenced statement does not match, it
 // raises, the transaction aborts and the COMMIT is skipped. The error is a claim
 // outcome (claimedError, errRaced) or a store error.
 func (t *phaseTx) commit(ctx context.Context, fenced func(*pgx.Batch)) error {
@@ -192,7 +193,9 @@ func (t *phaseTx) commit(ctx context.Context, fenced func(*pgx.Batch)) error {
 	if opened {
 		t.opening(b)
 	}
-	fenced(b)
+	if fenced != nil {
+		fenced(b)
+	}
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	defer br.Close()
@@ -201,8 +204,10 @@ func (t *phaseTx) commit(ctx context.Context, fenced func(*pgx.Batch)) error {
 			return err
 		}
 	}
-	if err := t.store.ReadFenced(br); err != nil {
-		return err
+	if fenced != nil {
+		if err := t.store.ReadFenced(br); err != nil {
+			return err
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
