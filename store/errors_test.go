@@ -1,0 +1,52 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"Fence", pg("IF001"), store.ErrLeaseLost},
+		{"Serialization", pg("40001"), store.ErrConflict},
+		{"Deadlock", pg("40P01"), store.ErrConflict},
+		{"CheckViolation", pg("23514"), store.ErrInvalid},
+		{"TooLong", pg("22001"), store.ErrInvalid},
+		{"AdminShutdown", pg("57P01"), store.ErrUnavailable},
+		{"ConnectionFailure", pg("08006"), store.ErrUnavailable},
+		{"UnexpectedEOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), store.ErrUnavailable},
+		{"ClosedConn", fmt.Errorf("write: %w", net.ErrClosed), store.ErrUnavailable},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := store.Classify(c.err)
+			require.ErrorIs(t, got, c.want)
+			require.ErrorIs(t, got, c.err, "the original error stays in the chain")
+		})
+	}
+	t.Run("OthersUnchanged", func(t *testing.T) {
+		for _, err := range []error{pg("23505"), errors.New("plain"), context.Canceled} {
+			require.Equal(t, err, store.Classify(err))
+		}
+		require.NoError(t, store.Classify(nil))
+	})
+	t.Run("OursUnchanged", func(t *testing.T) {
+		err := fmt.Errorf("x: %w", store.ErrNotFound)
+		require.Equal(t, err, store.Classify(err))
+	})
+}

@@ -1,0 +1,131 @@
+package store_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/store"
+)
+
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func claim(scope, key, id string) store.Claim {
+	fp := sha256.Sum256([]byte("req"))
+	return store.Claim{Scope: scope, Key: key, ID: id, Flow: "f", Method: "POST", Route: "/r",
+		Fingerprint: fp[:], Body: []byte(`{}`), Lease: time.Minute}
+}
+
+// claimNow commits a claim on its own.
+func claimNow(t *testing.T, db *pgtest.DB, c store.Claim) *store.Row {
+	t.Helper()
+	st := store.New()
+	b := &pgx.Batch{}
+	st.QueueClaim(b, c)
+	br := db.Pool.SendBatch(context.Background(), b)
+	row, err := st.ReadClaim(br)
+	require.NoError(t, err)
+	require.NoError(t, br.Close())
+	return row
+}
+
+func TestStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := store.New()
+	const id1, id2, idOther = "00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002", "00000000-0000-4000-8000-000000000003"
+
+	first := claimNow(t, db, claim("s1", "k", id1))
+	require.True(t, first.Inserted)
+	require.EqualValues(t, 1, first.LockVersion)
+	require.True(t, first.LeaseLive)
+	require.Greater(t, first.LeaseLeft(), 50*time.Second)
+
+	again := claimNow(t, db, claim("s1", "k", id2))
+	require.False(t, again.Inserted, "the second claim finds the first row")
+	require.Equal(t, id1, again.ID)
+
+	other := claimNow(t, db, claim("s2", "k", idOther))
+	require.True(t, other.Inserted, "the same key in another scope is another row")
+
+	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1}
+
+	t.Run("TakeoverRefusesALiveLease", func(t *testing.T) {
+		_, err := st.Takeover(ctx, db.Pool, "s1", "k", id1, 1, time.Minute)
+		require.ErrorIs(t, err, store.ErrNotTaken)
+	})
+
+	t.Run("AdvanceIsFenced", func(t *testing.T) {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		b := &pgx.Batch{}
+		stale := f
+		stale.LockVersion = 7
+		st.QueueAdvance(b, stale, "one", []byte(`{}`), time.Minute)
+		br := tx.SendBatch(ctx, b)
+		require.ErrorIs(t, st.ReadFenced(br), store.ErrLeaseLost)
+		require.Error(t, br.Close())
+	})
+
+	t.Run("ReleaseThenTakeover", func(t *testing.T) {
+		require.NoError(t, st.Release(ctx, db.Pool, f, "one", []byte(`{"a":1}`), "boom", 0))
+		require.NoError(t, st.Release(ctx, db.Pool, f, "one", []byte(`{}`), "again", 0), "releasing twice under the same lease is harmless")
+		row, err := st.Lookup(ctx, db.Pool, "s1", "k")
+		require.NoError(t, err)
+		require.False(t, row.LeaseLive)
+		require.Equal(t, "one", row.RecoveryPoint)
+		require.Equal(t, "again", *row.LastError)
+
+		_, err = st.Takeover(ctx, db.Pool, "s1", "k", id1, 5, time.Minute)
+		require.ErrorIs(t, err, store.ErrNotTaken, "a stale view of the row takes nothing")
+		taken, err := st.Takeover(ctx, db.Pool, "s1", "k", id1, 1, time.Minute)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, taken.LockVersion)
+		require.Equal(t, 2, taken.Attempts)
+		require.ErrorIs(t, st.Release(ctx, db.Pool, f, "one", []byte(`{}`), "zombie", 0), store.ErrLeaseLost,
+			"the old lock version can no longer release")
+
+		f2 := f
+		f2.LockVersion = 2
+		require.NoError(t, st.Finish(ctx, db.Pool, f2, []byte(`{}`), store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok")}))
+		require.ErrorIs(t, st.Finish(ctx, db.Pool, f2, []byte(`{}`), store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("twice")}), store.ErrLeaseLost)
+		row, err = st.Lookup(ctx, db.Pool, "s1", "k")
+		require.NoError(t, err)
+		require.Equal(t, store.StatusFinished, row.Status)
+		require.Equal(t, []byte("ok"), row.ResponseBody)
+		require.Equal(t, 201, *row.ResponseStatus)
+	})
+
+	t.Run("OtherScopeUntouched", func(t *testing.T) {
+		row, err := st.Lookup(ctx, db.Pool, "s2", "k")
+		require.NoError(t, err)
+		require.EqualValues(t, 1, row.LockVersion)
+		require.Equal(t, store.StatusInProgress, row.Status)
+		_, err = st.Lookup(ctx, db.Pool, "s3", "k")
+		require.ErrorIs(t, err, store.ErrNotFound)
+	})
+
+	t.Run("FiveHundredRefusedByTheDatabase", func(t *testing.T) {
+		fo := store.Fence{Scope: "s2", Key: "k", ID: idOther, LockVersion: 1}
+		err := st.Finish(ctx, db.Pool, fo, []byte(`{}`), store.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
+		require.ErrorIs(t, err, store.ErrInvalid)
+	})
+}
