@@ -659,3 +659,27 @@ func TestCallFirstCommitsTheClaimBeforeCalling(t *testing.T) {
 	require.Len(t, derived, 2)
 	require.Equal(t, derived[0], derived[1], "the retry sends the same derived key")
 }
+
+// TestCallPhaseResponseTooLarge: a call phase's response over the limit is refused,
+// never truncated, and the key is released rather than left leased.
+func TestCallPhaseResponseTooLarge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, setupOpts{}).db
+	e, err := workflow.New(db.Pool, &workflow.Config{MaxResponseBytes: 4})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(phases.Flow{Name: "bigcall", Phases: []phases.Phase{
+		phases.Tx("first", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) { return nil, nil }),
+		phases.Call("answer", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			return &phases.Response{Status: 200, Body: []byte("too big")}, nil
+		}),
+	}}))
+	req := workflow.Request{Scope: "s", Key: "k", Flow: "bigcall", Method: "POST", Route: "/b"}
+	_, err = e.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrResponseTooLarge)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	st := state(t, db, "s", "k")
+	require.Equal(t, "in_progress", st.Status)
+	require.False(t, st.Leased, "the key is released for the next attempt")
+	require.Equal(t, "first", st.RecoveryPoint)
+}

@@ -207,14 +207,16 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 
 // finishAlone stores resp in a transaction of its own: BEGIN, the claim if still
 // pending, the fenced finish and COMMIT, in one round trip.
+// Failures other than claim outcomes and lost leases are transient: the key is
+// released, never left leased.
 func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome, error) {
 	stored, data, err := x.storable(resp)
 	if err != nil {
-		return outcome{}, err
+		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
 	conn, err := x.e.pool.Acquire(ctx)
 	if err != nil {
-		return outcome{}, fmt.Errorf("acquire connection: %w", store.Classify(err))
+		return outcome{}, x.commitFailed(ctx, x.run.Phase(), fmt.Errorf("acquire connection: %w", store.Classify(err)))
 	}
 	defer conn.Release()
 	tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
@@ -222,7 +224,7 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome,
 		x.e.store.QueueFinish(b, x.fence, data, stored)
 	})
 	if err != nil {
-		return outcome{}, err
+		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
 	return x.finished(ctx, resp), nil
 }
@@ -296,8 +298,9 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 	return row.RecoveryPoint == target, nil
 }
 
-// commitFailed turns the failure of a claim committed on its own into the error to
-// return.
+// commitFailed turns the failure of a commit made outside a tx phase's retry loop
+// into the error to return: claim outcomes and lost leases as they are, anything else
+// as a transient failure that releases the key.
 func (x *exec) commitFailed(ctx context.Context, phase string, err error) error {
 	var ce *claimedError
 	var te *TransientError

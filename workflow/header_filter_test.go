@@ -1,0 +1,77 @@
+package workflow
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+// noPool is a Pool for engines that never reach the database.
+type noPool struct{ Pool }
+
+// neverStored are the headers no configuration can have replayed.
+var neverStored = []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"}
+
+// FuzzStoredHeaders checks the filter a response's headers pass before they are stored
+// and replayed: only allow-listed names are kept, never Set-Cookie, Date or
+// authentication headers (not even when configured), and a kept header keeps all its
+// values, in order, through the stored encoding. names and values are newline-separated
+// and paired up.
+func FuzzStoredHeaders(f *testing.F) {
+	f.Add("Content-Type\nSet-Cookie\nlocation\nDATE\nX-Custom\nEtag", "application/json\ns=1\n/x/1\nMon, 02 Jan 2006 15:04:05 GMT\nc\n\"v1\"")
+	f.Add("set-cookie\nSet-Cookie\nWWW-Authenticate\nauthorization", "a\nb\nBearer\nBasic x")
+	f.Add("Link\nLink\nCache-Control", "<a>; rel=next\n<b>; rel=prev\nno-store")
+	f.Add("Content-Type \nX Y\n\x00\nÉtag", "a\nb\nc\nd")
+	f.Add("Retry-After\nLast-Modified", "120\nWed, 21 Oct 2015 07:28:00 GMT")
+
+	defaults, err := New(noPool{}, nil)
+	require.NoError(f, err)
+	custom, err := New(noPool{}, &Config{StoredHeaders: []string{"x-custom", "Set-Cookie", "date", "Authorization", "Location"}})
+	require.NoError(f, err)
+
+	f.Fuzz(func(t *testing.T, names, values string) {
+		ns, vs := strings.Split(names, "\n"), strings.Split(values, "\n")
+		h := http.Header{}
+		byCanonical := map[string][]string{} // canonical name -> the input names
+		for i, n := range ns {
+			v := ""
+			if i < len(vs) {
+				v = vs[i]
+			}
+			if !utf8.ValidString(v) {
+				t.Skip("header values are stored as JSON strings, which hold UTF-8")
+			}
+			if _, seen := h[n]; !seen {
+				byCanonical[http.CanonicalHeaderKey(n)] = append(byCanonical[http.CanonicalHeaderKey(n)], n)
+			}
+			h[n] = append(h[n], v)
+		}
+		for _, e := range []*Engine{defaults, custom} {
+			run, err := phases.NewRun(phases.RunInfo{}, nil)
+			require.NoError(t, err)
+			x := &exec{e: e, run: run}
+			stored, _, err := x.storable(&phases.Response{Status: 201, Header: h, Body: []byte("b")})
+			require.NoError(t, err)
+			resp, err := storedResponse(&store.Row{ResponseStatus: &stored.Status, ResponseHeaders: stored.Headers, ResponseBody: stored.Body})
+			require.NoError(t, err)
+			for k, v := range resp.Header {
+				require.True(t, e.stored[k], "%q is not allow-listed", k)
+				require.NotContains(t, neverStored, k)
+				if inputs := byCanonical[k]; len(inputs) == 1 {
+					require.Equal(t, h[inputs[0]], v, "all values of %q, in order", k)
+				}
+			}
+			for ck, inputs := range byCanonical {
+				if e.stored[ck] {
+					require.Contains(t, resp.Header, ck, "allow-listed %q (from %q) is kept", ck, inputs)
+				}
+			}
+		}
+	})
+}

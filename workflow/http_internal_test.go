@@ -1,0 +1,147 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	busy := &phases.Response{Status: 503, Body: []byte("busy")}
+	cases := []struct {
+		name       string
+		err        error
+		status     int
+		retryAfter time.Duration
+		pass       bool
+	}{
+		{"InvalidKey", fmt.Errorf("%w: empty", ErrInvalidKey), 400, 0, false},
+		{"InvalidRequest", ErrInvalidRequest, 400, 0, false},
+		{"BodyTooLarge", ErrBodyTooLarge, 413, 0, false},
+		{"Mismatch", ErrMismatch, 422, 0, false},
+		{"InProgress", &InProgressError{RetryAfter: 2500 * time.Millisecond}, 409, 2500 * time.Millisecond, false},
+		{"LeaseLost", fmt.Errorf("%w: %w", ErrLeaseLost, store.ErrLeaseLost), 409, time.Second, false},
+		{"ResponseTooLarge", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrResponseTooLarge}, 500, 0, false},
+		{"DeadLettered", fmt.Errorf("%w: gave up", ErrDeadLettered), 500, 0, false},
+		{"NoResponse", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrNoResponse}, 500, 0, false},
+		{"Panic", &TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}, 500, 0, false},
+		{"FiveHundredResponse", &TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}, 503, 3 * time.Second, true},
+		{"Transient", &TransientError{Phase: "p", RetryAfter: 1500 * time.Millisecond, Err: errors.New("provider down")}, 503, 1500 * time.Millisecond, false},
+		{"TransientDatabase", &TransientError{Phase: "p", RetryAfter: time.Second, Err: store.ErrUnavailable}, 503, time.Second, false},
+		{"DatabaseUnavailable", fmt.Errorf("look up key: %w", store.ErrUnavailable), 503, time.Second, false},
+		{"KeptChanging", fmt.Errorf("workflow: key kept changing: %w", store.ErrConflict), 503, time.Second, false},
+		{"Canceled", context.Canceled, 503, time.Second, false},
+		{"UnknownFlow", fmt.Errorf("%w: %q", ErrUnknownFlow, "x"), 500, 0, false},
+		{"UnknownRecoveryPoint", ErrUnknownRecoveryPoint, 500, 0, false},
+		{"InvalidScope", ErrInvalidScope, 500, 0, false},
+		{"Other", errors.New("something internal"), 500, 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			a := classify(c.err)
+			require.Equal(t, c.status, a.status)
+			require.Equal(t, c.retryAfter, a.retryAfter)
+			require.Equal(t, c.pass, a.pass != nil)
+			if !c.pass {
+				require.NotEmpty(t, a.detail)
+				require.NotContains(t, a.detail, c.err.Error(), "the error's text is not sent")
+			}
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		0: "1", time.Nanosecond: "1", time.Second: "1", time.Second + time.Millisecond: "2",
+		29500 * time.Millisecond: "30", 30 * time.Second: "30", -time.Second: "1",
+	} {
+		require.Equal(t, want, retryAfter(d), "%s", d)
+	}
+}
+
+func TestAnswerLogsOnlyServerFailures(t *testing.T) {
+	t.Parallel()
+	f := &front{log: slog.New(slog.DiscardHandler)}
+	req := httptest.NewRequest(http.MethodPost, "/", nil)
+	rec := httptest.NewRecorder()
+	f.answer(rec, req, Request{}, &Result{Response: &phases.Response{Status: 0}}, nil)
+	require.Equal(t, http.StatusInternalServerError, rec.Code, "a response without a status is a server failure")
+
+	rec = httptest.NewRecorder()
+	f.answer(rec, req, Request{}, nil, &InProgressError{RetryAfter: 1100 * time.Millisecond})
+	require.Equal(t, http.StatusConflict, rec.Code)
+	require.Equal(t, "2", rec.Header().Get("Retry-After"))
+}
+
+func TestCapture(t *testing.T) {
+	t.Parallel()
+	newCapture := func(limit int) *capture {
+		return &capture{w: httptest.NewRecorder(), header: http.Header{}, limit: limit}
+	}
+	t.Run("FirstStatusWins", func(t *testing.T) {
+		t.Parallel()
+		c := newCapture(100)
+		c.WriteHeader(http.StatusEarlyHints) // informational: dropped
+		c.Header().Set("X-A", "1")
+		c.WriteHeader(http.StatusAccepted)
+		c.WriteHeader(http.StatusTeapot)
+		c.Header().Set("X-B", "2")
+		resp, err := c.response()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusAccepted, resp.Status)
+		require.Equal(t, "1", resp.Header.Get("X-A"))
+		require.Empty(t, resp.Header.Get("X-B"), "headers changed after WriteHeader are not sent")
+	})
+	t.Run("NoSniffWhenTypeSuppressed", func(t *testing.T) {
+		t.Parallel()
+		c := newCapture(100)
+		c.Header()["Content-Type"] = nil
+		_, err := c.WriteString("<html>")
+		require.NoError(t, err)
+		resp, err := c.response()
+		require.NoError(t, err)
+		require.Empty(t, resp.Header.Get("Content-Type"))
+	})
+	t.Run("NoBodyFor204", func(t *testing.T) {
+		t.Parallel()
+		c := newCapture(100)
+		c.WriteHeader(http.StatusNoContent)
+		_, err := c.Write([]byte("x"))
+		require.ErrorIs(t, err, http.ErrBodyNotAllowed)
+	})
+	t.Run("OverTheLimit", func(t *testing.T) {
+		t.Parallel()
+		c := newCapture(4)
+		_, err := c.Write([]byte("abcd"))
+		require.NoError(t, err)
+		_, err = c.Write([]byte("e"))
+		require.ErrorIs(t, err, ErrResponseTooLarge)
+		_, err = c.response()
+		require.ErrorIs(t, err, ErrResponseTooLarge)
+	})
+	t.Run("InvalidStatusPanics", func(t *testing.T) {
+		t.Parallel()
+		require.Panics(t, func() { newCapture(1).WriteHeader(42) })
+	})
+	t.Run("ResponseController", func(t *testing.T) {
+		t.Parallel()
+		rc := http.NewResponseController(newCapture(1))
+		require.NoError(t, rc.Flush())
+		require.NoError(t, rc.EnableFullDuplex())
+		_, _, err := rc.Hijack()
+		require.ErrorIs(t, err, http.ErrNotSupported, "hijacking would escape the capture")
+	})
+}
