@@ -23,10 +23,20 @@
 //		// 503: nothing stored; the work resumes on the next attempt or sweep.
 //	}
 //
+// The HTTP layer puts this behind net/http: Engine.Handler serves a registered flow and
+// Engine.Middleware makes any plain handler idempotent (its response is captured and
+// stored unless it is 5xx). Both read the Idempotency-Key header (an RFC 8941 string or
+// a bare token), take the scope from HTTPConfig.Scope, answer errors as
+// application/problem+json and mark replays with Idempotent-Replayed: true.
+//
+//	h, err := engine.Handler("create_charge", &workflow.HTTPConfig{Scope: accountFromAuth})
+//	mux.Handle("POST /v1/charges", h)
+//
 // Cost of a fresh request: one round trip to look the key up, then per tx phase one
 // commit, with the claim riding in the first tx phase's transaction (pipelined with
 // BEGIN and the phase's first statement) and the fenced recovery-point update pipelined
 // with COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
-// This package imports idemflow's phases and store packages.
+// This package imports idemflow's phases and store packages, and
+// github.com/gowebpki/jcs (RFC 8785) and github.com/dunglas/httpsfv (RFC 8941).
 package workflow
