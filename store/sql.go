@@ -80,9 +80,13 @@ WHERE ` + fence + `
 RETURNING ` + rowColumns + `, false AS inserted`
 
 // The sweeper's and retention's statements. They select across scopes (that is their
-// job), but every row they change is matched by its whole primary key (scope,
-// idempotency_key) from a locked candidate list, and every guard is re-checked on the
-// row being changed.
+// job), from a candidate list locked with FOR UPDATE SKIP LOCKED in the same statement,
+// and re-check every guard on the row they change. The candidates are matched by ctid:
+// a row cannot move while the statement holds its lock, and a TID scan keeps the
+// planner from joining the candidates to the whole table (a hash join over a
+// sequential scan, at a few thousand rows). A ctid that were stale would only match a
+// dead row version, whose newest version then fails the ctid condition: skipped, not
+// misapplied.
 
 // sqlTakeDue takes over up to $1 due keys in one short statement: unfinished, lease
 // expired or released, due by next_attempt_at, older than the grace period ($2 ms), of
@@ -90,35 +94,41 @@ RETURNING ` + rowColumns + `, false AS inserted`
 // skipped, never waited for. FOR UPDATE re-checks the candidate guard on the newest
 // row version, and the UPDATE checks it once more, so a key that finished or was taken
 // over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms.
-const sqlTakeDue = `WITH due AS MATERIALIZED (
-	SELECT scope AS due_scope, idempotency_key AS due_key
-	FROM idemflow_keys
-	WHERE status = 'in_progress'
-		AND next_attempt_at <= clock_timestamp()
-		AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-		AND created_at <= clock_timestamp() - $2::bigint * interval '1 millisecond'
-		AND flow = ANY($4::text[])
-	ORDER BY next_attempt_at
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemflow_keys
+const sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1,
 	locked_until = clock_timestamp() + $3::bigint * interval '1 millisecond',
 	updated_at = clock_timestamp()
-FROM due
-WHERE scope = due.due_scope AND idempotency_key = due.due_key
+WHERE ctid = ANY(ARRAY(
+		SELECT ctid
+		FROM idemflow_keys
+		WHERE status = 'in_progress'
+			AND next_attempt_at <= clock_timestamp()
+			AND (locked_until IS NULL OR locked_until <= clock_timestamp())
+			AND created_at <= clock_timestamp() - $2::bigint * interval '1 millisecond'
+			AND flow = ANY($4::text[])
+		ORDER BY next_attempt_at
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED))
 	AND status = 'in_progress'
 	AND next_attempt_at <= clock_timestamp()
 	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
 RETURNING ` + rowColumns + `, false AS inserted`
 
 // sqlGiveBack returns a key taken over but never run: the lease is cleared and the
-// attempt the takeover counted is uncounted. next_attempt_at is unchanged, so the key
+// attempt the takeover counted is uncounted, once (a released key is not matched). next_attempt_at is unchanged, so the key
 // stays due. The lock version stays bumped.
 const sqlGiveBack = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = clock_timestamp()
-WHERE ` + fence
+WHERE ` + fence + ` AND locked_until IS NOT NULL`
+
+// sqlPark releases a key that only its client can finish: the lease is cleared, the
+// takeover's attempt uncounted, the reason recorded, and the key not due again for $6
+// ms. The lock version stays bumped.
+const sqlPark = `UPDATE idemflow_keys
+SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5,
+	next_attempt_at = clock_timestamp() + $6::bigint * interval '1 millisecond',
+	updated_at = clock_timestamp()
+WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
 // recovery point and phase data are kept, so a re-drive resumes where it stopped.
@@ -138,16 +148,13 @@ RETURNING ` + rowColumns + `, false AS inserted`
 // sqlExpireFinished deletes up to $2 finished keys whose finish is more than $1 ms old,
 // oldest first, skipping rows someone else has locked. Unfinished and dead keys are
 // never deleted.
-const sqlExpireFinished = `WITH doomed AS MATERIALIZED (
-	SELECT scope AS doomed_scope, idempotency_key AS doomed_key
-	FROM idemflow_keys
-	WHERE status = 'finished'
-		AND finished_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
-	ORDER BY finished_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED
-)
-DELETE FROM idemflow_keys
-USING doomed
-WHERE scope = doomed.doomed_scope AND idempotency_key = doomed.doomed_key
+const sqlExpireFinished = `DELETE FROM idemflow_keys
+WHERE ctid = ANY(ARRAY(
+		SELECT ctid
+		FROM idemflow_keys
+		WHERE status = 'finished'
+			AND finished_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+		ORDER BY finished_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED))
 	AND status = 'finished'`

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+)
+
+// TakeDue selects the keys a sweeper takes over.
+type TakeDue struct {
+	// Limit is the most keys taken by one statement. Required, positive.
+	Limit int
+	// Grace is how old a key must be (since its claim) before it is taken.
+	Grace time.Duration
+	// Lease is the lease set on each key taken.
+	Lease time.Duration
+	// Flows limits the keys taken to these flows: the ones the caller can handle.
+	Flows []string
+}
+
+// TakeDue takes over, in one short statement, up to q.Limit unfinished keys whose
+// lease expired or was released, that are due (next_attempt_at) and older than
+// q.Grace, of a flow in q.Flows, oldest due first. Each is returned with its lock
+// version and attempt count bumped and a fresh lease. Keys locked by another
+// transaction are skipped, not waited for, so concurrent sweepers take disjoint sets
+// and live traffic is never blocked. It returns an empty slice when nothing is due.
+func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("take due keys: limit %d is not positive", q.Limit)
+	}
+	if len(q.Flows) == 0 {
+		return []*Row{}, nil
+	}
+	rows, err := db.Query(ctx, sqlTakeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
+	if err != nil {
+		return nil, fmt.Errorf("take due keys: %w", Classify(err))
+	}
+	out := []*Row{}
+	if err := pgxscan.ScanAll(&out, rows); err != nil {
+		return nil, fmt.Errorf("take due keys: %w", Classify(err))
+	}
+	return out, nil
+}
+
+// GiveBack returns a key taken over with TakeDue but never run: the lease is cleared,
+// the attempt uncounted, and the key stays due for any sweeper. It returns
+// ErrLeaseLost if the fence does not match.
+func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
+	tag, err := db.Exec(ctx, sqlGiveBack, f.Scope, f.Key, f.ID, f.LockVersion)
+	if err != nil {
+		return fmt.Errorf("give back key: %w", Classify(err))
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("give back key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Park releases a key taken over with TakeDue that only its client can finish (a
+// client-only flow's): the lease is cleared, the takeover's attempt uncounted, reason
+// recorded as its last error, and the key is not due again for a sweeper until d has
+// passed. A client's retry may take it over at any time. It returns ErrLeaseLost if
+// the fence does not match or the key is not leased.
+func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d time.Duration) error {
+	tag, err := db.Exec(ctx, sqlPark, f.Scope, f.Key, f.ID, f.LockVersion, truncate(reason, 2000), d.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("park key: %w", Classify(err))
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("park key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// DeadLetter marks a key dead with lastErr: it is no longer run by anyone until
+// Redrive, and keeps its recovery point and phase data. It returns ErrLeaseLost if the
+// fence does not match (the key was taken over, finished or deleted since).
+func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, lastErr string) error {
+	tag, err := db.Exec(ctx, sqlDeadLetter, f.Scope, f.Key, f.ID, f.LockVersion, truncate(lastErr, 2000))
+	if err != nil {
+		return fmt.Errorf("dead-letter key: %w", Classify(err))
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("dead-letter key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Redrive puts a dead-lettered key back in progress: released, attempts reset to 0,
+// due now, lock version bumped. It returns ErrNotFound when no dead-lettered key
+// (scope, key) exists, whether the key is missing or in another state.
+func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	rows, err := db.Query(ctx, sqlRedrive, scope, key)
+	if err != nil {
+		return nil, fmt.Errorf("re-drive key: %w", Classify(err))
+	}
+	return scanOne(rows, "re-drive key", ErrNotFound)
+}
+
+// ExpireFinished deletes, in one short statement, up to limit finished keys that
+// finished more than olderThan ago (by the database clock), oldest first, skipping
+// rows locked by anyone else. It returns how many it deleted; fewer than limit means
+// the backlog is (for now) cleared. Unfinished and dead-lettered keys are never
+// deleted.
+func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
+	}
+	tag, err := db.Exec(ctx, sqlExpireFinished, olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("expire finished keys: %w", Classify(err))
+	}
+	return tag.RowsAffected(), nil
+}

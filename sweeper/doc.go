@@ -1,0 +1,52 @@
+// Package sweeper finishes idemflow keys whose client went away and expires finished
+// keys after their retention. Embed it in any process that has an engine with the
+// flows registered; any number of sweepers may run at once, in any number of
+// processes, against the same database.
+//
+// Usage:
+//
+//	sw, err := sweeper.New(engine, nil) // nil *Config: all defaults
+//	if err != nil { ... }
+//	if err := sw.Start(ctx); err != nil { ... } // returns at once
+//	...
+//	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//	defer cancel()
+//	err = sw.Stop(stopCtx) // lets in-flight keys finish, returns the rest
+//
+//	stats, err := sw.RunOnce(ctx) // one pass, synchronously: for tests and operators
+//
+// Each pass takes over, in short statements with FOR UPDATE SKIP LOCKED, up to
+// Config.BatchSize keys that are in progress with an expired or released lease, due
+// (their backoff has passed) and older than Config.Grace, bumping each one's lock
+// version so that whatever ran it before can no longer commit. It runs them,
+// Config.Concurrency at a time, through the engine from their recovery point: the same
+// phase code a client's retry runs, with the request stored on the key. A failed
+// attempt releases the key with an exponential backoff (the engine's BackoffBase and
+// BackoffMax); once a key has had Config.MaxAttempts attempts and fails again it is
+// dead-lettered: visible with its last error, never run again until
+// workflow.Engine.Redrive. Keys of client-only flows (the HTTP middleware's) are
+// released, not run, so that the client's next retry runs them afresh; they are never
+// dead-lettered by a sweeper, and are looked at again only after Config.Retention.
+//
+// # Retention
+//
+// A finished key is remembered, and replayed to every retry with the same key, for at
+// least Config.Retention after it finished: 24 hours by default. Each pass deletes
+// finished keys older than that, oldest first, in batches of Config.CleanupBatch rows
+// per short statement that skips rows anyone else has locked, until a batch comes back
+// short; live traffic is never blocked by it. A finished key past its retention is
+// still replayed until the cleanup deletes it; a retry after that is a new request.
+// Clients should not retry a request with the same key after the retention window.
+// Keys in progress and dead-lettered keys are never expired.
+//
+// # Events
+//
+// Per-key events go through the engine's workflow.Hooks.Key: KeySwept when a sweeper
+// takes a key over, KeyFinished, KeyReleased (a failed attempt, or a client-only key
+// parked; Err says why), KeyLeaseLost, KeyDeadLettered, KeyGivenBack (taken but
+// returned unrun when stopping), and KeyRedriven from workflow.Engine.Redrive. Per-pass
+// counts, including the number of keys expired, go to Config.Hooks.Pass. Failures of
+// the background loop and dead-lettered keys are logged through Config.Logger.
+//
+// This package imports idemflow's workflow package.
+package sweeper

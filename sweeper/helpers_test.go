@@ -1,0 +1,289 @@
+package sweeper_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// PayFirst is a two-phase flow whose first phase is a call, so its keys can be stuck at
+// the "started" recovery point: pay at the provider, then record the ledger row and
+// settlement and answer 201.
+const (
+	payFirst       = "payfirst"
+	payFirstCharge = "charge"
+	payFirstRecord = "record"
+)
+
+// failures injects transient failures: while a rule for (key, phase) is set, the phase
+// fails before doing anything.
+type failures struct {
+	mu    sync.Mutex
+	rules map[[2]string]bool
+	all   func(key, phase string) bool // optional rule for every key
+}
+
+func (f *failures) set(key, phase string, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.rules == nil {
+		f.rules = map[[2]string]bool{}
+	}
+	if on {
+		f.rules[[2]string{key, phase}] = true
+	} else {
+		delete(f.rules, [2]string{key, phase})
+	}
+}
+
+func (f *failures) setAll(rule func(key, phase string) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.all = rule
+}
+
+func (f *failures) check(run *phases.Run) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.rules[[2]string{run.Key(), run.Phase()}] || (f.all != nil && f.all(run.Key(), run.Phase())) {
+		return fmt.Errorf("%w at %s", testflow.ErrInjected, run.Phase())
+	}
+	return nil
+}
+
+type bundle struct {
+	db       *pgtest.DB
+	provider *testflow.Provider
+	engine   *workflow.Engine
+	fail     *failures
+}
+
+type setupOpts struct {
+	engine *workflow.Config
+}
+
+func setup(t *testing.T, o setupOpts) *bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	require.NoError(t, testflow.CreateTables(context.Background(), db.Pool))
+	p := testflow.NewProvider()
+	t.Cleanup(p.Close)
+	b := &bundle{db: db, provider: p, fail: &failures{}}
+	cfg := o.engine.WithDefaults()
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	e, err := workflow.New(db.Pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, registerFlows(e, p.URL, b.fail.check))
+	b.engine = e
+	return b
+}
+
+// registerFlows registers charge3 and payfirst on e. check, if set, runs at the start of
+// every phase and may fail it.
+func registerFlows(e *workflow.Engine, providerURL string, check func(*phases.Run) error) error {
+	before := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if check == nil {
+			return nil
+		}
+		return check(run)
+	}
+	if err := e.Register(testflow.Flow(testflow.Options{ProviderURL: providerURL, Before: before})); err != nil {
+		return err
+	}
+	return e.Register(payFirstFlow(providerURL, check))
+}
+
+var payFirstID = phases.NewSlot[string]("payment_id")
+
+func payFirstFlow(providerURL string, check func(*phases.Run) error) phases.Flow {
+	client := &http.Client{}
+	guard := func(run *phases.Run) error {
+		if check == nil {
+			return nil
+		}
+		return check(run)
+	}
+	return phases.Flow{Name: payFirst, Phases: []phases.Phase{
+		phases.Call(payFirstCharge, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			if err := guard(run); err != nil {
+				return nil, err
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/pay", bytes.NewReader(run.Body()))
+			if err != nil {
+				return nil, err
+			}
+			req.Header.Set("Idempotency-Key", run.DerivedKey())
+			resp, err := client.Do(req)
+			if err != nil {
+				return nil, err
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusCreated {
+				return nil, fmt.Errorf("provider answered %d: %s", resp.StatusCode, body)
+			}
+			var out struct{ ID string }
+			if err := json.Unmarshal(body, &out); err != nil {
+				return nil, err
+			}
+			return nil, payFirstID.Set(run, out.ID)
+		}),
+		phases.Tx(payFirstRecord, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			if err := guard(run); err != nil {
+				return nil, err
+			}
+			pid, err := payFirstID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			var lid int64
+			err = tx.QueryRow(ctx, `INSERT INTO ledger (scope, idem_key, amount, status, payment_id)
+				VALUES ($1, $2, 1, 'settled', $3) RETURNING id`, run.Scope(), run.Key(), pid).Scan(&lid)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO settlements (ledger_id, payment_id) VALUES ($1, $2)`, lid, pid); err != nil {
+				return nil, err
+			}
+			return phases.JSON(http.StatusCreated, testflow.Answer{LedgerID: lid, PaymentID: pid, Amount: 1})
+		}),
+	}}
+}
+
+func (b *bundle) newSweeper(t *testing.T, cfg *sweeper.Config) *sweeper.Sweeper {
+	t.Helper()
+	s, err := sweeper.New(b.engine, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Stop(context.Background())) })
+	return s
+}
+
+func chargeReq(key string) workflow.Request {
+	return workflow.Request{Scope: "acct", Key: key, Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(`{"amount":250}`)}
+}
+
+func payFirstReq(key string) workflow.Request {
+	return workflow.Request{Scope: "acct", Key: key, Flow: payFirst, Method: "POST", Route: "/payfirst", Body: []byte(`{"amount":1}`)}
+}
+
+// stuck runs req with a transient failure injected at phase, leaving the key released
+// at the phase before it. The key is not yet due for a sweeper: see makeDue.
+func (b *bundle) stuck(t *testing.T, req workflow.Request, phase string) {
+	t.Helper()
+	b.fail.set(req.Key, phase, true)
+	defer b.fail.set(req.Key, phase, false)
+	_, err := b.engine.Do(context.Background(), req)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+}
+
+// makeDue moves a key's claim, backoff and lease (if any) into the past: the
+// database-clock equivalent of waiting out the grace period, the backoff and the lease.
+func makeDue(t *testing.T, db *pgtest.DB, key string) {
+	t.Helper()
+	tag, err := db.Pool.Exec(context.Background(), `
+		UPDATE idemflow_keys
+		SET created_at = clock_timestamp() - interval '1 hour',
+			next_attempt_at = clock_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		WHERE scope = 'acct' AND idempotency_key = $1`, key)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "no key %q", key)
+}
+
+// keyRow is the whole key row as text, to compare before and after; "" if there is none.
+func keyRow(t *testing.T, db *pgtest.DB, key string) string {
+	t.Helper()
+	var s string
+	err := db.Pool.QueryRow(context.Background(),
+		`SELECT coalesce((SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = 'acct' AND idempotency_key = $1), '')`,
+		key).Scan(&s)
+	require.NoError(t, err)
+	return s
+}
+
+type keyState struct {
+	Status        string
+	RecoveryPoint string
+	LockVersion   int64
+	Leased        bool
+	Due           bool // next_attempt_at has passed
+	Attempts      int
+	LastError     string
+	// BackoffMillis is next_attempt_at - updated_at: the delay the last release set.
+	BackoffMillis int64
+}
+
+func state(t *testing.T, db *pgtest.DB, key string) keyState {
+	t.Helper()
+	var s keyState
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL,
+			next_attempt_at <= clock_timestamp(), attempts, coalesce(last_error, ''),
+			(extract(epoch FROM next_attempt_at - updated_at) * 1000)::bigint
+		FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1`, key).
+		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Due, &s.Attempts, &s.LastError, &s.BackoffMillis)
+	require.NoError(t, err)
+	return s
+}
+
+func effects(t *testing.T, db *pgtest.DB, key string) testflow.Effects {
+	t.Helper()
+	e, err := testflow.CountEffects(context.Background(), db.Pool, "acct", key)
+	require.NoError(t, err)
+	return e
+}
+
+func keyID(t *testing.T, db *pgtest.DB, key string) string {
+	t.Helper()
+	var id string
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT id::text FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1`, key).Scan(&id))
+	return id
+}
+
+// requireOneEffect checks that a key has exactly one of each effect, locally and at
+// the provider (one payment under the derived key of its pay phase).
+func requireOneEffect(t *testing.T, b *bundle, key, payPhase string) {
+	t.Helper()
+	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, effects(t, b.db, key))
+	_, paid := b.provider.Payment(keyID(t, b.db, key) + ":" + payPhase)
+	require.True(t, paid, "no provider payment for the key's derived key")
+}
+
+// events records the engine's key events.
+type events struct {
+	mu   sync.Mutex
+	seen []workflow.KeyEvent
+}
+
+func (ev *events) hook(_ context.Context, e workflow.KeyEvent) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.seen = append(ev.seen, e)
+}
+
+func (ev *events) count(kind workflow.KeyEventKind) int {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	n := 0
+	for _, e := range ev.seen {
+		if e.Kind == kind {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,24 @@
+package sweeper_test
+
+import (
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if runChild() { // this process is a child of a multi-process test, not a test run
+		return
+	}
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

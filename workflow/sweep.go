@@ -1,0 +1,344 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+// The engine's side of the sweeper: taking over due keys in batches, running them
+// through the same phase code a retry runs, dead-lettering, re-driving and retention.
+// The sweeper package schedules these calls; this file decides what they mean.
+
+// Key events of sweeps, re-drives and give-backs.
+const (
+	KeySwept        KeyEventKind = "swept"         // a sweeper took over an expired or released lease
+	KeyDeadLettered KeyEventKind = "dead_lettered" // the key was given up on; Err is its last error
+	KeyRedriven     KeyEventKind = "redriven"      // a dead-lettered key was put back in progress
+	KeyGivenBack    KeyEventKind = "given_back"    // a key taken by a sweeper was returned unrun
+)
+
+var (
+	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
+	// changed.
+	ErrNotDeadLettered = errors.New("key not dead-lettered")
+	// ErrNeedsClient is the failure recorded on a key of a client-only flow (the HTTP
+	// middleware's) that a sweeper released: only the client's retry can finish it.
+	ErrNeedsClient = errors.New("only the client's retry can finish this key")
+)
+
+// SweepOpts select the keys TakeDue takes.
+type SweepOpts struct {
+	// Limit is the most keys taken. Required, positive.
+	Limit int
+	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
+	// client's own retry. Zero means no grace.
+	Grace time.Duration
+}
+
+// Taken is a key taken over by TakeDue: its lock version was bumped, so nothing that
+// ran it before can commit, and it holds a fresh lease of Config.Lease. Pass it to
+// RunTaken, or to ReleaseTaken if it will not be run.
+type Taken struct {
+	Scope         string
+	Key           string
+	ID            string // the key row's identity
+	Flow          string
+	RecoveryPoint string
+	LockVersion   int64
+	// Attempts counts the claim and every takeover, this one included.
+	Attempts int
+
+	row   *store.Row
+	taken time.Time // when the takeover was sent
+}
+
+func (t *Taken) fence() store.Fence {
+	return store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+}
+
+// LeaseLeft estimates how much of the lease set by the takeover remains, measured
+// from when the takeover was sent.
+func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Since(t.taken) }
+
+// TakeDue takes over, in one short statement, up to opts.Limit keys that are in
+// progress with an expired or released lease, due (their backoff has passed), older
+// than opts.Grace, and of a flow registered on this engine, oldest due first. Keys of
+// flows this engine does not know are left to a process that registered them. Rows
+// locked by anyone else are skipped rather than waited for, so any number of sweepers
+// take disjoint sets, and a key that finished or was taken over after the statement's
+// snapshot is left alone. Each key taken gets a KeySwept event.
+//
+// It returns an empty slice when nothing is due, and store errors when the database
+// fails (nothing was taken).
+func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) {
+	if opts.Limit <= 0 {
+		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
+	}
+	e.mu.RLock()
+	flows := make([]string, 0, len(e.flows))
+	for name := range e.flows {
+		flows = append(flows, name)
+	}
+	e.mu.RUnlock()
+	sent := time.Now()
+	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
+		Limit: opts.Limit, Grace: max(opts.Grace, 0), Lease: e.cfg.Lease, Flows: flows,
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Taken, len(rows))
+	for i, r := range rows {
+		out[i] = &Taken{
+			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
+			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, taken: sent,
+		}
+		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
+	}
+	return out, nil
+}
+
+// SweepOutcome is what became of a key RunTaken ran.
+type SweepOutcome string
+
+// Sweep outcomes.
+const (
+	// SweptFinished: the key was driven to finished; its response is stored.
+	SweptFinished SweepOutcome = "finished"
+	// SweptReleased: the attempt failed (or the key cannot be run here); the key was
+	// released with its recovery point and is due again after a backoff.
+	SweptReleased SweepOutcome = "released"
+	// SweptDeadLettered: the attempt failed and was the last one allowed.
+	SweptDeadLettered SweepOutcome = "dead_lettered"
+	// SweptLeaseLost: another executor took the key over while this one ran it;
+	// nothing this run did after that was committed.
+	SweptLeaseLost SweepOutcome = "lease_lost"
+	// SweptParked: the key's flow is client-only (the HTTP middleware's); it was
+	// released, not run, for its client's retry, and is left alone by sweeps for
+	// RunTakenOpts.ParkFor.
+	SweptParked SweepOutcome = "parked"
+)
+
+// RunTakenOpts configure RunTaken.
+type RunTakenOpts struct {
+	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
+	// later (Taken.Attempts counts the claim and every takeover). Zero means a key is
+	// never dead-lettered.
+	MaxAttempts int
+	// ParkFor is how long a key of a client-only flow is left alone by sweeps after it
+	// was released for its client. Zero means Config.BackoffMax.
+	ParkFor time.Duration
+}
+
+// SweepResult reports what RunTaken did with a key.
+type SweepResult struct {
+	Outcome SweepOutcome
+	// Response is the stored answer when Outcome is SweptFinished.
+	Response *phases.Response
+	// Err is why the attempt failed, for every other outcome.
+	Err error
+}
+
+// RunTaken runs a key taken with TakeDue from its recovery point, with the request
+// stored on the key, through the same phase code a client's retry runs.
+//
+// A key of a client-only flow (the HTTP middleware's) is not run: its phase needs the
+// live request. It is parked (SweptParked): released so that the client's next retry
+// takes it over and runs it afresh, with ErrNeedsClient as its last error, the
+// sweeper's attempt uncounted, and not due for sweeps again for opts.ParkFor. Such a
+// key is never dead-lettered by a sweep: only its client can finish it, and a retry
+// that finds it dead-lettered could not.
+//
+// A key whose recovery point names a phase the flow does not have (cause
+// ErrUnknownRecoveryPoint; another build of the flow may have it, as during a rolling
+// deploy) or whose phase data cannot be decoded is not run either. It is released with
+// a backoff and its cause as last error, like a failed attempt, so that it is
+// dead-lettered after opts.MaxAttempts attempts rather than retried forever.
+//
+// A failed attempt is released with a backoff (Config.BackoffBase, doubling per
+// attempt up to Config.BackoffMax, unless the phase asked for a delay) and the key
+// keeps its recovery point; if it was attempt opts.MaxAttempts or later, the key is
+// then dead-lettered: status dead, its last error kept, never run again until Redrive.
+//
+// The error is non-nil only when the key's fate could not be recorded (the database
+// failed while releasing or dead-lettering it); its lease then runs out and a later
+// sweep takes it again. opts may be nil.
+func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (SweepResult, error) {
+	if t == nil || t.row == nil {
+		return SweepResult{}, errors.New("workflow: run taken key: not a key from TakeDue")
+	}
+	if opts == nil {
+		opts = &RunTakenOpts{}
+	}
+	f, ok := e.flow(t.Flow)
+	if ok && !e.Resumable(t.Flow) {
+		return e.park(ctx, t, opts.ParkFor)
+	}
+	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.MaxAttempts)
+	}
+	next, err := f.Index(t.RecoveryPoint)
+	if err != nil {
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.MaxAttempts)
+	}
+	x, err := e.newExec(f, t.row, t.taken)
+	if err != nil {
+		return e.settleUnrun(ctx, t, err, opts.MaxAttempts)
+	}
+
+	res, err := x.drive(ctx, next+1)
+	if err == nil {
+		return SweepResult{Outcome: SweptFinished, Response: res.Response}, nil
+	}
+	var te *TransientError
+	if !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
+		// Should drive ever return a failure without releasing the key, it is a failed
+		// attempt all the same: release it rather than leave it leased.
+		err = x.transient(ctx, x.rp, err, nil)
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
+	}
+	if opts.MaxAttempts > 0 && t.Attempts >= opts.MaxAttempts {
+		return e.deadLetter(ctx, t, err)
+	}
+	return SweepResult{Outcome: SweptReleased, Err: err}, nil
+}
+
+// settleUnrun releases or dead-letters a taken key that was not run, recording cause.
+func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (SweepResult, error) {
+	if maxAttempts > 0 && t.Attempts >= maxAttempts {
+		return e.deadLetter(ctx, t, cause)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	err := e.store.Release(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+	case err != nil:
+		return SweepResult{Outcome: SweptReleased, Err: cause}, err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
+	return SweepResult{Outcome: SweptReleased, Err: cause}, nil
+}
+
+// park releases a taken key of a client-only flow for its client.
+func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (SweepResult, error) {
+	if d <= 0 {
+		d = e.cfg.BackoffMax
+	}
+	cause := fmt.Errorf("%w: flow %q needs the live request", ErrNeedsClient, t.Flow)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	err := e.store.Park(rctx, e.pool, t.fence(), cause.Error(), d)
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+	case err != nil:
+		return SweepResult{Outcome: SweptParked, Err: cause}, err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
+	return SweepResult{Outcome: SweptParked, Err: cause}, nil
+}
+
+// deadLetter marks a taken key dead with cause, under its fence. If the fence no longer
+// matches, the key was released and taken by someone else in between: that executor
+// decides its fate.
+func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (SweepResult, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	err := e.store.DeadLetter(rctx, e.pool, t.fence(), cause.Error())
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+	case err != nil:
+		return SweepResult{Outcome: SweptReleased, Err: cause}, err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
+	return SweepResult{Outcome: SweptDeadLettered, Err: cause}, nil
+}
+
+// settleTimeout bounds the statements that record a taken key's fate; they run even
+// when the caller's context has ended, so that the key is not left leased.
+const settleTimeout = 10 * time.Second
+
+// ReleaseTaken returns a key taken with TakeDue without running it, as a sweeper does
+// when it stops or when too little of the lease is left: the lease is cleared, the
+// attempt the takeover counted is uncounted, and the key stays due for any sweeper.
+// It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
+// was taken over by someone else meanwhile, and store errors when the database fails.
+func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
+	if t == nil || t.row == nil {
+		return errors.New("workflow: release taken key: not a key from TakeDue")
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	err := e.store.GiveBack(rctx, e.pool, t.fence())
+	if errors.Is(err, store.ErrLeaseLost) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
+	return nil
+}
+
+// Redrive puts a dead-lettered key back in progress: released, its attempts reset to
+// zero, due at once, with its recovery point and phase data as they were. The next
+// sweep (or a Resume, or the client's retry) runs it from there. Its last error is
+// kept until the next failure or the finish replaces it.
+//
+// Errors: ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// state (nothing changes); store errors when the database fails.
+func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	row, err := e.store.Redrive(ctx, e.pool, scope, key)
+	if errors.Is(err, store.ErrNotFound) {
+		_, lerr := e.store.Lookup(ctx, e.pool, scope, key)
+		switch {
+		case errors.Is(lerr, store.ErrNotFound):
+			return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+		case lerr != nil:
+			return lerr
+		}
+		return fmt.Errorf("%w: scope %q key %q", ErrNotDeadLettered, scope, key)
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	return nil
+}
+
+// ExpireFinished deletes, in one short statement, up to limit finished keys that
+// finished more than retention ago by the database clock, oldest first, skipping rows
+// locked by anyone else, and returns how many it deleted: fewer than limit means
+// nothing more is expired for now. Keys in progress and dead-lettered keys are never
+// deleted. A finished key is replayed until it is deleted, so a client can rely on
+// replays for at least retention; a retry after the deletion is a new request.
+func (e *Engine) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	if retention <= 0 {
+		return 0, fmt.Errorf("workflow: expire finished keys: retention %s is not positive", retention)
+	}
+	return e.store.ExpireFinished(ctx, e.pool, retention, limit)
+}
+
+// backoff is how long a key released after its attempts-th attempt waits before it is
+// due again: BackoffBase doubled per attempt after the first, capped at BackoffMax (the
+// same rule exec.backoff applies to a running key).
+func (c *Config) backoff(attempts int) time.Duration {
+	d := c.BackoffBase
+	for i := 1; i < attempts && d < c.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, c.BackoffMax)
+}

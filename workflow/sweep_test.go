@@ -1,0 +1,193 @@
+package workflow_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// sweepable moves every key's claim, backoff and lease into the past, so that a sweep
+// may take it: the database-clock equivalent of waiting.
+func sweepable(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `
+		UPDATE idemflow_keys
+		SET created_at = clock_timestamp() - interval '1 hour',
+			next_attempt_at = clock_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		WHERE status = 'in_progress'`)
+	require.NoError(t, err)
+}
+
+func TestTakeDueAndRunTaken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var swept []workflow.KeyEvent
+	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
+		if ev.Kind == workflow.KeySwept {
+			swept = append(swept, ev)
+		}
+	}}}})
+
+	_, err := b.engine.TakeDue(ctx, workflow.SweepOpts{})
+	require.Error(t, err, "a limit is required")
+	taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, taken)
+	_, err = b.engine.RunTaken(ctx, &workflow.Taken{}, nil)
+	require.Error(t, err, "only keys from TakeDue")
+	require.Error(t, b.engine.ReleaseTaken(ctx, &workflow.Taken{}))
+
+	b.provider.FailNext(1)
+	_, err = b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	before := state(t, b.db, "acct", "k")
+
+	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, taken, "inside the backoff")
+	sweepable(t, b.db)
+	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+	tk := taken[0]
+	require.Equal(t, "acct", tk.Scope)
+	require.Equal(t, "k", tk.Key)
+	require.Equal(t, testflow.Name, tk.Flow)
+	require.Equal(t, testflow.Reserve, tk.RecoveryPoint)
+	require.Equal(t, before.LockVersion+1, tk.LockVersion)
+	require.Equal(t, before.Attempts+1, tk.Attempts)
+	require.Greater(t, tk.LeaseLeft(), 20*time.Second)
+	require.Len(t, swept, 1)
+	require.True(t, state(t, b.db, "acct", "k").Leased)
+
+	again, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, again, "a taken key is leased")
+
+	// Given back: released, the attempt uncounted, still due.
+	require.NoError(t, b.engine.ReleaseTaken(ctx, tk))
+	st := state(t, b.db, "acct", "k")
+	require.False(t, st.Leased)
+	require.Equal(t, before.Attempts, st.Attempts)
+	require.Equal(t, tk.LockVersion, st.LockVersion)
+	require.NoError(t, b.engine.ReleaseTaken(ctx, tk), "a second give-back finds the key released and is a no-op")
+	require.Equal(t, st, state(t, b.db, "acct", "k"))
+
+	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+	res, err := b.engine.RunTaken(ctx, taken[0], nil)
+	require.NoError(t, err)
+	require.Equal(t, workflow.SweptFinished, res.Outcome)
+	require.Equal(t, 201, res.Response.Status)
+	requireOneEffect(t, b, "acct", "k")
+
+	// A taken key that another executor took over in the meantime is fenced off.
+	require.NoError(t, b.engine.ReleaseTaken(ctx, taken[0]), "finished: nothing to give back")
+}
+
+func TestRunTakenLeaseLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	b.provider.FailNext(1)
+	_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	sweepable(t, b.db)
+	taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+
+	// Its lease ends and a client's retry takes the key over and finishes it first.
+	sweepable(t, b.db)
+	res, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	finished := keyRow(t, b.db, "acct", "k")
+
+	out, err := b.engine.RunTaken(ctx, taken[0], &workflow.RunTakenOpts{MaxAttempts: 1})
+	require.NoError(t, err)
+	require.Equal(t, workflow.SweptLeaseLost, out.Outcome)
+	require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
+	require.Equal(t, finished, keyRow(t, b.db, "acct", "k"))
+	requireOneEffect(t, b, "acct", "k")
+	require.Equal(t, 1, b.provider.Payments())
+}
+
+// A response too large to store is a failed attempt for a sweep like for a client:
+// released with a backoff and its cause, then dead-lettered when attempts run out.
+func TestRunTakenResponseTooLarge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	e, err := workflow.New(b.db.Pool, &workflow.Config{MaxResponseBytes: 8})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(phases.Flow{Name: "big", Phases: []phases.Phase{
+		phases.Tx("start", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
+		phases.Call("answer", func(context.Context, *phases.Run) (*phases.Response, error) {
+			return &phases.Response{Status: http.StatusOK, Body: []byte(strings.Repeat("x", 64))}, nil
+		}),
+	}}))
+	req := workflow.Request{Scope: "acct", Key: "big", Flow: "big", Method: "POST", Route: "/big", Body: []byte(`{}`)}
+	_, err = e.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrResponseTooLarge)
+
+	sweepable(t, b.db)
+	taken, err := e.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, taken, 1)
+	out, err := e.RunTaken(ctx, taken[0], &workflow.RunTakenOpts{MaxAttempts: 3})
+	require.NoError(t, err)
+	require.Equal(t, workflow.SweptReleased, out.Outcome)
+	require.ErrorIs(t, out.Err, workflow.ErrResponseTooLarge)
+	st := state(t, b.db, "acct", "big")
+	require.False(t, st.Leased)
+	require.Equal(t, "start", st.RecoveryPoint)
+	require.NotNil(t, st.LastError)
+	require.Contains(t, *st.LastError, "too large")
+
+	sweepable(t, b.db)
+	taken, err = e.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+	require.NoError(t, err)
+	out, err = e.RunTaken(ctx, taken[0], &workflow.RunTakenOpts{MaxAttempts: 3})
+	require.NoError(t, err)
+	require.Equal(t, workflow.SweptDeadLettered, out.Outcome)
+	require.Equal(t, "dead", state(t, b.db, "acct", "big").Status)
+	_, err = e.Resume(ctx, "acct", "big")
+	require.ErrorIs(t, err, workflow.ErrDeadLettered)
+}
+
+func TestRedriveAndExpireValidate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", ""), workflow.ErrInvalidKey)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "none"), workflow.ErrNotFound)
+	_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+	require.NoError(t, err)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+
+	_, err = b.engine.ExpireFinished(ctx, 0, 10)
+	require.Error(t, err)
+	_, err = b.engine.ExpireFinished(ctx, time.Hour, 0)
+	require.Error(t, err)
+	n, err := b.engine.ExpireFinished(ctx, time.Hour, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "the key finished just now")
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '61 minutes'`)
+	require.NoError(t, err)
+	n, err = b.engine.ExpireFinished(ctx, time.Hour, 10)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Zero(t, countKeys(t, b.db))
+}
