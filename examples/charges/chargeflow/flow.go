@@ -1,0 +1,231 @@
+package chargeflow
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// The charges flow's name and phases. The names are stable: keys in flight resume by them.
+const (
+	FlowName      = "create_charge"
+	PhaseCreate   = "create_charge"
+	PhaseProvider = "provider_charge"
+	PhaseFinalize = "finalize"
+)
+
+// Schema creates the example's charges table in the current schema; it is idempotent.
+const Schema = `
+CREATE TABLE IF NOT EXISTS charges (
+	id                  text        PRIMARY KEY DEFAULT 'ch_' || replace(gen_random_uuid()::text, '-', ''),
+	account_id          text        NOT NULL,
+	idempotency_key     text        NOT NULL,
+	amount              bigint      NOT NULL CHECK (amount > 0),
+	currency            text        NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
+	source              text        NOT NULL CHECK (source <> ''),
+	status              text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'succeeded', 'failed')),
+	provider_payment_id text,
+	created_at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS charges_account_idx ON charges (account_id, created_at);`
+
+// Request is the body of POST /v1/charges.
+type Request struct {
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	Source   string `json:"source"`
+}
+
+// Charge is a charge as the API shows it.
+type Charge struct {
+	ID                string  `json:"id"`
+	Amount            int64   `json:"amount"`
+	Currency          string  `json:"currency"`
+	Source            string  `json:"source"`
+	Status            string  `json:"status"`
+	ProviderPaymentID *string `json:"provider_payment_id"`
+}
+
+var currencyRE = regexp.MustCompile(`^[a-z]{3}$`)
+
+// ParseRequest validates a request body. Its error messages are deterministic, so a
+// retry of an invalid request gets the same bytes.
+func ParseRequest(body []byte) (Request, error) {
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, errors.New("body must be a JSON object with amount, currency and source")
+	}
+	if dec.More() {
+		return req, errors.New("body must hold exactly one JSON object")
+	}
+	switch {
+	case req.Amount <= 0:
+		return req, errors.New("amount must be a positive integer")
+	case !currencyRE.MatchString(req.Currency):
+		return req, errors.New("currency must be three lowercase letters")
+	case req.Source == "":
+		return req, errors.New("source must not be empty")
+	}
+	return req, nil
+}
+
+var (
+	chargeID  = phases.NewSlot[string]("charge_id")
+	paymentID = phases.NewSlot[string]("provider_payment_id")
+	declined  = phases.NewSlot[string]("decline_reason")
+)
+
+// Flow is the payments flow: insert a pending charge, ask the provider with the
+// derived key, record the outcome and answer.
+func Flow(provider *ProviderClient) phases.Flow {
+	return phases.Flow{Name: FlowName, Phases: []phases.Phase{
+		phases.Tx(PhaseCreate, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			req, err := ParseRequest(run.Body())
+			if err != nil {
+				return nil, phases.Fail(problem(http.StatusBadRequest, "invalid request", err.Error()))
+			}
+			var id string
+			err = tx.QueryRow(ctx, `
+				INSERT INTO charges (account_id, idempotency_key, amount, currency, source)
+				VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+				run.Scope(), run.Key(), req.Amount, req.Currency, req.Source).Scan(&id)
+			if err != nil {
+				return nil, fmt.Errorf("insert charge: %w", err)
+			}
+			return nil, chargeID.Set(run, id)
+		}),
+		phases.Call(PhaseProvider, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			req, err := ParseRequest(run.Body())
+			if err != nil {
+				return nil, err
+			}
+			pay, err := provider.Pay(ctx, run.DerivedKey(), req)
+			var dec *DeclinedError
+			switch {
+			case errors.As(err, &dec):
+				return nil, declined.Set(run, dec.Reason)
+			case err != nil:
+				return nil, phases.RetryLater(fmt.Errorf("provider: %w", err), time.Second)
+			}
+			return nil, paymentID.Set(run, pay)
+		}),
+		phases.Tx(PhaseFinalize, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			id, err := chargeID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			reason, wasDeclined, err := declined.Lookup(run)
+			if err != nil {
+				return nil, err
+			}
+			if wasDeclined {
+				if _, err := tx.Exec(ctx, `UPDATE charges SET status = 'failed' WHERE id = $1 AND account_id = $2`, id, run.Scope()); err != nil {
+					return nil, fmt.Errorf("mark charge failed: %w", err)
+				}
+				resp := problem(http.StatusPaymentRequired, "card declined", reason)
+				return resp, nil
+			}
+			pay, err := paymentID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			c, err := ScanCharge(tx.QueryRow(ctx, `
+				UPDATE charges SET status = 'succeeded', provider_payment_id = $3
+				WHERE id = $1 AND account_id = $2
+				RETURNING id, amount, currency, source, status, provider_payment_id`, id, run.Scope(), pay))
+			if err != nil {
+				return nil, fmt.Errorf("mark charge succeeded: %w", err)
+			}
+			resp, err := phases.JSON(http.StatusCreated, c)
+			if err != nil {
+				return nil, err
+			}
+			resp.Header.Set("Location", "/v1/charges/"+c.ID)
+			return resp, nil
+		}),
+	}}
+}
+
+// ScanCharge reads a charge selected as id, amount, currency, source, status,
+// provider_payment_id.
+func ScanCharge(row pgx.Row) (Charge, error) {
+	var c Charge
+	err := row.Scan(&c.ID, &c.Amount, &c.Currency, &c.Source, &c.Status, &c.ProviderPaymentID)
+	return c, err
+}
+
+// problem is an RFC 9457 problem response.
+func problem(status int, title, detail string) *phases.Response {
+	body, _ := json.Marshal(map[string]any{
+		"type": "about:blank", "title": title, "status": status, "detail": detail,
+	})
+	h := http.Header{}
+	h.Set("Content-Type", "application/problem+json")
+	return &phases.Response{Status: status, Header: h, Body: body}
+}
+
+// DeclinedError is the provider's deterministic refusal.
+type DeclinedError struct{ Reason string }
+
+func (e *DeclinedError) Error() string { return "declined: " + e.Reason }
+
+// ProviderClient calls the payment provider.
+type ProviderClient struct {
+	BaseURL string
+	HTTP    *http.Client
+}
+
+// Pay asks for a payment under key and returns the payment id. A 402 is a
+// *DeclinedError; anything else unexpected is an error worth retrying.
+func (p *ProviderClient) Pay(ctx context.Context, key string, req Request) (string, error) {
+	body, _ := json.Marshal(req)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, p.BaseURL+"/v1/payments", bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Idempotency-Key", key)
+	resp, err := p.HTTP.Do(hreq)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return "", err
+	}
+	switch resp.StatusCode {
+	case http.StatusCreated:
+		var out struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
+			return "", fmt.Errorf("unreadable provider answer %q", b)
+		}
+		return out.ID, nil
+	case http.StatusPaymentRequired:
+		var out struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(b, &out)
+		if out.Error == "" {
+			out.Error = "card_declined"
+		}
+		return "", &DeclinedError{Reason: out.Error}
+	default:
+		return "", fmt.Errorf("provider answered %s", strconv.Itoa(resp.StatusCode))
+	}
+}

@@ -1,0 +1,474 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+)
+
+// demo starts a database (unless DATABASE_URL is set), the provider, a server and a
+// worker as separate processes, and shows each promise with real HTTP.
+func demo(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	verbose := fs.Bool("v", false, "print the child processes' logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	d := &demoRun{out: out, verbose: *verbose}
+	defer d.stopAll()
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	d.self = self
+
+	d.say("Setting up: a database, the payment provider, an API server and a worker, each its own process.")
+	base := os.Getenv("DATABASE_URL")
+	if base == "" {
+		srv, err := pgtest.Start(ctx)
+		if err != nil {
+			return fmt.Errorf("start a throwaway Postgres (or set DATABASE_URL): %w", err)
+		}
+		defer srv.Stop() //nolint:errcheck // best effort at exit
+		base = srv.URL
+		d.say("  database: a throwaway PostgreSQL server")
+	} else {
+		d.say("  database: $DATABASE_URL")
+	}
+	dbURL, dropSchema, err := freshSchema(ctx, base)
+	if err != nil {
+		return err
+	}
+	defer dropSchema()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	d.pool = pool
+
+	provider, err := d.start(ctx, "provider", nil, "provider", "-addr", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	providerAddr := strings.TrimPrefix(provider.url, "http://")
+	common := []string{"-database-url", dbURL, "-provider-url", provider.url, "-lease", "2s"}
+	server, err := d.start(ctx, "server", nil, append([]string{"serve", "-addr", "127.0.0.1:0", "-sweeper=false"}, common...)...)
+	if err != nil {
+		return err
+	}
+	if _, err := d.start(ctx, "worker", nil, append([]string{"worker", "-sweep-interval", "200ms", "-sweep-grace", "1s"}, common...)...); err != nil {
+		return err
+	}
+	api := &client{base: server.url, account: "acct_demo"}
+	body := `{"amount":1299,"currency":"usd","source":"tok_visa"}`
+
+	// 1. A charge.
+	d.say("\n1. A charge: POST /v1/charges with Idempotency-Key: demo-1")
+	first, err := api.post(ctx, "demo-1", body)
+	d.check("charge", "201", first.String(), err == nil && first.status == 201)
+	d.say("   -> %s %s", first, first.body)
+
+	// 2. Its replay.
+	d.say("\n2. The client retries the same request (its answer was lost)")
+	again, err := api.post(ctx, "demo-1", body)
+	same := err == nil && again.status == 201 && bytes.Equal(again.body, first.body) && again.header.Get("Idempotent-Replayed") == "true"
+	d.check("replay", "201, same bytes, Idempotent-Replayed", again.String()+replayNote(again, first), same)
+	d.say("   -> %s%s", again, replayNote(again, first))
+
+	// 3. Twenty concurrent duplicates.
+	d.say("\n3. Twenty copies of one request at once (Idempotency-Key: demo-2)")
+	paymentsBefore, _ := providerPayments(ctx, provider.url)
+	codes := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := api.post(ctx, "demo-2", body)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				codes[0]++
+				return
+			}
+			codes[r.status]++
+		}()
+	}
+	wg.Wait()
+	rows := d.count(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-2'`)
+	paymentsAfter, _ := providerPayments(ctx, provider.url)
+	onlyOK := codes[201]+codes[409] == 20 && codes[201] >= 1
+	d.check("20 concurrent duplicates", "1 charge, 1 payment, only 201/409",
+		fmt.Sprintf("%d charge, %d payment, answers %v", rows, paymentsAfter-paymentsBefore, codes),
+		rows == 1 && paymentsAfter-paymentsBefore == 1 && onlyOK)
+	d.say("   -> answers by status %v; charges rows %d; provider payments %d", codes, rows, paymentsAfter-paymentsBefore)
+
+	// 4. A key reused with another body.
+	d.say("\n4. The key demo-1 reused for a different amount")
+	other, err := api.post(ctx, "demo-1", `{"amount":500,"currency":"usd","source":"tok_visa"}`)
+	d.check("key reused, other body", "422", other.String(), err == nil && other.status == 422)
+	d.say("   -> %s %s", other, other.body)
+
+	// 5. A server killed mid-flow, finished by the worker.
+	d.say("\n5. A second server that dies right after the provider charged the card (CHARGES_CRASH_AFTER=provider_charge)")
+	doomed, err := d.start(ctx, "doomed-server", []string{"CHARGES_CRASH_AFTER=" + chargeflow.PhaseProvider},
+		append([]string{"serve", "-addr", "127.0.0.1:0", "-sweeper=false", "-migrate=false"}, common...)...)
+	if err != nil {
+		return err
+	}
+	paymentsBefore, _ = providerPayments(ctx, provider.url)
+	crashed, err := (&client{base: doomed.url, account: "acct_demo"}).post(ctx, "demo-3", body)
+	exitCode := doomed.wait(10 * time.Second)
+	d.say("   -> the client saw: %v; the server exited with code %d", describe(crashed, err), exitCode)
+	finished := d.waitFor(ctx, 30*time.Second, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-3' AND status = 'succeeded'`)
+	paymentsAfter, _ = providerPayments(ctx, provider.url)
+	d.check("server killed mid-flow", "worker finishes it, 1 payment",
+		fmt.Sprintf("exit %d, finished %v, %d payment", exitCode, finished, paymentsAfter-paymentsBefore),
+		exitCode == 3 && finished && paymentsAfter-paymentsBefore == 1)
+	retry, err := api.post(ctx, "demo-3", body)
+	d.check("client retries after the crash", "201 replayed", retry.String()+replayNote(retry, reply{}),
+		err == nil && retry.status == 201 && retry.header.Get("Idempotent-Replayed") == "true")
+	d.say("   -> the worker finished it; the client's retry gets %s%s", retry, replayNote(retry, reply{}))
+
+	// 6. A provider outage and the retry that succeeds.
+	d.say("\n6. The provider goes down")
+	provider.kill()
+	down, err := api.post(ctx, "demo-4", body)
+	d.check("provider outage", "503 with Retry-After, not stored", down.String()+" Retry-After: "+down.header.Get("Retry-After"),
+		err == nil && down.status == 503 && down.header.Get("Retry-After") != "")
+	d.say("   -> %s Retry-After: %s %s", down, down.header.Get("Retry-After"), down.body)
+	d.say("   The provider comes back; the client retries")
+	provider, err = d.start(ctx, "provider", nil, "provider", "-addr", providerAddr)
+	if err != nil {
+		return err
+	}
+	up, err := api.post(ctx, "demo-4", body)
+	rows = d.count(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-4' AND status = 'succeeded'`)
+	payments, _ := providerPayments(ctx, provider.url)
+	d.check("retry after the outage", "201, 1 charge, 1 payment", fmt.Sprintf("%s, %d charge, %d payment", up, rows, payments),
+		err == nil && up.status == 201 && rows == 1 && payments == 1)
+	d.say("   -> %s %s", up, up.body)
+
+	return d.summary()
+}
+
+type demoRun struct {
+	out     io.Writer
+	verbose bool
+	self    string
+	pool    *pgxpool.Pool
+	procs   []*proc
+	results [][4]string
+	failed  int
+}
+
+func (d *demoRun) say(format string, args ...any) { fmt.Fprintf(d.out, format+"\n", args...) }
+
+func (d *demoRun) check(step, want, got string, ok bool) {
+	verdict := "ok"
+	if !ok {
+		verdict = "FAILED"
+		d.failed++
+	}
+	d.results = append(d.results, [4]string{step, want, got, verdict})
+}
+
+func (d *demoRun) summary() error {
+	d.say("\nSummary")
+	tw := tabwriter.NewWriter(d.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tEXPECTED\tGOT\tRESULT")
+	for _, r := range d.results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3])
+	}
+	tw.Flush()
+	if d.failed > 0 {
+		for _, p := range d.procs {
+			d.say("\n--- %s log ---\n%s", p.name, p.logs())
+		}
+		return fmt.Errorf("%d of %d steps misbehaved", d.failed, len(d.results))
+	}
+	d.say("\nAll %d steps behaved.", len(d.results))
+	return nil
+}
+
+func (d *demoRun) count(ctx context.Context, sql string) int {
+	var n int
+	if err := d.pool.QueryRow(ctx, sql).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// waitFor polls until sql counts at least one row, or the timeout passes.
+func (d *demoRun) waitFor(ctx context.Context, timeout time.Duration, sql string) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if d.count(ctx, sql) > 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+func (d *demoRun) stopAll() {
+	for _, p := range d.procs {
+		p.stop()
+	}
+}
+
+// proc is a child process that announces "listening on http://ADDR" (or "sweeping").
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	url  string
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done chan struct{}
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.Write(b)
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.String()
+}
+
+func (d *demoRun) start(ctx context.Context, name string, env []string, args ...string) (*proc, error) {
+	p := &proc{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(d.self, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	var errw io.Writer = p
+	if d.verbose {
+		errw = io.MultiWriter(p, prefixed(d.out, name))
+	}
+	p.cmd.Stderr = errw
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	d.procs = append(d.procs, p)
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(p, line)
+			if _, u, ok := strings.Cut(line, "listening on "); ok {
+				ready <- u
+			} else if strings.Contains(line, "sweeping") {
+				ready <- ""
+			}
+		}
+	}()
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	select {
+	case u := <-ready:
+		p.url = u
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before it was ready:\n%s", name, p.logs())
+	case <-time.After(60 * time.Second):
+		return nil, fmt.Errorf("%s was not ready within 60s:\n%s", name, p.logs())
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// wait waits for the process to exit and returns its exit code (-1 if it did not).
+func (p *proc) wait(timeout time.Duration) int {
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		return -1
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+type prefixWriter struct {
+	w    io.Writer
+	name string
+}
+
+func prefixed(w io.Writer, name string) io.Writer { return &prefixWriter{w: w, name: name} }
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line != "" {
+			fmt.Fprintf(p.w, "   [%s] %s", p.name, line)
+		}
+	}
+	return len(b), nil
+}
+
+// client is a charges API client for one account.
+type client struct {
+	base    string
+	account string
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) String() string {
+	if r.status == 0 {
+		return "no answer"
+	}
+	return fmt.Sprintf("%d %s", r.status, http.StatusText(r.status))
+}
+
+func (c *client) post(ctx context.Context, key, body string) (reply, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/charges", strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.account)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: bytes.TrimSpace(b)}, err
+}
+
+func replayNote(r, first reply) string {
+	note := ""
+	if r.header.Get("Idempotent-Replayed") == "true" {
+		note = " (Idempotent-Replayed: true"
+		if first.body != nil {
+			if bytes.Equal(r.body, first.body) {
+				note += ", identical bytes"
+			} else {
+				note += ", DIFFERENT bytes"
+			}
+		}
+		note += ")"
+	}
+	return note
+}
+
+func describe(r reply, err error) string {
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return "connection lost (" + ue.Err.Error() + ")"
+		}
+		return err.Error()
+	}
+	return r.String()
+}
+
+func providerPayments(ctx context.Context, base string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/stats", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var st chargeflow.ProviderStats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return 0, err
+	}
+	return st.Payments, nil
+}
+
+// freshSchema creates a schema of its own on the server at base and returns a URL
+// whose search_path is that schema, and a function that drops it.
+func freshSchema(ctx context.Context, base string) (string, func(), error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "charges_demo_" + hex.EncodeToString(b[:])
+	pool, err := pgxpool.New(ctx, base)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		pool.Close()
+		return "", nil, fmt.Errorf("create demo schema: %w", err)
+	}
+	drop := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(dctx, "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	}
+	return withSearchPath(base, schema), drop, nil
+}
+
+func withSearchPath(conn, schema string) string {
+	if u, err := url.Parse(conn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return conn + " search_path=" + schema
+}

@@ -1,0 +1,209 @@
+// Command charges is a complete payments service built on idemflow: an HTTP API that
+// creates charges through a three-phase flow (create_charge, provider_charge,
+// finalize), a fake payment provider that dedupes on its own idempotency key, a worker
+// that runs only the sweeper, and a demo that tells the whole story with real
+// processes.
+//
+//	charges serve     the HTTP API, with an embedded sweeper
+//	charges provider  the fake payment provider
+//	charges worker    the sweeper alone: finishes charges whose client went away
+//	charges demo      starts everything and shows each promise working
+//
+// Run `charges <command> -h` for a command's flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+const usage = `usage: charges <command> [flags]
+
+commands:
+  serve     the HTTP API, with an embedded sweeper
+  provider  the fake payment provider
+  worker    the sweeper alone
+  demo      start everything and show each promise working
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "serve":
+		err = serve(ctx, args)
+	case "provider":
+		err = runProvider(ctx, args)
+	case "worker":
+		err = worker(ctx, args)
+	case "demo":
+		err = demo(ctx, args, os.Stdout)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(os.Stdout, usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "charges: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "charges %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+// common are the flags serve and worker share.
+type common struct {
+	databaseURL   string
+	providerURL   string
+	sweepInterval time.Duration
+	lease         time.Duration
+	migrate       bool
+	sweepGrace    time.Duration
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; when empty, a throwaway server is started)")
+	fs.StringVar(&c.providerURL, "provider-url", "", "payment provider base URL (default: start the fake provider in-process)")
+	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Second, "how often the sweeper looks for stuck charges")
+	fs.DurationVar(&c.lease, "lease", 30*time.Second, "how long an executor owns a key before another may take over")
+	fs.BoolVar(&c.migrate, "migrate", true, "apply migrations at start (safe when several processes start at once)")
+	fs.DurationVar(&c.sweepGrace, "sweep-grace", 0, "how old a stuck charge must be before the sweeper takes it (0: the sweeper default)")
+}
+
+// env is what serve and worker run on.
+type env struct {
+	pool     *pgxpool.Pool
+	engine   *workflow.Engine
+	provider string
+	log      *slog.Logger
+	cleanup  []func()
+}
+
+func (e *env) close() {
+	for i := len(e.cleanup) - 1; i >= 0; i-- {
+		e.cleanup[i]()
+	}
+}
+
+// setup connects to (or starts) the database, migrates, starts the in-process provider
+// if none is given, and builds the engine with the charges flow.
+func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error) {
+	e := &env{log: log}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	url := c.databaseURL
+	if url == "" {
+		srv, err := pgtest.Start(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("start a throwaway Postgres: %w", err)
+		}
+		e.cleanup = append(e.cleanup, func() { _ = srv.Stop() })
+		url = srv.URL
+		fmt.Printf("database: %s\n", url)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	e.cleanup = append(e.cleanup, pool.Close)
+	e.pool = pool
+	if c.migrate {
+		if err := migrations.Migrate(ctx, pool); err != nil {
+			return nil, err
+		}
+		if err := migrateCharges(ctx, pool); err != nil {
+			return nil, err
+		}
+	}
+	e.provider = c.providerURL
+	if e.provider == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("provider listen: %w", err)
+		}
+		hs := &http.Server{Handler: chargeflow.NewProvider(0, 0).Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(ln) }()
+		e.cleanup = append(e.cleanup, func() { _ = hs.Close() })
+		e.provider = "http://" + ln.Addr().String()
+		fmt.Printf("provider: in-process at %s\n", e.provider)
+	}
+	cfg := &workflow.Config{Lease: c.lease, Logger: log, Hooks: crashHooks()}
+	engine, err := workflow.New(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	client := &chargeflow.ProviderClient{BaseURL: e.provider, HTTP: &http.Client{Timeout: 10 * time.Second}}
+	if err := engine.Register(chargeflow.Flow(client)); err != nil {
+		return nil, err
+	}
+	e.engine = engine
+	return e, nil
+}
+
+// migrateCharges creates the example's own table, serialised like migrations.Migrate.
+func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('charges.migrate:' || current_schema(), 0))`); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, chargeflow.Schema); err != nil {
+		return fmt.Errorf("create charges table: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// crashHooks implement the CHARGES_CRASH_AFTER failpoint: the process exits at once,
+// with no cleanup, right after the named phase completes.
+func crashHooks() workflow.Hooks {
+	phase := os.Getenv("CHARGES_CRASH_AFTER")
+	if phase == "" {
+		return workflow.Hooks{}
+	}
+	return workflow.Hooks{PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
+		if err == nil && ev.Phase == phase {
+			fmt.Fprintf(os.Stderr, "charges: CHARGES_CRASH_AFTER=%s: exiting now\n", phase)
+			os.Exit(3)
+		}
+	}}
+}
+
+func newSweeper(e *env, c *common) (*sweeper.Sweeper, error) {
+	return sweeper.New(e.engine, &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Logger: e.log})
+}
+
+func logger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// serve runs the HTTP API with an embedded sweeper.
+func serve(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
+	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
+	var c common
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := logger(os.Stderr)
+	e, err := setup(ctx, &c, log)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+
+	api, err := newAPI(e)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	hs := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+
+	if *withSweeper {
+		sw, err := newSweeper(e, &c)
+		if err != nil {
+			return err
+		}
+		if err := sw.Start(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = sw.Stop(sctx)
+		}()
+	}
+	fmt.Printf("charges: listening on http://%s\n", ln.Addr())
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}
+
+// worker runs only the sweeper.
+func worker(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := logger(os.Stderr)
+	e, err := setup(ctx, &c, log)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	sw, err := newSweeper(e, &c)
+	if err != nil {
+		return err
+	}
+	if err := sw.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Println("worker: sweeping")
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return sw.Stop(sctx)
+}
+
+// runProvider runs the fake payment provider.
+func runProvider(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:8090", "address to listen on")
+	latency := fs.Duration("latency", 0, "added to every payment request")
+	failRate := fs.Float64("fail-rate", 0, "share of payment requests answered 503 before doing anything (0..1)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *failRate < 0 || *failRate > 1 {
+		return fmt.Errorf("-fail-rate %v is outside 0..1", *failRate)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	hs := &http.Server{Handler: chargeflow.NewProvider(*latency, *failRate).Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	fmt.Printf("provider: listening on http://%s\n", ln.Addr())
+	select {
+	case <-ctx.Done():
+		return hs.Close()
+	case err := <-errc:
+		return err
+	}
+}
+
+// newAPI is the charges HTTP API.
+func newAPI(e *env) (http.Handler, error) {
+	create, err := e.engine.Handler(chargeflow.FlowName, &workflow.HTTPConfig{
+		Scope:  bearerAccount,
+		Logger: e.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", create)
+	mux.HandleFunc("GET /v1/charges/{id}", func(w http.ResponseWriter, r *http.Request) {
+		account, err := bearerAccount(r)
+		if err != nil {
+			writeProblem(w, http.StatusUnauthorized, "unauthorized", err.Error())
+			return
+		}
+		c, err := chargeflow.ScanCharge(e.pool.QueryRow(r.Context(), `
+			SELECT id, amount, currency, source, status, provider_payment_id
+			FROM charges WHERE id = $1 AND account_id = $2`, r.PathValue("id"), account))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			writeProblem(w, http.StatusNotFound, "not found", "no such charge")
+		case err != nil:
+			e.log.ErrorContext(r.Context(), "charges: get charge", "err", err)
+			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+		default:
+			writeJSON(w, http.StatusOK, c)
+		}
+	})
+	mux.HandleFunc("GET /v1/charges", func(w http.ResponseWriter, r *http.Request) {
+		account, err := bearerAccount(r)
+		if err != nil {
+			writeProblem(w, http.StatusUnauthorized, "unauthorized", err.Error())
+			return
+		}
+		rows, err := e.pool.Query(r.Context(), `
+			SELECT id, amount, currency, source, status, provider_payment_id
+			FROM charges WHERE account_id = $1 ORDER BY created_at, id LIMIT 100`, account)
+		if err != nil {
+			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+			return
+		}
+		list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (chargeflow.Charge, error) { return chargeflow.ScanCharge(row) })
+		if err != nil {
+			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+			return
+		}
+		if list == nil {
+			list = []chargeflow.Charge{}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"data": list})
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := e.pool.Ping(r.Context()); err != nil {
+			writeProblem(w, http.StatusServiceUnavailable, "database unavailable", "")
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux, nil
+}
+
+// bearerAccount resolves the account from "Authorization: Bearer <account_id>". A
+// real service would verify a token here.
+func bearerAccount(r *http.Request) (string, error) {
+	h := r.Header.Get("Authorization")
+	account, ok := strings.CutPrefix(h, "Bearer ")
+	account = strings.TrimSpace(account)
+	if !ok || account == "" || len(account) > 255 {
+		return "", errors.New("send Authorization: Bearer <account_id>")
+	}
+	return account, nil
+}
+
+func writeProblem(w http.ResponseWriter, status int, title, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
