@@ -133,7 +133,8 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 // sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
 // recovery point and phase data are kept, so a re-drive resumes where it stopped.
 const sqlDeadLetter = `UPDATE idemflow_keys
-SET status = 'dead', last_error = $5, locked_until = NULL, updated_at = clock_timestamp()
+SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7,
+	locked_until = NULL, updated_at = clock_timestamp()
 WHERE ` + fence
 
 // sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due

@@ -77,8 +77,8 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d tim
 // DeadLetter marks a key dead with lastErr: it is no longer run by anyone until
 // Redrive, and keeps its recovery point and phase data. It returns ErrLeaseLost if the
 // fence does not match (the key was taken over, finished or deleted since).
-func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, lastErr string) error {
-	tag, err := db.Exec(ctx, sqlDeadLetter, f.Scope, f.Key, f.ID, f.LockVersion, truncate(lastErr, 2000))
+func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string) error {
+	tag, err := db.Exec(ctx, sqlDeadLetter, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000))
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}

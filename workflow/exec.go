@@ -28,6 +28,10 @@ type exec struct {
 	claim    *store.Claim
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
+	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
+	// failed attempt that was its maxAttempts-th or later (sweeps set it).
+	maxAttempts  int
+	deadLettered bool // the failure dead-lettered the key
 }
 
 // outcome of one phase.
@@ -325,21 +329,31 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if errors.Is(cause, store.ErrLeaseLost) {
 		return fmt.Errorf("%w: %w", ErrLeaseLost, cause)
 	}
-	if x.claim == nil { // the key row exists: release it
+	if x.claim == nil { // the key row exists: release it, or give up on it
+		dead := x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		data, derr := x.run.MarshalData()
-		if derr == nil {
+		switch {
+		case derr != nil:
+		case dead:
+			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, x.rp, data, cause.Error())
+		default:
 			derr = x.e.store.Release(rctx, x.e.pool, x.fence, x.rp, data, cause.Error(), after)
 		}
 		cancel()
-		if errors.Is(derr, store.ErrLeaseLost) {
+		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}
+		switch {
+		case errors.Is(derr, store.ErrLeaseLost):
 			return fmt.Errorf("%w: %w", ErrLeaseLost, derr)
-		}
-		if derr != nil {
+		case derr != nil:
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)
-		} else {
-			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause})
+		case dead:
+			x.deadLettered = true
+			ev.Kind = KeyDeadLettered
+			x.e.cfg.Hooks.key(ctx, ev)
+		default:
+			x.e.cfg.Hooks.key(ctx, ev)
 		}
 	}
 	retry := time.Second
@@ -350,13 +364,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 }
 
 // backoff is how long a released key waits before the sweeper may take it again.
-func (x *exec) backoff() time.Duration {
-	d := x.e.cfg.BackoffBase
-	for i := 1; i < x.run.Attempt() && d < x.e.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, x.e.cfg.BackoffMax)
-}
+func (x *exec) backoff() time.Duration { return x.e.cfg.backoff(x.run.Attempt()) }
 
 // data encodes the phase data, enforcing the size limit.
 func (x *exec) data() ([]byte, error) {

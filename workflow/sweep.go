@@ -190,6 +190,7 @@ func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (Sw
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, opts.MaxAttempts)
 	}
+	x.maxAttempts = opts.MaxAttempts
 
 	res, err := x.drive(ctx, next+1)
 	if err == nil {
@@ -201,11 +202,11 @@ func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (Sw
 		// attempt all the same: release it rather than leave it leased.
 		err = x.transient(ctx, x.rp, err, nil)
 	}
-	if errors.Is(err, ErrLeaseLost) {
+	switch {
+	case errors.Is(err, ErrLeaseLost):
 		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
-	}
-	if opts.MaxAttempts > 0 && t.Attempts >= opts.MaxAttempts {
-		return e.deadLetter(ctx, t, err)
+	case x.deadLettered:
+		return SweepResult{Outcome: SweptDeadLettered, Err: err}, nil
 	}
 	return SweepResult{Outcome: SweptReleased, Err: err}, nil
 }
@@ -247,13 +248,13 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (SweepResu
 	return SweepResult{Outcome: SweptParked, Err: cause}, nil
 }
 
-// deadLetter marks a taken key dead with cause, under its fence. If the fence no longer
+// deadLetter marks a taken key that was not run dead with cause, under its fence. If the fence no longer
 // matches, the key was released and taken by someone else in between: that executor
 // decides its fate.
 func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (SweepResult, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.fence(), cause.Error())
+	err := e.store.DeadLetter(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error())
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
@@ -333,8 +334,7 @@ func (e *Engine) ExpireFinished(ctx context.Context, retention time.Duration, li
 }
 
 // backoff is how long a key released after its attempts-th attempt waits before it is
-// due again: BackoffBase doubled per attempt after the first, capped at BackoffMax (the
-// same rule exec.backoff applies to a running key).
+// due again: BackoffBase doubled per attempt after the first, capped at BackoffMax.
 func (c *Config) backoff(attempts int) time.Duration {
 	d := c.BackoffBase
 	for i := 1; i < attempts && d < c.BackoffMax; i++ {
