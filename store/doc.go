@@ -2,7 +2,10 @@
 // looks them up, takes over expired leases, advances recovery points under a fence,
 // finishes keys with a response and releases them after transient failures.
 //
-// Every statement filters by scope. Fenced statements match the key row's identity and
+// Every statement on one key filters by its scope. The sweeper's statements (TakeDue,
+// ExpireFinished) select across scopes by design, but change only rows they locked
+// with SKIP LOCKED in the same short statement and re-check every guard on them; no
+// transaction spans scopes. Fenced statements match the key row's identity and
 // lock version; the ones meant to be pipelined with COMMIT raise when they match no row,
 // so the transaction aborts and the COMMIT that follows cannot succeed.
 //
