@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -387,10 +389,13 @@ func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, er
 	if len(resp.Body) > x.e.cfg.MaxResponseBytes {
 		return store.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
 	}
+	// Names that differ only in case are one header: their values are merged, in the
+	// order of the names as written, so that what is stored does not depend on map
+	// iteration.
 	kept := http.Header{}
-	for k, v := range resp.Header {
+	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
 		if ck := http.CanonicalHeaderKey(k); x.e.stored[ck] {
-			kept[ck] = append([]string(nil), v...)
+			kept[ck] = append(kept[ck], resp.Header[k]...)
 		}
 	}
 	headers, err := json.Marshal(kept)

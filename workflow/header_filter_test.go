@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -63,9 +64,12 @@ func FuzzStoredHeaders(f *testing.F) {
 			for k, v := range resp.Header {
 				require.True(t, e.stored[k], "%q is not allow-listed", k)
 				require.NotContains(t, neverStored, k)
-				if inputs := byCanonical[k]; len(inputs) == 1 {
-					require.Equal(t, h[inputs[0]], v, "all values of %q, in order", k)
+				inputs := slices.Sorted(slices.Values(byCanonical[k]))
+				var want []string
+				for _, in := range inputs {
+					want = append(want, h[in]...)
 				}
+				require.Equal(t, want, v, "all values of %q, names merged in order", k)
 			}
 			for ck, inputs := range byCanonical {
 				if e.stored[ck] {
