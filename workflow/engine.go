@@ -299,7 +299,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	}
 	fp := Fingerprint(req.Method, req.Route, req.Body)
 	for range maxRaces {
-		row, err := e.store.Lookup(ctx, e.pool, req.Scope, req.Key)
+		row, err := e.lookup(ctx, req.Scope, req.Key)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			row, err = nil, nil
@@ -333,7 +333,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 		return nil, err
 	}
 	for range maxRaces {
-		row, err := e.store.Lookup(ctx, e.pool, scope, key)
+		row, err := e.lookup(ctx, scope, key)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 		}
@@ -387,7 +387,9 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 		return nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err)
 	}
 	started := time.Now()
-	taken, err := e.store.Takeover(ctx, e.pool, row.Scope, row.Key, row.ID, row.LockVersion, e.cfg.Lease)
+	tctx, cancel := e.bounded(ctx)
+	taken, err := e.store.Takeover(tctx, e.pool, row.Scope, row.Key, row.ID, row.LockVersion, e.cfg.Lease)
+	cancel()
 	if errors.Is(err, store.ErrNotTaken) {
 		return nil, errRaced
 	}
@@ -450,6 +452,19 @@ func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exe
 		run:      run,
 		leaseEnd: started.Add(row.LeaseLeft()),
 	}, nil
+}
+
+// bounded limits one of the engine's own statements to a lease, so that a connection
+// that stops answering cannot hold a caller whose context has no deadline (a handler
+// that outlives its client, a sweeper's background loop).
+func (e *Engine) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, e.cfg.Lease)
+}
+
+func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, error) {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	return e.store.Lookup(ctx, e.pool, scope, key)
 }
 
 func storedResponse(row *store.Row) (*phases.Response, error) {

@@ -102,16 +102,20 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 // claim, lease losses or already transient are turned into transient failures by the
 // caller (after conflict retries).
 func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outcome, error) {
-	conn, err := x.e.pool.Acquire(ctx)
+	// The lease bounds the transaction: a connection that stops answering (half-open,
+	// blackholed) must not hold the executor, and past its lease its commit is likely
+	// fenced anyway.
+	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
+	defer cancel()
+	tx, err := x.open(ctx, p.IsoLevel)
 	if err != nil {
-		return outcome{}, fmt.Errorf("acquire connection: %w", store.Classify(err))
+		return outcome{}, err
 	}
-	defer conn.Release()
-	tx := newPhaseTx(conn.Conn(), x.e.store, p.IsoLevel, x.claim)
+	defer tx.done(ctx)
 	x.run.EnterPhase(p.Name)
 	resp, ferr := runTx(ctx, p, tx, x.run)
 	if tx.err != nil { // the claim did not give us the key: nothing else matters
-		tx.rollback(ctx)
+		tx.done(ctx)
 		return outcome{}, tx.err
 	}
 	var term *phases.TerminalError
@@ -119,7 +123,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 	case ferr == nil && resp == nil:
 		data, err := x.data()
 		if err != nil {
-			tx.rollback(ctx)
+			tx.done(ctx)
 			return outcome{}, err
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
@@ -136,7 +140,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 	case ferr == nil && resp.Status < 500:
 		stored, data, err := x.storable(resp)
 		if err != nil {
-			tx.rollback(ctx)
+			tx.done(ctx)
 			return outcome{}, err
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
@@ -148,15 +152,15 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 		}
 		return x.finished(ctx, resp), nil
 	case ferr == nil: // a 5xx response: transient, passed on but never stored
-		tx.rollback(ctx)
+		tx.done(ctx)
 		x.run.Revert()
 		return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("phase responded %d", resp.Status), resp)
 	case errors.As(ferr, &term) && term.Response != nil && term.Response.Status < 500:
-		tx.rollback(ctx)
+		tx.done(ctx)
 		x.run.Revert()
 		return x.finishAlone(ctx, term.Response)
 	default:
-		tx.rollback(ctx)
+		tx.done(ctx)
 		x.run.Revert()
 		return outcome{}, store.Classify(ferr)
 	}
@@ -166,14 +170,8 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 // before anything leaves the process, so a claim still pending is committed first.
 func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 	if x.claim != nil {
-		conn, err := x.e.pool.Acquire(ctx)
-		if err != nil {
-			return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("acquire connection: %w", store.Classify(err)), nil)
-		}
-		tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
 		sent := time.Now()
-		err = x.commit(ctx, tx, phases.Started, false, nil)
-		conn.Release()
+		err := x.commitAlone(ctx, phases.Started, false, nil)
 		if err != nil {
 			return outcome{}, x.commitFailed(ctx, p.Name, err)
 		}
@@ -220,19 +218,36 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome,
 	if err != nil {
 		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
-	conn, err := x.e.pool.Acquire(ctx)
-	if err != nil {
-		return outcome{}, x.commitFailed(ctx, x.run.Phase(), fmt.Errorf("acquire connection: %w", store.Classify(err)))
-	}
-	defer conn.Release()
-	tx := newPhaseTx(conn.Conn(), x.e.store, "", x.claim)
-	err = x.commit(ctx, tx, phases.Finished, true, func(b *pgx.Batch) {
+	err = x.commitAlone(ctx, phases.Finished, true, func(b *pgx.Batch) {
 		x.e.store.QueueFinish(b, x.fence, data, stored)
 	})
 	if err != nil {
 		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
 	return x.finished(ctx, resp), nil
+}
+
+// open acquires a connection for one transaction; the transaction owns it until done.
+func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
+	pc, err := x.e.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection: %w", store.Classify(err))
+	}
+	return newPhaseTx(pc, x.e.store, iso, x.claim), nil
+}
+
+// commitAlone commits a transaction of the engine's own statements, bounded by the
+// lease like a tx phase: BEGIN, the claim if still pending, the fenced statement and
+// COMMIT, in one round trip. Its connection is back in the pool when it returns.
+func (x *exec) commitAlone(ctx context.Context, target string, finish bool, fenced func(*pgx.Batch)) error {
+	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
+	defer cancel()
+	tx, err := x.open(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer tx.done(ctx)
+	return x.commit(ctx, tx, target, finish, fenced)
 }
 
 func (x *exec) finished(ctx context.Context, resp *phases.Response) outcome {
@@ -254,7 +269,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, target string, finish bo
 		}
 		return nil
 	}
-	tx.rollback(ctx)
+	tx.done(ctx) // before anything else uses the pool
 	var ce *claimedError
 	switch {
 	case errors.As(err, &ce), errors.Is(err, errRaced):

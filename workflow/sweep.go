@@ -86,6 +86,8 @@ func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) 
 	}
 	e.mu.RUnlock()
 	sent := time.Now()
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
 		Limit: opts.Limit, Grace: max(opts.Grace, 0), Lease: e.cfg.Lease, Flows: flows,
 	})
@@ -330,6 +332,8 @@ func (e *Engine) ExpireFinished(ctx context.Context, retention time.Duration, li
 	if retention <= 0 {
 		return 0, fmt.Errorf("workflow: expire finished keys: retention %s is not positive", retention)
 	}
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
 	return e.store.ExpireFinished(ctx, e.pool, retention, limit)
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
@@ -23,6 +24,7 @@ func (e *claimedError) Error() string { return "key already claimed" }
 // in the same round trip as the phase's first statement (and, for a new key, the
 // claim), and the engine's fenced update rides with COMMIT. It implements phases.DBTX.
 type phaseTx struct {
+	pc    *pgxpool.Conn // nil once released
 	conn  *pgx.Conn
 	store *store.Store
 	begin string       // BEGIN with the phase's isolation level
@@ -34,12 +36,26 @@ type phaseTx struct {
 
 var _ phases.DBTX = (*phaseTx)(nil)
 
-func newPhaseTx(conn *pgx.Conn, st *store.Store, iso pgx.TxIsoLevel, claim *store.Claim) *phaseTx {
+// newPhaseTx returns a transaction on pc, which it owns until done.
+func newPhaseTx(pc *pgxpool.Conn, st *store.Store, iso pgx.TxIsoLevel, claim *store.Claim) *phaseTx {
 	begin := "BEGIN"
 	if iso != "" {
 		begin = "BEGIN ISOLATION LEVEL " + string(iso)
 	}
-	return &phaseTx{conn: conn, store: st, begin: begin, claim: claim}
+	return &phaseTx{pc: pc, conn: pc.Conn(), store: st, begin: begin, claim: claim}
+}
+
+// done ends the transaction if one may be open and gives the connection back to the
+// pool. It is idempotent, and must run before the executor uses the pool again (to
+// re-read the key, release it, or finish it in another transaction): with a small
+// pool, an executor holding one connection while waiting for another waits for itself.
+func (t *phaseTx) done(ctx context.Context) {
+	if t.pc == nil {
+		return
+	}
+	t.rollback(ctx)
+	t.pc.Release()
+	t.pc = nil
 }
 
 // opening queues BEGIN and the claim, if any, at the head of b.
