@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// cpuMeter reads CPU time: this process's (the client, with its in-process provider)
+// and the database server's (the postmaster and all its children: backends,
+// walwriter, checkpointer, autovacuum), when the server runs on this machine.
+type cpuMeter struct {
+	postmaster int // 0 when the server's processes cannot be seen
+}
+
+// clockTick is the unit of /proc/<pid>/stat times (USER_HZ, 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+func newCPUMeter(ctx context.Context, conn *pgx.Conn) *cpuMeter {
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return &cpuMeter{}
+	}
+	ppid, _, ok := procStat(pid)
+	if !ok {
+		return &cpuMeter{}
+	}
+	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "comm"))
+	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "postgres") {
+		return &cpuMeter{}
+	}
+	return &cpuMeter{postmaster: ppid}
+}
+
+// local reports whether the server's CPU time can be read.
+func (m *cpuMeter) local() bool { return m.postmaster != 0 }
+
+// cpuTimes is a reading.
+type cpuTimes struct{ client, server time.Duration }
+
+func (m *cpuMeter) read() cpuTimes {
+	var t cpuTimes
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if m.postmaster == 0 {
+		return t
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return t
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, cpu, ok := procStat(pid)
+		if ok && (pid == m.postmaster || ppid == m.postmaster) {
+			t.server += cpu
+		}
+	}
+	return t
+}
+
+// procStat returns a process's parent and its user+system CPU time.
+func procStat(pid int) (ppid int, cpu time.Duration, ok bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name is in parentheses and may hold spaces: fields start after the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15.
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	utime, err2 := strconv.ParseInt(f[11], 10, 64)
+	stime, err3 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, false
+	}
+	return ppid, time.Duration(utime+stime) * clockTick, true
+}

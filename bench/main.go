@@ -1,0 +1,280 @@
+// Command bench measures idemflow on the charges flow against the same flow with no
+// idempotency at all (bare) and against the textbook key-table recipe, in one process
+// and one run, in interleaved rounds, and checks the performance budget of DESIGN.md.
+//
+//	go run ./bench          # the full run (about 8 minutes on 2 cores): prints the report and
+//	                        # writes docs/BENCHMARKS.md and docs/benchmarks.svg
+//	go run ./bench -smoke   # a tiny run for CI (well under a minute); writes nothing
+//
+// The database is $DATABASE_URL's server, else a throwaway one from local PostgreSQL
+// binaries (internal/pgtest, fsync on; TEST_DATABASE_URL is honoured there). The bench
+// creates a database of its own on it and drops it at the end.
+//
+// Variants, each a function call (no HTTP layer in front), each calling the fake
+// provider over HTTP:
+//
+//   - bare: insert a pending charge, call the provider, mark it succeeded; plain pgx,
+//     autocommit statements. The floor.
+//   - recipe: the textbook idempotency-key recipe: the claim in a transaction of its
+//     own, then a transaction per phase, one statement per round trip.
+//   - idemflow: workflow.Engine running chargeflow.Flow, fresh keys.
+//   - idemflow-replay: retries of keys idemflow finished.
+//
+// Then the sweeper: stuck keys drained by one sweeper process and by four, and the
+// retention cleanup of a large expired backlog under live traffic.
+//
+// The command exits non-zero on errors and invariant violations (a request failed, a
+// replay was not a replay, a key was driven twice, a connection was held during a call
+// phase), never because a budget line was not met: those are printed as "not met".
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options are the command's flags.
+type options struct {
+	smoke       bool
+	rounds      int
+	cell        time.Duration
+	warmup      time.Duration
+	conc        []int
+	slowLatency time.Duration
+	drainKeys   int
+	sweepers    int
+	sweepConc   int
+	backlog     int
+	liveWindow  time.Duration
+	docs        string
+	cpuProfile  string
+	keep        bool
+	only        []string // variants to run in the rounds (all when empty)
+	rtProfile   bool
+	phases      map[string]bool
+}
+
+func parseFlags(args []string) (*options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	o := &options{}
+	var conc, only, phaseList string
+	fs.BoolVar(&o.smoke, "smoke", false, "tiny run for CI: 1 round, short cells, small N, no docs written")
+	fs.IntVar(&o.rounds, "rounds", 5, "interleaved rounds at provider latency 0 (medians are over rounds)")
+	fs.DurationVar(&o.cell, "cell", 3*time.Second, "how long each (variant, concurrency) cell runs in a round")
+	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up per variant before the rounds")
+	fs.StringVar(&conc, "conc", "1,8,32", "concurrencies (closed-loop workers)")
+	fs.DurationVar(&o.slowLatency, "slow-latency", 20*time.Millisecond, "provider latency of the slow-provider run")
+	fs.IntVar(&o.drainKeys, "drain-keys", 10000, "stuck keys per sweeper drain")
+	fs.IntVar(&o.sweepers, "sweepers", 4, "sweeper processes in the multi-process drain")
+	fs.IntVar(&o.sweepConc, "sweeper-concurrency", 8, "sweeper.Config.Concurrency of each sweeper process")
+	fs.IntVar(&o.backlog, "backlog", 200000, "expired finished keys for the retention run")
+	fs.DurationVar(&o.liveWindow, "live-window", 8*time.Second, "length of the retention run's baseline window")
+	fs.StringVar(&o.docs, "docs", "docs", "directory for BENCHMARKS.md and benchmarks.svg (empty: write nothing)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
+	fs.BoolVar(&o.keep, "keep", false, "keep the bench database (and a throwaway server's data) at the end")
+	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
+	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
+	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention", "comma-separated parts to run")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.smoke {
+		// Smoke defaults; flags given explicitly still win.
+		defaults := map[string]func(){
+			"rounds":      func() { o.rounds = 1 },
+			"cell":        func() { o.cell = 300 * time.Millisecond },
+			"warmup":      func() { o.warmup = 200 * time.Millisecond },
+			"drain-keys":  func() { o.drainKeys = 200 },
+			"backlog":     func() { o.backlog = 3000 },
+			"live-window": func() { o.liveWindow = 500 * time.Millisecond },
+			"docs":        func() { o.docs = "" },
+			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention" },
+		}
+		for name, apply := range defaults {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	for _, s := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("-conc: %q is not a concurrency in 1..256", s)
+		}
+		o.conc = append(o.conc, n)
+	}
+	if only != "" {
+		o.only = strings.Split(only, ",")
+	}
+	o.phases = map[string]bool{}
+	for _, p := range strings.Split(phaseList, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "rounds", "wal", "perf", "slow", "drain", "retention":
+			o.phases[p] = true
+		default:
+			return nil, fmt.Errorf("-phases: unknown part %q", p)
+		}
+	}
+	switch {
+	case o.rounds < 1:
+		return nil, errors.New("-rounds must be at least 1")
+	case o.cell <= 0 || o.warmup < 0:
+		return nil, errors.New("-cell must be positive and -warmup not negative")
+	case o.drainKeys < 1 || o.sweepers < 1 || o.sweepConc < 1:
+		return nil, errors.New("-drain-keys, -sweepers and -sweeper-concurrency must be positive")
+	case o.backlog < 1 || o.liveWindow <= 0:
+		return nil, errors.New("-backlog and -live-window must be positive")
+	}
+	return o, nil
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childCommand {
+		if err := runChild(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "bench %s: %v\n", childCommand, err)
+			os.Exit(1)
+		}
+		return
+	}
+	o, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(2)
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code := 0
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		code = 1
+	}
+	if code != 0 {
+		stop()
+		pprof.StopCPUProfile()
+		os.Exit(code)
+	}
+}
+
+// run is the whole benchmark. Its error means an error or an invariant violation.
+func run(ctx context.Context, o *options) error {
+	started := time.Now()
+	env, err := newEnv(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer env.close(o.keep)
+
+	rep := &report{opts: o, started: started, machine: env.machine, args: os.Args[1:]}
+	var violations []string
+	logf("database %s on %s (PostgreSQL %s, fsync=%s)", env.db.name, redactURL(env.db.serverURL), env.machine.pgVersion, env.machine.fsync)
+
+	// Throughput rounds, provider latency 0.
+	if err := env.warmup(ctx, o.warmup); err != nil {
+		return err
+	}
+	if o.phases["rounds"] {
+		for r := 0; r < o.rounds; r++ {
+			cells, err := env.round(ctx, r, false)
+			rep.cells = append(rep.cells, cells...)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	// Where each variant's WAL goes.
+	if o.phases["wal"] {
+		wal, err := env.walProfiles(ctx, min(o.cell, 2*time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			logf("no WAL profile: %v", err) // a diagnostic: the run goes on without it
+		}
+		rep.wal = wal
+	}
+	// Where the server's CPU goes, when perf is there.
+	if o.phases["perf"] {
+		rep.perf = env.perfProfiles(ctx, o.conc[len(o.conc)/2], 4*time.Second)
+	}
+	// One round with a slow provider, watching connections during the calls.
+	if o.phases["slow"] {
+		slow, act, err := env.slowRun(ctx)
+		if err != nil {
+			return err
+		}
+		rep.slowCells, rep.activity = slow, act
+	}
+	// Sweeper drain: 1 process, then o.sweepers processes.
+	if o.phases["drain"] {
+		for _, procs := range []int{1, o.sweepers} {
+			d, err := env.drain(ctx, procs)
+			if err != nil {
+				return err
+			}
+			rep.drains = append(rep.drains, d)
+		}
+	}
+	// Retention cleanup under live traffic.
+	if o.phases["retention"] {
+		ret, err := env.retention(ctx)
+		if err != nil {
+			return err
+		}
+		rep.retention = ret
+	}
+	rep.finished = time.Now()
+	if o.rtProfile {
+		for _, v := range env.variants {
+			printRTProfile(v)
+		}
+	}
+
+	violations = append(violations, rep.violations()...)
+	out := rep.markdown()
+	fmt.Println()
+	fmt.Println(out)
+	if o.docs != "" {
+		if err := rep.write(o.docs); err != nil {
+			return err
+		}
+		logf("wrote %s/BENCHMARKS.md and %s/%s", o.docs, o.docs, chartFile)
+	}
+	if len(violations) > 0 {
+		return fmt.Errorf("%d invariant violation(s):\n  %s", len(violations), strings.Join(violations, "\n  "))
+	}
+	return nil
+}
+
+// logf prints progress to stderr, so that stdout holds only the report.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}

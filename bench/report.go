@@ -1,0 +1,721 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemflow/idemflow/sweeper"
+)
+
+// chartFile is the chart's name in the docs directory.
+const chartFile = "benchmarks.svg"
+
+// report is everything the run measured.
+type report struct {
+	opts     *options
+	machine  machine
+	args     []string
+	started  time.Time
+	finished time.Time
+
+	cells     []cell // rounds at provider latency 0
+	slowCells []cell
+	activity  []activity
+	drains    []*drainResult
+	retention *retentionResult
+	wal       []walProfile
+	perf      []perfProfile
+}
+
+// agg is one variant at one concurrency, over the rounds.
+type agg struct {
+	Variant  string
+	Conc     int
+	Rounds   int
+	N        int
+	RPS      float64 // median over rounds
+	Ratio    float64 // median over rounds of req/s ÷ bare's req/s in the same round
+	RatioLo  float64
+	RatioHi  float64
+	P50, P99 float64 // ms, medians over rounds
+	Per      perReq  // medians over rounds
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+var variantOrder = []string{vBare, vRecipe, vIdem, vReplay, vControl}
+
+// aggregate groups cells by variant and concurrency, in report order.
+func aggregate(cells []cell) []agg {
+	type key struct {
+		v string
+		c int
+	}
+	bareRPS := map[[2]int]float64{} // (round, conc) -> bare req/s
+	for _, c := range cells {
+		if c.Variant == vBare {
+			bareRPS[[2]int{c.Round, c.Conc}] = c.RPS
+		}
+	}
+	groups := map[key][]cell{}
+	var concs []int
+	for _, c := range cells {
+		k := key{c.Variant, c.Conc}
+		groups[k] = append(groups[k], c)
+		if !slices.Contains(concs, c.Conc) {
+			concs = append(concs, c.Conc)
+		}
+	}
+	slices.Sort(concs)
+	var out []agg
+	for _, v := range variantOrder {
+		for _, conc := range concs {
+			g := groups[key{v, conc}]
+			if len(g) == 0 {
+				continue
+			}
+			a := agg{Variant: v, Conc: conc, Rounds: len(g)}
+			var rps, ratio, p50, p99 []float64
+			var per [9][]float64
+			for _, c := range g {
+				a.N += c.N
+				rps = append(rps, c.RPS)
+				if b, ok := bareRPS[[2]int{c.Round, c.Conc}]; ok && b > 0 {
+					ratio = append(ratio, c.RPS/b)
+				}
+				p50 = append(p50, ms(c.P50))
+				p99 = append(p99, ms(c.P99))
+				for i, x := range c.Per.vals() {
+					per[i] = append(per[i], x)
+				}
+			}
+			a.RPS, a.P50, a.P99 = median(rps), median(p50), median(p99)
+			a.Ratio = median(ratio)
+			if len(ratio) > 0 {
+				a.RatioLo, a.RatioHi = slices.Min(ratio), slices.Max(ratio)
+			}
+			var med []float64
+			for _, xs := range per {
+				med = append(med, median(xs))
+			}
+			a.Per = perReqOf(med)
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func find(aggs []agg, v string, conc int) (agg, bool) {
+	for _, a := range aggs {
+		if a.Variant == v && a.Conc == conc {
+			return a, true
+		}
+	}
+	return agg{}, false
+}
+
+// budgetLine is one line of DESIGN.md's budget, checked.
+type budgetLine struct {
+	Line     string
+	Target   string
+	Measured string
+	Met      bool
+	Note     string
+}
+
+func mark(met bool) string {
+	if met {
+		return "met"
+	}
+	return "**not met**"
+}
+
+// budget checks each line of the budget.
+func (r *report) budget() []budgetLine {
+	var out []budgetLine
+	aggs := aggregate(r.cells)
+	maxConc := slices.Max(r.opts.conc)
+
+	// Fresh requests: commits and round trips, at every concurrency.
+	var writes, commits, rts, wire []float64
+	for _, a := range aggs {
+		if a.Variant == vIdem {
+			writes = append(writes, a.Per.Writes)
+			commits = append(commits, a.Per.Commits)
+			rts = append(rts, a.Per.RoundTrips)
+			wire = append(wire, a.Per.Wire)
+		}
+	}
+	if len(writes) > 0 {
+		lo, hi := slices.Min(writes), slices.Max(writes)
+		out = append(out, budgetLine{
+			Line: "Fresh charges request: commits", Target: "2 (one per tx phase)",
+			Measured: fmt.Sprintf("%.2f–%.2f writing transactions per request (%.2f–%.2f commits counting the read-only lookup)",
+				lo, hi, slices.Min(commits), slices.Max(commits)),
+			Met: lo > 1.95 && hi < 2.05,
+		})
+		worst := max(slices.Max(rts), slices.Max(wire))
+		out = append(out, budgetLine{
+			Line: "Fresh charges request: round trips", Target: "≤ 6 (stretch 5)",
+			Measured: fmt.Sprintf("%.2f (tracer), %.2f (wire)", slices.Max(rts), slices.Max(wire)),
+			Met:      worst < 6.05,
+			Note:     stretch(worst < 5.05),
+		})
+	}
+	var rrts, rwire, rwrites []float64
+	for _, a := range aggs {
+		if a.Variant == vReplay {
+			rrts = append(rrts, a.Per.RoundTrips)
+			rwire = append(rwire, a.Per.Wire)
+			rwrites = append(rwrites, a.Per.Writes)
+		}
+	}
+	if len(rrts) > 0 {
+		worst := max(slices.Max(rrts), slices.Max(rwire))
+		out = append(out, budgetLine{
+			Line: "Replay: round trips", Target: "1",
+			Measured: fmt.Sprintf("%.2f (tracer), %.2f (wire)", slices.Max(rrts), slices.Max(rwire)),
+			Met:      worst < 1.05,
+		})
+		out = append(out, budgetLine{
+			Line: "Replay: commits of writes", Target: "0",
+			Measured: fmt.Sprintf("%.3f writing transactions per request", slices.Max(rwrites)),
+			Met:      slices.Max(rwrites) < 0.005,
+			Note:     "the lookup is one read-only autocommit statement",
+		})
+	}
+	if a, ok := find(aggs, vIdem, maxConc); ok {
+		out = append(out, budgetLine{
+			Line: fmt.Sprintf("Fresh throughput at concurrency %d", maxConc), Target: "≥ 0.6× bare (stretch 0.75×)",
+			Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", a.Ratio, a.RatioLo, a.RatioHi),
+			Met:      a.Ratio >= 0.6,
+			Note:     stretch(a.Ratio >= 0.75),
+		})
+	}
+	if a, ok := find(aggs, vReplay, maxConc); ok {
+		out = append(out, budgetLine{
+			Line: fmt.Sprintf("Replay throughput at concurrency %d", maxConc), Target: "≥ 4× bare",
+			Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", a.Ratio, a.RatioLo, a.RatioHi),
+			Met:      a.Ratio >= 4,
+		})
+	}
+
+	// Slow provider.
+	if len(r.activity) > 0 {
+		var heldInCall, idleInCall, overUse, maxInUse int
+		var idleMax time.Duration
+		var control *activity
+		for i, a := range r.activity {
+			if a.Variant == vControl {
+				control = &r.activity[i]
+				continue
+			}
+			if a.Variant != vIdem {
+				continue
+			}
+			heldInCall += a.HeldInCall + a.CallHolding
+			idleInCall += a.IdleTxInCall
+			overUse += a.OverUse
+			maxInUse = max(maxInUse, a.MaxInUse)
+			idleMax = max(idleMax, a.IdleTxMax)
+		}
+		note := ""
+		if control != nil {
+			note = fmt.Sprintf("the control that holds a transaction across the call shows %d idle-in-transaction backends held by a request in its call, up to %.1f ms",
+				control.IdleTxInCall, ms(control.IdleTxMax))
+		}
+		out = append(out, budgetLine{
+			Line: fmt.Sprintf("%s provider: no connection idle in transaction during the call", r.opts.slowLatency), Target: "none",
+			Measured: fmt.Sprintf("%d idle-in-transaction backends held by a request in its call phase (pg_stat_activity every 2 ms); %d connections held in a call phase (exact); longest idle in transaction between a tx phase's own statements: %.2f ms",
+				idleInCall, heldInCall, ms(idleMax)),
+			Met:  idleInCall == 0 && heldInCall == 0,
+			Note: note,
+		})
+		out = append(out, budgetLine{
+			Line: fmt.Sprintf("%s provider: pool connections in use", r.opts.slowLatency), Target: "≤ requests in tx phases",
+			Measured: fmt.Sprintf("%d acquisitions above the requests outside a call phase; at most %d in use at concurrency %d", overUse, maxInUse, maxConc),
+			Met:      overUse == 0,
+			Note:     "requests outside a call phase = in the lookup or a tx phase",
+		})
+	}
+
+	// Sweeper.
+	if len(r.drains) > 0 {
+		one := r.drains[0]
+		if a, ok := find(aggs, vIdem, r.opts.sweepConc); ok {
+			ratio := one.KeysPerSec / a.RPS
+			out = append(out, budgetLine{
+				Line:     "Sweeper: one sweeper's drain rate",
+				Target:   fmt.Sprintf("≥ 0.5× fresh req/s at concurrency %d", r.opts.sweepConc),
+				Measured: fmt.Sprintf("%.0f keys/s = %.2f× (fresh: %.0f req/s)", one.KeysPerSec, ratio, a.RPS),
+				Met:      ratio >= 0.5,
+			})
+		} else {
+			out = append(out, budgetLine{Line: "Sweeper: one sweeper's drain rate", Target: "≥ 0.5× fresh",
+				Measured: fmt.Sprintf("%.0f keys/s; no fresh cell at concurrency %d to compare with", one.KeysPerSec, r.opts.sweepConc)})
+		}
+		if len(r.drains) > 1 {
+			many := r.drains[1]
+			out = append(out, budgetLine{
+				Line:     fmt.Sprintf("Sweeper: %d processes vs 1", many.Procs),
+				Target:   "not slower (≥ 0.95×: the run-to-run noise of one drain on 2 cores)",
+				Measured: fmt.Sprintf("%.0f vs %.0f keys/s (%.2f×)", many.KeysPerSec, one.KeysPerSec, many.KeysPerSec/one.KeysPerSec),
+				Met:      many.KeysPerSec >= 0.95*one.KeysPerSec,
+			})
+			if a, ok := find(aggs, vIdem, r.opts.sweepConc); ok && many.KeysPerSec < 0.95*one.KeysPerSec {
+				out[len(out)-1].Note = fmt.Sprintf("one process already drains at the engine's CPU-bound rate (fresh at concurrency %d: %.0f req/s); on %d cores more processes add %d× the concurrency and Go runtimes, not CPU",
+					r.opts.sweepConc, a.RPS, r.machine.cpus, many.Procs)
+			}
+		}
+		var problems []string
+		for _, d := range r.drains {
+			problems = append(problems, d.Problems...)
+		}
+		out = append(out, budgetLine{
+			Line: "Sweeper: no key driven twice", Target: "0",
+			Measured: fmt.Sprintf("%d problems: one charge per key, one provider request and payment per derived key", len(problems)),
+			Met:      len(problems) == 0,
+		})
+	}
+
+	// Retention.
+	if rt := r.retention; rt != nil {
+		ratio := ms(rt.During.P99) / ms(rt.NoCleanupP99)
+		out = append(out, budgetLine{
+			Line: "Retention cleanup running: live p99", Target: "≤ 1.25× p99 without cleanup",
+			Measured: fmt.Sprintf("%.2f ms vs %.2f ms = %.2f× (without: the windows before and after the cleanup together; before alone %.2f ms, after alone %.2f ms)",
+				ms(rt.During.P99), ms(rt.NoCleanupP99), ratio, ms(rt.Base.P99), ms(rt.After.P99)),
+			Met: ratio <= 1.25,
+		})
+		out = append(out, budgetLine{
+			Line: "Retention cleanup never blocks live traffic", Target: "no live request waiting on a row or table lock",
+			Measured: fmt.Sprintf("%d live backends seen waiting on a row or table lock in %d samples during the cleanup (all lock waits seen, any backend, relation extension included: %s; before the cleanup: %s)",
+				rt.During.LockWaits, rt.During.Samples, fmtWaits(rt.During.Waits), fmtWaits(rt.Base.Waits)),
+			Met: rt.During.LockWaits == 0,
+		})
+	}
+	return out
+}
+
+func stretch(met bool) string {
+	if met {
+		return "stretch met"
+	}
+	return "stretch not met"
+}
+
+// violations are the invariant violations: they make the command fail.
+func (r *report) violations() []string {
+	var out []string
+	for _, a := range r.activity {
+		if a.Variant == vControl {
+			if a.IdleTxInCall == 0 && a.HeldInCall+a.CallHolding == 0 {
+				logf("warning: the negative control was not detected holding a transaction across its call")
+			}
+			continue
+		}
+		if n := a.HeldInCall + a.CallHolding + a.IdleTxInCall; n > 0 {
+			out = append(out, fmt.Sprintf("%s at concurrency %d held a connection during a call phase (%d times)", a.Variant, a.Conc, n))
+		}
+	}
+	for _, d := range r.drains {
+		for _, p := range d.Problems {
+			out = append(out, fmt.Sprintf("drain with %d process(es): %s", d.Procs, p))
+		}
+	}
+	if r.retention != nil {
+		for _, p := range r.retention.Problems {
+			out = append(out, "retention: "+p)
+		}
+	}
+	return out
+}
+
+func (r *report) command() string {
+	cmd := "go run ./bench"
+	for _, a := range r.args {
+		cmd += " " + a
+	}
+	return cmd
+}
+
+// markdown renders the report.
+func (r *report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	m := r.machine
+	o := r.opts
+
+	p("# Benchmarks\n\n")
+	p("Generated by `%s` on %s (%s), in one process and one run. ", r.command(), r.started.UTC().Format("2006-01-02 15:04 MST"),
+		r.finished.Sub(r.started).Round(time.Second))
+	p("Regenerate with `go run ./bench` (about 8 minutes; it writes this file and [%s](%s)); ", chartFile, chartFile)
+	p("CI runs `go run ./bench -smoke` (under a minute), which writes nothing and fails only on errors and invariant violations, never on a budget line. ")
+	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/` (claim, advance, replay, the charges flow, fingerprint; each reports round trips per operation).\n\n")
+
+	p("## Budget (DESIGN.md)\n\n")
+	p("| line | target | measured | |\n|---|---|---|---|\n")
+	for _, l := range r.budget() {
+		note := mark(l.Met)
+		if l.Note != "" {
+			note += "; " + l.Note
+		}
+		p("| %s | %s | %s | %s |\n", l.Line, l.Target, l.Measured, note)
+	}
+
+	p("\n## Machine\n\n| | |\n|---|---|\n")
+	p("| CPU | %d × %s |\n", m.cpus, orDash(m.cpuModel))
+	p("| memory | %s |\n", orDash(m.memory))
+	p("| Go | %s |\n", m.goVersion)
+	p("| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, max_wal_size=%s |\n", m.pgVersion, m.fsync, m.syncCommit, m.sharedBufs, m.maxWalSize)
+	server := "`$DATABASE_URL` / `TEST_DATABASE_URL`"
+	if m.throwaway {
+		server = "throwaway server from local binaries (internal/pgtest), same machine, TCP on 127.0.0.1"
+	}
+	p("| server | %s; a fresh database per run |\n", server)
+	p("| load average at start | %s |\n", orDash(m.loadAverage))
+	p("| command | `%s` |\n", r.command())
+	p("| rounds | %d interleaved rounds of %s per cell, concurrency %s; slow-provider run: 1 round at %s |\n",
+		o.rounds, o.cell, joinInts(o.conc), o.slowLatency)
+
+	aggs := aggregate(r.cells)
+	p("\n## Throughput and cost per request (provider latency 0)\n\n")
+	p("![req/s by concurrency](%s)\n\n", chartFile)
+	p("Medians over %d rounds; × bare is computed per round against bare in the same round (range over rounds in brackets).\n\n", o.rounds)
+	costTable(&b, aggs)
+
+	p("\n## Slow provider (%s), one round\n\n", o.slowLatency)
+	costTable(&b, aggregate(r.slowCells))
+	p("\nIn this run a sampler queries pg_stat_activity every 2 ms: its CPU is in the CPU columns, which matters at concurrency 1.\n")
+	p("\nConnections while calls are in flight: pg_stat_activity sampled every 2 ms, and a tracker that follows each request's call phase and the pool connections it holds (pgxpool acquire/release tracer, exact).\n\n")
+	p("| variant | conc | samples | idle-in-tx backends seen | longest idle in tx (ms) | idle in tx while its request is in a call | connections held in a call | max connections in use | acquisitions above requests outside a call |\n")
+	p("|---|---|---|---|---|---|---|---|---|\n")
+	for _, a := range r.activity {
+		p("| %s | %d | %d | %d | %.2f | %d | %d | %d | %d |\n", a.Variant, a.Conc, a.Samples, a.IdleTxSeen, ms(a.IdleTxMax),
+			a.IdleTxInCall, a.HeldInCall+a.CallHolding, a.MaxInUse, a.OverUse)
+	}
+
+	p("\n## Sweeper drain\n\n")
+	p("Stuck keys are made the way clients leave them: each charge runs through the engine with a provider that answers 503, so create_charge commits and the key is released at that recovery point. ")
+	p("The sweepers (separate processes of this binary, `sweeper.Start`, Interval 10ms, no grace) take them over, call a healthy provider with the derived key and finalize. keys/s runs from the start signal until no key is left unfinished (polled every 20 ms).\n\n")
+	p("| sweeper processes | concurrency each | stuck keys | time | keys/s | passes | taken | finished | released | lease lost | one charge per key | provider requests / payments / keys called twice | lock versions |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, d := range r.drains {
+		p("| %d | %d | %d | %s | %.0f | %d | %d | %d | %d | %d | %d rows, %d keys | %d / %d / %d | %s |\n",
+			d.Procs, d.Concurrency, d.Keys, d.Elapsed.Round(time.Millisecond), d.KeysPerSec, d.Child.Passes, d.Child.Taken,
+			d.Child.Finished, d.Child.Released, d.Child.LeaseLost, d.Charges, d.DistinctCharges,
+			d.ProviderRequests, d.ProviderPayments, d.ProviderKeysTwice, lockVersions(d.LockVersions))
+	}
+
+	if rt := r.retention; rt != nil {
+		p("\n## Retention cleanup under live traffic\n\n")
+		p("%d expired finished keys (finished two days ago) inserted with INSERT … SELECT generate_series, then VACUUM ANALYZE and CHECKPOINT (%s). ",
+			rt.Backlog, rt.InsertTime.Round(time.Millisecond))
+		p("Live traffic: idemflow fresh requests at concurrency %d. One sweeper process runs one `RunOnce` pass (batches of %d until none is left) with the default 24h retention: %d keys deleted in %s.\n\n",
+			rt.Conc, sweeper.CleanupBatchDefault, rt.Expired, rt.CleanupTime.Round(time.Millisecond))
+		p("| window | requests | req/s | p50 (ms) | p99 (ms) | live backends seen waiting on a row or table lock | all lock waits seen |\n|---|---|---|---|---|---|---|\n")
+		for _, w := range []struct {
+			name string
+			w    liveWindow
+		}{{"backlog present, no cleanup", rt.Base}, {"cleanup running", rt.During}, {"after the cleanup", rt.After}} {
+			p("| %s | %d | %.0f | %.2f | %.2f | %d in %d samples | %s |\n", w.name, w.w.N, w.w.RPS, ms(w.w.P50), ms(w.w.P99), w.w.LockWaits, w.w.Samples, fmtWaits(w.w.Waits))
+		}
+	}
+
+	r.whereTimeGoes(&b)
+	r.whyNotMet(&b)
+
+	p("\n## Per-round ratios to bare\n\n")
+	p("| variant | conc | %s |\n|---|---|%s\n", roundHeads(o.rounds), strings.Repeat("---|", o.rounds))
+	for _, v := range []string{vRecipe, vIdem, vReplay} {
+		for _, conc := range o.conc {
+			var cols []string
+			for rd := range o.rounds {
+				cols = append(cols, ratioIn(r.cells, v, conc, rd))
+			}
+			p("| %s | %d | %s |\n", v, conc, strings.Join(cols, " | "))
+		}
+	}
+
+	p("\n## How it is measured\n\n")
+	p("- **Variants.** `bare`: insert a pending charge, call the provider, mark it succeeded; two autocommit statements, plain pgx. ")
+	p("`recipe`: the textbook key-table recipe written in `bench/variants.go`: the claim in a transaction of its own (INSERT … ON CONFLICT DO NOTHING), then one transaction per phase that also advances the key's recovery point (fenced by `locked_at`), every statement, BEGIN and COMMIT a round trip of its own: 11 round trips, 3 commits. ")
+	p("`idemflow`: `workflow.Engine.Do` running `chargeflow.Flow` (the example's phases), fresh keys. `idemflow-replay`: `Do` with keys idemflow finished. ")
+	p("All call the fake provider (`chargeflow.NewProvider`) over HTTP on 127.0.0.1 in this process; none has an HTTP layer in front. Each variant has a pool of its own (max %d connections, warm: every connection used in the warm-up).\n", slices.Max(o.conc))
+	p("- **Load.** Closed loop: `conc` goroutines each send the next request as soon as the last one is answered, for %s per cell. Cells are interleaved: each round runs every variant at every concurrency, and the order of the variants rotates between concurrencies and rounds.\n", o.cell)
+	p("- **Statements and round trips (tracer)**: a pgx `QueryTracer` + `BatchTracer` on each pool: each query is one statement and one round trip; each batch is one round trip and as many statements as it holds. BEGIN and COMMIT count as statements.\n")
+	p("- **Round trips (wire)**: each pool's sockets are wrapped; a write that follows a read starts a new round trip. This also catches what the tracer cannot see (statement-cache prepares, a batch split in two).\n")
+	p("- **Commits**: `pg_stat_database.xact_commit` of the bench database, before and after the cell. A backend reports its counters at most once a second (and an idle one only after a 10 s timeout), so before and after each cell every idle connection of every pool runs `SELECT pg_stat_force_next_flush() FROM bench_flush` (a backend reports before its ReadyForQuery, and only when it has something pending: hence the one-row table), those transactions are subtracted, and the admin connection reads with `stats_fetch_consistency = none` from another database. ")
+	p("This counts read-only transactions too (idemflow's lookup, a replay). **Writing transactions** are the advance of the transaction-id counter (`pg_snapshot_xmax(pg_current_snapshot())`, read while no bench transaction is open): only a transaction that writes gets an xid. The tracer's count of COMMITs and autocommit statements agrees with xact_commit (column *tracer*). Autovacuum and checkpoints in the same window add a little to commits, xids and WAL.\n")
+	p("- **WAL bytes**: the advance of `pg_current_wal_insert_lsn()` over the cell (cluster-wide; includes full-page images after checkpoints, which is real cost).\n")
+	p("- **Latency**: per request, wall clock in the client; p50/p99 per cell, medians over rounds.\n")
+	p("- **Noise.** The machine has %d cores shared by PostgreSQL, this process and its in-process provider; other engineers may run tests on the same machine at the same time (load average at the start: %s). The rotation and the per-round ratios are there so that a disturbance hits all variants of a round alike; look at the per-round ratios before trusting a single figure.\n", m.cpus, orDash(m.loadAverage))
+	if m.sharedDB {
+		p("- The server refused CREATE DATABASE, so the bench ran in a schema of an existing database: other activity in that database is counted in its commits.\n")
+	}
+	return b.String()
+}
+
+// costTable writes the per-variant table.
+func costTable(b *strings.Builder, aggs []agg) {
+	fmt.Fprintf(b, "| variant | conc | req/s | × bare | p50 (ms) | p99 (ms) | statements | round trips (tracer / wire) | commits (xact_commit / tracer) | writing transactions | WAL bytes | CPU ms (server / client) |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, a := range aggs {
+		ratio := "—"
+		if a.Variant != vBare && !math.IsNaN(a.Ratio) && a.Ratio > 0 {
+			if a.RatioLo != a.RatioHi {
+				ratio = fmt.Sprintf("%.2f (%.2f–%.2f)", a.Ratio, a.RatioLo, a.RatioHi)
+			} else {
+				ratio = fmt.Sprintf("%.2f", a.Ratio)
+			}
+		}
+		fmt.Fprintf(b, "| %s | %d | %.0f | %s | %.2f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f | %s / %.2f |\n",
+			a.Variant, a.Conc, a.RPS, ratio, a.P50, a.P99, a.Per.Statements, a.Per.RoundTrips, a.Per.Wire,
+			a.Per.Commits, a.Per.TracerCommits, a.Per.Writes, a.Per.WAL, fmtMaybe(a.Per.ServerCPU), a.Per.ClientCPU)
+	}
+}
+
+func fmtWaits(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var s []string
+	for _, k := range keys {
+		s = append(s, fmt.Sprintf("%s ×%d", k, m[k]))
+	}
+	return strings.Join(s, ", ")
+}
+
+func fmtMaybe(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+func ratioIn(cells []cell, v string, conc, round int) string {
+	var x, bare float64
+	for _, c := range cells {
+		if c.Round == round && c.Conc == conc {
+			switch c.Variant {
+			case v:
+				x = c.RPS
+			case vBare:
+				bare = c.RPS
+			}
+		}
+	}
+	if x == 0 || bare == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", x/bare)
+}
+
+func roundHeads(n int) string {
+	var s []string
+	for i := range n {
+		s = append(s, fmt.Sprintf("round %d", i+1))
+	}
+	return strings.Join(s, " | ")
+}
+
+func lockVersions(m map[int64]int) string {
+	var keys []int64
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var s []string
+	for _, k := range keys {
+		s = append(s, fmt.Sprintf("v%d: %d", k, m[k]))
+	}
+	return strings.Join(s, ", ")
+}
+
+func joinInts(xs []int) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprint(x))
+	}
+	return strings.Join(s, ", ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+// write writes BENCHMARKS.md and the chart into dir.
+func (r *report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(r.markdown()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, chartFile), []byte(chartSVG(aggregate(r.cells), r.opts.conc)), 0o644)
+}
+
+// printRTProfile prints, for -rtprofile, where a variant's database time went.
+func printRTProfile(v *variant) {
+	p := v.tr.prof
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	type row struct {
+		label string
+		k     *rtKind
+	}
+	var rows []row
+	for l, k := range p.kinds {
+		rows = append(rows, row{l, k})
+	}
+	slices.SortFunc(rows, func(a, b row) int { return int(b.k.total - a.k.total) })
+	fmt.Fprintf(os.Stderr, "\nround trips of %s (client-side time, all cells):\n", v.name)
+	for _, r := range rows {
+		fmt.Fprintf(os.Stderr, "  %8d  mean %7.3f ms  max %8.2f ms  total %8.2f s  %s\n", r.k.n,
+			ms(r.k.total)/float64(r.k.n), ms(r.k.max), r.k.total.Seconds(), r.label)
+	}
+}
+
+// whereTimeGoes writes the profile section: CPU per request, WAL by record type, and
+// the server's perf profile.
+func (r *report) whereTimeGoes(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	aggs := aggregate(r.cells)
+	if len(aggs) == 0 && len(r.wal) == 0 && len(r.perf) == 0 {
+		return
+	}
+	p("\n## Where the time goes\n\n")
+	if len(aggs) > 0 {
+		p("CPU per request (ms), medians over the rounds: the database server (all its processes, from /proc) and this process (client, provider, tracer). ")
+		p("On %d cores, req/s can not exceed %d000 ms ÷ (server + client CPU per request).\n\n", r.machine.cpus, r.machine.cpus)
+		p("| variant | %s |\n|---|%s\n", concHeads(r.opts.conc, "server / client"), strings.Repeat("---|", len(r.opts.conc)))
+		for _, v := range []string{vBare, vRecipe, vIdem, vReplay} {
+			var cols []string
+			for _, c := range r.opts.conc {
+				a, ok := find(aggs, v, c)
+				if !ok {
+					cols = append(cols, "—")
+					continue
+				}
+				cols = append(cols, fmt.Sprintf("%s / %.2f", fmtMaybe(a.Per.ServerCPU), a.Per.ClientCPU))
+			}
+			p("| %s | %s |\n", v, strings.Join(cols, " | "))
+		}
+	}
+	if len(r.wal) > 0 {
+		p("\nWAL per request by record type (pg_walinspect `pg_get_wal_stats`, each variant alone at concurrency 1; record bytes, full-page images apart):\n\n")
+		p("| variant | requests | record bytes | FPI bytes | largest record types (count, bytes per request) |\n|---|---|---|---|---|\n")
+		for _, w := range r.wal {
+			var top []string
+			for i, rec := range w.Records {
+				if i == 6 {
+					break
+				}
+				top = append(top, fmt.Sprintf("%s ×%.2f %.0f B", rec.Kind, rec.Count, rec.Bytes+rec.FPI))
+			}
+			p("| %s | %d | %.0f | %.0f | %s |\n", w.Variant, w.N, w.Total, w.TotalFPI, strings.Join(top, "; "))
+		}
+	}
+	if len(r.perf) > 0 {
+		p("\nThe server's CPU samples (Linux perf, 999 Hz, call graphs; backends of the bench database while each variant runs alone at concurrency %d), inclusive share per function:\n\n", r.perf[0].Conc)
+		p("| function | what | %s |\n|---|---|%s\n", perfHeads(r.perf), strings.Repeat("---|", len(r.perf)))
+		for _, s := range perfSymbols {
+			var cols []string
+			for _, pp := range r.perf {
+				cols = append(cols, fmt.Sprintf("%.1f%%", pp.Share[s.sym]))
+			}
+			p("| `%s` | %s | %s |\n", s.sym, s.what, strings.Join(cols, " | "))
+		}
+	}
+}
+
+func concHeads(concs []int, what string) string {
+	var s []string
+	for _, c := range concs {
+		s = append(s, fmt.Sprintf("c=%d %s", c, what))
+	}
+	return strings.Join(s, " | ")
+}
+
+func perfHeads(ps []perfProfile) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, fmt.Sprintf("%s (%d samples)", p.Variant, p.Samples))
+	}
+	return strings.Join(s, " | ")
+}
+
+// whyNotMet explains a missed throughput line from what was measured.
+func (r *report) whyNotMet(b *strings.Builder) {
+	aggs := aggregate(r.cells)
+	maxConc := slices.Max(r.opts.conc)
+	idem, ok1 := find(aggs, vIdem, maxConc)
+	bare, ok2 := find(aggs, vBare, maxConc)
+	if !ok1 || !ok2 || idem.Ratio >= 0.6 || math.IsNaN(idem.Per.ServerCPU) {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("\n## Why fresh throughput misses 0.6× bare\n\n")
+	p("Round trips (%.0f) and commits (%.0f) are within budget; they are not what limits throughput here. ", idem.Per.RoundTrips, idem.Per.Writes)
+	p("At concurrency %d the machine's %d cores are the bottleneck, and a fresh idemflow request costs %.2f ms of database-server CPU against %.2f ms for bare (%.1f×), plus %.2f ms against %.2f ms in this process. ",
+		maxConc, r.machine.cpus, idem.Per.ServerCPU, bare.Per.ServerCPU, idem.Per.ServerCPU/bare.Per.ServerCPU, idem.Per.ClientCPU, bare.Per.ClientCPU)
+	p("%d000 ms ÷ %.2f ms caps idemflow at about %.0f req/s on this machine, bare at about %.0f.\n\n",
+		r.machine.cpus, idem.Per.ServerCPU+idem.Per.ClientCPU, float64(r.machine.cpus)*1000/(idem.Per.ServerCPU+idem.Per.ClientCPU),
+		float64(r.machine.cpus)*1000/(bare.Per.ServerCPU+bare.Per.ClientCPU))
+	p("Where the server's extra CPU goes (tables above): three statements per request on the wide key row (the claim INSERT, the advance UPDATE, the finish UPDATE), each paying for ")
+	var pi, pb *perfProfile
+	for i := range r.perf {
+		switch r.perf[i].Variant {
+		case vIdem:
+			pi = &r.perf[i]
+		case vBare:
+			pb = &r.perf[i]
+		}
+	}
+	if pi != nil && pb != nil {
+		p("(a) the table's 17 CHECK constraints, which PostgreSQL parses and compiles anew for every INSERT and UPDATE statement (`ExecConstraints`: %.1f%% of idemflow's server samples, %.1f%% of bare's); ",
+			pi.Share["ExecConstraints"], pb.Share["ExecConstraints"])
+		p("(b) executor start-up of larger plans (`standard_ExecutorStart` %.1f%% vs %.1f%%); ", pi.Share["standard_ExecutorStart"], pb.Share["standard_ExecutorStart"])
+	} else {
+		p("the table's CHECK constraints, compiled anew for every statement, and larger plans; ")
+	}
+	for _, w := range r.wal {
+		if w.Variant == vIdem {
+			p("and WAL: %.0f bytes per request against ", w.Total+w.TotalFPI)
+		}
+	}
+	for _, w := range r.wal {
+		if w.Variant == vBare {
+			p("%.0f for bare. ", w.Total+w.TotalFPI)
+		}
+	}
+	p("\n\nChanges that cut it, in the engine (store/sql.go, workflow/tx.go) and a new migration, not made here: ")
+	p("insert the key row at the first tx phase's COMMIT with its recovery point already set, as a plain INSERT (one statement instead of the claim's INSERT … ON CONFLICT in a data-modifying CTE plus the advance UPDATE; a concurrent claim then fails the INSERT with a unique violation and the attempt re-reads the row, as after ErrClaimRaced); ")
+	p("and fewer CHECK constraints on idemflow_keys (the engine validates lengths before any SQL; keep the state checks).\n")
+}

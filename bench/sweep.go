@@ -1,0 +1,598 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// childCommand is the hidden subcommand that runs one sweeper process.
+const childCommand = "__sweeper"
+
+// childReport is what a sweeper process prints when it is done.
+type childReport struct {
+	Passes       int     `json:"passes"`
+	Taken        int     `json:"taken"`
+	Finished     int     `json:"finished"`
+	Released     int     `json:"released"`
+	DeadLettered int     `json:"dead_lettered"`
+	LeaseLost    int     `json:"lease_lost"`
+	GivenBack    int     `json:"given_back"`
+	Expired      int64   `json:"expired"`
+	Errors       int     `json:"errors"`
+	LastError    string  `json:"last_error,omitempty"`
+	Seconds      float64 `json:"seconds"` // from "go" to done
+}
+
+func (r *childReport) add(o childReport) {
+	r.Passes += o.Passes
+	r.Taken += o.Taken
+	r.Finished += o.Finished
+	r.Released += o.Released
+	r.DeadLettered += o.DeadLettered
+	r.LeaseLost += o.LeaseLost
+	r.GivenBack += o.GivenBack
+	r.Expired += o.Expired
+	r.Errors += o.Errors
+	if o.LastError != "" {
+		r.LastError = o.LastError
+	}
+	r.Seconds = max(r.Seconds, o.Seconds)
+}
+
+// runChild is a sweeper process: it connects, prints "ready", waits for "go" on stdin,
+// then either runs the sweeper's background loop until "stop" (mode drain) or one
+// RunOnce pass (mode cleanup), and prints a childReport as JSON.
+func runChild(args []string) error {
+	fs := flag.NewFlagSet(childCommand, flag.ContinueOnError)
+	serverURL := fs.String("url", "", "server URL")
+	database := fs.String("db", "", "database")
+	schema := fs.String("schema", "", "schema (when a schema stands in for a database)")
+	providerURL := fs.String("provider", "", "provider base URL")
+	mode := fs.String("mode", "drain", "drain or cleanup")
+	conc := fs.Int("concurrency", sweeper.ConcurrencyDefault, "sweeper.Config.Concurrency")
+	batch := fs.Int("batch", sweeper.BatchSizeDefault, "sweeper.Config.BatchSize")
+	interval := fs.Duration("interval", 10*time.Millisecond, "sweeper.Config.Interval")
+	cleanupBatch := fs.Int("cleanup-batch", sweeper.CleanupBatchDefault, "sweeper.Config.CleanupBatch")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	cfg, err := poolConfig(*serverURL, *database, *schema, appSweeper, int32(*conc+4))
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	eng, err := workflow.New(pool, &workflow.Config{Logger: log})
+	if err != nil {
+		return err
+	}
+	client := &chargeflow.ProviderClient{BaseURL: *providerURL, HTTP: &http.Client{Timeout: 30 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+	if err := eng.Register(chargeflow.Flow(client)); err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	var rep childReport
+	sw, err := sweeper.New(eng, &sweeper.Config{
+		Interval: *interval, Grace: -1, BatchSize: *batch, Concurrency: *conc, CleanupBatch: *cleanupBatch,
+		Logger: log,
+		Hooks: sweeper.Hooks{Pass: func(_ context.Context, st sweeper.Stats, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Passes++
+			rep.Taken += st.Taken
+			rep.Finished += st.Finished
+			rep.Released += st.Released
+			rep.DeadLettered += st.DeadLettered
+			rep.LeaseLost += st.LeaseLost
+			rep.GivenBack += st.GivenBack
+			rep.Expired += st.Expired
+			if err != nil {
+				rep.Errors++
+				rep.LastError = err.Error()
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		return err
+	}
+	in := bufio.NewScanner(os.Stdin)
+	fmt.Println("ready")
+	if !in.Scan() {
+		return errors.New("stdin closed before go")
+	}
+	start := time.Now()
+	switch *mode {
+	case "drain":
+		if err := sw.Start(ctx); err != nil {
+			return err
+		}
+		in.Scan() // "stop", or EOF when the parent goes away
+		stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := sw.Stop(stopCtx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("stop sweeper: %w", err)
+		}
+	case "cleanup":
+		if _, err := sw.RunOnce(ctx); err != nil {
+			return fmt.Errorf("sweeper pass: %w", err)
+		}
+	default:
+		return fmt.Errorf("unknown mode %q", *mode)
+	}
+	mu.Lock()
+	rep.Seconds = time.Since(start).Seconds()
+	out, err := json.Marshal(rep)
+	mu.Unlock()
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
+	return nil
+}
+
+// child is a running sweeper process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startChildren starts n sweeper processes and waits until each is ready.
+func (e *env) startChildren(ctx context.Context, n int, providerURL string, extra ...string) ([]*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var kids []*child
+	for range n {
+		args := append([]string{childCommand, "-url", e.db.serverURL, "-db", e.db.name, "-schema", e.db.schema,
+			"-provider", providerURL}, extra...)
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return kids, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return kids, err
+		}
+		if err := cmd.Start(); err != nil {
+			return kids, fmt.Errorf("start sweeper process: %w", err)
+		}
+		kids = append(kids, &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)})
+	}
+	for _, k := range kids {
+		if !k.out.Scan() || k.out.Text() != "ready" {
+			return kids, fmt.Errorf("sweeper process %d did not get ready (%q)", k.cmd.Process.Pid, k.out.Text())
+		}
+	}
+	return kids, nil
+}
+
+func (k *child) send(line string) error {
+	_, err := io.WriteString(k.stdin, line+"\n")
+	return err
+}
+
+// finish reads the child's report and waits for it to exit.
+func (k *child) finish() (childReport, error) {
+	var rep childReport
+	if !k.out.Scan() {
+		_ = k.cmd.Wait()
+		return rep, fmt.Errorf("sweeper process %d exited without a report (%v)", k.cmd.Process.Pid, k.cmd.ProcessState)
+	}
+	if err := json.Unmarshal(k.out.Bytes(), &rep); err != nil {
+		return rep, fmt.Errorf("sweeper process report %q: %w", k.out.Text(), err)
+	}
+	_ = k.stdin.Close()
+	if err := k.cmd.Wait(); err != nil {
+		return rep, fmt.Errorf("sweeper process: %w", err)
+	}
+	return rep, nil
+}
+
+func killAll(kids []*child) {
+	for _, k := range kids {
+		if k.cmd.ProcessState == nil && k.cmd.Process != nil {
+			_ = k.cmd.Process.Kill()
+			_ = k.cmd.Wait()
+		}
+	}
+}
+
+// drainResult is one sweeper drain.
+type drainResult struct {
+	Procs       int
+	Concurrency int // sweeper.Config.Concurrency of each process
+	Keys        int
+	Setup       time.Duration
+	Elapsed     time.Duration
+	KeysPerSec  float64
+	Child       childReport // summed over the processes
+
+	// Verification.
+	FinishedKeys      int // keys finished with a 201
+	Charges           int // charge rows of the drained keys
+	DistinctCharges   int // distinct keys among them
+	Succeeded         int // charges marked succeeded
+	ProviderRequests  int
+	ProviderPayments  int
+	ProviderKeys      int // distinct derived keys the provider saw
+	ProviderKeysTwice int // derived keys the provider saw more than once
+	LockVersions      map[int64]int
+	Problems          []string
+}
+
+// scopes returns the 16 scopes of a key set.
+func scopes(prefix string) []string {
+	out := make([]string, 16)
+	for i := range out {
+		out[i] = prefix + "_" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// drain creates o.drainKeys stuck keys and lets procs sweeper processes finish them.
+//
+// The keys are made stuck the way clients leave them: each runs through the engine
+// with a provider that answers 503, so its create_charge phase commits (the charge row
+// and the recovery point) and the key is released at that point, due one second
+// later. The sweepers then take them over, call a healthy provider with the derived
+// key, and finalize.
+func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
+	res := &drainResult{Procs: procs, Concurrency: e.o.sweepConc, Keys: e.o.drainKeys}
+	prefix := fmt.Sprintf("drain%d_%s", procs, e.runID)
+	sc := scopes(prefix)
+	idem := e.variants[2]
+
+	// Make the stuck keys.
+	setupStart := time.Now()
+	failing := httptest.NewServer(chargeflow.NewProvider(0, 1).Handler())
+	defer failing.Close()
+	eng, err := e.engine(idem.pool, failing.URL, workflow.Hooks{})
+	if err != nil {
+		return nil, err
+	}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range slices.Max(e.o.conc) {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(res.Keys) || ctx.Err() != nil {
+					return
+				}
+				_, err := eng.Do(ctx, workflow.Request{Scope: sc[int(i)%16], Key: fmt.Sprintf("stuck-%d", i),
+					Flow: chargeflow.FlowName, Method: "POST", Route: chargeRoute, Body: chargeBody})
+				var te *workflow.TransientError
+				if !errors.As(err, &te) {
+					failed.Add(1)
+					once.Do(func() { firstErr = fmt.Errorf("worker %d: want a transient failure, got %v", w, err) })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		return nil, fmt.Errorf("make stuck keys: %d failed: %w", failed.Load(), firstErr)
+	}
+	// Wait until every key is due (released one second after its failure), by the
+	// database clock.
+	if err := e.waitFor(ctx, time.Minute, func() (bool, error) {
+		var n, notDue int
+		err := e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE next_attempt_at > clock_timestamp()
+				OR locked_until > clock_timestamp() OR recovery_point <> $2 OR status <> 'in_progress')
+			FROM idemflow_keys WHERE scope = ANY($1)`, sc, "create_charge").Scan(&n, &notDue)
+		if err == nil && n != res.Keys {
+			err = fmt.Errorf("%w: %d stuck keys made, want %d", errInvariant, n, res.Keys)
+		}
+		return notDue == 0, err
+	}); err != nil {
+		return nil, fmt.Errorf("wait for the stuck keys to be due: %w", err)
+	}
+	res.Setup = time.Since(setupStart)
+
+	// Drain them.
+	prov := chargeflow.NewProvider(0, 0)
+	provSrv := httptest.NewServer(prov.Handler())
+	defer provSrv.Close()
+	kids, err := e.startChildren(ctx, procs, provSrv.URL, "-mode", "drain",
+		"-concurrency", strconv.Itoa(e.o.sweepConc))
+	defer killAll(kids)
+	if err != nil {
+		return nil, err
+	}
+	logf("drain: %d stuck keys, %d sweeper process(es) x concurrency %d", res.Keys, procs, e.o.sweepConc)
+	start := time.Now()
+	for _, k := range kids {
+		if err := k.send("go"); err != nil {
+			return nil, err
+		}
+	}
+	limit := max(2*time.Minute, time.Duration(res.Keys)*20*time.Millisecond)
+	err = e.waitFor(ctx, limit, func() (bool, error) {
+		var left int
+		err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys
+			WHERE scope = ANY($1) AND status <> 'finished'`, sc).Scan(&left)
+		return left == 0, err
+	})
+	res.Elapsed = time.Since(start)
+	if err != nil {
+		return nil, fmt.Errorf("drain: %w", err)
+	}
+	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
+	for _, k := range kids {
+		if err := k.send("stop"); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range kids {
+		rep, err := k.finish()
+		if err != nil {
+			return nil, err
+		}
+		res.Child.add(rep)
+	}
+	logf("drain: %d processes: %.0f keys/s (%s)", procs, res.KeysPerSec, res.Elapsed.Round(time.Millisecond))
+	return res, e.verifyDrain(ctx, res, sc, provSrv)
+}
+
+// verifyDrain checks that every stuck key was finished exactly once: one charge row
+// per key, succeeded, and one provider request and payment per derived key.
+func (e *env) verifyDrain(ctx context.Context, res *drainResult, sc []string, provSrv *httptest.Server) error {
+	err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys
+		WHERE scope = ANY($1) AND status = 'finished' AND response_status = 201`, sc).Scan(&res.FinishedKeys)
+	if err != nil {
+		return err
+	}
+	err = e.check.QueryRow(ctx, `SELECT count(*), count(DISTINCT (account_id, idempotency_key)),
+			count(*) FILTER (WHERE status = 'succeeded')
+		FROM charges WHERE account_id = ANY($1)`, sc).Scan(&res.Charges, &res.DistinctCharges, &res.Succeeded)
+	if err != nil {
+		return err
+	}
+	rows, err := e.check.Query(ctx, `SELECT lock_version, count(*) FROM idemflow_keys
+		WHERE scope = ANY($1) GROUP BY 1`, sc)
+	if err != nil {
+		return err
+	}
+	res.LockVersions = map[int64]int{}
+	for rows.Next() {
+		var v int64
+		var n int
+		if err := rows.Scan(&v, &n); err != nil {
+			return err
+		}
+		res.LockVersions[v] = n
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	resp, err := e.httpClient.Get(provSrv.URL + "/v1/stats")
+	if err != nil {
+		return err
+	}
+	var st chargeflow.ProviderStats
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("provider stats: %w", err)
+	}
+	res.ProviderRequests, res.ProviderPayments, res.ProviderKeys = st.Requests, st.Payments, len(st.ByKey)
+	for _, ks := range st.ByKey {
+		if ks.Requests > 1 {
+			res.ProviderKeysTwice++
+		}
+	}
+	n := res.Keys
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			res.Problems = append(res.Problems, fmt.Sprintf(format, args...))
+		}
+	}
+	check(res.FinishedKeys == n, "%d of %d keys finished with 201", res.FinishedKeys, n)
+	check(res.Charges == n && res.DistinctCharges == n, "%d charge rows for %d distinct keys, want %d each", res.Charges, res.DistinctCharges, n)
+	check(res.Succeeded == n, "%d charges succeeded, want %d", res.Succeeded, n)
+	check(res.ProviderPayments == n && res.ProviderKeys == n, "provider: %d payments for %d derived keys, want %d each", res.ProviderPayments, res.ProviderKeys, n)
+	check(res.ProviderKeysTwice == 0, "provider: %d derived keys were called more than once", res.ProviderKeysTwice)
+	check(res.Child.Finished == n, "sweepers report %d keys finished, want %d", res.Child.Finished, n)
+	check(res.Child.LeaseLost == 0 && res.Child.DeadLettered == 0, "sweepers report %d leases lost and %d dead-lettered", res.Child.LeaseLost, res.Child.DeadLettered)
+	return nil
+}
+
+func (e *env) waitFor(ctx context.Context, limit time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done after %s", limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// liveWindow is live traffic over one window of the retention run.
+type liveWindow struct {
+	N         int
+	Elapsed   time.Duration
+	RPS       float64
+	P50, P99  time.Duration
+	LockWaits int            // live backends seen waiting on a lock
+	Waits     map[string]int // every backend seen waiting on a lock: "application: wait event" -> samples
+	Samples   int
+	lats      []time.Duration
+}
+
+// retentionResult is the retention run.
+type retentionResult struct {
+	Backlog    int
+	Conc       int
+	InsertTime time.Duration
+	Base       liveWindow // backlog present, no cleanup
+	During     liveWindow // the cleanup running in a sweeper process
+	After      liveWindow // backlog gone
+	// NoCleanupP99 is the p99 of the before and after windows together.
+	NoCleanupP99 time.Duration
+	CleanupTime  time.Duration
+	Expired      int64
+	Left         int
+	Problems     []string
+}
+
+// retention inserts an expired backlog and measures live traffic before, during and
+// after one sweeper process cleans it up.
+func (e *env) retention(ctx context.Context) (*retentionResult, error) {
+	res := &retentionResult{Backlog: e.o.backlog, Conc: e.o.conc[len(e.o.conc)/2]}
+	prefix := "expired_" + e.runID
+	sc := scopes(prefix)
+	idem := e.variants[2]
+	pool := e.check
+
+	logf("retention: inserting %d expired finished keys", res.Backlog)
+	t0 := time.Now()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
+			recovery_point, phase_data, status, response_status, response_headers, response_body,
+			created_at, updated_at, finished_at)
+		SELECT $1 || '_' || (i % 16), 'old-' || i, gen_random_uuid(), 'create_charge', 'POST', '/v1/charges',
+			sha256(('old-' || i)::bytea), $2::bytea, 'finished', '{"charge_id":"ch_old"}', 'finished', 201,
+			'{"Content-Type":["application/json"],"Location":["/v1/charges/ch_old"]}', $3::bytea,
+			t, t, t
+		FROM generate_series(1, $4::int) AS i,
+			LATERAL (SELECT now() - interval '2 days' - i * interval '1 millisecond' AS t) AS ts`,
+		prefix, chargeBody,
+		[]byte(`{"id":"ch_old","amount":1999,"currency":"usd","source":"tok_visa","status":"succeeded","provider_payment_id":"pay_000001"}`),
+		res.Backlog)
+	if err != nil {
+		return nil, fmt.Errorf("insert the backlog: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idemflow_keys"); err != nil {
+		return nil, fmt.Errorf("vacuum: %w", err)
+	}
+	_, _ = pool.Exec(ctx, "CHECKPOINT") // needs superuser or pg_checkpoint; optional
+	res.InsertTime = time.Since(t0)
+
+	live := idem.fast
+	window := func(w *liveWindow, l load, s *sampler) error {
+		a, err := s.finish()
+		if err != nil {
+			return err
+		}
+		if l.errs > 0 {
+			return fmt.Errorf("live traffic: %d requests failed: %w", l.errs, l.firstErr)
+		}
+		*w = liveWindow{N: l.n, Elapsed: l.elapsed, RPS: float64(l.n) / l.elapsed.Seconds(),
+			P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99), LockWaits: a.LockWaitsSeen, Waits: a.Waits,
+			Samples: a.Samples, lats: l.lats}
+		return nil
+	}
+
+	// Baseline: backlog present, nothing cleaning it.
+	s := e.startSampler(ctx, 5*time.Millisecond, nil)
+	if err := window(&res.Base, e.runLoad(ctx, live, res.Conc, e.o.liveWindow, nil), s); err != nil {
+		return nil, err
+	}
+
+	// During: a sweeper process deletes the backlog (one RunOnce: batches until none left).
+	kids, err := e.startChildren(ctx, 1, e.fast.URL, "-mode", "cleanup")
+	defer killAll(kids)
+	if err != nil {
+		return nil, err
+	}
+	stop := make(chan struct{})
+	var l load
+	done := make(chan struct{})
+	s = e.startSampler(ctx, 5*time.Millisecond, nil)
+	go func() {
+		defer close(done)
+		l = e.runLoadUntil(ctx, live, res.Conc, stop, nil)
+	}()
+	if err := kids[0].send("go"); err != nil {
+		close(stop)
+		<-done
+		return nil, err
+	}
+	rep, err := kids[0].finish()
+	close(stop)
+	<-done
+	if err != nil {
+		return nil, err
+	}
+	if err := window(&res.During, l, s); err != nil {
+		return nil, err
+	}
+	res.CleanupTime = time.Duration(rep.Seconds * float64(time.Second))
+	res.Expired = rep.Expired
+
+	// After: backlog gone.
+	s = e.startSampler(ctx, 5*time.Millisecond, nil)
+	if err := window(&res.After, e.runLoad(ctx, live, res.Conc, e.o.liveWindow, nil), s); err != nil {
+		return nil, err
+	}
+
+	// The baseline is both windows without a cleanup running, before and after it.
+	both := slices.Concat(res.Base.lats, res.After.lats)
+	slices.Sort(both)
+	res.NoCleanupP99 = quantile(both, 0.99)
+
+	if err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&res.Left); err != nil {
+		return nil, err
+	}
+	if res.Left != 0 {
+		res.Problems = append(res.Problems, fmt.Sprintf("%d expired keys left after the cleanup", res.Left))
+	}
+	if res.Expired != int64(res.Backlog) {
+		res.Problems = append(res.Problems, fmt.Sprintf("the cleanup deleted %d keys, the backlog was %d (live keys deleted?)", res.Expired, res.Backlog))
+	}
+	if rep.Errors > 0 {
+		res.Problems = append(res.Problems, "the cleanup pass failed: "+rep.LastError)
+	}
+	logf("retention: %d keys expired in %s; live p99 %.2f ms before, %.2f ms during, %.2f ms after (lock waits during: %v)",
+		res.Expired, res.CleanupTime.Round(time.Millisecond), ms(res.Base.P99), ms(res.During.P99), ms(res.After.P99), res.During.Waits)
+	return res, nil
+}

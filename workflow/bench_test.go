@@ -1,0 +1,180 @@
+package workflow_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// Benchmarks of the engine's hot paths, for profiling; the side-by-side comparison is
+// `go run ./bench`. Each database benchmark reports round trips per operation, counted
+// by a pgx tracer on a one-connection pool (so the statement cache is warm):
+//
+//	go test -run '^$' -bench . -benchtime 2000x -cpuprofile cpu.out ./workflow/
+//	go tool pprof -top cpu.out
+
+// benchRoundTrips counts what a pool sends: each query and each batch is one round trip.
+type benchRoundTrips struct{ n atomic.Int64 }
+
+func (r *benchRoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *benchRoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *benchRoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *benchRoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *benchRoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// benchKeys makes keys that are fresh across every benchmark of the process.
+var benchKeys atomic.Int64
+
+func benchKey() string { return "bench-" + strconv.FormatInt(benchKeys.Add(1), 10) }
+
+// Flows with no SQL of their own, so that only the engine's statements are measured.
+const (
+	benchClaimFlow   = "bench_claim"   // one tx phase that answers: claim + finish, one commit
+	benchAdvanceFlow = "bench_advance" // a tx phase that advances, then one that answers
+)
+
+func benchFlows() []phases.Flow {
+	answer := func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+		return phases.JSON(http.StatusCreated, map[string]string{"key": run.Key()})
+	}
+	advance := func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+		return nil, nil
+	}
+	return []phases.Flow{
+		{Name: benchClaimFlow, Phases: []phases.Phase{phases.Tx("answer", answer)}},
+		{Name: benchAdvanceFlow, Phases: []phases.Phase{phases.Tx("advance", advance), phases.Tx("answer", answer)}},
+	}
+}
+
+type benchEnv struct {
+	db     *pgtest.DB
+	rt     *benchRoundTrips
+	pool   *pgxpool.Pool
+	engine *workflow.Engine
+}
+
+// newBenchEnv is setup for benchmarks: a fresh schema, a one-connection traced pool
+// and an engine with the benchmark flows and any others given.
+func newBenchEnv(b *testing.B, flows ...phases.Flow) *benchEnv {
+	b.Helper()
+	db := pgtest.New(b)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(b, err)
+	cfg.MaxConns = 1
+	rt := &benchRoundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	e, err := workflow.New(pool, nil)
+	require.NoError(b, err)
+	for _, f := range append(benchFlows(), flows...) {
+		require.NoError(b, e.Register(f))
+	}
+	return &benchEnv{db: db, rt: rt, pool: pool, engine: e}
+}
+
+func benchRequest(flow, key string) workflow.Request {
+	return workflow.Request{Scope: "acct", Key: key, Flow: flow, Method: "POST", Route: "/v1/charges",
+		Body: []byte(`{"amount":1999,"currency":"usd","source":"tok_visa"}`)}
+}
+
+// do runs fresh keys (or the given key) through flow, b.N times, and reports round
+// trips per operation. The first request warms the statement cache and is not timed.
+func (be *benchEnv) do(b *testing.B, flow string, key func() string, wantReplay bool) {
+	b.Helper()
+	ctx := context.Background()
+	_, err := be.engine.Do(ctx, benchRequest(flow, key()))
+	require.NoError(b, err)
+	be.rt.n.Store(0)
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := be.engine.Do(ctx, benchRequest(flow, key()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Replayed != wantReplay {
+			b.Fatalf("replayed = %t, want %t", res.Replayed, wantReplay)
+		}
+		n++
+	}
+	b.ReportMetric(float64(be.rt.n.Load())/float64(n), "roundtrips/op")
+}
+
+// BenchmarkClaim is a fresh key through a one-phase flow: the lookup, then BEGIN, the
+// claim, the fenced finish and COMMIT in one round trip.
+func BenchmarkClaim(b *testing.B) {
+	be := newBenchEnv(b)
+	be.do(b, benchClaimFlow, benchKey, false)
+}
+
+// BenchmarkAdvance is BenchmarkClaim plus one tx phase that advances the recovery point
+// (BEGIN, the fenced advance and COMMIT in one round trip): the difference between the
+// two is the cost of an advance.
+func BenchmarkAdvance(b *testing.B) {
+	be := newBenchEnv(b)
+	be.do(b, benchAdvanceFlow, benchKey, false)
+}
+
+// BenchmarkReplay is a retry of a finished key: one lookup.
+func BenchmarkReplay(b *testing.B) {
+	be := newBenchEnv(b)
+	key := benchKey()
+	be.do(b, benchClaimFlow, func() string { return key }, true)
+}
+
+// BenchmarkChargeFlow is a fresh key through the charges example's flow, with its fake
+// provider in process at latency 0.
+func BenchmarkChargeFlow(b *testing.B) {
+	srv := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
+	b.Cleanup(srv.Close)
+	be := newBenchEnv(b, chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: srv.URL, HTTP: srv.Client()}))
+	_, err := be.pool.Exec(context.Background(), chargeflow.Schema)
+	require.NoError(b, err)
+	be.do(b, chargeflow.FlowName, benchKey, false)
+}
+
+// BenchmarkFingerprint hashes a request: canonical JSON (RFC 8785) and sha256.
+func BenchmarkFingerprint(b *testing.B) {
+	small := []byte(`{"source":"tok_visa","amount":1999,"currency":"usd"}`)
+	large := []byte(`{"items":[`)
+	for i := range 100 {
+		if i > 0 {
+			large = append(large, ',')
+		}
+		large = fmt.Appendf(large, `{"sku":"sku_%04d","qty":%d,"price":%d.5,"note":"a note of some length"}`, i, i%7+1, i*100)
+	}
+	large = append(large, "]}"...)
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{{"ChargeJSON", small}, {"LargeJSON", large}, {"Raw", []byte("amount=1999&currency=usd&source=tok_visa")}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = workflow.Fingerprint("POST", "/v1/charges", c.body)
+			}
+		})
+	}
+}
