@@ -24,6 +24,8 @@ type Proxy struct {
 	dropCommits atomic.Int64 // COMMIT acknowledgements still to drop
 	dropped     atomic.Int64
 
+	f faults // latency, blackhole, refusal, resets, half-open links (faults.go)
+
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
@@ -37,6 +39,7 @@ func New(upstream string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
+	p.f.init()
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -56,6 +59,9 @@ func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 // Close stops the proxy and cuts every connection through it.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.f.done) // wakes goroutines held by a blackhole or latency
+	}
 	p.closed = true
 	for c := range p.conns {
 		c.Close()
@@ -90,6 +96,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		if p.f.refusing.Load() {
+			p.refuse(client)
+			continue
+		}
 		server, err := net.Dial("tcp", p.upstream)
 		if err != nil {
 			client.Close()
@@ -100,16 +110,21 @@ func (p *Proxy) accept() {
 			server.Close()
 			return
 		}
+		l := p.addLink(client, server)
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(server, client)
+			_ = p.clientToServer(l)
 			p.untrack(server)
 			p.untrack(client)
+			p.removeLink(l)
 		}()
 		go func() {
 			defer p.wg.Done()
-			_ = p.serverToClient(client, server)
+			_ = p.serverToClient(l)
+			if l.halfOpen.Load() {
+				return // the client side stays open and silent until the client closes it
+			}
 			p.untrack(client)
 			p.untrack(server)
 		}()
@@ -119,8 +134,9 @@ func (p *Proxy) accept() {
 var commitTag = []byte("COMMIT\x00")
 
 // serverToClient forwards the server's messages one by one, dropping the connection
-// at a COMMIT's CommandComplete when asked to.
-func (p *Proxy) serverToClient(client, server net.Conn) error {
+// at a COMMIT's CommandComplete when asked to, and applying the faults of faults.go.
+func (p *Proxy) serverToClient(l *link) error {
+	client, server := l.client, l.server
 	var hdr [5]byte
 	for {
 		if _, err := io.ReadFull(server, hdr[:]); err != nil {
@@ -137,6 +153,9 @@ func (p *Proxy) serverToClient(client, server net.Conn) error {
 		if hdr[0] == 'C' && bytes.Equal(body, commitTag) && p.takeDrop() {
 			p.dropped.Add(1)
 			return errors.New("faultproxy: dropped a COMMIT acknowledgement")
+		}
+		if err := p.beforeServerMessage(l, hdr[0]); err != nil {
+			return err
 		}
 		if _, err := client.Write(append(hdr[:], body...)); err != nil {
 			return err

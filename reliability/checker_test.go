@@ -1,0 +1,307 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// auditSQL creates, in schema, the audit table and the trigger that records every
+// insert, update and delete of a key row with the old and new lock version, recovery
+// point and status, so that the checker can tell whether any of them went backwards.
+func auditSQL(schema string) string {
+	s := pgx.Identifier{schema}.Sanitize()
+	return fmt.Sprintf(`
+CREATE TABLE %[1]s.rel_audit (
+	seq        bigserial   PRIMARY KEY,
+	op         text        NOT NULL,
+	scope      text        NOT NULL,
+	idem_key   text        NOT NULL,
+	old_id     uuid,
+	new_id     uuid,
+	old_lv     bigint,
+	new_lv     bigint,
+	old_rp     text,
+	new_rp     text,
+	old_status text,
+	new_status text,
+	body_changed boolean   NOT NULL DEFAULT false,
+	at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION %[1]s.rel_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF TG_OP = 'INSERT' THEN
+		INSERT INTO %[1]s.rel_audit (op, scope, idem_key, new_id, new_lv, new_rp, new_status)
+		VALUES ('I', NEW.scope, NEW.idempotency_key, NEW.id, NEW.lock_version, NEW.recovery_point, NEW.status);
+	ELSIF TG_OP = 'UPDATE' THEN
+		INSERT INTO %[1]s.rel_audit (op, scope, idem_key, old_id, new_id, old_lv, new_lv, old_rp, new_rp, old_status, new_status, body_changed)
+		VALUES ('U', NEW.scope, NEW.idempotency_key, OLD.id, NEW.id, OLD.lock_version, NEW.lock_version,
+			OLD.recovery_point, NEW.recovery_point, OLD.status, NEW.status,
+			OLD.response_body IS DISTINCT FROM NEW.response_body OR OLD.response_status IS DISTINCT FROM NEW.response_status);
+	ELSE
+		INSERT INTO %[1]s.rel_audit (op, scope, idem_key, old_id, old_lv, old_rp, old_status)
+		VALUES ('D', OLD.scope, OLD.idempotency_key, OLD.id, OLD.lock_version, OLD.recovery_point, OLD.status);
+	END IF;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER rel_audit AFTER INSERT OR UPDATE OR DELETE ON %[1]s.idemflow_keys
+	FOR EACH ROW EXECUTE FUNCTION %[1]s.rel_audit_row();`, s)
+}
+
+// checkOpts tune the checker to an experiment.
+type checkOpts struct {
+	// keys are the (scope, key) pairs clients submitted: each must have a row.
+	keys [][2]string
+	// allowDead accepts dead-lettered keys (the experiment forced them).
+	allowDead bool
+}
+
+// report is what the checker found.
+type report struct {
+	Keys, Finished, Dead, Unfinished           int
+	EffectRows, DuplicateEffects               int
+	Payments, DuplicatePayments, OrphanPayment int
+	Answers, Retryable, BadAnswers             int
+	AuditRows, AuditViolations                 int
+	Violations                                 []string
+}
+
+func (r *report) violate(format string, args ...any) {
+	if len(r.Violations) < 50 {
+		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+	} else if len(r.Violations) == 50 {
+		r.Violations = append(r.Violations, "(more violations not listed)")
+	}
+}
+
+// summary is the one line every experiment logs.
+func (r *report) summary() string {
+	return fmt.Sprintf("keys=%d finished=%d dead=%d unfinished=%d effect_rows=%d duplicate_effects=%d payments=%d duplicate_payments=%d orphan_payments=%d answers=%d retryable_answers=%d bad_answers=%d audit_rows=%d audit_violations=%d",
+		r.Keys, r.Finished, r.Dead, r.Unfinished, r.EffectRows, r.DuplicateEffects, r.Payments, r.DuplicatePayments,
+		r.OrphanPayment, r.Answers, r.Retryable, r.BadAnswers, r.AuditRows, r.AuditViolations)
+}
+
+type keyRow struct {
+	scope, key, id, flow, status, rp string
+	respStatus                       *int
+	respBody                         []byte
+}
+
+// check quiesces nothing itself: the experiment must have stopped its load, its
+// sweepers and its children. It reads the key table, the effect tables, the audit
+// table, the provider's payments and the recorded answers, and fails t on any
+// violation of the invariants. It logs and returns the report.
+func (e *env) check(t testing.TB, o checkOpts) *report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := &report{}
+	db := e.db.Pool
+
+	// Key rows: one per (scope, key) is the primary key; each must be finished.
+	rows, err := db.Query(ctx, `SELECT scope, idempotency_key, id::text, flow, status, recovery_point,
+		response_status::int, response_body FROM idemflow_keys`)
+	require.NoError(t, err)
+	keys := map[[2]string]*keyRow{}
+	byID := map[string]*keyRow{}
+	for rows.Next() {
+		k := &keyRow{}
+		require.NoError(t, rows.Scan(&k.scope, &k.key, &k.id, &k.flow, &k.status, &k.rp, &k.respStatus, &k.respBody))
+		keys[[2]string{k.scope, k.key}] = k
+		byID[k.id] = k
+	}
+	require.NoError(t, rows.Err())
+	r.Keys = len(keys)
+	for _, sk := range o.keys {
+		if keys[sk] == nil {
+			r.Unfinished++
+			r.violate("key %s/%s was submitted but has no row", sk[0], sk[1])
+		}
+	}
+	for _, k := range keys {
+		switch {
+		case k.status == "finished":
+			r.Finished++
+		case k.status == "dead" && o.allowDead:
+			r.Dead++
+		case k.status == "dead":
+			r.Dead++
+			r.violate("key %s/%s was dead-lettered", k.scope, k.key)
+		default:
+			r.Unfinished++
+			r.violate("key %s/%s is unfinished at %s (%s)", k.scope, k.key, k.rp, k.status)
+		}
+	}
+
+	// Effects: at most one per key, exactly one per finished key.
+	effects := map[[2]string]int{}
+	for flow, q := range effectCounts {
+		rows, err := db.Query(ctx, q)
+		require.NoError(t, err)
+		for rows.Next() {
+			var scope, key string
+			var n int
+			require.NoError(t, rows.Scan(&scope, &key, &n))
+			r.EffectRows += n
+			effects[[2]string{scope, key}] += n
+			if n > 1 {
+				r.DuplicateEffects += n - 1
+				r.violate("key %s/%s has %d effect rows of flow %s", scope, key, n, flow)
+			}
+			if k := keys[[2]string{scope, key}]; k == nil || k.flow != flow {
+				r.violate("effect row of flow %s for %s/%s, which has no key row of that flow", flow, scope, key)
+			}
+		}
+		require.NoError(t, rows.Err())
+	}
+	for sk, k := range keys {
+		if k.status == "finished" && effects[sk] != 1 {
+			r.violate("finished key %s/%s has %d effect rows, want 1", sk[0], sk[1], effects[sk])
+		}
+	}
+
+	// Provider: payments only for existing key rows and their call phases, one per
+	// call phase of a key, and the ones the stored answer names.
+	payments, _, made, _ := e.provider.snapshot()
+	r.Payments = made
+	paid := map[string]map[string]string{} // key row id -> phase -> payment id
+	for derived, p := range payments {
+		id, phase, ok := strings.Cut(derived, ":")
+		k := byID[id]
+		if !ok || k == nil {
+			r.OrphanPayment++
+			r.violate("payment %s under derived key %q belongs to no key row", p.ID, derived)
+			continue
+		}
+		if !slices.Contains(flowCalls[k.flow], phase) {
+			r.violate("payment %s under derived key %q: %s has no call phase %q", p.ID, derived, k.flow, phase)
+		}
+		if paid[id] == nil {
+			paid[id] = map[string]string{}
+		}
+		if prev, dup := paid[id][phase]; dup {
+			r.DuplicatePayments++
+			r.violate("key %s/%s paid twice in phase %s: %s and %s", k.scope, k.key, phase, prev, p.ID)
+		}
+		paid[id][phase] = p.ID
+	}
+	// Two rows (ids) for one (scope, key) cannot exist at once; a payment under an id
+	// that is not the row's is an orphan, counted above.
+	for _, k := range keys {
+		if k.status != "finished" || k.respStatus == nil {
+			continue
+		}
+		named, err := paymentsNamed(k.flow, *k.respStatus, k.respBody)
+		if err != nil {
+			r.violate("key %s/%s: stored answer unreadable: %v", k.scope, k.key, err)
+			continue
+		}
+		for phase, pid := range named {
+			if got := paid[k.id][phase]; got != pid {
+				r.violate("key %s/%s: the answer names payment %q for %s, the provider made %q", k.scope, k.key, pid, phase, got)
+			}
+		}
+		if *k.respStatus == 201 && len(paid[k.id]) != len(flowCalls[k.flow]) {
+			r.violate("key %s/%s answered 201 with %d of %d calls paid", k.scope, k.key, len(paid[k.id]), len(flowCalls[k.flow]))
+		}
+	}
+
+	// Answers: retryable, or the stored answer byte for byte.
+	for sk, list := range e.answers.all() {
+		k := keys[sk]
+		for _, a := range list {
+			r.Answers++
+			if a.Retryable {
+				r.Retryable++
+				continue
+			}
+			switch {
+			case a.Status == 500 && o.allowDead && k != nil && k.status == "dead":
+			case k == nil || k.status != "finished":
+				r.BadAnswers++
+				r.violate("key %s/%s: client got final answer %d (%s via %s) but the key is not finished", sk[0], sk[1], a.Status, a.Err, a.Via)
+			case a.Status != *k.respStatus || !bytes.Equal(a.Body, k.respBody):
+				r.BadAnswers++
+				r.violate("key %s/%s: client got %d %q (%s via %s), stored is %d %q", sk[0], sk[1], a.Status, a.Body, a.Err, a.Via, *k.respStatus, k.respBody)
+			}
+		}
+	}
+
+	// Audit: nothing went backwards, a finished row never changed, only finished rows
+	// were deleted, a row's identity never changed.
+	rank := func(flow, rp string) int {
+		switch rp {
+		case phases.Started:
+			return 0
+		case phases.Finished:
+			return 1000
+		}
+		if i := slices.Index(flowPhases[flow], rp); i >= 0 {
+			return i + 1
+		}
+		return -1
+	}
+	flowOf := map[[2]string]string{}
+	for sk, k := range keys {
+		flowOf[sk] = k.flow
+	}
+	arows, err := db.Query(ctx, `SELECT seq, op, scope, idem_key, coalesce(old_id::text, ''), coalesce(new_id::text, ''),
+		coalesce(old_lv, 0), coalesce(new_lv, 0), coalesce(old_rp, ''), coalesce(new_rp, ''),
+		coalesce(old_status, ''), coalesce(new_status, ''), body_changed FROM rel_audit ORDER BY seq`)
+	require.NoError(t, err)
+	for arows.Next() {
+		var seq, oldLV, newLV int64
+		var op, scope, key, oldID, newID, oldRP, newRP, oldSt, newSt string
+		var bodyChanged bool
+		require.NoError(t, arows.Scan(&seq, &op, &scope, &key, &oldID, &newID, &oldLV, &newLV, &oldRP, &newRP, &oldSt, &newSt, &bodyChanged))
+		r.AuditRows++
+		bad := func(format string, args ...any) {
+			r.AuditViolations++
+			r.violate("audit %d (%s %s/%s): %s", seq, op, scope, key, fmt.Sprintf(format, args...))
+		}
+		flow := flowOf[[2]string{scope, key}]
+		switch op {
+		case "I":
+			if newLV != 1 || newRP != phases.Started || newSt != "in_progress" {
+				bad("inserted at lock version %d, %s, %s", newLV, newRP, newSt)
+			}
+		case "D":
+			if oldSt != "finished" {
+				bad("an unfinished row (%s) was deleted", oldSt)
+			}
+		case "U":
+			if oldID != newID {
+				bad("id changed from %s to %s", oldID, newID)
+			}
+			if newLV < oldLV {
+				bad("lock version went back from %d to %d", oldLV, newLV)
+			}
+			if flow != "" && rank(flow, newRP) < rank(flow, oldRP) {
+				bad("recovery point went back from %s to %s", oldRP, newRP)
+			}
+			if oldSt == "finished" {
+				bad("a finished row changed (to %s at %s, answer changed: %v)", newSt, newRP, bodyChanged)
+			}
+			if (newRP == phases.Finished) != (newSt == "finished") {
+				bad("recovery point %s with status %s", newRP, newSt)
+			}
+		}
+	}
+	require.NoError(t, arows.Err())
+
+	t.Logf("invariants: %s", r.summary())
+	if len(r.Violations) > 0 {
+		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
+	}
+	return r
+}

@@ -1,0 +1,319 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/faultproxy"
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// long reports whether the long tier runs (IDEMFLOW_LONG=1).
+func long() bool { return os.Getenv("IDEMFLOW_LONG") == "1" }
+
+// tier picks the quick or the long figure.
+func tier(quick, full int) int {
+	if long() {
+		return full
+	}
+	return quick
+}
+
+// env is one experiment's world: a schema with the key table, the effect tables and the
+// audit trigger, a recording provider, and the answers clients got.
+type env struct {
+	t        testing.TB
+	db       *pgtest.DB
+	provider *provider
+	answers  *answers
+	client   *http.Client // the flows' client to the provider, in this process
+	appName  string       // application_name of the engine pools this env opens
+}
+
+// newEnv prepares db (a fresh migrated schema) for an experiment.
+func newEnv(t testing.TB, db *pgtest.DB) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := db.Pool.Exec(ctx, effectsSchemaV1)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, auditSQL(db.Schema))
+	require.NoError(t, err)
+	p := newProvider()
+	t.Cleanup(p.Close)
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &env{
+		t: t, db: db, provider: p, answers: newAnswers(),
+		client:  &http.Client{Transport: tr, Timeout: 10 * time.Second},
+		appName: "rel_" + db.Schema,
+	}
+}
+
+// poolOpts shape an engine pool.
+type poolOpts struct {
+	maxConns int
+	// via routes the pool through a fault proxy.
+	via *faultproxy.Proxy
+	// params are run-time parameters, such as statement_timeout.
+	params map[string]string
+	// connectTimeout defaults to 5s.
+	connectTimeout time.Duration
+}
+
+// pool opens an engine pool on the env's schema, tagged with env.appName so that
+// experiments can find (and terminate) its backends. It is closed when the test ends.
+func (e *env) pool(o poolOpts) *pgxpool.Pool {
+	e.t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	require.NoError(e.t, err)
+	if o.maxConns > 0 {
+		cfg.MaxConns = int32(o.maxConns)
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if o.connectTimeout > 0 {
+		cfg.ConnConfig.ConnectTimeout = o.connectTimeout
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = e.appName
+	for k, v := range o.params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	if o.via != nil {
+		host, port, err := net.SplitHostPort(o.via.Addr())
+		require.NoError(e.t, err)
+		n, _ := strconv.Atoi(port)
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+		cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil // the proxy reads plain protocol
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(e.t, err)
+	e.t.Cleanup(p.Close)
+	return p
+}
+
+// proxy starts a fault proxy in front of the env's server, closed when the test ends.
+func (e *env) proxy() *faultproxy.Proxy {
+	e.t.Helper()
+	cfg, err := pgx.ParseConfig(e.db.URL)
+	require.NoError(e.t, err)
+	p, err := faultproxy.New(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// engine returns an engine on pool with both flows registered.
+func (e *env) engine(pool workflow.Pool, cfg *workflow.Config) *workflow.Engine {
+	e.t.Helper()
+	c := workflow.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		// The experiments provoke the failures the engine logs; the checker judges.
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	en, err := workflow.New(pool, &c)
+	require.NoError(e.t, err)
+	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client))
+	return en
+}
+
+// sweeper returns a sweeper on en with no grace (experiments decide when keys are due).
+func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeper.Sweeper {
+	e.t.Helper()
+	c := sweeper.Config{Grace: -1}
+	if cfg != nil {
+		c = *cfg
+		if c.Grace == 0 {
+			c.Grace = -1
+		}
+	}
+	s, err := sweeper.New(en, &c)
+	require.NoError(e.t, err)
+	return s
+}
+
+// do runs one attempt and records the answer.
+func (e *env) do(ctx context.Context, en *workflow.Engine, req workflow.Request) (*workflow.Result, error) {
+	res, err := en.Do(ctx, req)
+	e.answers.record(req.Scope, req.Key, fromDo(res, err, "engine"))
+	return res, err
+}
+
+// expireLease moves the database clock past the lease of an unfinished key and past its
+// backoff: a takeover or a sweep may take it at once.
+func (e *env) expireLease(t testing.TB, scope, key string) {
+	t.Helper()
+	_, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
+			next_attempt_at = clock_timestamp() - interval '1 millisecond'
+		WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'`, scope, key)
+	require.NoError(t, err)
+}
+
+// expireAll moves the database clock past every unfinished key's lease and backoff.
+func (e *env) expireAll(t testing.TB) int64 {
+	t.Helper()
+	tag, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
+			next_attempt_at = clock_timestamp() - interval '1 millisecond'
+		WHERE status = 'in_progress'`)
+	require.NoError(t, err)
+	return tag.RowsAffected()
+}
+
+// keyState is what the database says about a key.
+type keyState struct {
+	Exists        bool
+	Status        string
+	RecoveryPoint string
+	LockVersion   int64
+	Leased        bool
+	Due           bool
+}
+
+func (e *env) state(t testing.TB, scope, key string) keyState {
+	t.Helper()
+	var s keyState
+	err := e.db.Pool.QueryRow(context.Background(), `SELECT status, recovery_point, lock_version,
+			coalesce(locked_until > clock_timestamp(), false), next_attempt_at <= clock_timestamp()
+		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Due)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s
+	}
+	require.NoError(t, err)
+	s.Exists = true
+	return s
+}
+
+// rowSnapshot is a key row as text, to tell whether anything changed.
+func (e *env) rowSnapshot(t testing.TB, scope, key string) string {
+	t.Helper()
+	var s string
+	err := e.db.Pool.QueryRow(context.Background(), `SELECT coalesce((SELECT k::text FROM idemflow_keys k
+		WHERE scope = $1 AND idempotency_key = $2), '')`, scope, key).Scan(&s)
+	require.NoError(t, err)
+	return s
+}
+
+// terminate terminates up to n random backends of the env's engine pools and returns
+// how many it terminated.
+func (e *env) terminate(ctx context.Context, n int) (int, error) {
+	var killed int
+	err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+			SELECT pid FROM pg_stat_activity
+			WHERE application_name = $1 AND pid <> pg_backend_pid()
+			ORDER BY random() LIMIT $2) x`, e.appName, n).Scan(&killed)
+	return killed, err
+}
+
+// answer is what a client got from one attempt.
+type answer struct {
+	Via       string // engine, http, child
+	Status    int    // 0 when the client got no answer at all (connection cut)
+	Body      []byte
+	Replayed  bool
+	Retryable bool   // a 409, a 5xx or no answer: the client must retry
+	Err       string // the error, if any
+}
+
+// answers are all the answers clients got, by key.
+type answers struct {
+	mu    sync.Mutex
+	byKey map[[2]string][]answer
+}
+
+func newAnswers() *answers { return &answers{byKey: map[[2]string][]answer{}} }
+
+func (a *answers) record(scope, key string, ans answer) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := [2]string{scope, key}
+	a.byKey[k] = append(a.byKey[k], ans)
+}
+
+func (a *answers) all() map[[2]string][]answer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[[2]string][]answer, len(a.byKey))
+	for k, v := range a.byKey {
+		out[k] = append([]answer(nil), v...)
+	}
+	return out
+}
+
+// fromDo turns the outcome of Engine.Do into the answer the HTTP layer would give: the
+// response, or 409 (in progress, lease lost), 503 (transient, database unavailable,
+// deadline) or a non-retryable error.
+func fromDo(res *workflow.Result, err error, via string) answer {
+	if err == nil {
+		if res == nil || res.Response == nil {
+			return answer{Via: via, Err: "no response"}
+		}
+		return answer{Via: via, Status: res.Response.Status, Body: res.Response.Body, Replayed: res.Replayed,
+			Retryable: res.Response.Status >= 500}
+	}
+	a := answer{Via: via, Err: err.Error()}
+	var te *workflow.TransientError
+	switch {
+	case errors.Is(err, workflow.ErrInProgress), errors.Is(err, workflow.ErrLeaseLost):
+		a.Status, a.Retryable = http.StatusConflict, true
+	case errors.As(err, &te) && te.Response != nil && te.Response.Status >= 500:
+		a.Status, a.Retryable = te.Response.Status, true
+	case errors.Is(err, workflow.ErrTransient), errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrConflict),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		a.Status, a.Retryable = http.StatusServiceUnavailable, true
+	case errors.Is(err, workflow.ErrDeadLettered):
+		a.Status = http.StatusInternalServerError
+	default:
+		a.Status = -1 // not an answer a client may get: the checker reports it
+	}
+	return a
+}
+
+// retryUntilFinal retries req until it gets a non-retryable answer or ctx ends,
+// honouring nothing but a short pause between attempts (the experiments measure how
+// fast keys drain, not how patient clients are). It returns the final answer.
+func (e *env) retryUntilFinal(ctx context.Context, en *workflow.Engine, req workflow.Request, attemptTimeout time.Duration) (answer, error) {
+	pause := 20 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		res, err := en.Do(actx, req)
+		cancel()
+		a := fromDo(res, err, "engine")
+		if ctx.Err() != nil && a.Retryable {
+			return a, fmt.Errorf("key %s/%s: no final answer before the deadline; last: %s", req.Scope, req.Key, a.Err)
+		}
+		e.answers.record(req.Scope, req.Key, a)
+		if !a.Retryable {
+			return a, nil
+		}
+		t := time.NewTimer(pause) // a client's back-off, not synchronisation
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		pause = min(pause*2, 200*time.Millisecond)
+	}
+}

@@ -1,0 +1,231 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// The two flows every experiment runs: the charges example's (tx, call, tx) and a flow
+// with two call phases, the first one before any tx phase (so its claim commits alone):
+// authorize (call), reserve (tx), capture (call), settle (tx).
+const (
+	twoCallFlow     = "two_call"
+	phaseAuthorize  = "authorize"
+	phaseReserve    = "reserve"
+	phaseCapture    = "capture"
+	phaseSettle     = "settle"
+	twoCallRoute    = "/v1/orders"
+	chargesRoute    = "/v1/charges"
+	effectsSchemaV1 = chargeflow.Schema + `;
+CREATE TABLE orders (
+	id         bigserial PRIMARY KEY,
+	scope      text   NOT NULL,
+	idem_key   text   NOT NULL,
+	amount     bigint NOT NULL,
+	auth_id    text   NOT NULL,
+	capture_id text,
+	status     text   NOT NULL DEFAULT 'authorized'
+);`
+)
+
+// flowPhases is each flow's phase order, for the audit of recovery points.
+var flowPhases = map[string][]string{
+	chargeflow.FlowName: {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
+	twoCallFlow:         {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
+}
+
+// flowCalls names each flow's call phases.
+var flowCalls = map[string][]string{
+	chargeflow.FlowName: {chargeflow.PhaseProvider},
+	twoCallFlow:         {phaseAuthorize, phaseCapture},
+}
+
+// effectCounts counts each key's effect rows, per flow: the charges row, the order row.
+var effectCounts = map[string]string{
+	chargeflow.FlowName: `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
+	twoCallFlow:         `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
+}
+
+var (
+	authID    = phases.NewSlot[string]("auth_id")
+	captureID = phases.NewSlot[string]("capture_id")
+	orderID   = phases.NewSlot[int64]("order_id")
+)
+
+type orderRequest struct {
+	Amount int64 `json:"amount"`
+	// SlowMillis makes the reserve phase sleep that long in SQL on the key's first
+	// attempt (to make a statement timeout fire).
+	SlowMillis int `json:"slow_ms,omitempty"`
+}
+
+// orderAnswer is the two-call flow's 201 body.
+type orderAnswer struct {
+	OrderID   int64  `json:"order_id"`
+	AuthID    string `json:"auth_id"`
+	CaptureID string `json:"capture_id"`
+	Amount    int64  `json:"amount"`
+}
+
+// newTwoCallFlow returns the two-call flow on the provider at base.
+func newTwoCallFlow(base string, client *http.Client) phases.Flow {
+	call := func(ctx context.Context, path, key string, amount int64) (string, error) {
+		body, _ := json.Marshal(map[string]int64{"amount": amount})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusCreated {
+			return "", phases.RetryLater(fmt.Errorf("provider answered %d: %s", resp.StatusCode, b), time.Second)
+		}
+		var out struct{ ID string }
+		if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
+			return "", fmt.Errorf("unreadable provider answer %q", b)
+		}
+		return out.ID, nil
+	}
+	parse := func(run *phases.Run) (orderRequest, error) {
+		var r orderRequest
+		if err := json.Unmarshal(run.Body(), &r); err != nil || r.Amount <= 0 {
+			return r, phases.Fail(&phases.Response{Status: 400, Body: []byte(`{"error":"amount must be positive"}`)})
+		}
+		return r, nil
+	}
+	return phases.Flow{Name: twoCallFlow, Phases: []phases.Phase{
+		phases.Call(phaseAuthorize, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			r, err := parse(run)
+			if err != nil {
+				return nil, err
+			}
+			id, err := call(ctx, "/v1/authorize", run.DerivedKey(), r.Amount)
+			if err != nil {
+				return nil, err
+			}
+			return nil, authID.Set(run, id)
+		}),
+		phases.Tx(phaseReserve, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			r, err := parse(run)
+			if err != nil {
+				return nil, err
+			}
+			auth, err := authID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			if r.SlowMillis > 0 && run.Attempt() == 1 {
+				if _, err := tx.Exec(ctx, `SELECT pg_sleep($1::float8 / 1000)`, r.SlowMillis); err != nil {
+					return nil, err
+				}
+			}
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO orders (scope, idem_key, amount, auth_id) VALUES ($1, $2, $3, $4) RETURNING id`,
+				run.Scope(), run.Key(), r.Amount, auth).Scan(&id); err != nil {
+				return nil, err
+			}
+			return nil, orderID.Set(run, id)
+		}),
+		phases.Call(phaseCapture, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			r, err := parse(run)
+			if err != nil {
+				return nil, err
+			}
+			id, err := call(ctx, "/v1/capture", run.DerivedKey(), r.Amount)
+			if err != nil {
+				return nil, err
+			}
+			return nil, captureID.Set(run, id)
+		}),
+		phases.Tx(phaseSettle, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			oid, err := orderID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			auth, err := authID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			capt, err := captureID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			var amount int64
+			if err := tx.QueryRow(ctx, `UPDATE orders SET status = 'captured', capture_id = $2 WHERE id = $1 AND scope = $3 RETURNING amount`,
+				oid, capt, run.Scope()).Scan(&amount); err != nil {
+				return nil, err
+			}
+			resp, err := phases.JSON(http.StatusCreated, orderAnswer{OrderID: oid, AuthID: auth, CaptureID: capt, Amount: amount})
+			if err != nil {
+				return nil, err
+			}
+			resp.Header.Set("Location", "/v1/orders/"+strconv.FormatInt(oid, 10))
+			return resp, nil
+		}),
+	}}
+}
+
+// registerFlows registers both flows on e, calling the provider at base.
+func registerFlows(e *workflow.Engine, base string, client *http.Client) error {
+	if err := e.Register(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client})); err != nil {
+		return err
+	}
+	return e.Register(newTwoCallFlow(base, client))
+}
+
+// request builds the request of key i of flow.
+func request(scope, key, flow string, amount int64) workflow.Request {
+	switch flow {
+	case twoCallFlow:
+		return workflow.Request{Scope: scope, Key: key, Flow: twoCallFlow, Method: http.MethodPost, Route: twoCallRoute,
+			Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
+	default:
+		source := "tok_visa"
+		if amount%7 == 0 {
+			source = "card_declined" // a deterministic 402, stored and replayed like a 201
+		}
+		return workflow.Request{Scope: scope, Key: key, Flow: chargeflow.FlowName, Method: http.MethodPost, Route: chargesRoute,
+			Body: []byte(fmt.Sprintf(`{"amount":%d,"currency":"usd","source":%q}`, amount, source))}
+	}
+}
+
+// paymentsNamed returns the provider payment ids a stored response names, by call
+// phase.
+func paymentsNamed(flow string, status int, body []byte) (map[string]string, error) {
+	out := map[string]string{}
+	if status != http.StatusCreated {
+		return out, nil
+	}
+	switch flow {
+	case twoCallFlow:
+		var a orderAnswer
+		if err := json.Unmarshal(body, &a); err != nil {
+			return nil, err
+		}
+		out[phaseAuthorize], out[phaseCapture] = a.AuthID, a.CaptureID
+	case chargeflow.FlowName:
+		var c chargeflow.Charge
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, err
+		}
+		if c.ProviderPaymentID != nil {
+			out[chargeflow.PhaseProvider] = *c.ProviderPaymentID
+		}
+	}
+	return out, nil
+}

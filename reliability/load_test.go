@@ -1,0 +1,176 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// load is continuous traffic: workers that each send new keys one after the other and
+// retry each until it gets a final answer, as a patient client does.
+type load struct {
+	env  *env
+	en   *workflow.Engine
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	keys     [][2]string
+	errs     []error
+	maxDo    time.Duration // the longest single attempt
+	finals   atomic.Int64
+	attempts atomic.Int64
+}
+
+type loadOpts struct {
+	workers int
+	prefix  string
+	// attemptTimeout bounds each attempt (the client's deadline). Defaults to 10s.
+	attemptTimeout time.Duration
+	// drainTimeout bounds how long a worker retries its last key after stop. Defaults
+	// to 2 minutes.
+	drainTimeout time.Duration
+}
+
+// startLoad starts o.workers workers on en, alternating the two flows.
+func (e *env) startLoad(en *workflow.Engine, o loadOpts) *load {
+	if o.attemptTimeout == 0 {
+		o.attemptTimeout = 10 * time.Second
+	}
+	if o.drainTimeout == 0 {
+		o.drainTimeout = 2 * time.Minute
+	}
+	l := &load{env: e, en: en, stop: make(chan struct{})}
+	for w := range o.workers {
+		l.wg.Go(func() {
+			flow := chargeflow.FlowName
+			if w%2 == 1 {
+				flow = twoCallFlow
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("%s-w%d-%d", o.prefix, w, i)
+				req := request("acct", key, flow, int64(1+rand.IntN(10000)))
+				l.mu.Lock()
+				l.keys = append(l.keys, [2]string{"acct", key})
+				l.mu.Unlock()
+				// Once stop is called, the key gets drainTimeout more to finish.
+				ctx, cancel := context.WithCancel(context.Background())
+				stopped := make(chan struct{})
+				go func() {
+					defer close(stopped)
+					select {
+					case <-l.stop:
+						t := time.NewTimer(o.drainTimeout)
+						defer t.Stop()
+						select {
+						case <-t.C:
+							cancel()
+						case <-ctx.Done():
+						}
+					case <-ctx.Done():
+					}
+				}()
+				err := l.retry(ctx, req, o.attemptTimeout)
+				cancel()
+				<-stopped
+				if err != nil {
+					l.mu.Lock()
+					l.errs = append(l.errs, err)
+					l.mu.Unlock()
+				}
+			}
+		})
+	}
+	return l
+}
+
+// retry is env.retryUntilFinal, timing each attempt.
+func (l *load) retry(ctx context.Context, req workflow.Request, attemptTimeout time.Duration) error {
+	pause := 20 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		start := time.Now()
+		res, err := l.en.Do(actx, req)
+		took := time.Since(start)
+		cancel()
+		l.attempts.Add(1)
+		l.mu.Lock()
+		l.maxDo = max(l.maxDo, took)
+		l.mu.Unlock()
+		a := fromDo(res, err, "engine")
+		l.env.answers.record(req.Scope, req.Key, a)
+		if !a.Retryable {
+			l.finals.Add(1)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("key %s: no final answer before the drain deadline; last: %s", req.Key, a.Err)
+		}
+		t := time.NewTimer(pause) // the client's back-off
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		pause = min(pause*2, 200*time.Millisecond)
+	}
+}
+
+// finish stops new keys, waits until every worker's last key has a final answer, and
+// returns how long that took (the drain time).
+func (l *load) finish(t testing.TB) time.Duration {
+	t.Helper()
+	start := time.Now()
+	close(l.stop)
+	l.wg.Wait()
+	drain := time.Since(start)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, err := range l.errs {
+		t.Errorf("load: %v", err)
+	}
+	return drain
+}
+
+// submitted returns the keys the load sent.
+func (l *load) submitted() [][2]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([][2]string(nil), l.keys...)
+}
+
+// maxAttempt is the longest single attempt.
+func (l *load) maxAttempt() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.maxDo
+}
+
+// pause waits a random time in [lo, hi): the schedule of a chaos loop, not
+// synchronisation. It returns false if stop closed first.
+func pause(stop <-chan struct{}, lo, hi time.Duration) bool {
+	d := lo
+	if hi > lo {
+		d += rand.N(hi - lo)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}

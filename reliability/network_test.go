@@ -1,0 +1,153 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/faultproxy"
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// attemptBound is the longest a single attempt may take under a network fault: the
+// client's deadline, plus the engine's own bounded clean-up after it (re-reading a key
+// whose commit outcome is unknown, releasing a key: at most 10s each), plus slack for a
+// loaded machine.
+func attemptBound(deadline time.Duration) time.Duration { return deadline + 25*time.Second }
+
+// TestNetworkFaults puts the fault proxy between the engine and Postgres and runs load
+// through added latency, blackholes, connections reset in the middle of a query and
+// half-open connections. The client bounds each attempt with a deadline and the server
+// bounds statements with statement_timeout: nothing may hang, and every key must end
+// exactly once. Backs invariants 1, 3, 5 and 6.
+func TestNetworkFaults(t *testing.T) {
+	t.Parallel()
+	type fault struct {
+		name   string
+		chaos  func(p *faultproxy.Proxy, stop <-chan struct{}) // runs until stop
+		fired  func(p *faultproxy.Proxy) int64
+		rounds int
+	}
+	faults := []fault{
+		{
+			name: "latency",
+			chaos: func(p *faultproxy.Proxy, stop <-chan struct{}) {
+				p.SetLatency(3 * time.Millisecond)
+				<-stop
+				p.SetLatency(0)
+			},
+			fired: (*faultproxy.Proxy).Delayed,
+		},
+		{
+			name: "blackhole",
+			chaos: func(p *faultproxy.Proxy, stop <-chan struct{}) {
+				for pause(stop, 200*time.Millisecond, 600*time.Millisecond) {
+					p.Blackhole() // longer than the clients' deadline
+					pause(nil, 2500*time.Millisecond, 3500*time.Millisecond)
+					p.Heal()
+				}
+			},
+			fired: (*faultproxy.Proxy).HeldUp,
+		},
+		{
+			name: "reset_mid_query",
+			chaos: func(p *faultproxy.Proxy, stop <-chan struct{}) {
+				for pause(stop, 20*time.Millisecond, 150*time.Millisecond) {
+					p.ResetMidQuery(1)
+				}
+			},
+			fired: (*faultproxy.Proxy).Resets,
+		},
+		{
+			name: "half_open",
+			chaos: func(p *faultproxy.Proxy, stop <-chan struct{}) {
+				for pause(stop, 100*time.Millisecond, 500*time.Millisecond) {
+					p.HalfOpen()
+				}
+			},
+			fired: (*faultproxy.Proxy).HalfOpened,
+		},
+	}
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			env := newEnv(t, pgtest.New(t))
+			proxy := env.proxy()
+			cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
+			en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: time.Second, params: map[string]string{
+				"statement_timeout":                   "2s",
+				"idle_in_transaction_session_timeout": "3s",
+			}}), cfg)
+			const deadline = 2 * time.Second
+			l := env.startLoad(en, loadOpts{workers: tier(4, 6), prefix: f.name, attemptTimeout: deadline})
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() { defer close(done); f.chaos(proxy, stop) }()
+			pause(nil, time.Duration(tier(2, 20))*time.Second, 0)
+			close(stop)
+			<-done
+			proxy.Heal()
+			drain := l.finish(t)
+			// A key whose last attempt failed keeps its lease until it ends; the
+			// clients finished theirs, so every key is final: check.
+			keys := l.submitted()
+			r := env.check(t, checkOpts{keys: keys})
+			require.Positive(t, f.fired(proxy), "the fault fired")
+			require.LessOrEqual(t, l.maxAttempt(), attemptBound(deadline), "an attempt hung")
+			t.Logf("network %s: fired=%d keys=%d attempts=%d drain=%s longest_attempt=%s (client deadline %s) duplicates=%d unfinished=%d",
+				f.name, f.fired(proxy), len(keys), l.attempts.Load(), drain.Round(time.Millisecond),
+				l.maxAttempt().Round(time.Millisecond), deadline, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+		})
+	}
+}
+
+// TestStatementTimeout makes a tx phase run a statement longer than the server's
+// statement_timeout on its first attempt: the timeout fires, the attempt fails as
+// transient (nothing stored), and the retry or the sweeper finishes the key once.
+// Backs invariant 5.
+func TestStatementTimeout(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, pgtest.New(t))
+	var timeouts atomic.Int64
+	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+		Hooks: workflow.Hooks{PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
+			var pg *pgconn.PgError
+			if errors.As(err, &pg) && pg.Code == "57014" { // query_canceled: statement_timeout
+				timeouts.Add(1)
+			}
+		}}}
+	en := env.engine(env.pool(poolOpts{params: map[string]string{"statement_timeout": "200ms"}}), cfg)
+	sw := env.sweeper(en, &sweeper.Config{Interval: 100 * time.Millisecond})
+	require.NoError(t, sw.Start(context.Background()))
+	n := tier(6, 40)
+	var keys [][2]string
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range n {
+		key := fmt.Sprintf("slow-%d", i)
+		req := request("acct", key, twoCallFlow, int64(10+i))
+		req.Body = []byte(fmt.Sprintf(`{"amount":%d,"slow_ms":1000}`, 10+i))
+		keys = append(keys, [2]string{"acct", key})
+		res, err := en.Do(ctx, req)
+		env.answers.record("acct", key, fromDo(res, err, "engine"))
+		require.ErrorIs(t, err, workflow.ErrTransient, "the statement timeout fired and nothing was stored")
+		a, err := env.retryUntilFinal(ctx, en, req, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 201, a.Status)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	require.NoError(t, sw.Stop(sctx))
+	scancel()
+	r := env.check(t, checkOpts{keys: keys})
+	require.EqualValues(t, n, timeouts.Load(), "every first attempt hit the statement timeout")
+	t.Logf("statement timeout: fired=%d keys=%d duplicates=%d unfinished=%d", timeouts.Load(), r.Keys,
+		r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+}

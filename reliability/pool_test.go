@@ -1,0 +1,185 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// TestPoolExhaustion: a pool of two connections, many concurrent requests and a slow
+// provider. Nothing may hang: every attempt returns by its deadline (plus the engine's
+// bounded clean-up), failures are retryable (409 or 503), and every key ends exactly
+// once. Meanwhile pg_stat_activity is sampled from inside the provider, i.e. while a
+// call phase runs: a session of the engine may be idle in transaction only while a
+// tx phase of another key is open, never because of a call (no transaction is held
+// across a call phase). Backs the design rule "no transaction open across a call" and
+// invariants 5 and 6.
+func TestPoolExhaustion(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, pgtest.New(t))
+	var inTx atomic.Int64 // tx phases of this engine now running
+	cfg := &workflow.Config{Lease: 5 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+		Hooks: workflow.Hooks{
+			PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
+				if ev.Kind == phases.KindTx {
+					inTx.Add(1)
+				}
+				return ctx
+			},
+			PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
+				if ev.Kind == phases.KindTx {
+					inTx.Add(-1)
+				}
+			},
+		}}
+	proxy := env.proxy() // to slow the database down, so that two connections are not enough
+	pool := env.pool(poolOpts{maxConns: 2, via: proxy})
+	en := env.engine(pool, cfg)
+	monitor := env.db.NewPool(t)
+
+	var samples, idleDuringCall, violations atomic.Int64
+	var mu sync.Mutex
+	var firstViolation string
+	sample := func() {
+		before := inTx.Load()
+		var idle int64
+		err := monitor.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, env.appName).Scan(&idle)
+		after := inTx.Load()
+		if err != nil {
+			return
+		}
+		samples.Add(1)
+		idleDuringCall.Add(idle)
+		if idle > max(before, after) {
+			violations.Add(1)
+			mu.Lock()
+			if firstViolation == "" {
+				firstViolation = fmt.Sprintf("%d sessions idle in transaction while %d..%d tx phases ran", idle, before, after)
+			}
+			mu.Unlock()
+		}
+	}
+
+	// First, one request at a time: during each call no session may be in a transaction.
+	for i := range 5 {
+		env.provider.SetDuring(sample)
+		req := request("acct", fmt.Sprintf("seq-%d", i), []string{"create_charge", twoCallFlow}[i%2], int64(10+i))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		a, err := env.retryUntilFinal(ctx, en, req, 10*time.Second)
+		cancel()
+		require.NoError(t, err)
+		require.False(t, a.Retryable)
+	}
+	require.Zero(t, idleDuringCall.Load(), "a session was idle in transaction during a call with nothing else running")
+
+	// Then many at once, with a slow provider and a slow database, through two
+	// connections.
+	env.provider.SetLatency(100 * time.Millisecond)
+	proxy.SetLatency(2 * time.Millisecond)
+	n := tier(24, 200)
+	const deadline = 2 * time.Second
+	// Both connections are taken for longer than a client's deadline while the burst
+	// starts, so that the pool is surely exhausted whatever the machine's speed.
+	held := make([]interface{ Release() }, 0, 2)
+	for range 2 {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	release := func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}
+	releaseHeld := time.AfterFunc(deadline+500*time.Millisecond, release)
+	defer func() {
+		if releaseHeld.Stop() { // the test failed first: give them back, or the pool cannot close
+			release()
+		}
+	}()
+	var wg sync.WaitGroup
+	var retryable, final atomic.Int64
+	var longest atomic.Int64
+	keys := make([][2]string, n)
+	for i := range n {
+		keys[i] = [2]string{"acct", fmt.Sprintf("burst-%d", i)}
+		wg.Go(func() {
+			req := request("acct", keys[i][1], []string{"create_charge", twoCallFlow}[i%2], int64(100+i))
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			backoff := 50 * time.Millisecond
+			// A few attempts during the burst; what is left is retried afterwards by a
+			// few patient clients (sustained overload with short deadlines wastes the
+			// pool on attempts that time out: see docs/RELIABILITY.md).
+			for try := 0; try < 3 && ctx.Err() == nil; try++ {
+				actx, acancel := context.WithTimeout(ctx, deadline)
+				start := time.Now()
+				res, err := en.Do(actx, req)
+				took := time.Since(start)
+				acancel()
+				for {
+					cur := longest.Load()
+					if int64(took) <= cur || longest.CompareAndSwap(cur, int64(took)) {
+						break
+					}
+				}
+				a := fromDo(res, err, "engine")
+				env.answers.record("acct", req.Key, a)
+				if !a.Retryable {
+					final.Add(1)
+					return
+				}
+				retryable.Add(1)
+				backoff = min(backoff*2, time.Second) // the client backs off, with jitter
+				t := time.NewTimer(backoff/2 + rand.N(backoff/2))
+				<-t.C
+			}
+		})
+	}
+	wg.Wait()
+	burstFinal := final.Load()
+	env.provider.SetDuring(nil)
+	env.provider.SetLatency(0)
+	proxy.SetLatency(0)
+	left := make(chan workflow.Request, n)
+	for i, k := range keys {
+		if s := env.state(t, k[0], k[1]); s.Status != "finished" {
+			left <- request("acct", k[1], []string{"create_charge", twoCallFlow}[i%2], int64(100+i))
+		}
+	}
+	close(left)
+	for range 4 {
+		wg.Go(func() {
+			for req := range left {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				a, err := env.retryUntilFinal(ctx, en, req, 10*time.Second)
+				cancel()
+				if err == nil && !a.Retryable {
+					final.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r := env.check(t, checkOpts{keys: keys})
+	require.EqualValues(t, n, final.Load(), "every request got a final answer")
+	require.Positive(t, retryable.Load(), "the pool was exhausted: some attempts were turned away")
+	require.LessOrEqual(t, time.Duration(longest.Load()), attemptBound(deadline), "an attempt hung on the pool")
+	require.Positive(t, samples.Load(), "pg_stat_activity was sampled during calls")
+	require.Zero(t, violations.Load(), firstViolation)
+	require.Positive(t, proxy.Delayed())
+	t.Logf("pool exhaustion: max_conns=2 requests=%d final_in_burst=%d retryable_answers=%d longest_attempt=%s (deadline %s) samples_during_calls=%d idle_in_tx_beyond_open_tx_phases=%d keys=%d duplicates=%d unfinished=%d",
+		n, burstFinal, retryable.Load(), time.Duration(longest.Load()).Round(time.Millisecond), deadline, samples.Load(), violations.Load(),
+		r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+}

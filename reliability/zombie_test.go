@@ -1,0 +1,229 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// zombieCase pauses a server (mode do) or a sweeper (mode sweep) process with SIGSTOP
+// at a point, lets its lease run out (by the database clock), has another executor
+// take the key over, then lets the paused process go on.
+type zombieCase struct {
+	flow, mode, point string
+	// cutIdle sets idle_in_transaction_session_timeout on the zombie's connections, so
+	// that the server ends a transaction the zombie left open and the new owner
+	// finishes while the zombie is still paused. Without it, a zombie paused inside a
+	// transaction holds its row locks: the new owner takes the key over, waits on them,
+	// and finishes only after the zombie resumes and its commit is fenced off.
+	cutIdle bool
+}
+
+var zombieCases = []zombieCase{
+	{chargeflow.FlowName, "do", "provider_charge/before-call", false},
+	{chargeflow.FlowName, "do", "create_charge/before-commit", true}, // the claim is not committed yet
+	{chargeflow.FlowName, "do", "finalize/before-commit", true},
+	{chargeflow.FlowName, "do", "finalize/before-commit", false},
+	{twoCallFlow, "do", "capture/after-call", false},
+	{twoCallFlow, "do", "settle/before-commit", false},
+	{chargeflow.FlowName, "sweep", "provider_charge/after-call", false},
+	{chargeflow.FlowName, "sweep", "finalize/before-commit", false},
+	{twoCallFlow, "sweep", "capture/before-call", false},
+	{twoCallFlow, "sweep", "reserve/before-commit", true},
+}
+
+// TestZombies: a paused process whose lease was taken over changes nothing when it
+// resumes: its commits are fenced off by the lock version. Backs invariant 2 (one
+// executor) and 1 (one effect).
+func TestZombies(t *testing.T) {
+	t.Parallel()
+	for _, flow := range []string{chargeflow.FlowName, twoCallFlow} {
+		t.Run(flow, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			env := newEnv(t, pgtest.New(t))
+			var mu sync.Mutex
+			takenOver := map[string]chan struct{}{}
+			signal := func(key string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if ch := takenOver[key]; ch != nil {
+					close(ch)
+					delete(takenOver, key)
+				}
+			}
+			en := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
+				Key: func(ctx context.Context, ev workflow.KeyEvent) {
+					if ev.Kind == workflow.KeyTakenOver || ev.Kind == workflow.KeySwept {
+						signal(ev.Key)
+					}
+				},
+			}})
+			sw := env.sweeper(en, nil)
+			var keys [][2]string
+			fired, fenced := 0, 0
+			amount := int64(200)
+			for _, zc := range zombieCases {
+				if zc.flow != flow {
+					continue
+				}
+				for trial := range tier(1, 3) {
+					amount++
+					if amount%7 == 0 {
+						amount++ // keep to paid charges: the zombie must reach every point
+					}
+					key := fmt.Sprintf("zombie|%s|%s|%v|%d", zc.mode, zc.point, zc.cutIdle, trial)
+					req := request("acct", key, flow, amount)
+					keys = append(keys, [2]string{"acct", key})
+					cfg := childConfig{Mode: "do", Point: zc.point, Action: "stop", Requests: []workflow.Request{req}}
+					if zc.mode == "sweep" {
+						env.provider.FailNext(1) // released at its first durable recovery point
+						_, err := env.do(ctx, en, req)
+						require.ErrorIs(t, err, workflow.ErrTransient, key)
+						env.expireLease(t, "acct", key)
+						cfg = childConfig{Mode: "sweep", Point: zc.point, Action: "stop"}
+					}
+					if zc.cutIdle {
+						cfg.Params = map[string]string{"idle_in_transaction_session_timeout": "300ms"}
+					}
+					zombie := env.startChild(t, cfg)
+					zombie.paused(t)
+					fired++
+					zst := env.state(t, "acct", key)
+					madeBefore := env.provider.Made()
+
+					// The zombie's lease runs out by the database clock; another executor
+					// takes the key over.
+					ch := make(chan struct{})
+					mu.Lock()
+					takenOver[key] = ch
+					mu.Unlock()
+					env.expireLease(t, "acct", key)
+					type result struct {
+						a   answer
+						err error
+					}
+					done := make(chan result, 1)
+					go func() {
+						rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+						defer cancel()
+						if zc.mode == "sweep" && zst.Exists {
+							for rctx.Err() == nil {
+								st, err := sw.RunOnce(rctx)
+								if err != nil || st.Finished > 0 {
+									done <- result{err: err}
+									return
+								}
+								env.expireLease(t, "acct", key)
+							}
+							done <- result{err: rctx.Err()}
+							return
+						}
+						a, err := env.retryUntilFinal(rctx, en, req, 10*time.Second)
+						done <- result{a, err}
+					}()
+					var res result
+					zombieWaits := !zc.cutIdle && (zc.point == "finalize/before-commit" || zc.point == "settle/before-commit" || zc.point == "reserve/before-commit")
+					if zombieWaits {
+						// The new owner took the key over and waits on the zombie's locks:
+						// let the zombie go on now. Its commit must be fenced off.
+						select {
+						case <-ch:
+						case res = <-done:
+							t.Fatalf("%s: finished while the zombie held its locks: %+v\n%s", key, res, auditTrail(t, env, key))
+						}
+						lines := zombie.resume(t)
+						env.recordChildAnswers("acct", lines)
+						res = <-done
+						require.NoError(t, res.err, key)
+						requireZombieLost(t, key, lines)
+						fenced++
+					} else {
+						res = <-done
+						if res.err != nil {
+							stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.cmd.Process.Pid))
+							t.Fatalf("%s: %v\nzombie: %s\n%s\n%s", key, res.err, stat, auditTrail(t, env, key), sessions(t, env))
+						}
+						if zc.mode == "do" || !zst.Exists {
+							require.Contains(t, []int{201, 402}, res.a.Status, "%s: %+v\n%s", key, res.a, auditTrail(t, env, key))
+						}
+						before := env.rowSnapshot(t, "acct", key)
+						audit := auditCount(t, env)
+						made := env.provider.Made()
+						lines := zombie.resume(t)
+						env.recordChildAnswers("acct", lines)
+						requireZombieLost(t, key, lines)
+						require.Equal(t, before, env.rowSnapshot(t, "acct", key), "%s: the zombie changed the key row", key)
+						require.Equal(t, audit, auditCount(t, env), "%s: the zombie wrote to the key table", key)
+						require.Equal(t, made, env.provider.Made(), "%s: the zombie made a payment", key)
+						fenced++
+					}
+					require.LessOrEqual(t, env.provider.Made()-madeBefore, len(flowCalls[flow]), key)
+					replay, err := env.do(ctx, en, req)
+					require.NoError(t, err, key)
+					require.True(t, replay.Replayed, key)
+				}
+			}
+			r := env.check(t, checkOpts{keys: keys})
+			require.Equal(t, len(keys), fired)
+			t.Logf("zombies %s: trials=%d paused=%d fenced_off=%d keys=%d duplicates=%d unfinished=%d",
+				flow, len(keys), fired, fenced, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+		})
+	}
+}
+
+// requireZombieLost checks what a resumed zombie reported: a retryable answer (the
+// lease was lost, or its connection was cut), or a sweep that finished nothing.
+func requireZombieLost(t *testing.T, key string, lines []childLine) {
+	t.Helper()
+	for _, l := range lines {
+		switch l.Event {
+		case "answer":
+			require.True(t, l.Answer.Retryable || l.Answer.Replayed, "%s: the zombie got %+v", key, l.Answer)
+		case "stats":
+			require.Zero(t, l.Stats.Finished, "%s: the zombie sweeper finished a key: %+v", key, l.Stats)
+			require.Positive(t, l.Stats.LeaseLost+l.Stats.Released, "%s: %+v", key, l.Stats)
+		}
+	}
+}
+
+func auditCount(t *testing.T, env *env) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, env.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM rel_audit`).Scan(&n))
+	return n
+}
+
+// auditTrail is a key's audit rows, for failure messages.
+func auditTrail(t *testing.T, env *env, key string) string {
+	t.Helper()
+	rows, err := env.db.Pool.Query(context.Background(), `SELECT format('%s %s lv %s->%s rp %s->%s %s->%s at %s', seq, op,
+		old_lv, new_lv, old_rp, new_rp, old_status, new_status, at) FROM rel_audit WHERE idem_key = $1 ORDER BY seq`, key)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(lines, "\n")
+}
+
+// sessions lists the experiment's database sessions, for failure messages.
+func sessions(t *testing.T, env *env) string {
+	t.Helper()
+	rows, err := env.db.Pool.Query(context.Background(), `SELECT format('pid %s %s state=%s wait=%s/%s xact_age=%s blocked_by=%s query=%s',
+		pid, application_name, state, wait_event_type, wait_event, clock_timestamp() - xact_start, pg_blocking_pids(pid), left(query, 100))
+		FROM pg_stat_activity WHERE application_name LIKE $1 || '%' ORDER BY pid`, env.appName)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(lines, "\n")
+}
