@@ -121,11 +121,11 @@ func (p *Proxy) HalfOpen() int {
 	n := 0
 	for _, l := range links {
 		if l.halfOpen.CompareAndSwap(false, true) {
+			p.f.halfOpened.Add(1)
 			_ = l.server.Close()
 			n++
 		}
 	}
-	p.f.halfOpened.Add(int64(n))
 	return n
 }
 
@@ -144,8 +144,8 @@ func (p *Proxy) refuse(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0) // close with RST, like a refused connection
 	}
-	_ = c.Close()
 	p.f.refused.Add(1)
+	_ = c.Close()
 }
 
 var errProxyClosed = errors.New("faultproxy: closed")
@@ -186,9 +186,9 @@ func (p *Proxy) beforeServerMessage(l *link, typ byte) error {
 		return nil
 	}
 	if p.takeReset() {
+		p.f.reset.Add(1) // counted first: the client may look as soon as it sees the reset
 		resetConn(l.client)
 		resetConn(l.server)
-		p.f.reset.Add(1)
 		return errors.New("faultproxy: reset in the middle of a query")
 	}
 	return nil
