@@ -13,9 +13,10 @@ func TestMain(m *testing.M) {
 	if runChild() { // this process is a child of a multi-process test, not a test run
 		return
 	}
+	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
 	code := pgtest.Main(m)
 	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+		if err := goleak.Find(before); err != nil {
 			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
 			code = 1
 		}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,7 +97,12 @@ func runChild() bool {
 		hooks.PhaseStart = func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
 			if ev.Phase == testflow.Settle {
 				fmt.Println("paused")
-				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // returns after SIGCONT
+				// A signal aimed at this thread stops it before its next step; a
+				// process-directed one may be taken by another thread while this one
+				// runs on through a commit. Returns after SIGCONT.
+				runtime.LockOSThread()
+				_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+				runtime.UnlockOSThread()
 			}
 			return ctx
 		}
