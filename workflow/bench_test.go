@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -25,21 +24,6 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 2000x -cpuprofile cpu.out ./workflow/
 //	go tool pprof -top cpu.out
-
-// benchRoundTrips counts what a pool sends: each query and each batch is one round trip.
-type benchRoundTrips struct{ n atomic.Int64 }
-
-func (r *benchRoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *benchRoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *benchRoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *benchRoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *benchRoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // benchKeys makes keys that are fresh across every benchmark of the process.
 var benchKeys atomic.Int64
@@ -67,7 +51,7 @@ func benchFlows() []phases.Flow {
 
 type benchEnv struct {
 	db     *pgtest.DB
-	rt     *benchRoundTrips
+	rt     *roundTrips
 	pool   *pgxpool.Pool
 	engine *workflow.Engine
 }
@@ -80,7 +64,7 @@ func newBenchEnv(b *testing.B, flows ...phases.Flow) *benchEnv {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(b, err)
 	cfg.MaxConns = 1
-	rt := &benchRoundTrips{}
+	rt := &roundTrips{}
 	cfg.ConnConfig.Tracer = rt
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(b, err)

@@ -46,7 +46,7 @@ func FuzzStoredHeaders(f *testing.F) {
 				v = vs[i]
 			}
 			if !utf8.ValidString(v) {
-				t.Skip("header values are stored as JSON strings, which hold UTF-8")
+				return // header values are stored as JSON strings, which hold UTF-8
 			}
 			if _, seen := h[n]; !seen {
 				byCanonical[http.CanonicalHeaderKey(n)] = append(byCanonical[http.CanonicalHeaderKey(n)], n)

@@ -107,6 +107,8 @@ func TestHalfOpen(t *testing.T) {
 	require.Error(t, c.Ping(ctx), "no answer comes on a half-open connection; only the deadline ends the wait")
 	// The server's side was closed: its backend goes away.
 	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond) // polling the server's view; no hook exists
+	defer tick.Stop()
 	for {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(context.Background(),
@@ -115,7 +117,7 @@ func TestHalfOpen(t *testing.T) {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "the backend behind a half-open connection lingers")
-		time.Sleep(20 * time.Millisecond) // polling the server's view; no hook exists
+		<-tick.C
 	}
 }
 
