@@ -11,6 +11,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 func TestMain(m *testing.M) {
@@ -223,7 +225,10 @@ func TestMigrate(t *testing.T) {
 }
 
 // TestConstraints checks that the database itself rejects rows that break the key
-// table's invariants, whatever code writes them.
+// table's state invariants, whatever code writes them. Lengths and formats are the
+// engine's to check before any SQL (since 002, whose reason is the cost of CHECKs on
+// every write): a key the engine refuses is stored if some other code writes it, and
+// workflow.ValidateKey refuses every such key.
 func TestConstraints(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -255,19 +260,19 @@ func TestConstraints(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		row        row
-		constraint string // "" when the row is valid
+		constraint string // "" when the row is valid; "engine" when only the engine refuses it
 	}{
 		{"ValidUnfinished", row{key: "order-1"}, ""},
 		{"ValidFinished", row{key: "order-1", responseStatus: 201}, ""},
 		{"ValidKey255", row{key: strings.Repeat("k", 255)}, ""},
 		{"ValidPrintable", row{key: " !~azAZ09-_:/"}, ""},
 		{"ValidFinished4xx", row{key: "order-1", responseStatus: 499}, ""},
-		{"KeyTooLong", row{key: strings.Repeat("k", 256)}, "idemflow_keys_key_format"},
-		{"KeyEmpty", row{key: ""}, "idemflow_keys_key_format"},
-		{"KeyControlChar", row{key: "order\x01"}, "idemflow_keys_key_format"},
-		{"KeyNewline", row{key: "order\n1"}, "idemflow_keys_key_format"},
-		{"KeyDelete", row{key: "order\x7f"}, "idemflow_keys_key_format"},
-		{"KeyNonASCII", row{key: "ordér"}, "idemflow_keys_key_format"},
+		{"KeyTooLong", row{key: strings.Repeat("k", 256)}, "engine"},
+		{"KeyEmpty", row{key: ""}, "engine"},
+		{"KeyControlChar", row{key: "order\x01"}, "engine"},
+		{"KeyNewline", row{key: "order\n1"}, "engine"},
+		{"KeyDelete", row{key: "order\x7f"}, "engine"},
+		{"KeyNonASCII", row{key: "ordér"}, "engine"},
 		{"StatusBogus", row{key: "order-1", status: "bogus"}, "idemflow_keys_status"},
 		{"ResponseStatus5xx", row{key: "order-1", responseStatus: 503}, "idemflow_keys_response_status"},
 		{"FinishedWithoutResponse", row{key: "order-1", status: "finished"}, "idemflow_keys_finished"},
@@ -275,8 +280,14 @@ func TestConstraints(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			err := insert(t.Context(), tc.name, tc.row) // scope = case name: no key collisions
-			if tc.constraint == "" {
+			switch tc.constraint {
+			case "":
 				require.NoError(t, err)
+				require.NoError(t, workflow.ValidateKey(tc.row.key))
+				return
+			case "engine":
+				require.NoError(t, err, "since 002 the table leaves key formats to the engine")
+				require.ErrorIs(t, workflow.ValidateKey(tc.row.key), workflow.ErrInvalidKey)
 				return
 			}
 			var pgErr *pgconn.PgError
@@ -285,6 +296,28 @@ func TestConstraints(t *testing.T) {
 			require.Equal(t, tc.constraint, pgErr.ConstraintName)
 		})
 	}
+}
+
+// TestLeanChecks checks that 002 keeps exactly the state checks, and that going back
+// to 001 puts the length and format checks back.
+func TestLeanChecks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.New(t)
+	checks := func() []string {
+		rows, err := db.Pool.Query(ctx, `SELECT conname FROM pg_constraint
+			WHERE conrelid = 'idemflow_keys'::regclass AND contype = 'c' ORDER BY conname`)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
+	}
+	require.Equal(t, []string{"idemflow_keys_finished", "idemflow_keys_response_status", "idemflow_keys_status"}, checks())
+
+	require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 1))
+	require.Len(t, checks(), 16, "001's checks are back")
+	require.NoError(t, migrations.Migrate(ctx, db.Pool))
+	require.Len(t, checks(), 3)
 }
 
 func tableExists(t *testing.T, pool *pgxpool.Pool, name string) bool {

@@ -272,7 +272,12 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		flow := flowOf[[2]string{scope, key}]
 		switch op {
 		case "I":
-			if newLV != 1 || newRP != phases.Started || newSt != "in_progress" {
+			// A key row is inserted by the commit of its first transaction: at
+			// started (a flow that calls first, or a phase at REPEATABLE READ or
+			// above, whose claim inserts it), at the first phase, or finished by it.
+			first := newRP == phases.Started || newRP == phases.Finished ||
+				(len(flowPhases[flow]) > 0 && newRP == flowPhases[flow][0])
+			if newLV != 1 || !first || (newRP == phases.Finished) != (newSt == "finished") || (newSt != "in_progress" && newSt != "finished") {
 				bad("inserted at lock version %d, %s, %s", newLV, newRP, newSt)
 			}
 		case "D":

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -38,16 +39,21 @@ func benchConn(b *testing.B) *pgxpool.Conn {
 	return conn
 }
 
-// sendTx sends BEGIN, what queue adds and COMMIT as one batch, and reads it with read.
-func sendTx(ctx context.Context, conn *pgxpool.Conn, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+// sendTx sends BEGIN (unless the transaction is open already), what queue adds and
+// COMMIT as one batch, and reads it with read.
+func sendTx(ctx context.Context, conn *pgxpool.Conn, queue func(*pgx.Batch), read func(pgx.BatchResults) error, begin bool) error {
 	bt := &pgx.Batch{}
-	bt.Queue("BEGIN")
+	if begin {
+		bt.Queue("BEGIN")
+	}
 	queue(bt)
 	bt.Queue("COMMIT")
 	br := conn.SendBatch(ctx, bt)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return err
+	if begin {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
 	if err := read(br); err != nil {
 		return err
@@ -62,7 +68,9 @@ func sendTx(ctx context.Context, conn *pgxpool.Conn, queue func(*pgx.Batch), rea
 	return br.Close()
 }
 
-// BenchmarkClaim is BEGIN, the claim of a fresh key and COMMIT in one round trip.
+// BenchmarkClaim is a new key's claim and its insert at COMMIT, as the engine sends
+// them for a first tx phase at READ COMMITTED, less the phase's own statements: BEGIN,
+// the claim lock and the look-up in one round trip, then the insert and COMMIT.
 func BenchmarkClaim(b *testing.B) {
 	ctx := context.Background()
 	conn := benchConn(b)
@@ -70,21 +78,38 @@ func BenchmarkClaim(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c := benchClaim()
-		err := sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueClaim(bt, c) }, func(br pgx.BatchResults) error {
-			row, err := st.ReadClaim(br)
-			if err == nil && !row.Inserted {
-				err = fmt.Errorf("key %s was not inserted", c.Key)
+		bt := &pgx.Batch{}
+		bt.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+		st.QueueClaimLock(bt, c)
+		st.QueueLookup(bt, c.Scope, c.Key)
+		br := conn.SendBatch(ctx, bt)
+		_, err := br.Exec()
+		if err == nil {
+			var locked bool
+			if locked, err = st.ReadClaimLock(br); err == nil && !locked {
+				err = fmt.Errorf("key %s: claim lock busy", c.Key)
 			}
-			return err
-		})
+		}
+		if err == nil {
+			if _, err = st.ReadLookup(br); errors.Is(err, store.ErrNotFound) {
+				err = nil
+			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueInsertKey(bt, c, "create_charge", []byte(`{"charge_id":"ch_1"}`)) }, st.ReadInsert, false)
+		}
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// BenchmarkClaimFinish is a one-phase key: BEGIN, the claim, the fenced finish and
-// COMMIT in one round trip.
+// BenchmarkClaimFinish is a key claimed and finished by the engine alone (a call phase
+// that answers): BEGIN, the claim with the insert of a finished row, and COMMIT in one
+// round trip.
 func BenchmarkClaimFinish(b *testing.B) {
 	ctx := context.Background()
 	conn := benchConn(b)
@@ -94,20 +119,17 @@ func BenchmarkClaimFinish(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c := benchClaim()
-		f := store.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1}
-		err := sendTx(ctx, conn, func(bt *pgx.Batch) {
-			st.QueueClaim(bt, c)
-			st.QueueFinish(bt, f, []byte(`{}`), resp)
-		}, func(br pgx.BatchResults) error {
-			if _, err := st.ReadClaim(br); err != nil {
-				return err
-			}
-			return st.ReadFenced(br)
-		})
+		err := sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueClaimInsertFinished(bt, c, resp) }, st.ReadClaimInsert, true)
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// claimFor commits a claim of c on its own.
+func claimFor(b *testing.B, conn *pgxpool.Conn, c store.Claim) {
+	st := store.New()
+	require.NoError(b, sendTx(context.Background(), conn, func(bt *pgx.Batch) { st.QueueClaimInsert(bt, c, "started", []byte(`{}`)) }, st.ReadClaimInsert, true))
 }
 
 // BenchmarkAdvance is BEGIN, the fenced advance of one key and COMMIT in one round trip.
@@ -116,16 +138,13 @@ func BenchmarkAdvance(b *testing.B) {
 	conn := benchConn(b)
 	st := store.New()
 	c := benchClaim()
-	require.NoError(b, sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueClaim(bt, c) }, func(br pgx.BatchResults) error {
-		_, err := st.ReadClaim(br)
-		return err
-	}))
+	claimFor(b, conn, c)
 	f := store.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1}
 	b.ReportAllocs()
 	for b.Loop() {
 		err := sendTx(ctx, conn, func(bt *pgx.Batch) {
 			st.QueueAdvance(bt, f, "create_charge", []byte(`{"charge_id":"ch_1"}`), time.Minute)
-		}, st.ReadFenced)
+		}, st.ReadFenced, true)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -138,10 +157,7 @@ func BenchmarkLookup(b *testing.B) {
 	conn := benchConn(b)
 	st := store.New()
 	c := benchClaim()
-	require.NoError(b, sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueClaim(bt, c) }, func(br pgx.BatchResults) error {
-		_, err := st.ReadClaim(br)
-		return err
-	}))
+	claimFor(b, conn, c)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := st.Lookup(ctx, conn, c.Scope, c.Key); err != nil {

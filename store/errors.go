@@ -21,9 +21,12 @@ var (
 	// ErrNotTaken: a takeover found the key's lease live, or the key no longer in the
 	// state the caller saw.
 	ErrNotTaken = errors.New("key not taken over")
-	// ErrClaimRaced: a claim lost a race with a concurrent claim whose row is not yet
-	// visible to this statement. Retrying the claim sees it.
-	ErrClaimRaced = errors.New("claim raced with a concurrent claim")
+	// ErrClaimBusy: another attempt holds the key's claim lock: it is running the key's
+	// first transaction right now. Nothing was written.
+	ErrClaimBusy = errors.New("key is being claimed by another attempt")
+	// ErrClaimExists: a new key's insert found its row already there; the transaction
+	// is aborted. Look the row up.
+	ErrClaimExists = errors.New("key row exists")
 	// ErrConflict: a serialization failure or deadlock; the whole transaction may be
 	// retried.
 	ErrConflict = errors.New("transaction conflict")
@@ -38,8 +41,24 @@ var (
 	ErrInvalid = errors.New("value refused by the database")
 )
 
-// fenceCode is the SQLSTATE raised by idemflow_fence.
-const fenceCode = "IF001"
+// SQLSTATEs the engine's own statements are read for. A fenced statement aborts its
+// transaction by dividing by zero; 22012 means that only when it comes from one, so it
+// is never translated by Classify.
+const (
+	fenceCode           = "IF001" // raised by idemflow_fence (migration 001), which engines of earlier releases call
+	codeDivisionByZero  = "22012"
+	codeUniqueViolation = "23505"
+)
+
+// fenceErr translates the error of a fenced statement: a division by zero is the fence
+// missing.
+func fenceErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDivisionByZero {
+		return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	}
+	return Classify(err)
+}
 
 // Classify translates an error from pgx into this package's errors, wrapping the
 // original. Errors that are already ours, context errors and unknown errors come back
@@ -48,7 +67,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimRaced, ErrConflict, ErrUnavailable, ErrInvalid} {
+	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrInvalid} {
 		if errors.Is(err, ours) {
 			return err
 		}

@@ -16,31 +16,74 @@ const rowColumns = `
 	response_status::int AS response_status, response_headers, response_body`
 
 // sqlLookup reads one key row: the replay path's only statement.
-const sqlLookup = `SELECT ` + rowColumns + `, false AS inserted
+const sqlLookup = `SELECT ` + rowColumns + `
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
-// sqlClaim inserts a key row or returns the existing one, in one statement. When a
-// concurrent claim of the same key commits while this one waits on it, the existing row
-// is not visible to this statement's snapshot and no row comes back (ErrClaimRaced).
-const sqlClaim = `WITH ins AS (
-	INSERT INTO idemflow_keys AS k
-		(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, locked_until)
-	VALUES ($1, $2, $3::uuid, $4, $5, $6, $7, $8, clock_timestamp() + $9::bigint * interval '1 millisecond')
-	ON CONFLICT (scope, idempotency_key) DO NOTHING
-	RETURNING ` + rowColumns + `, true AS inserted
-)
-SELECT * FROM ins
-UNION ALL
-SELECT ` + rowColumns + `, false AS inserted
-FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+// The claim. A new key's row is written only when its first transaction commits, so
+// that a first phase costs one write of the key row, not an insert and an update. Until
+// then the key is held by a transaction-scoped advisory lock on a 64-bit hash of (scope,
+// key), taken without waiting: a concurrent attempt is told the key is busy at once,
+// never queued behind the first. The claim runs before any of the phase's code (see
+// workflow's phaseTx.claim), and the lock is read in a statement of its own: a READ
+// COMMITTED statement reads a snapshot taken when it starts, so a claim that committed
+// (letting go of its lock) after the lock statement started is visible only to the next
+// statement, the look-up.
+
+// claimLockID is the advisory-lock id of the key whose hash is $n: the hash mixed with
+// the key table's oid, so that key tables in two schemas of one database (or two test
+// schemas) never share a lock.
+func claimLockID(n string) string {
+	return `($` + n + `::bigint # 'idemflow_keys'::regclass::oid::bigint)`
+}
+
+// sqlClaimLock takes the key's claim lock if it is free: true when taken (or already
+// held by this transaction).
+var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `)`
+
+// insertColumns are the columns every insert of a key row sets.
+const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data`
+
+// keyValues are the values of a new, unfinished key row: recovery point $9, phase data
+// $10, a lease of $11 ms.
+const keyValues = `$1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10,
+	clock_timestamp() + $11::bigint * interval '1 millisecond'`
+
+// finishedValues are the values of a new key row that is already finished with its
+// response ($8-$10). Like a finished row, it keeps no request body or phase data.
+const finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
+	'finished', $8, $9, $10, clock_timestamp()`
+
+const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at`
+
+// sqlInsertKey writes a new key row in the transaction that holds its claim lock and
+// found no row. Nothing that takes the lock can have written the row since; anything
+// else that did makes the primary key abort the transaction (23505).
+const sqlInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until) VALUES (` + keyValues + `)`
+
+// sqlInsertFinished is sqlInsertKey for a first transaction that answers.
+const sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VALUES (` + finishedValues + `)`
+
+// sqlClaimInsertKey claims a new key and writes its row in one statement: nothing is
+// inserted when the claim lock ($12) is held by another transaction, and a row that
+// exists aborts the transaction on the primary key (23505), whatever the snapshot.
+var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until)
+SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("12") + `)`
+
+// sqlClaimInsertFinished is sqlClaimInsertKey for a key that finishes in the same
+// transaction (lock id $11).
+var sqlClaimInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `)
+SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("11") + `)`
 
 // fence matches the row one executor owns.
 const fence = `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'`
 
-// sqlAdvance moves the recovery point and extends the lease; raises (IF001) unless it
-// updated exactly one row.
+// A fenced update that rides with COMMIT aborts the transaction unless it updated
+// exactly one row: 1/count(*) divides by zero (22012) when the fence missed, and the
+// COMMIT after it is then skipped.
+
+// sqlAdvance moves the recovery point and extends the lease; aborts unless it updated
+// exactly one row.
 const sqlAdvance = `WITH u AS (
 	UPDATE idemflow_keys
 	SET recovery_point = $5, phase_data = $6,
@@ -49,19 +92,21 @@ const sqlAdvance = `WITH u AS (
 	WHERE ` + fence + `
 	RETURNING 1
 )
-SELECT idemflow_fence(count(*)) FROM u`
+SELECT 1/count(*)::int FROM u`
 
-// sqlFinish stores the response; raises (IF001) unless it updated exactly one row.
+// sqlFinish stores the response; aborts unless it updated exactly one row. A finished
+// row keeps only what a replay and a mismatch check need: the request body and the
+// phase data are emptied.
 const sqlFinish = `WITH u AS (
 	UPDATE idemflow_keys
-	SET status = 'finished', recovery_point = 'finished', phase_data = $5,
-		response_status = $6, response_headers = $7, response_body = $8,
+	SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
+		response_status = $5, response_headers = $6, response_body = $7,
 		locked_until = NULL, last_error = NULL,
 		finished_at = clock_timestamp(), updated_at = clock_timestamp()
 	WHERE ` + fence + `
 	RETURNING 1
 )
-SELECT idemflow_fence(count(*)) FROM u`
+SELECT 1/count(*)::int FROM u`
 
 // sqlRelease gives up the lease after a transient failure.
 const sqlRelease = `UPDATE idemflow_keys
@@ -77,7 +122,7 @@ SET lock_version = lock_version + 1, attempts = attempts + 1,
 	updated_at = clock_timestamp()
 WHERE ` + fence + `
 	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-RETURNING ` + rowColumns + `, false AS inserted`
+RETURNING ` + rowColumns + ``
 
 // The sweeper's and retention's statements. They select across scopes (that is their
 // job), from a candidate list locked with FOR UPDATE SKIP LOCKED in the same statement,
@@ -112,7 +157,7 @@ WHERE ctid = ANY(ARRAY(
 	AND status = 'in_progress'
 	AND next_attempt_at <= clock_timestamp()
 	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-RETURNING ` + rowColumns + `, false AS inserted`
+RETURNING ` + rowColumns + ``
 
 // sqlGiveBack returns a key taken over but never run: the lease is cleared and the
 // attempt the takeover counted is uncounted, once (a released key is not matched). next_attempt_at is unchanged, so the key
@@ -144,7 +189,7 @@ const sqlRedrive = `UPDATE idemflow_keys
 SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1,
 	locked_until = NULL, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
-RETURNING ` + rowColumns + `, false AS inserted`
+RETURNING ` + rowColumns + ``
 
 // sqlExpireFinished deletes up to $2 finished keys whose finish is more than $1 ms old,
 // oldest first, skipping rows someone else has locked. Unfinished and dead keys are

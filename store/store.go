@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -47,8 +48,6 @@ type Row struct {
 	ResponseStatus  *int   `db:"response_status"`
 	ResponseHeaders []byte `db:"response_headers"`
 	ResponseBody    []byte `db:"response_body"`
-	// Inserted is true when the claim that returned this row created it.
-	Inserted bool `db:"inserted"`
 }
 
 // LeaseLeft is the remaining lease as a duration.
@@ -98,20 +97,111 @@ func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, e
 	return scanOne(rows, "look up key", ErrNotFound)
 }
 
-// QueueClaim adds the claim statement to b: it inserts the row, or, if (scope, key)
-// exists, returns the existing row with Inserted false. Read its result with ReadClaim.
-func (s *Store) QueueClaim(b *pgx.Batch, c Claim) {
-	b.Queue(sqlClaim, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body, c.Lease.Milliseconds())
+// ClaimLockID is the hash of a key from which its claim lock's id is made: a 64-bit
+// FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
+// (see the claim statements), so two keys share a lock only by a hash collision, which
+// costs one of them a 409, never a wrong answer.
+func ClaimLockID(scope, key string) int64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for _, part := range [...]string{"idemflow\x00", scope, "\x00", key} {
+		for i := 0; i < len(part); i++ {
+			h ^= uint64(part[i])
+			h *= prime
+		}
+	}
+	return int64(h)
 }
 
-// ReadClaim reads the result of a queued claim. It returns ErrClaimRaced when a
-// concurrent claim's row exists but is not visible to this statement.
-func (s *Store) ReadClaim(br pgx.BatchResults) (*Row, error) {
+// QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
+// free. Read its result with ReadClaimLock.
+func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
+	b.Queue(sqlClaimLock, ClaimLockID(c.Scope, c.Key))
+}
+
+// ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
+func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
+	var locked bool
+	if err := br.QueryRow().Scan(&locked); err != nil {
+		return false, fmt.Errorf("claim key: %w", Classify(err))
+	}
+	return locked, nil
+}
+
+// QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
+func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
+	b.Queue(sqlLookup, scope, key)
+}
+
+// ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
+func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim key: %w", Classify(err))
+		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
-	return scanOne(rows, "claim key", ErrClaimRaced)
+	return scanOne(rows, "look up key", ErrNotFound)
+}
+
+// QueueInsertKey adds to b the insert of a new key row, in progress at recoveryPoint
+// with data, leased for c.Lease, for a transaction that holds the key's claim lock and
+// found no row. Read its result with ReadInsert.
+func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
+	b.Queue(sqlInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		recoveryPoint, data, c.Lease.Milliseconds())
+}
+
+// QueueInsertFinished is QueueInsertKey for a key row that is already finished with
+// resp.
+func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	b.Queue(sqlInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		resp.Status, resp.Headers, resp.Body)
+}
+
+// ReadInsert reads the result of QueueInsertKey or QueueInsertFinished: nil, or
+// ErrClaimExists when the row exists (written by something that takes no claim lock;
+// the transaction is aborted), or another translated error.
+func (s *Store) ReadInsert(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return insertErr(err)
+	}
+	return nil
+}
+
+// QueueClaimInsert adds to b the statement that claims a new key and inserts its row,
+// in progress at recoveryPoint with data, for a transaction that claims the key
+// without looking first. Read its result with ReadClaimInsert.
+func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
+	b.Queue(sqlClaimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		recoveryPoint, data, c.Lease.Milliseconds(), ClaimLockID(c.Scope, c.Key))
+}
+
+// QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp.
+func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	b.Queue(sqlClaimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		resp.Status, resp.Headers, resp.Body, ClaimLockID(c.Scope, c.Key))
+}
+
+// ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
+// nil when the row was inserted; ErrClaimBusy when another attempt holds the claim
+// lock (nothing was written and the transaction is still good); ErrClaimExists when
+// the row exists (the transaction is aborted); or another translated error.
+func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
+	tag, err := br.Exec()
+	switch {
+	case err != nil:
+		return insertErr(err)
+	case tag.RowsAffected() == 0:
+		return fmt.Errorf("claim key: %w", ErrClaimBusy)
+	}
+	return nil
+}
+
+func insertErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation {
+		return fmt.Errorf("insert key: %w: %w", ErrClaimExists, err)
+	}
+	return fmt.Errorf("insert key: %w", Classify(err))
 }
 
 // QueueAdvance adds to b the fenced update that moves the recovery point to phase and
@@ -123,24 +213,24 @@ func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, phase string, data []byte, l
 
 // QueueFinish adds to b the fenced update that stores the response and marks the key
 // finished. Like QueueAdvance it raises when the fence does not match.
-func (s *Store) QueueFinish(b *pgx.Batch, f Fence, data []byte, resp StoredResponse) {
-	b.Queue(sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, data, resp.Status, resp.Headers, resp.Body)
+func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
+	b.Queue(sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
 }
 
 // ReadFenced reads the result of a queued advance or finish: nil, ErrLeaseLost, or
 // another translated error.
 func (s *Store) ReadFenced(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("fenced update: %w", Classify(err))
+		return fmt.Errorf("fenced update: %w", fenceErr(err))
 	}
 	return nil
 }
 
 // Finish stores the response and marks the key finished, as one statement outside any
 // phase transaction. It returns ErrLeaseLost if the fence does not match.
-func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, data []byte, resp StoredResponse) error {
-	if _, err := db.Exec(ctx, sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, data, resp.Status, resp.Headers, resp.Body); err != nil {
-		return fmt.Errorf("finish key: %w", Classify(err))
+func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredResponse) error {
+	if _, err := db.Exec(ctx, sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body); err != nil {
+		return fmt.Errorf("finish key: %w", fenceErr(err))
 	}
 	return nil
 }

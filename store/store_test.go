@@ -33,16 +33,32 @@ func claim(scope, key, id string) store.Claim {
 		Fingerprint: fp[:], Body: []byte(`{}`), Lease: time.Minute}
 }
 
-// claimNow commits a claim on its own.
-func claimNow(t *testing.T, db *pgtest.DB, c store.Claim) *store.Row {
+// tryClaim commits a claim on its own: the claim lock and the insert in one statement.
+func tryClaim(t *testing.T, db *pgtest.DB, c store.Claim) error {
 	t.Helper()
 	st := store.New()
 	b := &pgx.Batch{}
-	st.QueueClaim(b, c)
+	b.Queue("BEGIN")
+	st.QueueClaimInsert(b, c, "started", []byte(`{}`))
+	b.Queue("COMMIT")
 	br := db.Pool.SendBatch(context.Background(), b)
-	row, err := st.ReadClaim(br)
+	defer br.Close()
+	_, err := br.Exec()
 	require.NoError(t, err)
-	require.NoError(t, br.Close())
+	if err := st.ReadClaimInsert(br); err != nil {
+		return err
+	}
+	_, err = br.Exec()
+	require.NoError(t, err)
+	return nil
+}
+
+// claimNow commits a claim that must succeed, and returns the row.
+func claimNow(t *testing.T, db *pgtest.DB, c store.Claim) *store.Row {
+	t.Helper()
+	require.NoError(t, tryClaim(t, db, c))
+	row, err := store.New().Lookup(context.Background(), db.Pool, c.Scope, c.Key)
+	require.NoError(t, err)
 	return row
 }
 
@@ -54,17 +70,30 @@ func TestStatements(t *testing.T) {
 	const id1, id2, idOther = "00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002", "00000000-0000-4000-8000-000000000003"
 
 	first := claimNow(t, db, claim("s1", "k", id1))
-	require.True(t, first.Inserted)
+	require.Equal(t, id1, first.ID)
 	require.EqualValues(t, 1, first.LockVersion)
 	require.True(t, first.LeaseLive)
 	require.Greater(t, first.LeaseLeft(), 50*time.Second)
 
-	again := claimNow(t, db, claim("s1", "k", id2))
-	require.False(t, again.Inserted, "the second claim finds the first row")
-	require.Equal(t, id1, again.ID)
+	require.ErrorIs(t, tryClaim(t, db, claim("s1", "k", id2)), store.ErrClaimExists, "the second claim finds the first row")
+	again, err := st.Lookup(ctx, db.Pool, "s1", "k")
+	require.NoError(t, err)
+	require.Equal(t, id1, again.ID, "and changes nothing")
 
 	other := claimNow(t, db, claim("s2", "k", idOther))
-	require.True(t, other.Inserted, "the same key in another scope is another row")
+	require.Equal(t, idOther, other.ID, "the same key in another scope is another row")
+
+	t.Run("ClaimBusyWhileAnotherHoldsTheLock", func(t *testing.T) {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		var locked bool
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::bigint # 'idemflow_keys'::regclass::oid::bigint)`, store.ClaimLockID("s3", "k")).Scan(&locked))
+		require.True(t, locked)
+		require.ErrorIs(t, tryClaim(t, db, claim("s3", "k", id2)), store.ErrClaimBusy)
+		_, err = st.Lookup(ctx, db.Pool, "s3", "k")
+		require.ErrorIs(t, err, store.ErrNotFound, "a busy claim writes nothing")
+	})
 
 	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1}
 
@@ -106,8 +135,8 @@ func TestStatements(t *testing.T) {
 
 		f2 := f
 		f2.LockVersion = 2
-		require.NoError(t, st.Finish(ctx, db.Pool, f2, []byte(`{}`), store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok")}))
-		require.ErrorIs(t, st.Finish(ctx, db.Pool, f2, []byte(`{}`), store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("twice")}), store.ErrLeaseLost)
+		require.NoError(t, st.Finish(ctx, db.Pool, f2, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok")}))
+		require.ErrorIs(t, st.Finish(ctx, db.Pool, f2, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("twice")}), store.ErrLeaseLost)
 		row, err = st.Lookup(ctx, db.Pool, "s1", "k")
 		require.NoError(t, err)
 		require.Equal(t, store.StatusFinished, row.Status)
@@ -126,7 +155,7 @@ func TestStatements(t *testing.T) {
 
 	t.Run("FiveHundredRefusedByTheDatabase", func(t *testing.T) {
 		fo := store.Fence{Scope: "s2", Key: "k", ID: idOther, LockVersion: 1}
-		err := st.Finish(ctx, db.Pool, fo, []byte(`{}`), store.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
+		err := st.Finish(ctx, db.Pool, fo, store.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
 		require.ErrorIs(t, err, store.ErrInvalid)
 	})
 }

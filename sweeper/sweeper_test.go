@@ -195,7 +195,7 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 		fence := store.Fence{Scope: "acct", Key: "racing", ID: keyID(t, b.db, "racing"), LockVersion: seen.LockVersion}
-		require.NoError(t, store.New().Finish(ctx, tx, fence, []byte(`{}`),
+		require.NoError(t, store.New().Finish(ctx, tx, fence,
 			store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)}))
 
 		s := b.newSweeper(t, nil)

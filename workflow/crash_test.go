@@ -23,6 +23,7 @@ import (
 
 // Crash points: where the child process SIGKILLs itself.
 var crashPoints = []string{
+	"reserve/after-claim", // the claim lock is held, nothing of the phase ran
 	"reserve/before-commit",
 	"reserve/after-commit",
 	"pay/before-call",
@@ -88,7 +89,15 @@ func runCrashChild() bool {
 	if err != nil {
 		fail("engine", err)
 	}
-	if err := e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envProvider)})); err != nil {
+	// The first line of a tx phase runs right after the claim for a new key.
+	before := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if tx != nil && point == run.Phase()+"/after-claim" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+		return nil
+	}
+	if err := e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envProvider), Before: before})); err != nil {
 		fail("register", err)
 	}
 	_, err = e.Do(ctx, chargeReq("acct", os.Getenv(envKey), `{"amount":250}`))
@@ -113,8 +122,10 @@ func TestCrashMatrix(t *testing.T) {
 			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed at %s: %s", point, out)
 
 			var res *workflow.Result
-			if point == "reserve/before-commit" {
-				// The claim rides in the first phase's transaction: nothing is left.
+			if point == "reserve/after-claim" || point == "reserve/before-commit" {
+				// The key row is inserted at the first phase's commit: nothing is left,
+				// and the claim lock died with the child's connection, so a retry
+				// claims the key at once.
 				require.Equal(t, "", keyRow(t, b.db, "acct", key))
 				require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", key))
 				res, err = b.engine.Do(ctx, chargeReq("acct", key, `{"amount":250}`))

@@ -405,8 +405,14 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	return x.drive(ctx, next+1)
 }
 
-// fresh runs a new key from its first phase. If the claim finds the key already
-// exists, it returns that row instead, for existing to answer.
+// claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
+// another attempt, whose first transaction is still running.
+const claimRetryAfter = time.Second
+
+// fresh runs a new key from its first phase. The claim checks make sure that an
+// attempt that does not own the key runs nothing of the flow: when another attempt is
+// claiming the key, fresh answers in progress; when the key's row exists, it returns
+// errRaced, and Do looks the row up and answers it.
 func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byte) (*Result, *store.Row, error) {
 	id, err := newUUID()
 	if err != nil {
@@ -429,9 +435,16 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
 	res, err := x.drive(ctx, 0)
-	var ce *claimedError
-	if errors.As(err, &ce) {
-		return nil, ce.row, nil
+	switch {
+	case errors.Is(err, store.ErrClaimBusy):
+		// Another attempt is in the key's first transaction: nothing is durable yet, so
+		// there is nothing to replay or compare; the client retries.
+		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
+		return nil, nil, &InProgressError{RetryAfter: claimRetryAfter}
+	case errors.Is(err, store.ErrClaimExists) && x.found != nil:
+		return nil, x.found, nil // answered as found
+	case errors.Is(err, store.ErrClaimExists):
+		return nil, nil, errRaced // the row exists: look it up and answer it
 	}
 	return res, nil, err
 }

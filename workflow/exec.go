@@ -27,7 +27,9 @@ type exec struct {
 	// ahead of the stored one until the next commit carries it.
 	rp string
 	// claim is the key row still to be inserted: it rides in the first commit.
-	claim    *store.Claim
+	claim *store.Claim
+	// found is the key row a claim found already there.
+	found    *store.Row
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -82,8 +84,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 				continue
 			}
 		}
-		var ce *claimedError
-		if err == nil || errors.As(err, &ce) || errors.Is(err, errRaced) || errors.Is(err, ErrLeaseLost) {
+		if err == nil || claimLost(err) || errors.Is(err, ErrLeaseLost) {
 			x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
 			return out, err
 		}
@@ -112,12 +113,14 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 		return outcome{}, err
 	}
 	defer tx.done(ctx)
+	if x.claim != nil {
+		if err := x.claimKey(ctx, tx); err != nil {
+			tx.done(ctx)
+			return outcome{}, err
+		}
+	}
 	x.run.EnterPhase(p.Name)
 	resp, ferr := runTx(ctx, p, tx, x.run)
-	if tx.err != nil { // the claim did not give us the key: nothing else matters
-		tx.done(ctx)
-		return outcome{}, tx.err
-	}
 	var term *phases.TerminalError
 	switch {
 	case ferr == nil && resp == nil:
@@ -128,9 +131,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		sent := time.Now()
-		err = x.commit(ctx, tx, p.Name, false, func(b *pgx.Batch) {
-			x.e.store.QueueAdvance(b, x.fence, p.Name, data, x.e.cfg.Lease)
-		})
+		err = x.commit(ctx, tx, keyWrite{target: p.Name, data: data})
 		if err != nil {
 			return outcome{}, err
 		}
@@ -144,9 +145,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 			return outcome{}, err
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
-		err = x.commit(ctx, tx, phases.Finished, true, func(b *pgx.Batch) {
-			x.e.store.QueueFinish(b, x.fence, data, stored)
-		})
+		err = x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 		if err != nil {
 			return outcome{}, err
 		}
@@ -171,7 +170,10 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 	if x.claim != nil {
 		sent := time.Now()
-		err := x.commitAlone(ctx, phases.Started, false, nil)
+		data, err := x.data()
+		if err == nil {
+			err = x.commitAlone(ctx, keyWrite{target: x.rp, data: data})
+		}
 		if err != nil {
 			return outcome{}, x.commitFailed(ctx, p.Name, err)
 		}
@@ -209,8 +211,9 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 	}
 }
 
-// finishAlone stores resp in a transaction of its own: BEGIN, the claim if still
-// pending, the fenced finish and COMMIT, in one round trip.
+// finishAlone stores resp in a transaction of its own: BEGIN, the claim checks and the
+// insert of a finished row if the claim is still pending, else the fenced finish, and
+// COMMIT, in one round trip.
 // Failures other than claim outcomes and lost leases are transient: the key is
 // released, never left leased.
 func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome, error) {
@@ -218,9 +221,7 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome,
 	if err != nil {
 		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
-	err = x.commitAlone(ctx, phases.Finished, true, func(b *pgx.Batch) {
-		x.e.store.QueueFinish(b, x.fence, data, stored)
-	})
+	err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	if err != nil {
 		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
 	}
@@ -233,13 +234,31 @@ func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", store.Classify(err))
 	}
-	return newPhaseTx(pc, x.e.store, iso, x.claim), nil
+	return newPhaseTx(pc, x.e.store, iso), nil
+}
+
+// claimKey claims the new key in tx, before anything of the flow runs. An attempt that
+// does not own the key gets store.ErrClaimBusy, or store.ErrClaimExists with the row in
+// x.found when the claim read it.
+func (x *exec) claimKey(ctx context.Context, tx *phaseTx) error {
+	got, row, err := tx.claim(ctx, x.claim)
+	switch {
+	case err != nil:
+		return err
+	case got == claimBusy:
+		return fmt.Errorf("claim key: %w", store.ErrClaimBusy)
+	case got == claimExists:
+		x.found = row
+		return fmt.Errorf("claim key: %w", store.ErrClaimExists)
+	}
+	return nil
 }
 
 // commitAlone commits a transaction of the engine's own statements, bounded by the
-// lease like a tx phase: BEGIN, the claim if still pending, the fenced statement and
-// COMMIT, in one round trip. Its connection is back in the pool when it returns.
-func (x *exec) commitAlone(ctx context.Context, target string, finish bool, fenced func(*pgx.Batch)) error {
+// lease like a tx phase: BEGIN, the claim checks if the claim is still pending, the
+// write of the key row and COMMIT, in one round trip. Its connection is back in the
+// pool when it returns.
+func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
 	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
 	defer cancel()
 	tx, err := x.open(ctx, "")
@@ -247,7 +266,7 @@ func (x *exec) commitAlone(ctx context.Context, target string, finish bool, fenc
 		return err
 	}
 	defer tx.done(ctx)
-	return x.commit(ctx, tx, target, finish, fenced)
+	return x.commit(ctx, tx, w)
 }
 
 func (x *exec) finished(ctx context.Context, resp *phases.Response) outcome {
@@ -257,22 +276,53 @@ func (x *exec) finished(ctx context.Context, resp *phases.Response) outcome {
 	return outcome{res: &Result{Response: resp}, done: true}
 }
 
-// commit commits tx with the fenced statement and settles what a failure means. A
+// keyWrite is what a commit writes to the key row: the recovery point it moves to and
+// the phase data, and, when it finishes the key, the response.
+type keyWrite struct {
+	target string
+	data   []byte
+	resp   *store.StoredResponse
+}
+
+// queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
+// key row as w leaves it; for a new key not claimed yet (a transaction of the engine's
+// own), the claim and the insert in one statement; otherwise (the key row exists, or
+// the claim inserted it) the fenced update.
+func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
+	st := x.e.store
+	c := x.claim
+	switch {
+	case c != nil && tx.held && !tx.insertedAtClaim && w.resp != nil:
+		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
+	case c != nil && tx.held && !tx.insertedAtClaim:
+		return func(b *pgx.Batch) { st.QueueInsertKey(b, *c, w.target, w.data) }, st.ReadInsert
+	case c != nil && !tx.held && w.resp != nil:
+		return func(b *pgx.Batch) { st.QueueClaimInsertFinished(b, *c, *w.resp) }, st.ReadClaimInsert
+	case c != nil && !tx.held:
+		return func(b *pgx.Batch) { st.QueueClaimInsert(b, *c, w.target, w.data) }, st.ReadClaimInsert
+	case w.resp != nil:
+		return func(b *pgx.Batch) { st.QueueFinish(b, x.fence, *w.resp) }, st.ReadFenced
+	default:
+		return func(b *pgx.Batch) { st.QueueAdvance(b, x.fence, w.target, w.data, x.e.cfg.Lease) }, st.ReadFenced
+	}
+}
+
+// commit commits tx with the write of the key row and settles what a failure means. A
 // commit whose outcome is unknown (the connection broke after COMMIT may have been
 // sent) is resolved by reading the key row again before anything else is decided.
-func (x *exec) commit(ctx context.Context, tx *phaseTx, target string, finish bool, fenced func(*pgx.Batch)) error {
-	err := tx.commit(ctx, fenced)
+func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
+	write, read := x.queue(tx, w)
+	err := tx.commit(ctx, write, read)
 	if err == nil {
 		if x.claim != nil {
 			x.claim = nil
-			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
+			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
 		}
 		return nil
 	}
 	tx.done(ctx) // before anything else uses the pool
-	var ce *claimedError
 	switch {
-	case errors.As(err, &ce), errors.Is(err, errRaced):
+	case claimLost(err):
 		return err
 	case errors.Is(err, store.ErrLeaseLost):
 		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
@@ -282,11 +332,11 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, target string, finish bo
 	case errors.Is(err, store.ErrNotSent):
 		return err // nothing reached the server
 	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
-		committed, rerr := x.resolve(ctx, target, finish)
+		committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
 		if rerr != nil {
 			// Neither outcome can be ruled out, so nothing may be released or redone
 			// here: the lease runs out and the next attempt reads the truth.
-			return &TransientError{Phase: target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
+			return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
 		}
 		if committed {
 			x.claim = nil
@@ -296,6 +346,12 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, target string, finish bo
 	default:
 		return err
 	}
+}
+
+// claimLost reports whether err means that a new key's claim did not give this attempt
+// the key: another attempt is claiming it, or its row exists.
+func claimLost(err error) bool {
+	return errors.Is(err, store.ErrClaimBusy) || errors.Is(err, store.ErrClaimExists)
 }
 
 // resolve reads the key row to learn whether a commit with an unknown outcome took
@@ -323,10 +379,9 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 // into the error to return: claim outcomes and lost leases as they are, anything else
 // as a transient failure that releases the key.
 func (x *exec) commitFailed(ctx context.Context, phase string, err error) error {
-	var ce *claimedError
 	var te *TransientError
 	switch {
-	case errors.As(err, &ce), errors.Is(err, errRaced), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
+	case claimLost(err), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
 		return err
 	}
 	return x.transient(ctx, phase, err, nil)

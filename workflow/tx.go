@@ -14,35 +14,40 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// claimedError reports that a claim found the key already there: another attempt got
-// it first. The phase's transaction is rolled back and the row is answered as found.
-type claimedError struct{ row *store.Row }
-
-func (e *claimedError) Error() string { return "key already claimed" }
-
 // phaseTx is the transaction a tx phase runs in. BEGIN is not sent on its own: it rides
-// in the same round trip as the phase's first statement (and, for a new key, the
-// claim), and the engine's fenced update rides with COMMIT. It implements phases.DBTX.
+// in the same round trip as the phase's first statement, or, for a new key, as the
+// claim; the engine's own write of the key row rides with COMMIT. It implements
+// phases.DBTX.
 type phaseTx struct {
 	pc    *pgxpool.Conn // nil once released
 	conn  *pgx.Conn
 	store *store.Store
-	begin string       // BEGIN with the phase's isolation level
-	claim *store.Claim // sent with BEGIN when the key row does not exist yet
+	begin string // BEGIN with the phase's isolation level
+	// oneSnapshot: every statement of the transaction reads the snapshot of its first
+	// (REPEATABLE READ, SERIALIZABLE).
+	oneSnapshot bool
 
-	begun bool  // BEGIN was sent: the transaction must end with COMMIT or ROLLBACK
-	err   error // sticky: the claim did not give this attempt the key
+	begun bool // BEGIN was sent: the transaction must end with COMMIT or ROLLBACK
+	// held: claim gave this transaction the key; the commit inserts the key row.
+	held bool
+	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
+	insertedAtClaim bool
 }
 
 var _ phases.DBTX = (*phaseTx)(nil)
 
-// newPhaseTx returns a transaction on pc, which it owns until done.
-func newPhaseTx(pc *pgxpool.Conn, st *store.Store, iso pgx.TxIsoLevel, claim *store.Claim) *phaseTx {
-	begin := "BEGIN"
-	if iso != "" {
-		begin = "BEGIN ISOLATION LEVEL " + string(iso)
+// newPhaseTx returns a transaction on pc, which it owns until done. An empty iso means
+// READ COMMITTED, sent explicitly: the claim relies on each statement reading a fresh
+// snapshot, whatever the server's default.
+func newPhaseTx(pc *pgxpool.Conn, st *store.Store, iso pgx.TxIsoLevel) *phaseTx {
+	if iso == "" {
+		iso = pgx.ReadCommitted
 	}
-	return &phaseTx{pc: pc, conn: pc.Conn(), store: st, begin: begin, claim: claim}
+	return &phaseTx{
+		pc: pc, conn: pc.Conn(), store: st,
+		begin:       "BEGIN ISOLATION LEVEL " + string(iso),
+		oneSnapshot: iso != pgx.ReadCommitted && iso != pgx.ReadUncommitted,
+	}
 }
 
 // done ends the transaction if one may be open and gives the connection back to the
@@ -58,35 +63,72 @@ func (t *phaseTx) done(ctx context.Context) {
 	t.pc = nil
 }
 
-// opening queues BEGIN and the claim, if any, at the head of b.
-func (t *phaseTx) opening(b *pgx.Batch) {
+// claimed is the outcome of a claim.
+type claimed int
+
+const (
+	claimOwned  claimed = iota // this attempt owns the key
+	claimBusy                  // another attempt is claiming it: its first transaction runs
+	claimExists                // the key row exists (found is set if it was read)
+)
+
+// claim opens the transaction of a new key's first tx phase and claims the key, in one
+// round trip, before any of the phase's code runs: BEGIN, the claim lock (a
+// transaction-scoped advisory lock on the key, taken without waiting) and a look-up of
+// the key row in a fresh snapshot, taken after the lock. The key row itself is
+// inserted when the transaction commits. Under REPEATABLE READ and SERIALIZABLE all
+// statements read one snapshot, taken before the lock, so a claim that committed in
+// between would be missed: there the row is inserted right away, with the lock, and a
+// committed row makes the insert fail on the primary key.
+//
+// An attempt that does not own the key leaves the transaction to done, which rolls
+// it back; nothing of the flow has run.
+func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Row, error) {
+	b := &pgx.Batch{}
 	b.Queue(t.begin)
-	if t.claim != nil {
-		t.store.QueueClaim(b, *t.claim)
-	}
 	t.begun = true
+	if t.oneSnapshot {
+		t.store.QueueClaimInsert(b, *c, phases.Started, emptyData)
+	} else {
+		t.store.QueueClaimLock(b, *c)
+		t.store.QueueLookup(b, c.Scope, c.Key)
+	}
+	br := t.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return 0, nil, fmt.Errorf("begin: %w", store.Classify(err))
+	}
+	if t.oneSnapshot {
+		switch err := t.store.ReadClaimInsert(br); {
+		case errors.Is(err, store.ErrClaimBusy):
+			return claimBusy, nil, nil
+		case errors.Is(err, store.ErrClaimExists):
+			return claimExists, nil, nil
+		case err != nil:
+			return 0, nil, err
+		}
+		t.held, t.insertedAtClaim = true, true
+		return claimOwned, nil, br.Close()
+	}
+	locked, err := t.store.ReadClaimLock(br)
+	if err != nil {
+		return 0, nil, err
+	}
+	row, err := t.store.ReadLookup(br)
+	switch {
+	case errors.Is(err, store.ErrNotFound) && locked:
+		t.held = true
+		return claimOwned, nil, br.Close()
+	case errors.Is(err, store.ErrNotFound):
+		return claimBusy, nil, nil
+	case err != nil:
+		return 0, nil, err
+	}
+	return claimExists, row, nil
 }
 
-// readOpening reads the results of what opening queued.
-func (t *phaseTx) readOpening(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		t.err = fmt.Errorf("begin: %w", store.Classify(err))
-		return t.err
-	}
-	if t.claim == nil {
-		return nil
-	}
-	row, err := t.store.ReadClaim(br)
-	switch {
-	case errors.Is(err, store.ErrClaimRaced):
-		t.err = errRaced
-	case err != nil:
-		t.err = err
-	case !row.Inserted:
-		t.err = &claimedError{row: row}
-	}
-	return t.err
-}
+// emptyData is the phase data of a key no phase has written to.
+var emptyData = []byte("{}")
 
 // plainArgs reports whether a statement can share a pipeline: pgx sends statements
 // without arguments (possibly several, separated by semicolons) with the simple
@@ -102,29 +144,28 @@ func plainArgs(args []any) bool {
 	return true
 }
 
-// flush sends the opening on its own, before a statement that cannot share it.
+// flush sends BEGIN on its own, before a statement that cannot share its round trip.
 func (t *phaseTx) flush(ctx context.Context) error {
-	if t.err != nil {
-		return t.err
-	}
 	if t.begun {
 		return nil
 	}
-	b := &pgx.Batch{}
-	t.opening(b)
-	br := t.conn.SendBatch(ctx, b)
-	err := t.readOpening(br)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = store.Classify(cerr)
+	t.begun = true
+	if _, err := t.conn.Exec(ctx, t.begin); err != nil {
+		return fmt.Errorf("begin: %w", store.Classify(err))
 	}
-	return err
+	return nil
+}
+
+// readBegin reads the result of a BEGIN queued at the head of a batch.
+func readBegin(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("begin: %w", store.Classify(err))
+	}
+	return nil
 }
 
 // Exec implements phases.DBTX.
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.err != nil {
-		return pgconn.CommandTag{}, t.err
-	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -132,10 +173,11 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return t.conn.Exec(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
-	t.opening(b)
+	b.Queue(t.begin)
+	t.begun = true
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if err := t.readOpening(br); err != nil {
+	if err := readBegin(br); err != nil {
 		br.Close()
 		return pgconn.CommandTag{}, err
 	}
@@ -148,9 +190,6 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 
 // Query implements phases.DBTX.
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.err != nil {
-		return nil, t.err
-	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return nil, err
@@ -158,10 +197,11 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 		return t.conn.Query(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
-	t.opening(b)
+	b.Queue(t.begin)
+	t.begun = true
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if err := t.readOpening(br); err != nil {
+	if err := readBegin(br); err != nil {
 		br.Close()
 		return nil, err
 	}
@@ -179,7 +219,7 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return &row{rows: rows, err: err}
 }
 
-// SendBatch implements phases.DBTX. The opening goes first in its own round trip.
+// SendBatch implements phases.DBTX. BEGIN goes first in its own round trip.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
@@ -187,7 +227,7 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return t.conn.SendBatch(ctx, b)
 }
 
-// CopyFrom implements phases.DBTX. The opening goes first in its own round trip.
+// CopyFrom implements phases.DBTX. BEGIN goes first in its own round trip.
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if err := t.flush(ctx); err != nil {
 		return 0, err
@@ -195,35 +235,31 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
-// commit sends, in one round trip, whatever of the opening is still unsent, the fenced
-// statement queued by fenced (none when fenced is nil: a claim committed on its own),
-// and COMMIT. If the fenced statement does not match, it
-// raises, the transaction aborts and the COMMIT is skipped. The error is a claim
-// outcome (claimedError, errRaced) or a store error.
-func (t *phaseTx) commit(ctx context.Context, fenced func(*pgx.Batch)) error {
-	if t.err != nil {
-		return t.err
-	}
+// commit sends, in one round trip, BEGIN if it is still unsent, the engine's write of
+// the key row (queued by write, read by read) and COMMIT. If the write does not apply
+// (a fence that misses, a row that exists), it aborts the transaction and the COMMIT
+// is skipped.
+func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
 	b := &pgx.Batch{}
 	opened := !t.begun
 	if opened {
-		t.opening(b)
+		b.Queue(t.begin)
+		t.begun = true
 	}
-	if fenced != nil {
-		fenced(b)
-	}
+	write(b)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if opened {
-		if err := t.readOpening(br); err != nil {
+		if err := readBegin(br); err != nil {
 			return err
 		}
 	}
-	if fenced != nil {
-		if err := t.store.ReadFenced(br); err != nil {
-			return err
-		}
+	// A claim that found the key busy wrote nothing and aborted nothing: its COMMIT
+	// ends an empty transaction.
+	rerr := read(br)
+	if rerr != nil && !errors.Is(rerr, store.ErrClaimBusy) {
+		return rerr
 	}
 	tag, err := br.Exec()
 	if err != nil {
@@ -236,7 +272,7 @@ func (t *phaseTx) commit(ctx context.Context, fenced func(*pgx.Batch)) error {
 		return fmt.Errorf("commit: server answered %q: %w", tag.String(), store.ErrConflict)
 	}
 	t.begun = false
-	return nil
+	return rerr
 }
 
 // rollback ends the transaction if one may be open. It runs even when ctx is done; a
