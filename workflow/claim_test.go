@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -246,62 +247,16 @@ func TestClaimLosersRunNoUserStatement(t *testing.T) {
 	t.Parallel()
 	const keys, senders = 10, 33
 
-	t.Run("Sequence", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, setupOpts{})
-		createClaimTables(t, b.db)
-		holds := map[string]*hold{}
-		for k := range keys {
-			key := fmt.Sprintf("k%d", k)
-			holds[key] = newHold()
-			_, err := b.db.Pool.Exec(context.Background(), `CREATE SEQUENCE claim_seq_`+key)
-			require.NoError(t, err)
-		}
-		// The first statement has an argument, so that an engine that pipelines the
-		// phase's first statement after its own sends it along.
-		flow := phases.Flow{Name: "claim_seq", Phases: []phases.Phase{
-			phases.Tx("reserve", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-				h := holds[run.Key()]
-				first := h.enter()
-				var n int64
-				err := tx.QueryRow(ctx, `SELECT nextval($1::text::regclass)`, "claim_seq_"+run.Key()).Scan(&n)
-				if err != nil {
-					return nil, err
-				}
-				if err := h.wait(ctx, first); err != nil {
-					return nil, err
-				}
-				_, err = tx.Exec(ctx, `INSERT INTO claim_effects (scope, idem_key, n) VALUES ($1, $2, $3)`,
-					run.Scope(), run.Key(), n)
-				if err != nil {
-					return nil, err
-				}
-				return phases.JSON(201, map[string]any{"key": run.Key(), "n": n, "body": string(run.Body())})
-			}),
-		}}
-		require.NoError(t, b.engine.Register(flow))
-
-		for k := range keys {
-			key := fmt.Sprintf("k%d", k)
-			answers := race(t, b.engine, flow.Name, key, holds[key], senders)
-
-			var last int64
-			var called bool
-			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-				`SELECT last_value, is_called FROM claim_seq_`+key).Scan(&last, &called))
-			advanced := 0
-			if called {
-				advanced = int(last)
-			}
-			require.Equal(t, 1, advanced,
-				"key %s: times the sequence advanced; only the winner may run the phase's statements", key)
-			require.EqualValues(t, 1, holds[key].entered.Load(),
-				"key %s: entries into the phase function; losers must run no Go code of the phase", key)
-			winner := requireLoserAnswers(t, key, answers)
-			require.Equal(t, 1, countRows(t, b.db, "claim_effects", key), "key %s: effect rows", key)
-			requireAfterRace(t, b, b.engine, flow.Name, key, winner)
-		}
-	})
+	// The claim differs by isolation level: at READ COMMITTED it looks for the row
+	// after taking the lock, above it inserts the row with the lock.
+	for name, iso := range map[string]pgx.TxIsoLevel{
+		"Sequence": "", "SequenceRepeatableRead": pgx.RepeatableRead, "SequenceSerializable": pgx.Serializable,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testClaimSequence(t, iso, keys, senders)
+		})
+	}
 
 	t.Run("AuditThroughAnotherPool", func(t *testing.T) {
 		t.Parallel()
@@ -345,6 +300,64 @@ func TestClaimLosersRunNoUserStatement(t *testing.T) {
 			requireAfterRace(t, b, b.engine, flow.Name, key, winner)
 		}
 	})
+}
+
+// testClaimSequence races senders attempts on each of keys keys of a flow whose first
+// statement advances a sequence, in a tx phase at iso.
+func testClaimSequence(t *testing.T, iso pgx.TxIsoLevel, keys, senders int) {
+	b := setup(t, setupOpts{})
+	createClaimTables(t, b.db)
+	holds := map[string]*hold{}
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		holds[key] = newHold()
+		_, err := b.db.Pool.Exec(context.Background(), `CREATE SEQUENCE claim_seq_`+key)
+		require.NoError(t, err)
+	}
+	// The first statement has an argument, so that an engine that pipelines the
+	// phase's first statement after its own sends it along.
+	reserve := phases.Tx("reserve", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+		h := holds[run.Key()]
+		first := h.enter()
+		var n int64
+		err := tx.QueryRow(ctx, `SELECT nextval($1::text::regclass)`, "claim_seq_"+run.Key()).Scan(&n)
+		if err != nil {
+			return nil, err
+		}
+		if err := h.wait(ctx, first); err != nil {
+			return nil, err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO claim_effects (scope, idem_key, n) VALUES ($1, $2, $3)`,
+			run.Scope(), run.Key(), n)
+		if err != nil {
+			return nil, err
+		}
+		return phases.JSON(201, map[string]any{"key": run.Key(), "n": n, "body": string(run.Body())})
+	})
+	reserve.IsoLevel = iso
+	flow := phases.Flow{Name: "claim_seq", Phases: []phases.Phase{reserve}}
+	require.NoError(t, b.engine.Register(flow))
+
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		answers := race(t, b.engine, flow.Name, key, holds[key], senders)
+
+		var last int64
+		var called bool
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			`SELECT last_value, is_called FROM claim_seq_`+key).Scan(&last, &called))
+		advanced := 0
+		if called {
+			advanced = int(last)
+		}
+		require.Equal(t, 1, advanced,
+			"key %s: times the sequence advanced; only the winner may run the phase's statements", key)
+		require.EqualValues(t, 1, holds[key].entered.Load(),
+			"key %s: entries into the phase function; losers must run no Go code of the phase", key)
+		winner := requireLoserAnswers(t, key, answers)
+		require.Equal(t, 1, countRows(t, b.db, "claim_effects", key), "key %s: effect rows", key)
+		requireAfterRace(t, b, b.engine, flow.Name, key, winner)
+	}
 }
 
 // heldWinner starts the first attempt of req on e and waits until it is inside its

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -251,6 +253,12 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// storableText reports whether s can be stored in a text column: valid UTF-8 with no
+// NUL byte.
+func storableText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
 func (e *Engine) validate(req *Request) (phases.Flow, error) {
 	if err := ValidateKey(req.Key); err != nil {
 		return phases.Flow{}, err
@@ -258,11 +266,17 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 	if req.Scope == "" || len(req.Scope) > 255 {
 		return phases.Flow{}, fmt.Errorf("%w: want 1-255 bytes, got %d", ErrInvalidScope, len(req.Scope))
 	}
-	if req.Method == "" || len(req.Method) > 16 {
+	if !storableText(req.Scope) {
+		return phases.Flow{}, fmt.Errorf("%w: not UTF-8 text without NUL", ErrInvalidScope)
+	}
+	if req.Method == "" || len(req.Method) > 16 || !storableText(req.Method) {
 		return phases.Flow{}, fmt.Errorf("%w: method %q", ErrInvalidRequest, req.Method)
 	}
 	if req.Route == "" || len(req.Route) > 1024 {
 		return phases.Flow{}, fmt.Errorf("%w: route of %d bytes, want 1-1024", ErrInvalidRequest, len(req.Route))
+	}
+	if !storableText(req.Route) {
+		return phases.Flow{}, fmt.Errorf("%w: route is not UTF-8 text without NUL", ErrInvalidRequest)
 	}
 	if len(req.Body) > e.cfg.MaxBodyBytes {
 		return phases.Flow{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(req.Body), e.cfg.MaxBodyBytes)

@@ -198,6 +198,14 @@ func TestBadInput(t *testing.T) {
 		{"UnknownFlow", with(func(r *workflow.Request) { r.Flow = "nope" }), workflow.ErrUnknownFlow},
 		{"EmptyScope", with(func(r *workflow.Request) { r.Scope = "" }), workflow.ErrInvalidScope},
 		{"EmptyRoute", with(func(r *workflow.Request) { r.Route = "" }), workflow.ErrInvalidRequest},
+		// The table's text columns refuse what is not UTF-8 or holds NUL; the engine
+		// refuses it first, with its own error, since 002 left lengths to the engine.
+		{"ScopeNotUTF8", with(func(r *workflow.Request) { r.Scope = "acct\xff" }), workflow.ErrInvalidScope},
+		{"ScopeWithNUL", with(func(r *workflow.Request) { r.Scope = "acct\x00" }), workflow.ErrInvalidScope},
+		{"ScopeOf256", with(func(r *workflow.Request) { r.Scope = strings.Repeat("s", 256) }), workflow.ErrInvalidScope},
+		{"RouteNotUTF8", with(func(r *workflow.Request) { r.Route = "/charges/\xc3" }), workflow.ErrInvalidRequest},
+		{"RouteWithNUL", with(func(r *workflow.Request) { r.Route = "/charges\x00" }), workflow.ErrInvalidRequest},
+		{"MethodNotUTF8", with(func(r *workflow.Request) { r.Method = "P\xffST" }), workflow.ErrInvalidRequest},
 		{"BodyTooLarge", with(func(r *workflow.Request) { r.Body = make([]byte, workflow.MaxBodyBytesDefault+1) }), workflow.ErrBodyTooLarge},
 	}
 	for _, c := range cases {
