@@ -5,7 +5,8 @@ package store
 // long transaction does not shorten the lease it sets); durations arrive as
 // milliseconds.
 
-// rowColumns are the columns of Row, computed from a key row.
+// rowColumns are the columns of Row, computed from a key row, in the order scanOne
+// reads them (and named as Row's db tags, for the sweeper's lists).
 const rowColumns = `
 	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
 	recovery_point, phase_data, status, lock_version, attempts, last_error,
