@@ -65,8 +65,10 @@ type Phase struct {
 	Name string
 	// Kind is KindTx or KindCall.
 	Kind Kind
-	// IsoLevel is the isolation level of a tx phase's transaction. Defaults to the
-	// server's default (read committed).
+	// IsoLevel is the isolation level of a tx phase's transaction. Defaults to READ
+	// COMMITTED, sent explicitly whatever the server's default is. A first phase at
+	// REPEATABLE READ or SERIALIZABLE costs one more write of the key row (its claim
+	// inserts the row; see package workflow).
 	IsoLevel pgx.TxIsoLevel
 
 	tx   TxFunc

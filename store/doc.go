@@ -6,8 +6,10 @@
 // ExpireFinished) select across scopes by design, but change only rows they locked
 // with SKIP LOCKED in the same short statement and re-check every guard on them; no
 // transaction spans scopes. Fenced statements match the key row's identity and
-// lock version; the ones meant to be pipelined with COMMIT raise when they match no row,
-// so the transaction aborts and the COMMIT that follows cannot succeed.
+// lock version; the ones meant to be pipelined with COMMIT abort the transaction when
+// they match no row, so the COMMIT that follows cannot succeed. A new key's row is
+// written under its claim lock, a transaction-scoped advisory lock on a hash of the key
+// and the table (QueueClaimLock, QueueClaimInsert).
 //
 // Statements that must share a round trip with their neighbours come in pairs: QueueXxx
 // adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's

@@ -32,10 +32,21 @@
 //	h, err := engine.Handler("create_charge", &workflow.HTTPConfig{Scope: accountFromAuth})
 //	mux.Handle("POST /v1/charges", h)
 //
-// Cost of a fresh request: one round trip to look the key up, then per tx phase one
-// commit, with the claim riding in the first tx phase's transaction (pipelined with
-// BEGIN and the phase's first statement) and the fenced recovery-point update pipelined
-// with COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
+// The claim. A new key is claimed in one round trip before any of its flow's code runs:
+// BEGIN, a transaction-scoped advisory lock on the key taken without waiting, and a
+// look-up of the key row in a fresh snapshot. An attempt that does not get the key
+// (another attempt is in the key's first transaction, or the row exists) runs no
+// statement and no Go code of the flow and is answered at once: 409 while the key is
+// being claimed, else as the row says (replay, 409, 422). The key row is inserted, with
+// its recovery point already set, in the same round trip as the first tx phase's
+// COMMIT. A tx phase at REPEATABLE READ or SERIALIZABLE reads one snapshot for all its
+// statements, so for it the claim inserts the row with the lock instead, and the commit
+// advances it. Tx phases run at READ COMMITTED unless phases.Phase.IsoLevel says
+// otherwise.
+//
+// Cost of a fresh request: one round trip to look the key up and one for the claim,
+// then per tx phase one commit, the engine's write of the key row pipelined with
+// COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
 // This package imports idemflow's phases and store packages, and
 // github.com/gowebpki/jcs (RFC 8785) and github.com/dunglas/httpsfv (RFC 8941).
