@@ -503,3 +503,27 @@ func TestClaimMismatchWritesNothingWhileClaimed(t *testing.T) {
 	require.Equal(t, won.Response.Body, replay.Response.Body)
 	require.Equal(t, 1, countRows(t, b.db, "claim_effects", "k"))
 }
+
+// TestClaimLockIsPerKeyTable holds a key's claim in one schema's key table and claims
+// the same scope and key in another schema's: the claim locks of the two tables are
+// apart, so the second is not turned away.
+func TestClaimLockIsPerKeyTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, other := setup(t, setupOpts{}), setup(t, setupOpts{})
+	createClaimTables(t, a.db)
+	createClaimTables(t, other.db)
+	h := newHold()
+	require.NoError(t, a.engine.Register(holdFlow("claim_hold", h)))
+	require.NoError(t, other.engine.Register(quickFlow("claim_quick")))
+	finish := heldWinner(t, a.engine, h, flowReq("claim_hold", "acct", "same", bodyA))
+
+	res, err := other.engine.Do(ctx, flowReq("claim_quick", "acct", "same", bodyA))
+	require.NoError(t, err, "the same key in another key table is another key")
+	require.Equal(t, 201, res.Response.Status)
+	require.False(t, res.Replayed)
+
+	res, err = finish()
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+}
