@@ -66,7 +66,7 @@ type env struct {
 	httpClient *http.Client
 	fast, slow *httptest.Server // providers at latency 0 and at o.slowLatency
 
-	variants []*variant // bare, recipe, idemflow, idemflow-replay
+	variants []*variant // bare, recipe, recipe-fused, idemflow, idemflow-replay
 	control  *variant   // holds a transaction across the call: the slow run's negative control
 	replay   *keyRing
 	seq      seqCounter
@@ -253,8 +253,10 @@ func (e *env) migrate(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, chargeflow.Schema); err != nil {
 		return fmt.Errorf("create charges table: %w", err)
 	}
-	if _, err := pool.Exec(ctx, recipeSchema); err != nil {
-		return fmt.Errorf("create recipe table: %w", err)
+	for _, table := range []string{"recipe_keys", "fused_keys"} {
+		if _, err := pool.Exec(ctx, keyTableSchema(table)); err != nil {
+			return fmt.Errorf("create %s: %w", table, err)
+		}
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE bench_flush (one int); INSERT INTO bench_flush VALUES (1)"); err != nil {
 		return fmt.Errorf("create flush table: %w", err)
@@ -319,6 +321,16 @@ func (e *env) engine(pool *pgxpool.Pool, providerURL string, hooks workflow.Hook
 		return nil, err
 	}
 	return eng, nil
+}
+
+// variant returns the variant of that name.
+func (e *env) variant(name string) *variant {
+	for _, v := range e.variants {
+		if v.name == name {
+			return v
+		}
+	}
+	panic("bench: no variant " + name)
 }
 
 func randomHex(n int) string {

@@ -258,6 +258,11 @@ func run(ctx context.Context, o *options) error {
 		}
 	}
 
+	// The fused recipe's effects over the whole run.
+	fc, problems := env.verifyFused(ctx, env.fast.URL, env.slow.URL)
+	rep.fused = &fc
+	violations = append(violations, problems...)
+
 	violations = append(violations, rep.violations()...)
 	out := rep.markdown()
 	fmt.Println()

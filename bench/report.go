@@ -30,6 +30,7 @@ type report struct {
 	retention *retentionResult
 	wal       []walProfile
 	perf      []perfProfile
+	fused     *fusedCheck
 }
 
 // agg is one variant at one concurrency, over the rounds.
@@ -58,7 +59,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-var variantOrder = []string{vBare, vRecipe, vIdem, vReplay, vControl}
+var variantOrder = []string{vBare, vRecipe, vFused, vIdem, vReplay, vControl}
 
 // aggregate groups cells by variant and concurrency, in report order.
 func aggregate(cells []cell) []agg {
@@ -442,7 +443,7 @@ func (r *report) markdown() string {
 
 	p("\n## Per-round ratios to bare\n\n")
 	p("| variant | conc | %s |\n|---|---|%s\n", roundHeads(o.rounds), strings.Repeat("---|", o.rounds))
-	for _, v := range []string{vRecipe, vIdem, vReplay} {
+	for _, v := range []string{vRecipe, vFused, vIdem, vReplay} {
 		for _, conc := range o.conc {
 			var cols []string
 			for rd := range o.rounds {
@@ -615,7 +616,7 @@ func (r *report) whereTimeGoes(b *strings.Builder) {
 		p("CPU per request (ms), medians over the rounds: the database server (all its processes, from /proc) and this process (client, provider, tracer). ")
 		p("On %d cores, req/s can not exceed %d000 ms ÷ (server + client CPU per request).\n\n", r.machine.cpus, r.machine.cpus)
 		p("| variant | %s |\n|---|%s\n", concHeads(r.opts.conc, "server / client"), strings.Repeat("---|", len(r.opts.conc)))
-		for _, v := range []string{vBare, vRecipe, vIdem, vReplay} {
+		for _, v := range []string{vBare, vRecipe, vFused, vIdem, vReplay} {
 			var cols []string
 			for _, c := range r.opts.conc {
 				a, ok := find(aggs, v, c)
