@@ -62,6 +62,8 @@ type env struct {
 	sampler *pgx.Conn     // on the server's own database: pg_stat_activity samples
 	runID   string
 	cpu     *cpuMeter
+	pgss    bool   // pg_stat_statements can be read: the statement breakdown
+	dbOID   uint32 // the bench database, in pg_stat_statements
 
 	httpClient *http.Client
 	fast, slow *httptest.Server // providers at latency 0 and at o.slowLatency
@@ -82,7 +84,7 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	serverURL := os.Getenv("DATABASE_URL")
 	if serverURL == "" {
 		logf("starting a throwaway PostgreSQL server (set DATABASE_URL to use another)")
-		srv, err := pgtest.Start(ctx)
+		srv, err := pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: pgssSettings})
 		if err != nil {
 			return nil, err
 		}
@@ -115,6 +117,7 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	if err := e.migrate(ctx); err != nil {
 		return nil, err
 	}
+	e.pgss = e.enablePgss(ctx)
 
 	e.httpClient = &http.Client{
 		Timeout: 30 * time.Second,

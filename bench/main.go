@@ -251,6 +251,13 @@ func run(ctx context.Context, o *options) error {
 		}
 		rep.retention = ret
 	}
+	if env.pgss {
+		texts, err := env.stmtTexts(ctx)
+		if err != nil {
+			return err
+		}
+		rep.stmtTexts = texts
+	}
 	rep.finished = time.Now()
 	if o.rtProfile {
 		for _, v := range env.variants {

@@ -1,0 +1,3 @@
+package main
+
+func (r *report) dupLines() []budgetLine { return nil }
