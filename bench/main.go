@@ -61,6 +61,8 @@ type options struct {
 	only        []string // variants to run in the rounds (all when empty)
 	rtProfile   bool
 	phases      map[string]bool
+	growth      int           // finished key rows of the growth experiment (0: not run)
+	dupSleep    time.Duration // the duplicates experiment's first phase
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -82,8 +84,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
 	fs.BoolVar(&o.keep, "keep", false, "keep the bench database (and a throwaway server's data) at the end")
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
+	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
+	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
-	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention", "comma-separated parts to run")
+	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -99,7 +103,9 @@ func parseFlags(args []string) (*options, error) {
 			"backlog":     func() { o.backlog = 3000 },
 			"live-window": func() { o.liveWindow = 500 * time.Millisecond },
 			"docs":        func() { o.docs = "" },
-			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention" },
+			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention,dups,growth" },
+			"growth":      func() { o.growth = 10000 },
+			"dup-sleep":   func() { o.dupSleep = time.Second },
 		}
 		for name, apply := range defaults {
 			if !set[name] {
@@ -120,7 +126,7 @@ func parseFlags(args []string) (*options, error) {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth":
 			o.phases[p] = true
 		default:
 			return nil, fmt.Errorf("-phases: unknown part %q", p)
@@ -135,6 +141,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, errors.New("-drain-keys, -sweepers and -sweeper-concurrency must be positive")
 	case o.backlog < 1 || o.liveWindow <= 0:
 		return nil, errors.New("-backlog and -live-window must be positive")
+	case o.growth < 0:
+		return nil, errors.New("-growth must not be negative")
+	case o.dupSleep < 100*time.Millisecond:
+		return nil, errors.New("-dup-sleep must be at least 100ms")
 	}
 	return o, nil
 }
@@ -250,6 +260,14 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		rep.retention = ret
+	}
+	// Many retained finished keys against an empty table.
+	if o.phases["growth"] && o.growth > 0 {
+		g, err := env.growth(ctx)
+		if err != nil {
+			return err
+		}
+		rep.growth = g
 	}
 	if env.pgss {
 		texts, err := env.stmtTexts(ctx)

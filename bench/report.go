@@ -31,6 +31,7 @@ type report struct {
 	wal       []walProfile
 	perf      []perfProfile
 	fused     *fusedCheck
+	growth    *growthResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
 }
 
@@ -500,6 +501,7 @@ func (r *report) markdown() string {
 		}
 	}
 
+	r.growthSection(&b)
 	r.whereTimeGoes(&b)
 	r.extraBreakdown(&b)
 	r.whyNotMet(&b)
