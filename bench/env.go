@@ -261,6 +261,9 @@ func (e *env) migrate(ctx context.Context) error {
 			return fmt.Errorf("create %s: %w", table, err)
 		}
 	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE bench_dup_effects (scope text NOT NULL, idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		return fmt.Errorf("create the duplicates experiment's table: %w", err)
+	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE bench_flush (one int); INSERT INTO bench_flush VALUES (1)"); err != nil {
 		return fmt.Errorf("create flush table: %w", err)
 	}

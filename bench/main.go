@@ -261,6 +261,15 @@ func run(ctx context.Context, o *options) error {
 		}
 		rep.retention = ret
 	}
+	// Duplicates of a key whose first attempt is inside a long first phase.
+	if o.phases["dups"] {
+		d, err := env.duplicates(ctx)
+		if err != nil {
+			return err
+		}
+		rep.dups = d
+		violations = append(violations, d.violations()...)
+	}
 	// Many retained finished keys against an empty table.
 	if o.phases["growth"] && o.growth > 0 {
 		g, err := env.growth(ctx)

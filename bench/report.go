@@ -32,6 +32,7 @@ type report struct {
 	perf      []perfProfile
 	fused     *fusedCheck
 	growth    *growthResult
+	dups      *dupResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
 }
 
@@ -501,6 +502,7 @@ func (r *report) markdown() string {
 		}
 	}
 
+	r.dupSection(&b)
 	r.growthSection(&b)
 	r.whereTimeGoes(&b)
 	r.extraBreakdown(&b)
