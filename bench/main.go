@@ -1,14 +1,18 @@
 // Command bench measures idemflow on the charges flow against the same flow with no
-// idempotency at all (bare) and against the textbook key-table recipe, in one process
-// and one run, in interleaved rounds, and checks the performance budget of DESIGN.md.
+// idempotency at all (bare), the textbook key-table recipe and a fused hand-written
+// recipe, in one process and one run, in interleaved rounds, and checks the
+// performance budget of DESIGN.md.
 //
-//	go run ./bench          # the full run (about 8 minutes on 2 cores): prints the report and
-//	                        # writes docs/BENCHMARKS.md and docs/benchmarks.svg
-//	go run ./bench -smoke   # a tiny run for CI (well under a minute); writes nothing
+//	go run ./bench                    # the full run (about 10 minutes on 2 cores): prints the report
+//	                                  # and writes docs/BENCHMARKS.md and docs/benchmarks.svg
+//	go run ./bench -growth 10000000   # the same with the growth experiment on 10M retained keys
+//	go run ./bench -smoke             # a tiny run of every part for CI (under a minute); writes nothing
+//	go run ./bench -cell 1s -rounds 2 -warmup 1s -growth 1000000 -docs ''   # a quick full run
 //
 // The database is $DATABASE_URL's server, else a throwaway one from local PostgreSQL
-// binaries (internal/pgtest, fsync on; TEST_DATABASE_URL is honoured there). The bench
-// creates a database of its own on it and drops it at the end.
+// binaries (internal/pgtest, fsync on, pg_stat_statements loaded; TEST_DATABASE_URL is
+// honoured there). The bench creates a database of its own on it (and two more for the
+// growth experiment) and drops them at the end.
 //
 // Variants, each a function call (no HTTP layer in front), each calling the fake
 // provider over HTTP:
@@ -17,15 +21,22 @@
 //     autocommit statements. The floor.
 //   - recipe: the textbook idempotency-key recipe: the claim in a transaction of its
 //     own, then a transaction per phase, one statement per round trip.
+//   - recipe-fused: the best a careful team would hand-write: the claim inside the
+//     first phase's transaction, each transaction one pgx batch (fused.go).
 //   - idemflow: workflow.Engine running chargeflow.Flow, fresh keys.
 //   - idemflow-replay: retries of keys idemflow finished.
 //
 // Then the sweeper: stuck keys drained by one sweeper process and by four, and the
-// retention cleanup of a large expired backlog under live traffic.
+// retention cleanup of a large expired backlog under live traffic; concurrent
+// duplicates of a key whose first attempt sits in a long first phase (dup.go); and,
+// with -growth N, fresh and replay latency with N retained finished keys against an
+// empty key table (growth.go). Where idemflow's cost over recipe-fused goes comes from
+// pg_stat_statements, read around every cell of the rounds (stmts.go).
 //
 // The command exits non-zero on errors and invariant violations (a request failed, a
 // replay was not a replay, a key was driven twice, a connection was held during a call
-// phase), never because a budget line was not met: those are printed as "not met".
+// phase, an effect committed other than once), never because a budget line was not
+// met: those are printed as "not met".
 package main
 
 import (
