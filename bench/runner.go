@@ -202,12 +202,12 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 			return c, err
 		}
 	}
-	cpu0 := e.cpu.read()
+	cpu0 := e.cpu.read(false)
 	l := e.runLoad(ctx, fn, conc, dur, k)
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	cpu1 := e.cpu.read()
+	cpu1 := e.cpu.read(true)
 	if e.pgss {
 		st1, err := e.stmtSnapshot(ctx)
 		if err != nil {
