@@ -10,6 +10,7 @@ import (
 var chartColors = map[string]string{
 	vBare:   "#8c8c8c",
 	vRecipe: "#e07b39",
+	vFused:  "#c9a227",
 	vIdem:   "#3b75af",
 	vReplay: "#519e3e",
 }
@@ -22,7 +23,7 @@ func chartSVG(aggs []agg, concs []int) string {
 		left, right   = 72, 20
 		top, bottom   = 64, 56
 	)
-	variants := []string{vBare, vRecipe, vIdem, vReplay}
+	variants := []string{vBare, vRecipe, vFused, vIdem, vReplay}
 	lo, hi := math.Inf(1), 0.0
 	for _, a := range aggs {
 		if a.RPS > 0 {

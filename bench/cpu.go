@@ -44,19 +44,40 @@ func (m *cpuMeter) local() bool { return m.postmaster != 0 }
 // cpuTimes is a reading.
 type cpuTimes struct{ client, server time.Duration }
 
-func (m *cpuMeter) read() cpuTimes {
+// read reads both clocks. The /proc scan for the server's time costs this process CPU
+// of its own: at the start of a window (end false) the client's clock is read after
+// the scan, at the end before it, so that the scans fall outside the window.
+func (m *cpuMeter) read(end bool) cpuTimes {
 	var t cpuTimes
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
-		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if end {
+		t.client = selfCPU()
 	}
+	t.server = m.serverCPU()
+	if !end {
+		t.client = selfCPU()
+	}
+	return t
+}
+
+// selfCPU is this process's user + system time.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU is the user + system time of the postmaster and its children.
+func (m *cpuMeter) serverCPU() time.Duration {
 	if m.postmaster == 0 {
-		return t
+		return 0
 	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return t
+		return 0
 	}
+	var sum time.Duration
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -64,10 +85,10 @@ func (m *cpuMeter) read() cpuTimes {
 		}
 		ppid, cpu, ok := procStat(pid)
 		if ok && (pid == m.postmaster || ppid == m.postmaster) {
-			t.server += cpu
+			sum += cpu
 		}
 	}
-	return t
+	return sum
 }
 
 // procStat returns a process's parent and its user+system CPU time.

@@ -62,11 +62,13 @@ type env struct {
 	sampler *pgx.Conn     // on the server's own database: pg_stat_activity samples
 	runID   string
 	cpu     *cpuMeter
+	pgss    bool   // pg_stat_statements can be read: the statement breakdown
+	dbOID   uint32 // the bench database, in pg_stat_statements
 
 	httpClient *http.Client
 	fast, slow *httptest.Server // providers at latency 0 and at o.slowLatency
 
-	variants []*variant // bare, recipe, idemflow, idemflow-replay
+	variants []*variant // bare, recipe, recipe-fused, idemflow, idemflow-replay
 	control  *variant   // holds a transaction across the call: the slow run's negative control
 	replay   *keyRing
 	seq      seqCounter
@@ -82,7 +84,13 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	serverURL := os.Getenv("DATABASE_URL")
 	if serverURL == "" {
 		logf("starting a throwaway PostgreSQL server (set DATABASE_URL to use another)")
-		srv, err := pgtest.Start(ctx)
+		srv, err := pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: pgssSettings})
+		if err != nil && !errors.Is(err, pgtest.ErrNoServer) {
+			// Most likely no pg_stat_statements library (a server without contrib):
+			// the run goes on without the statement breakdown.
+			logf("the server did not start with pg_stat_statements (%v); starting it without", err)
+			srv, err = pgtest.Start(ctx)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -115,6 +123,7 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	if err := e.migrate(ctx); err != nil {
 		return nil, err
 	}
+	e.pgss = e.enablePgss(ctx)
 
 	e.httpClient = &http.Client{
 		Timeout: 30 * time.Second,
@@ -253,8 +262,13 @@ func (e *env) migrate(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, chargeflow.Schema); err != nil {
 		return fmt.Errorf("create charges table: %w", err)
 	}
-	if _, err := pool.Exec(ctx, recipeSchema); err != nil {
-		return fmt.Errorf("create recipe table: %w", err)
+	for _, table := range []string{"recipe_keys", "fused_keys"} {
+		if _, err := pool.Exec(ctx, keyTableSchema(table)); err != nil {
+			return fmt.Errorf("create %s: %w", table, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE bench_dup_effects (scope text NOT NULL, idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		return fmt.Errorf("create the duplicates experiment's table: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE bench_flush (one int); INSERT INTO bench_flush VALUES (1)"); err != nil {
 		return fmt.Errorf("create flush table: %w", err)
@@ -319,6 +333,16 @@ func (e *env) engine(pool *pgxpool.Pool, providerURL string, hooks workflow.Hook
 		return nil, err
 	}
 	return eng, nil
+}
+
+// variant returns the variant of that name.
+func (e *env) variant(name string) *variant {
+	for _, v := range e.variants {
+		if v.name == name {
+			return v
+		}
+	}
+	panic("bench: no variant " + name)
 }
 
 func randomHex(n int) string {

@@ -1,14 +1,18 @@
 // Command bench measures idemflow on the charges flow against the same flow with no
-// idempotency at all (bare) and against the textbook key-table recipe, in one process
-// and one run, in interleaved rounds, and checks the performance budget of DESIGN.md.
+// idempotency at all (bare), the textbook key-table recipe and a fused hand-written
+// recipe, in one process and one run, in interleaved rounds, and checks the
+// performance budget of DESIGN.md.
 //
-//	go run ./bench          # the full run (about 8 minutes on 2 cores): prints the report and
-//	                        # writes docs/BENCHMARKS.md and docs/benchmarks.svg
-//	go run ./bench -smoke   # a tiny run for CI (well under a minute); writes nothing
+//	go run ./bench                    # the full run (about 10 minutes on 2 cores): prints the report
+//	                                  # and writes docs/BENCHMARKS.md and docs/benchmarks.svg
+//	go run ./bench -growth 10000000   # the same with the growth experiment on 10M retained keys
+//	go run ./bench -smoke             # a tiny run of every part for CI (under a minute); writes nothing
+//	go run ./bench -cell 1s -rounds 2 -warmup 1s -growth 1000000 -docs ''   # a quick full run
 //
 // The database is $DATABASE_URL's server, else a throwaway one from local PostgreSQL
-// binaries (internal/pgtest, fsync on; TEST_DATABASE_URL is honoured there). The bench
-// creates a database of its own on it and drops it at the end.
+// binaries (internal/pgtest, fsync on, pg_stat_statements loaded; TEST_DATABASE_URL is
+// honoured there). The bench creates a database of its own on it (and two more for the
+// growth experiment) and drops them at the end.
 //
 // Variants, each a function call (no HTTP layer in front), each calling the fake
 // provider over HTTP:
@@ -17,15 +21,22 @@
 //     autocommit statements. The floor.
 //   - recipe: the textbook idempotency-key recipe: the claim in a transaction of its
 //     own, then a transaction per phase, one statement per round trip.
+//   - recipe-fused: the best a careful team would hand-write: the claim inside the
+//     first phase's transaction, each transaction one pgx batch (fused.go).
 //   - idemflow: workflow.Engine running chargeflow.Flow, fresh keys.
 //   - idemflow-replay: retries of keys idemflow finished.
 //
 // Then the sweeper: stuck keys drained by one sweeper process and by four, and the
-// retention cleanup of a large expired backlog under live traffic.
+// retention cleanup of a large expired backlog under live traffic; concurrent
+// duplicates of a key whose first attempt sits in a long first phase (dup.go); and,
+// with -growth N, fresh and replay latency with N retained finished keys against an
+// empty key table (growth.go). Where idemflow's cost over recipe-fused goes comes from
+// pg_stat_statements, read around every cell of the rounds (stmts.go).
 //
 // The command exits non-zero on errors and invariant violations (a request failed, a
 // replay was not a replay, a key was driven twice, a connection was held during a call
-// phase), never because a budget line was not met: those are printed as "not met".
+// phase, an effect committed other than once), never because a budget line was not
+// met: those are printed as "not met".
 package main
 
 import (
@@ -61,6 +72,8 @@ type options struct {
 	only        []string // variants to run in the rounds (all when empty)
 	rtProfile   bool
 	phases      map[string]bool
+	growth      int           // finished key rows of the growth experiment (0: not run)
+	dupSleep    time.Duration // the duplicates experiment's first phase
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -82,8 +95,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
 	fs.BoolVar(&o.keep, "keep", false, "keep the bench database (and a throwaway server's data) at the end")
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
+	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
+	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
-	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention", "comma-separated parts to run")
+	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -99,7 +114,9 @@ func parseFlags(args []string) (*options, error) {
 			"backlog":     func() { o.backlog = 3000 },
 			"live-window": func() { o.liveWindow = 500 * time.Millisecond },
 			"docs":        func() { o.docs = "" },
-			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention" },
+			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention,dups,growth" },
+			"growth":      func() { o.growth = 10000 },
+			"dup-sleep":   func() { o.dupSleep = time.Second },
 		}
 		for name, apply := range defaults {
 			if !set[name] {
@@ -120,7 +137,7 @@ func parseFlags(args []string) (*options, error) {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth":
 			o.phases[p] = true
 		default:
 			return nil, fmt.Errorf("-phases: unknown part %q", p)
@@ -135,6 +152,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, errors.New("-drain-keys, -sweepers and -sweeper-concurrency must be positive")
 	case o.backlog < 1 || o.liveWindow <= 0:
 		return nil, errors.New("-backlog and -live-window must be positive")
+	case o.growth < 0:
+		return nil, errors.New("-growth must not be negative")
+	case o.dupSleep < 100*time.Millisecond:
+		return nil, errors.New("-dup-sleep must be at least 100ms")
 	}
 	return o, nil
 }
@@ -251,12 +272,41 @@ func run(ctx context.Context, o *options) error {
 		}
 		rep.retention = ret
 	}
+	// Duplicates of a key whose first attempt is inside a long first phase.
+	if o.phases["dups"] {
+		d, err := env.duplicates(ctx)
+		if err != nil {
+			return err
+		}
+		rep.dups = d
+		violations = append(violations, d.violations()...)
+	}
+	// Many retained finished keys against an empty table.
+	if o.phases["growth"] && o.growth > 0 {
+		g, err := env.growth(ctx)
+		if err != nil {
+			return err
+		}
+		rep.growth = g
+	}
+	if env.pgss {
+		texts, err := env.stmtTexts(ctx)
+		if err != nil {
+			return err
+		}
+		rep.stmtTexts = texts
+	}
 	rep.finished = time.Now()
 	if o.rtProfile {
 		for _, v := range env.variants {
 			printRTProfile(v)
 		}
 	}
+
+	// The fused recipe's effects over the whole run.
+	fc, problems := env.verifyFused(ctx, env.fast.URL, env.slow.URL)
+	rep.fused = &fc
+	violations = append(violations, problems...)
 
 	violations = append(violations, rep.violations()...)
 	out := rep.markdown()

@@ -24,6 +24,7 @@ type cell struct {
 	P50     time.Duration
 	P99     time.Duration
 	Per     perReq
+	Stmts   map[int64]stmtStat // pg_stat_statements' advance over the cell, when loaded
 }
 
 // perReq are a cell's costs divided by its requests.
@@ -195,12 +196,25 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 	if err != nil {
 		return c, err
 	}
-	cpu0 := e.cpu.read()
+	var st0 map[int64]stmtStat
+	if e.pgss {
+		if st0, err = e.stmtSnapshot(ctx); err != nil {
+			return c, err
+		}
+	}
+	cpu0 := e.cpu.read(false)
 	l := e.runLoad(ctx, fn, conc, dur, k)
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	cpu1 := e.cpu.read()
+	cpu1 := e.cpu.read(true)
+	if e.pgss {
+		st1, err := e.stmtSnapshot(ctx)
+		if err != nil {
+			return c, err
+		}
+		c.Stmts = stmtDelta(st0, st1)
+	}
 	t1 := v.tr.snapshot()
 	flushed, err := flush(ctx, v.pool)
 	if err != nil {

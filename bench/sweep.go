@@ -275,7 +275,7 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	res := &drainResult{Procs: procs, Concurrency: e.o.sweepConc, Keys: e.o.drainKeys}
 	prefix := fmt.Sprintf("drain%d_%s", procs, e.runID)
 	sc := scopes(prefix)
-	idem := e.variants[2]
+	idem := e.variant(vIdem)
 
 	// Make the stuck keys.
 	setupStart := time.Now()
@@ -490,7 +490,7 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 	res := &retentionResult{Backlog: e.o.backlog, Conc: e.o.conc[len(e.o.conc)/2]}
 	prefix := "expired_" + e.runID
 	sc := scopes(prefix)
-	idem := e.variants[2]
+	idem := e.variant(vIdem)
 	pool := e.check
 
 	logf("retention: inserting %d expired finished keys", res.Backlog)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,7 @@ import (
 const (
 	vBare    = "bare"
 	vRecipe  = "recipe"
+	vFused   = "recipe-fused"
 	vIdem    = "idemflow"
 	vReplay  = "idemflow-replay"
 	vControl = "control: tx held across the call"
@@ -125,6 +127,13 @@ func (e *env) newVariants(ctx context.Context) error {
 	recipe.fast = func(ctx context.Context, w *worker) error { return doRecipe(ctx, recipe.pool, fastClient, w) }
 	recipe.slow = func(ctx context.Context, w *worker) error { return doRecipe(ctx, recipe.pool, slowClient, w) }
 
+	fused, err := mk(vFused)
+	if err != nil {
+		return err
+	}
+	fused.fast = func(ctx context.Context, w *worker) error { return doFused(ctx, fused.pool, fastClient, w) }
+	fused.slow = func(ctx context.Context, w *worker) error { return doFused(ctx, fused.pool, slowClient, w) }
+
 	idem, err := mk(vIdem)
 	if err != nil {
 		return err
@@ -170,7 +179,7 @@ func (e *env) newVariants(ctx context.Context) error {
 	e.control = &variant{name: vControl, pool: bare.pool, tr: bare.tr,
 		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
 
-	e.variants = []*variant{bare, recipe, idem, replay}
+	e.variants = []*variant{bare, recipe, fused, idem, replay}
 	return nil
 }
 
@@ -208,8 +217,13 @@ func doBare(ctx context.Context, pool *pgxpool.Pool, provider *chargeflow.Provid
 	return err
 }
 
-// recipeSchema is the textbook key table.
-const recipeSchema = `
+// keyTableSchema is the textbook key table, named table: the recipe's, and the fused
+// recipe's under another name.
+func keyTableSchema(table string) string {
+	return strings.Replace(recipeKeysDDL, "recipe_keys", table, 1)
+}
+
+const recipeKeysDDL = `
 CREATE TABLE IF NOT EXISTS recipe_keys (
 	id              bigserial   PRIMARY KEY,
 	scope           text        NOT NULL,

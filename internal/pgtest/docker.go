@@ -26,7 +26,7 @@ var errNoDocker = errors.New("no Docker daemon answered")
 // startDocker runs a postgres:15 container, published on the loopback interface only
 // (trust authentication must not be reachable from the network) unless the daemon is
 // remote (DOCKER_HOST=tcp://host:port), in which case it is published on that host.
-func startDocker(ctx context.Context) (*Server, error) {
+func startDocker(ctx context.Context, extra []string) (*Server, error) {
 	pool, err := dockertest.NewPool("")
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", errNoDocker, err)
@@ -39,6 +39,10 @@ func startDocker(ctx context.Context) (*Server, error) {
 	if u, err := url.Parse(os.Getenv("DOCKER_HOST")); err == nil && u.Scheme == "tcp" && u.Hostname() != "" {
 		bindIP, connectHost = "", u.Hostname()
 	}
+	cmd := []string{"postgres", "-c", "max_connections=300", "-c", "shared_buffers=128MB", "-c", "fsync=on", "-c", "TimeZone=UTC", "-c", "max_parallel_workers_per_gather=0"}
+	for _, s := range extra {
+		cmd = append(cmd, "-c", s)
+	}
 	opts := &dockertest.RunOptions{
 		Repository: dockerRepository,
 		Tag:        dockerTag,
@@ -47,7 +51,7 @@ func startDocker(ctx context.Context) (*Server, error) {
 			"POSTGRES_DB=postgres",
 			"POSTGRES_HOST_AUTH_METHOD=trust",
 		},
-		Cmd:          []string{"postgres", "-c", "max_connections=300", "-c", "shared_buffers=128MB", "-c", "fsync=on", "-c", "TimeZone=UTC", "-c", "max_parallel_workers_per_gather=0"},
+		Cmd:          cmd,
 		ExposedPorts: []string{"5432/tcp"},
 		PortBindings: map[docker.Port][]docker.PortBinding{
 			"5432/tcp": {{HostIP: bindIP, HostPort: ""}}, // any free host port

@@ -97,7 +97,7 @@ func isExecutable(path string) bool {
 
 // startLocal initialises a data directory in a new temporary directory and runs a
 // postgres server on it.
-func startLocal(ctx context.Context, binDir string) (*Server, error) {
+func startLocal(ctx context.Context, binDir string, extra []string) (*Server, error) {
 	owner, err := serverUser()
 	if err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func startLocal(ctx context.Context, binDir string) (*Server, error) {
 	// The free port is found before postgres binds it; another process can take it in
 	// between, so a failure to bind is retried on a new port.
 	for attempt := 1; ; attempt++ {
-		srv, err := runPostgres(ctx, binDir, dir, data, owner)
+		srv, err := runPostgres(ctx, binDir, dir, data, owner, extra)
 		if err == nil {
 			ok = true
 			return srv, nil
@@ -182,7 +182,8 @@ func initdb(ctx context.Context, binDir, dir, data string, owner *osUser) error 
 var errPortTaken = errors.New("port taken")
 
 // runPostgres starts postgres on a free port and waits until it accepts connections.
-func runPostgres(ctx context.Context, binDir, dir, data string, owner *osUser) (*Server, error) {
+// extra settings follow pgtest's own.
+func runPostgres(ctx context.Context, binDir, dir, data string, owner *osUser, extra []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: find a free port: %w", err)
@@ -193,7 +194,7 @@ func runPostgres(ctx context.Context, binDir, dir, data string, owner *osUser) (
 		return nil, fmt.Errorf("pgtest: server log: %w", err)
 	}
 	args := []string{"-D", data, "-p", strconv.Itoa(port)}
-	for _, s := range serverSettings {
+	for _, s := range append(append([]string(nil), serverSettings...), extra...) {
 		args = append(args, "-c", s)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "postgres"), args...)

@@ -39,15 +39,30 @@ type Server struct {
 // postgres:15 container when a Docker daemon answers. It returns once the server accepts
 // connections. Without any of the three it returns an error wrapping ErrNoServer that says
 // what to install. ctx bounds the start, not the server's life: call Stop when done.
-func Start(ctx context.Context) (*Server, error) {
+func Start(ctx context.Context) (*Server, error) { return StartWith(ctx, nil) }
+
+// StartOptions adjust a server that StartWith starts itself.
+type StartOptions struct {
+	// Settings are extra server settings ("name=value", passed as -c flags after
+	// pgtest's own, so they win), e.g. shared_preload_libraries=pg_stat_statements. They
+	// are not applied to a TEST_DATABASE_URL server.
+	Settings []string
+}
+
+// StartWith is Start with options; opts may be nil.
+func StartWith(ctx context.Context, opts *StartOptions) (*Server, error) {
+	var extra []string
+	if opts != nil {
+		extra = opts.Settings
+	}
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
 		return startExternal(ctx, u)
 	}
 	dir, looked := findBinDir()
 	if dir != "" {
-		return startLocal(ctx, dir)
+		return startLocal(ctx, dir, extra)
 	}
-	srv, err := startDocker(ctx)
+	srv, err := startDocker(ctx, extra)
 	if err == nil {
 		return srv, nil
 	}
