@@ -27,8 +27,9 @@ const (
 // key order, whitespace, string escapes and number spelling (1, 1.0, 1e0, 10e-1) don't
 // matter, while any two numbers of different decimal value, however many digits they
 // take, differ. Any other body, including JSON with duplicate member names, invalid
-// UTF-8 or nesting deeper than 64 levels, is hashed as its bytes. The two cases are
-// kept apart so that no raw body can collide with a JSON one.
+// UTF-8, nesting deeper than 64 levels or an exponent of more than 18 digits, is hashed
+// as its bytes. The two cases are kept apart so that no raw body can collide with a
+// JSON one.
 func Fingerprint(method, route string, body []byte) []byte {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
@@ -49,7 +50,9 @@ func Fingerprint(method, route string, body []byte) []byte {
 // FingerprintMatches reports whether stored, a fingerprint read from a key row, is the
 // fingerprint of this request: a v2 fingerprint equal to Fingerprint's, or a v1
 // fingerprint (32 bytes, written by releases before v2) equal to the one they computed.
-// A stored value of any other length matches nothing.
+// A stored value of any other length matches nothing. v1 compared numbers as float64,
+// so a v1 row still matches a body whose numbers differ only beyond float64's
+// precision; such rows age out with retention.
 func FingerprintMatches(stored []byte, method, route string, body []byte) bool {
 	switch len(stored) {
 	case fingerprintV2Len:

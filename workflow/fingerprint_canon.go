@@ -102,16 +102,15 @@ func canonicalJSON(body []byte) ([]byte, error) {
 
 // next reads one token and writes its part of the canonical form.
 func (c *canonicaliser) next(d *jsontext.Decoder) error {
-	switch d.PeekKind() {
+	switch kind := d.PeekKind(); kind {
 	case '{', '[':
-		tok, err := d.ReadToken()
-		if err != nil {
+		if _, err := d.ReadToken(); err != nil {
 			return err
 		}
 		if len(c.frames) == maxCanonicalDepth {
 			return errNotCanonical
 		}
-		object := tok.Kind() == '{'
+		object := kind == '{'
 		c.frames = append(c.frames, frame{object: object, members: len(c.members), wantName: object})
 		tag := byte('a')
 		if object {
