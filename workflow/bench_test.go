@@ -138,7 +138,7 @@ func BenchmarkChargeFlow(b *testing.B) {
 	be.do(b, chargeflow.FlowName, benchKey, false)
 }
 
-// BenchmarkFingerprint hashes a request: canonical JSON (RFC 8785) and sha256.
+// BenchmarkFingerprint hashes a request: the exact canonical form and sha256.
 func BenchmarkFingerprint(b *testing.B) {
 	small := []byte(`{"source":"tok_visa","amount":1999,"currency":"usd"}`)
 	large := []byte(`{"items":[`)
@@ -161,4 +161,71 @@ func BenchmarkFingerprint(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFingerprint1MiB hashes a realistic 1 MiB JSON body (orders with line items,
+// addresses and metadata, keys out of order, escapes and decimals): V2 is Fingerprint,
+// V1 the RFC 8785 fingerprint it replaced, still computed for rows written before v2.
+// DeepObjects is the worst case of the reordering, objects nested as deep as allowed
+// with their members out of order.
+func BenchmarkFingerprint1MiB(b *testing.B) {
+	orders := realisticJSON(1 << 20)
+	deep := deepObjectsJSON(1 << 20)
+	for _, c := range []struct {
+		name string
+		body []byte
+		fp   func(method, route string, body []byte) []byte
+	}{
+		{"V2", orders, workflow.Fingerprint},
+		{"V1", orders, func(m, r string, body []byte) []byte { fp := workflow.FingerprintV1(m, r, body); return fp[:] }},
+		{"V2DeepObjects", deep, workflow.Fingerprint},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			spaced := append([]byte(" "), c.body...)
+			require.Equal(b, c.fp("POST", "/v1/orders", c.body), c.fp("POST", "/v1/orders", spaced), "hashed as JSON, not as bytes")
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = c.fp("POST", "/v1/orders", c.body)
+			}
+		})
+	}
+}
+
+// realisticJSON returns a JSON object of at least n bytes: a page of orders.
+func realisticJSON(n int) []byte {
+	body := []byte(`{"object":"list","has_more":false,"data":[`)
+	for i := 0; len(body) < n; i++ {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = fmt.Appendf(body, `{"id":"ord_%08d","currency":"eur","amount_total":%d,"created":%d,`+
+			`"customer":{"name":"Zoë Müller-%d","email":"zoe.%d@example.com","phone":null,`+
+			`"address":{"line1":"%d Rue de l\u2019Église","city":"Paris","postal_code":"750%02d","country":"FR"}},`+
+			`"items":[{"sku":"sku_%04d","qty":%d,"unit_price":"%d.%02d","tax_rate":0.2,"discount":1.5e-1},`+
+			`{"sku":"sku_%04d","qty":1,"unit_price":"12.00","tax_rate":0.055,"discount":0}],`+
+			`"metadata":{"source":"web","campaign":"spring \"sale\"","ab_test":true},"paid":%t}`,
+			i, 1999+i*7, 1700000000+i, i, i, i%200+1, i%20, i%9000, i%5+1, i%500, i%100, (i+1)%9000, i%2 == 0)
+	}
+	return append(body, "]}"...)
+}
+
+// deepObjectsJSON returns a JSON array of at least n bytes of objects nested as deep as
+// Fingerprint canonicalises (an empty array in the innermost) whose members come in
+// reverse order, so every level is reordered.
+func deepObjectsJSON(n int) []byte {
+	body := []byte(`[`)
+	for i := 0; len(body) < n; i++ {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		for range workflow.MaxCanonicalDepth - 2 {
+			body = append(body, `{"z":1,"y":"two","x":`...)
+		}
+		body = append(body, `null`...)
+		for range workflow.MaxCanonicalDepth - 2 {
+			body = append(body, `,"a":[]}`...)
+		}
+	}
+	return append(body, ']')
 }

@@ -322,10 +322,10 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 		}
 		var res *Result
 		if row == nil {
-			res, row, err = e.fresh(ctx, f, req, fp[:])
+			res, row, err = e.fresh(ctx, f, req, fp)
 		}
 		if row != nil { // found, or the claim found it
-			res, err = e.existing(ctx, row, &req, fp[:])
+			res, err = e.existing(ctx, row, &req, fp)
 		}
 		if errors.Is(err, errRaced) {
 			continue
@@ -366,7 +366,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
 func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) (*Result, error) {
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
-	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || string(row.Fingerprint) != string(fp)) {
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
 		ev.Kind = KeyMismatch
 		e.cfg.Hooks.key(ctx, ev)
 		return nil, ErrMismatch

@@ -6,9 +6,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
-	"github.com/gowebpki/jcs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/workflow"
@@ -16,9 +16,10 @@ import (
 
 // FuzzFingerprintSemantic checks both directions of the fingerprint's promise on any
 // JSON body: an equivalent spelling (object keys shuffled, whitespace added, numbers
-// written in exponent form, strings re-escaped) has the same fingerprint, and a change
-// of meaning (one scalar value changed, a member added, a key renamed) a different one.
-// pick chooses what changes; seed drives the shuffling.
+// respelled with the same exact value, strings re-escaped) has the same fingerprint, and
+// a change of meaning (one scalar value changed, a number by less than float64 can
+// tell, a member added, a key renamed) a different one. pick chooses what changes; seed
+// drives the shuffling.
 func FuzzFingerprintSemantic(f *testing.F) {
 	for _, seed := range []string{
 		`{"amount":100,"currency":"usd","source":"tok_visa"}`,
@@ -28,6 +29,7 @@ func FuzzFingerprintSemantic(f *testing.F) {
 		`{"nested":{"deeper":{"k":true,"j":false}},"e":{},"l":[]}`,
 		`123456789012345678901234567890`,
 		`{"a<b>&":"\u2028\ud83d\ude00"}`,
+		`{"amount":9007199254740993,"rate":10.0000000000000001,"tiny":-1e-999999999}`,
 		`[]`,
 		`{}`,
 	} {
@@ -35,14 +37,11 @@ func FuzzFingerprintSemantic(f *testing.F) {
 		f.Add([]byte(seed), uint16(3), uint64(7))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, pick uint16, seed uint64) {
-		if _, err := jcs.Transform(body); err != nil || !json.Valid(body) {
+		v, ok := decodeStrict(body)
+		if !ok {
 			return // not canonicalisable JSON: hashed as bytes, covered by FuzzFingerprint
 		}
-		var v any
-		if err := json.Unmarshal(body, &v); err != nil {
-			return // e.g. a number out of float64's range
-		}
-		fp := func(b []byte) [32]byte { return workflow.Fingerprint("POST", "/r", b) }
+		fp := func(b []byte) []byte { return workflow.Fingerprint("POST", "/r", b) }
 		want := fp(body)
 		rng := rand.New(rand.NewPCG(seed, uint64(pick)))
 
@@ -59,7 +58,7 @@ func FuzzFingerprintSemantic(f *testing.F) {
 }
 
 // respell writes v as JSON with shuffled object keys, random whitespace, numbers in
-// exponent form and every string escaped as \uXXXX where it can be.
+// another spelling of their exact value and strings escaped as \uXXXX at random.
 func respell(v any, rng *rand.Rand) []byte {
 	var b bytes.Buffer
 	ws := func() {
@@ -100,8 +99,8 @@ func respell(v any, rng *rand.Rand) []byte {
 			}
 			ws()
 			b.WriteByte(']')
-		case float64:
-			b.WriteString(strconv.FormatFloat(x, 'e', -1, 64))
+		case json.Number:
+			b.WriteString(respellNumber(x, rng))
 		case string:
 			writeString(&b, x, rng)
 		case bool:
@@ -160,10 +159,10 @@ func mutate(v any, pick int) (any, bool) {
 			for out[key] != nil {
 				key += "_"
 			}
-			out[key] = 1.0
+			out[key] = json.Number("1")
 			return out, true
 		case []any:
-			return append(slices.Clone(x), 1.0), true
+			return append(slices.Clone(x), json.Number("1")), true
 		}
 		return nil, false
 	}
@@ -223,11 +222,18 @@ func change(v any, target int, i *int) any {
 		return v
 	}
 	switch x := v.(type) {
-	case float64:
-		if x == 0 {
-			return 1.0
+	case json.Number:
+		neg, digits, exp := exactDecimal(x)
+		switch {
+		case target%2 == 0: // add a unit 20 digits below the last: invisible to float64
+			digits += strings.Repeat("0", 19) + "1"
+			exp -= 20
+		case digits == "":
+			digits = "1"
+		default:
+			neg = !neg
 		}
-		return -x
+		return json.Number(formatDecimal(neg, digits, exp))
 	case string:
 		return x + "x"
 	case bool:
@@ -289,4 +295,84 @@ func renameKey(v any, target int) (any, bool) {
 		return v, false
 	}
 	return walk(v)
+}
+
+// exactDecimal returns the exact value of a JSON number: its sign, its significant
+// digits without leading or trailing zeros ("" for zero), and the exponent of the last
+// digit. The exponent must fit an int (decodeStrict checks it does).
+func exactDecimal(n json.Number) (neg bool, digits string, exp int) {
+	s := string(n)
+	neg = strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		var err error
+		if exp, err = strconv.Atoi(s[i+1:]); err != nil {
+			panic(err)
+		}
+		s = s[:i]
+	}
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		exp -= len(s) - i - 1
+		s = s[:i] + s[i+1:]
+	}
+	s = strings.TrimLeft(s, "0")
+	trimmed := strings.TrimRight(s, "0")
+	exp += len(s) - len(trimmed)
+	if trimmed == "" {
+		return false, "", 0
+	}
+	return neg, trimmed, exp
+}
+
+// formatDecimal writes digits × 10^exp as a JSON number.
+func formatDecimal(neg bool, digits string, exp int) string {
+	if digits == "" {
+		digits = "0"
+	}
+	s := digits + "e" + strconv.Itoa(exp)
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
+// respellNumber writes n's exact value in one of several spellings: integer digits
+// with trailing zeros, a decimal fraction with leading and trailing zeros, scientific
+// notation with E or e and an explicit sign, a minus zero.
+func respellNumber(n json.Number, rng *rand.Rand) string {
+	neg, digits, exp := exactDecimal(n)
+	sign := ""
+	if neg || (digits == "" && rng.IntN(2) == 0) {
+		sign = "-"
+	}
+	if digits == "" {
+		return sign + []string{"0", "0.0", "0e0", "0.000E+12", "0e-3"}[rng.IntN(5)]
+	}
+	zeros := strings.Repeat("0", rng.IntN(3))
+	e := []string{"e", "E", "e+", "E+"}[rng.IntN(4)]
+	expo := func(x int) string {
+		if x < 0 {
+			return []string{"e", "E"}[rng.IntN(2)] + strconv.Itoa(x)
+		}
+		return e + strconv.Itoa(x)
+	}
+	switch rng.IntN(4) {
+	case 0: // 0.00ddd0e(x)
+		lead := strings.Repeat("0", rng.IntN(3))
+		return sign + "0." + lead + digits + zeros + expo(exp+len(digits)+len(lead))
+	case 1: // d.ddd0e(x)
+		return sign + digits[:1] + "." + digits[1:] + "0" + zeros + expo(exp+len(digits)-1)
+	case 2: // plain digits when the exponent is small, padded with zeros
+		if exp >= 0 && exp <= 30 {
+			return sign + digits + strings.Repeat("0", exp) + []string{"", ".0", ".00"}[rng.IntN(3)]
+		}
+		if exp < 0 && -exp <= 30 {
+			point := len(digits) + exp
+			if point > 0 {
+				return sign + digits[:point] + "." + digits[point:] + zeros
+			}
+			return sign + "0." + strings.Repeat("0", -point) + digits + zeros
+		}
+	}
+	return sign + digits + zeros + expo(exp-len(zeros))
 }

@@ -98,7 +98,7 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 // The flow must be registered before Handler is called. It runs on if the client goes
 // away, so that the retry gets its stored answer. Handler always requires an
 // Idempotency-Key (HTTPConfig.RequireKey is ignored). The fingerprint is the method,
-// the route (HTTPConfig.Route) and the body in canonical JSON form.
+// the route (HTTPConfig.Route) and the body, JSON by its exact value (see Fingerprint).
 //
 // Answers other than the flow's own are application/problem+json (RFC 9457) and never
 // stored:
