@@ -37,7 +37,7 @@ type childConfig struct {
 	Lease       time.Duration
 	Params      map[string]string // run-time parameters of the child's pool
 	AppName     string
-	// Point is where the child kills or pauses itself (see pointHooks); Nth picks the
+	// Point is where the child kills or pauses itself (see points); Nth picks the
 	// Nth time the point is reached (0 means the first).
 	Point  string
 	Action string // kill or stop
@@ -55,54 +55,81 @@ type childLine struct {
 	Stats  *sweeper.Stats `json:",omitempty"`
 }
 
-// pointHooks fire at point: a call phase's start ("<phase>/before-call") and end
-// ("<phase>/after-call"), a tx phase's start ("<phase>/start"), its function's success
-// before COMMIT ("<phase>/before-commit") and its commit ("<phase>/after-commit"), the
-// claim's commit ("claimed"), a takeover by a retry ("taken-over") or a sweeper
-// ("swept").
-func pointHooks(point string, nth int, fire func(at string)) workflow.Hooks {
-	var mu sync.Mutex
-	seen := 0
-	at := func(p string) {
-		if p != point {
-			return
-		}
-		mu.Lock()
-		seen++
-		hit := seen == max(nth, 1)
-		mu.Unlock()
-		if hit {
-			fire(p)
-		}
+// points fires at one named point of a run, the nth time it is reached: a call
+// phase's start ("<phase>/before-call") and end ("<phase>/after-call"), a tx phase's
+// start ("<phase>/start", before its transaction opens), the start of a new key's first
+// tx phase's function ("<phase>/after-claim": the claim lock is held, the key row is
+// not written, nothing of the phase ran; see prologue), its function's success before
+// COMMIT ("<phase>/before-commit", before the key row's insert or update that rides
+// with it), its commit ("<phase>/after-commit"), the commit that wrote a new key's row
+// ("claimed"), a takeover by a retry ("taken-over") or a sweeper ("swept").
+type points struct {
+	point string
+	nth   int
+	fire  func(at string)
+	mu    sync.Mutex
+	seen  int
+}
+
+func newPoints(point string, nth int, fire func(at string)) *points {
+	return &points{point: point, nth: nth, fire: fire}
+}
+
+// at fires if p is the point and this is the nth time it is reached.
+func (ps *points) at(p string) {
+	if p != ps.point {
+		return
 	}
+	ps.mu.Lock()
+	ps.seen++
+	hit := ps.seen == max(ps.nth, 1)
+	ps.mu.Unlock()
+	if hit {
+		ps.fire(p)
+	}
+}
+
+// prologue is a first tx phase's prologue (see withFirstTxPrologue) that reaches
+// "<phase>/after-claim". The engine has no hook there: the function of a new key's
+// first tx phase is the first thing that runs once the claim gave it the key. A key
+// taken over runs its first phase (if it must) at attempt 2 or later.
+func (ps *points) prologue(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+	if run.Attempt() == 1 {
+		ps.at(run.Phase() + "/after-claim")
+	}
+	return nil
+}
+
+// hooks are the engine hooks that reach the points.
+func (ps *points) hooks() workflow.Hooks {
 	return workflow.Hooks{
 		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
 			if ev.Kind == phases.KindCall {
-				at(ev.Phase + "/before-call")
+				ps.at(ev.Phase + "/before-call")
 			} else {
-				at(ev.Phase + "/start")
+				ps.at(ev.Phase + "/start")
 			}
 			return ctx
 		},
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { at(ev.Phase + "/before-commit") },
+		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { ps.at(ev.Phase + "/before-commit") },
 		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
 			if err != nil {
 				return
 			}
 			if ev.Kind == phases.KindCall {
-				at(ev.Phase + "/after-call")
+				ps.at(ev.Phase + "/after-call")
 			} else {
-				at(ev.Phase + "/after-commit")
+				ps.at(ev.Phase + "/after-commit")
 			}
 		},
 		Key: func(ctx context.Context, ev workflow.KeyEvent) {
 			switch ev.Kind {
 			case workflow.KeyClaimed:
-				at("claimed")
+				ps.at("claimed")
 			case workflow.KeyTakenOver:
-				at("taken-over")
+				ps.at("taken-over")
 			case workflow.KeySwept:
-				at("swept")
+				ps.at("swept")
 			}
 		},
 	}
@@ -155,7 +182,7 @@ func runChildIfAsked() bool {
 	if err != nil {
 		fail("connect", err)
 	}
-	hooks := pointHooks(cfg.Point, cfg.Nth, func(at string) {
+	pts := newPoints(cfg.Point, cfg.Nth, func(at string) {
 		emit(childLine{Event: "fired", Point: at})
 		switch cfg.Action {
 		case "kill":
@@ -166,11 +193,11 @@ func runChildIfAsked() bool {
 			stopHere()
 		}
 	})
-	e, err := workflow.New(pool, &workflow.Config{Lease: cfg.Lease, Hooks: hooks})
+	e, err := workflow.New(pool, &workflow.Config{Lease: cfg.Lease, Hooks: pts.hooks()})
 	if err != nil {
 		fail("engine", err)
 	}
-	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}); err != nil {
+	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}, pts.prologue); err != nil {
 		fail("register", err)
 	}
 	switch cfg.Mode {
@@ -222,6 +249,9 @@ type child struct {
 	err    error
 }
 
+// childApp is the application_name of the sessions of the env's children.
+func (e *env) childApp() string { return e.appName + "_child" }
+
 // startChild starts a child with cfg (the env's database and provider filled in).
 func (e *env) startChild(t testing.TB, cfg childConfig) *child {
 	t.Helper()
@@ -229,7 +259,7 @@ func (e *env) startChild(t testing.TB, cfg childConfig) *child {
 		cfg.DBURL = e.db.URL
 	}
 	cfg.ProviderURL = e.provider.URL
-	cfg.AppName = e.appName + "_child"
+	cfg.AppName = e.childApp()
 	raw, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

@@ -123,6 +123,13 @@ func (e *env) proxy() *faultproxy.Proxy {
 // engine returns an engine on pool with both flows registered.
 func (e *env) engine(pool workflow.Pool, cfg *workflow.Config) *workflow.Engine {
 	e.t.Helper()
+	return e.engineWith(pool, cfg, nil)
+}
+
+// engineWith is engine with first as the prologue of the flows' first tx phase (see
+// withFirstTxPrologue).
+func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txPrologue) *workflow.Engine {
+	e.t.Helper()
 	c := workflow.Config{}
 	if cfg != nil {
 		c = *cfg
@@ -133,7 +140,7 @@ func (e *env) engine(pool workflow.Pool, cfg *workflow.Config) *workflow.Engine 
 	}
 	en, err := workflow.New(pool, &c)
 	require.NoError(e.t, err)
-	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client))
+	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client, first))
 	return en
 }
 
@@ -316,4 +323,54 @@ func (e *env) retryUntilFinal(ctx context.Context, en *workflow.Engine, req work
 		}
 		pause = min(pause*2, 200*time.Millisecond)
 	}
+}
+
+// effects counts a key's effect rows (the flow's charges or orders rows).
+func (e *env) effects(t testing.TB, flow, scope, key string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(sum(n), 0)::bigint FROM (`+effectCounts[flow]+`) e(scope, key, n)
+		WHERE scope = $1 AND key = $2`, scope, key).Scan(&n))
+	return n
+}
+
+// claimLockHolders are the backends of sessions named app that hold an advisory lock
+// (the claim lock is the engine's only one).
+func (e *env) claimLockHolders(t testing.TB, app string) []int32 {
+	t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1 ORDER BY l.pid`, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
+
+// waitUntil polls the server's view (no hook exists for it) on a ticker until cond
+// holds, and fails the test if it does not within limit.
+func waitUntil(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("not within %s: %s", limit, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitSessionsGone waits until no session named app is left: the server has ended the
+// backends of a killed process (and with them their transactions and claim locks).
+func (e *env) waitSessionsGone(t testing.TB, app string) {
+	t.Helper()
+	waitUntil(t, 30*time.Second, "the sessions of "+app+" ended", func() bool {
+		var n int
+		require.NoError(t, e.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		return n == 0
+	})
 }

@@ -180,12 +180,39 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 	}}
 }
 
-// registerFlows registers both flows on e, calling the provider at base.
-func registerFlows(e *workflow.Engine, base string, client *http.Client) error {
-	if err := e.Register(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client})); err != nil {
+// registerFlows registers both flows on e, calling the provider at base, with first
+// (if not nil) as the prologue of each flow's first phase when that is a tx phase.
+func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue) error {
+	if err := e.Register(withFirstTxPrologue(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), first)); err != nil {
 		return err
 	}
-	return e.Register(newTwoCallFlow(base, client))
+	return e.Register(withFirstTxPrologue(newTwoCallFlow(base, client), first))
+}
+
+// txPrologue runs in a tx phase's transaction before the phase's own function; an
+// error it returns is the phase's.
+type txPrologue func(ctx context.Context, tx phases.DBTX, run *phases.Run) error
+
+// withFirstTxPrologue returns f with fn run at the start of its first phase, if that
+// is a tx phase (its isolation level kept). For a new key that is right after the
+// claim: the engine calls a new key's first tx phase only once the claim lock is held
+// and the key row was found absent, and inserts the row at the phase's commit. A flow
+// that calls first (the two-call flow) is returned as it is: its claim and key row
+// commit alone, before the call.
+func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
+	if fn == nil || len(f.Phases) == 0 || f.Phases[0].Kind != phases.KindTx {
+		return f
+	}
+	first := f.Phases[0]
+	wrapped := phases.Tx(first.Name, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+		if err := fn(ctx, tx, run); err != nil {
+			return nil, err
+		}
+		return first.RunTx(ctx, tx, run)
+	})
+	wrapped.IsoLevel = first.IsoLevel
+	f.Phases = append([]phases.Phase{wrapped}, f.Phases[1:]...)
+	return f
 }
 
 // request builds the request of key i of flow.

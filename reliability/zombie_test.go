@@ -32,7 +32,7 @@ type zombieCase struct {
 
 var zombieCases = []zombieCase{
 	{chargeflow.FlowName, "do", "provider_charge/before-call", false},
-	{chargeflow.FlowName, "do", "create_charge/before-commit", true}, // the claim is not committed yet
+	{chargeflow.FlowName, "do", "create_charge/before-commit", true}, // holds the claim lock; the key row is not written yet
 	{chargeflow.FlowName, "do", "finalize/before-commit", true},
 	{chargeflow.FlowName, "do", "finalize/before-commit", false},
 	{twoCallFlow, "do", "capture/after-call", false},
