@@ -38,10 +38,71 @@ type exec struct {
 	deadLettered bool // the failure dead-lettered the key
 }
 
-// outcome of one phase.
-type outcome struct {
-	res  *Result // set when the key finished
-	done bool
+// stepKind is how one phase of an attempt ended. It is decided once, as a value, and
+// acted on after the phase's connection is back in the pool.
+type stepKind int
+
+const (
+	stepNext      stepKind = iota // the phase's effects are durable: run the next phase
+	stepFinished                  // the key finished: res is the answer
+	stepAlone                     // a response to store in a transaction of its own (resp)
+	stepTransient                 // nothing new is durable: release the key (err the cause, resp a 5xx to pass on)
+	stepConflict                  // a serialization failure or deadlock: the transaction may run again
+	stepStop                      // the attempt ends with err, already settled (claim or lease lost, released)
+)
+
+// step is the outcome of one phase.
+type step struct {
+	kind stepKind
+	res  *Result
+	resp *phases.Response
+	err  error
+}
+
+// failed is the step of an error met while running a phase: outcomes that end the
+// attempt as they are (the claim or the lease was lost, or the failure was settled
+// already), a conflict that may be retried, or a transient failure to settle.
+func failed(err error) step {
+	var te *TransientError
+	switch {
+	case claimLost(err), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
+		return step{kind: stepStop, err: err}
+	case errors.Is(err, store.ErrConflict):
+		return step{kind: stepConflict, err: err}
+	}
+	return step{kind: stepTransient, err: err}
+}
+
+// verdictKind is what a phase function's return asks for.
+type verdictKind int
+
+const (
+	goOn         verdictKind = iota // no response: move the recovery point past the phase
+	respond                         // a response to store: the key finishes with it
+	respondAlone                    // a terminal response (phases.Fail): discard the phase's work, store the response
+	fail                            // a 5xx or an error: store nothing
+)
+
+// verdict is a phase function's return, read once for both kinds of phase.
+type verdict struct {
+	kind verdictKind
+	resp *phases.Response
+	err  error
+}
+
+func decide(resp *phases.Response, err error) verdict {
+	var term *phases.TerminalError
+	switch {
+	case err == nil && resp == nil:
+		return verdict{kind: goOn}
+	case err == nil && resp.Status < 500:
+		return verdict{kind: respond, resp: resp}
+	case err == nil: // a 5xx: passed on, never stored
+		return verdict{kind: fail, resp: resp, err: fmt.Errorf("phase responded %d", resp.Status)}
+	case errors.As(err, &term) && term.Response != nil && term.Response.Status < 500:
+		return verdict{kind: respondAlone, resp: term.Response}
+	}
+	return verdict{kind: fail, err: err}
 }
 
 func (x *exec) event(p phases.Phase) PhaseEvent {
@@ -58,51 +119,61 @@ func (x *exec) drive(ctx context.Context, start int) (*Result, error) {
 	for i := start; i < len(x.flow.Phases); i++ {
 		p := x.flow.Phases[i]
 		last = p.Name
-		var out outcome
-		var err error
+		var st step
 		if p.Kind == phases.KindTx {
-			out, err = x.txPhase(ctx, p)
+			st = x.txPhase(ctx, p)
 		} else {
-			out, err = x.callPhase(ctx, p)
+			st = x.callPhase(ctx, p)
 		}
-		if err != nil || out.done {
-			return out.res, err
+		switch st.kind {
+		case stepNext:
+		case stepFinished:
+			return st.res, nil
+		default:
+			return nil, st.err
 		}
 	}
 	return nil, x.transient(ctx, last, ErrNoResponse, nil)
 }
 
+// settle acts on a step that needs more than the phase itself: a response stored on
+// its own, or the release after a transient failure (a conflict that is not retried is
+// one). It runs once the phase's connection is back in the pool, and leaves only
+// stepNext, stepFinished or stepStop.
+func (x *exec) settle(ctx context.Context, phase string, st step) step {
+	switch st.kind {
+	case stepAlone:
+		res, err := x.finishAlone(ctx, st.resp)
+		if err != nil {
+			return step{kind: stepStop, err: err}
+		}
+		return step{kind: stepFinished, res: res}
+	case stepTransient, stepConflict:
+		return step{kind: stepStop, err: x.transient(ctx, phase, st.err, st.resp)}
+	}
+	return st
+}
+
 // txPhase runs a tx phase, re-running its whole transaction after a serialization
 // failure or deadlock.
-func (x *exec) txPhase(ctx context.Context, p phases.Phase) (outcome, error) {
+func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
 	for try := 0; ; try++ {
-		out, err := x.txOnce(ctx, p, ev)
-		if errors.Is(err, store.ErrConflict) && try < x.e.cfg.TxRetries && ctx.Err() == nil {
-			if werr := wait(ctx, conflictDelay(try)); werr == nil {
-				continue
-			}
+		st := x.txOnce(ctx, p, ev)
+		if st.kind == stepConflict && try < x.e.cfg.TxRetries && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
+			continue
 		}
-		if err == nil || claimLost(err) || errors.Is(err, ErrLeaseLost) {
-			x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
-			return out, err
-		}
-		var te *TransientError
-		if errors.As(err, &te) {
-			x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
-			return out, err
-		}
-		err = x.transient(ctx, p.Name, err, nil)
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
-		return out, err
+		st = x.settle(ctx, p.Name, st)
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.err)
+		return st
 	}
 }
 
-// txOnce runs one transaction of a tx phase. Errors that are not outcomes of the
-// claim, lease losses or already transient are turned into transient failures by the
-// caller (after conflict retries).
-func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outcome, error) {
+// txOnce runs one transaction of a tx phase: the claim if the key is new, the phase
+// function, and the commit that writes the key row. Its connection is back in the
+// pool when it returns; what else its step needs is for settle.
+func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 	// The lease bounds the transaction: a connection that stops answering (half-open,
 	// blackholed) must not hold the executor, and past its lease its commit is likely
 	// fenced anyway.
@@ -110,64 +181,53 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (outco
 	defer cancel()
 	tx, err := x.open(ctx, p.IsoLevel)
 	if err != nil {
-		return outcome{}, err
+		return failed(err)
 	}
 	defer tx.done(ctx)
 	if x.claim != nil {
 		if err := x.claimKey(ctx, tx); err != nil {
-			tx.done(ctx)
-			return outcome{}, err
+			return failed(err)
 		}
 	}
 	x.run.EnterPhase(p.Name)
-	resp, ferr := runTx(ctx, p, tx, x.run)
-	var term *phases.TerminalError
-	switch {
-	case ferr == nil && resp == nil:
+	v := decide(runTx(ctx, p, tx, x.run))
+	switch v.kind {
+	case goOn:
 		data, err := x.data()
 		if err != nil {
-			tx.done(ctx)
-			return outcome{}, err
+			return failed(err)
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		sent := time.Now()
-		err = x.commit(ctx, tx, keyWrite{target: p.Name, data: data})
-		if err != nil {
-			return outcome{}, err
+		if err := x.commit(ctx, tx, keyWrite{target: p.Name, data: data}); err != nil {
+			return failed(err)
 		}
 		x.rp = p.Name
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
-		return outcome{}, nil
-	case ferr == nil && resp.Status < 500:
-		stored, data, err := x.storable(resp)
+		return step{kind: stepNext}
+	case respond:
+		stored, data, err := x.storable(v.resp)
 		if err != nil {
-			tx.done(ctx)
-			return outcome{}, err
+			return failed(err)
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
-		err = x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored})
-		if err != nil {
-			return outcome{}, err
+		if err := x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored}); err != nil {
+			return failed(err)
 		}
-		return x.finished(ctx, resp), nil
-	case ferr == nil: // a 5xx response: transient, passed on but never stored
-		tx.done(ctx)
+		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
+	case respondAlone:
 		x.run.Revert()
-		return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("phase responded %d", resp.Status), resp)
-	case errors.As(ferr, &term) && term.Response != nil && term.Response.Status < 500:
-		tx.done(ctx)
-		x.run.Revert()
-		return x.finishAlone(ctx, term.Response)
-	default:
-		tx.done(ctx)
-		x.run.Revert()
-		return outcome{}, store.Classify(ferr)
+		return step{kind: stepAlone, resp: v.resp}
 	}
+	x.run.Revert()
+	st := failed(store.Classify(v.err))
+	st.resp = v.resp
+	return st
 }
 
 // callPhase runs a call phase with no transaction open. The key row must be durable
 // before anything leaves the process, so a claim still pending is committed first.
-func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
+func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	if x.claim != nil {
 		sent := time.Now()
 		data, err := x.data()
@@ -175,7 +235,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 			err = x.commitAlone(ctx, keyWrite{target: x.rp, data: data})
 		}
 		if err != nil {
-			return outcome{}, x.commitFailed(ctx, p.Name, err)
+			return x.settle(ctx, p.Name, failed(err))
 		}
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
 	}
@@ -184,46 +244,41 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 	x.run.EnterPhase(p.Name)
 	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
 	if !time.Now().Before(deadline) {
-		err := x.transient(ctx, p.Name, errors.New("too little of the lease is left to make the call"), nil)
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
-		return outcome{}, err
+		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: errors.New("too little of the lease is left to make the call")})
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.err)
+		return st
 	}
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	resp, err := runCall(callCtx, p, x.run)
 	cancel()
 	x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
-	var term *phases.TerminalError
-	switch {
-	case err == nil && resp == nil:
+	v := decide(resp, err)
+	switch v.kind {
+	case goOn:
 		x.rp = p.Name
-		return outcome{}, nil
-	case err == nil && resp.Status < 500:
-		return x.finishAlone(ctx, resp)
-	case err == nil:
+		return step{kind: stepNext}
+	case respond:
+		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
+	case respondAlone:
 		x.run.Revert()
-		return outcome{}, x.transient(ctx, p.Name, fmt.Errorf("phase responded %d", resp.Status), resp)
-	case errors.As(err, &term) && term.Response != nil && term.Response.Status < 500:
-		x.run.Revert()
-		return x.finishAlone(ctx, term.Response)
-	default:
-		x.run.Revert()
-		return outcome{}, x.transient(ctx, p.Name, err, nil)
+		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
 	}
+	x.run.Revert()
+	return x.settle(ctx, p.Name, step{kind: stepTransient, err: v.err, resp: v.resp})
 }
 
-// finishAlone stores resp in a transaction of its own: BEGIN, the claim checks and the
+// finishAlone stores resp in a transaction of its own: BEGIN, the claim with the
 // insert of a finished row if the claim is still pending, else the fenced finish, and
-// COMMIT, in one round trip.
-// Failures other than claim outcomes and lost leases are transient: the key is
-// released, never left leased.
-func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (outcome, error) {
+// COMMIT, in one round trip. Failures other than claim outcomes and lost leases are
+// transient: the key is released, never left leased.
+func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (*Result, error) {
 	stored, data, err := x.storable(resp)
 	if err != nil {
-		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
+		return nil, x.commitFailed(ctx, x.run.Phase(), err)
 	}
 	err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	if err != nil {
-		return outcome{}, x.commitFailed(ctx, x.run.Phase(), err)
+		return nil, x.commitFailed(ctx, x.run.Phase(), err)
 	}
 	return x.finished(ctx, resp), nil
 }
@@ -269,11 +324,11 @@ func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
 	return x.commit(ctx, tx, w)
 }
 
-func (x *exec) finished(ctx context.Context, resp *phases.Response) outcome {
+func (x *exec) finished(ctx context.Context, resp *phases.Response) *Result {
 	x.claim = nil
 	x.rp = phases.Finished
 	x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyFinished, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: phases.Finished})
-	return outcome{res: &Result{Response: resp}, done: true}
+	return &Result{Response: resp}
 }
 
 // keyWrite is what a commit writes to the key row: the recovery point it moves to and
