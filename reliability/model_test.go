@@ -276,6 +276,10 @@ func (m *modelRun) crash(k *mkey, point string) {
 	}
 	if killed {
 		m.counts["crashes"]++
+		// Until the server has ended the dead child's sessions, a claim lock it held
+		// turns the key's next attempt away with 409; the model's next step expects
+		// the key as the crash left it in the table.
+		m.env.waitSessionsGone(m.t, m.env.childApp())
 	}
 	if !killed {
 		var a *answer

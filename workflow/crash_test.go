@@ -11,11 +11,13 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/faultproxy"
+	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -38,6 +40,10 @@ const (
 	envProvider   = "IDEMFLOW_CRASH_PROVIDER_URL"
 	envKey        = "IDEMFLOW_CRASH_KEY"
 )
+
+// crashApp is the application_name of a crash child's sessions, so that the test can
+// wait until the server has ended them (and with them the child's claim lock).
+func crashApp(key string) string { return "idemflow-crash-" + key }
 
 // crashHooks kill the process with SIGKILL at point: no deferred functions, no
 // connection cleanup, exactly like a crash.
@@ -81,7 +87,12 @@ func runCrashChild() bool {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv(envDBURL))
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envDBURL))
+	if err != nil {
+		fail("parse database URL", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = crashApp(os.Getenv(envKey))
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		fail("connect", err)
 	}
@@ -120,6 +131,7 @@ func TestCrashMatrix(t *testing.T) {
 			require.ErrorAs(t, err, &ee, "child output: %s", out)
 			ws := ee.Sys().(syscall.WaitStatus)
 			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed at %s: %s", point, out)
+			waitSessionsGone(t, b.db, crashApp(key))
 
 			var res *workflow.Result
 			if point == "reserve/after-claim" || point == "reserve/before-commit" {
@@ -244,4 +256,29 @@ func TestDatabaseGoneMidPhase(t *testing.T) {
 	require.Equal(t, 201, res.Response.Status)
 	requireOneEffect(t, b, "acct", "k")
 	require.Equal(t, 1, b.provider.Payments())
+}
+
+// waitSessionsGone polls pg_stat_activity (the server has no hook for it) until no
+// session named app is left: the server noticed that the killed child's connections
+// closed and ended their transactions. Until then a dead child's claim lock can still
+// turn a retry away.
+func waitSessionsGone(t *testing.T, db *pgtest.DB, app string) {
+	t.Helper()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		if n == 0 {
+			return
+		}
+		select {
+		case <-deadline.C:
+			t.Fatalf("the sessions of %s did not end within 30s", app)
+		case <-tick.C:
+		}
+	}
 }
