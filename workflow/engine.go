@@ -295,8 +295,17 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 // attempt on it; each race means another attempt made progress.
 const maxRaces = 8
 
-// errRaced means the key changed under this attempt; look it up again.
-var errRaced = errors.New("raced")
+// answer is how an attempt on a key ends: with a result or an error; or, when the key
+// changed under it (another attempt made progress), with another look-up; or, for a
+// new key whose claim found the row, as that row.
+type answer struct {
+	res   *Result
+	err   error
+	again bool       // look the key up again
+	found *store.Row // fresh only: answer as this row
+}
+
+func answered(res *Result, err error) answer { return answer{res: res, err: err} }
 
 // Do runs one attempt of req. A new key runs its flow from the start; a finished key
 // replays its stored response; an unfinished key whose lease ended is taken over and
@@ -320,17 +329,17 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 		case err != nil:
 			return nil, err
 		}
-		var res *Result
+		var a answer
 		if row == nil {
-			res, row, err = e.fresh(ctx, f, req, fp)
+			a = e.fresh(ctx, f, req, fp)
+			row = a.found
 		}
 		if row != nil { // found, or the claim found it
-			res, err = e.existing(ctx, row, &req, fp)
+			a = e.existing(ctx, row, &req, fp)
 		}
-		if errors.Is(err, errRaced) {
-			continue
+		if !a.again {
+			return a.res, a.err
 		}
-		return res, err
 	}
 	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
 }
@@ -354,69 +363,67 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 		if err != nil {
 			return nil, err
 		}
-		res, err := e.existing(ctx, row, nil, nil)
-		if errors.Is(err, errRaced) {
-			continue
+		if a := e.existing(ctx, row, nil, nil); !a.again {
+			return a.res, a.err
 		}
-		return res, err
 	}
 	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
 }
 
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
-func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) (*Result, error) {
+func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
 	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
 		ev.Kind = KeyMismatch
 		e.cfg.Hooks.key(ctx, ev)
-		return nil, ErrMismatch
+		return answered(nil, ErrMismatch)
 	}
 	switch row.Status {
 	case store.StatusFinished:
 		resp, err := storedResponse(row)
 		if err != nil {
-			return nil, err
+			return answered(nil, err)
 		}
 		ev.Kind = KeyReplayed
 		e.cfg.Hooks.key(ctx, ev)
-		return &Result{Response: resp, Replayed: true}, nil
+		return answered(&Result{Response: resp, Replayed: true}, nil)
 	case store.StatusDead:
 		last := ""
 		if row.LastError != nil {
 			last = *row.LastError
 		}
-		return nil, fmt.Errorf("%w: %s", ErrDeadLettered, last)
+		return answered(nil, fmt.Errorf("%w: %s", ErrDeadLettered, last))
 	}
 	if row.LeaseLive {
 		ev.Kind = KeyInProgress
 		e.cfg.Hooks.key(ctx, ev)
-		return nil, &InProgressError{RetryAfter: max(row.LeaseLeft(), time.Second)}
+		return answered(nil, &InProgressError{RetryAfter: max(row.LeaseLeft(), time.Second)})
 	}
 	f, ok := e.flow(row.Flow)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key)
+		return answered(nil, fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key))
 	}
 	next, err := f.Index(row.RecoveryPoint)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err)
+		return answered(nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err))
 	}
 	started := time.Now()
 	tctx, cancel := e.bounded(ctx)
 	taken, err := e.store.Takeover(tctx, e.pool, row.Scope, row.Key, row.ID, row.LockVersion, e.cfg.Lease)
 	cancel()
 	if errors.Is(err, store.ErrNotTaken) {
-		return nil, errRaced
+		return answer{again: true}
 	}
 	if err != nil {
-		return nil, err
+		return answered(nil, err)
 	}
 	ev.Kind = KeyTakenOver
 	e.cfg.Hooks.key(ctx, ev)
 	x, err := e.newExec(f, taken, started)
 	if err != nil {
-		return nil, err
+		return answered(nil, err)
 	}
-	return x.drive(ctx, next+1)
+	return answered(x.drive(ctx, next+1))
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -425,12 +432,12 @@ const claimRetryAfter = time.Second
 
 // fresh runs a new key from its first phase. The claim checks make sure that an
 // attempt that does not own the key runs nothing of the flow: when another attempt is
-// claiming the key, fresh answers in progress; when the key's row exists, it returns
-// errRaced, and Do looks the row up and answers it.
-func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byte) (*Result, *store.Row, error) {
+// claiming the key, fresh answers in progress; when the key's row exists, it answers
+// as the row (or looks it up again when the claim did not read it).
+func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byte) answer {
 	id, err := newUUID()
 	if err != nil {
-		return nil, nil, err
+		return answered(nil, err)
 	}
 	x := &exec{
 		e:     e,
@@ -454,13 +461,13 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
-		return nil, nil, &InProgressError{RetryAfter: claimRetryAfter}
+		return answered(nil, &InProgressError{RetryAfter: claimRetryAfter})
 	case errors.Is(err, store.ErrClaimExists) && x.found != nil:
-		return nil, x.found, nil // answered as found
+		return answer{found: x.found}
 	case errors.Is(err, store.ErrClaimExists):
-		return nil, nil, errRaced // the row exists: look it up and answer it
+		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return res, nil, err
+	return answered(res, err)
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
