@@ -79,7 +79,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) (outcome, error) {
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
 	for try := 0; ; try++ {
 		out, err := x.txOnce(ctx, p, ev)
-		if errors.Is(err, store.ErrConflict) && try < x.e.cfg.TxRetries && ctx.Err() == nil {
+		if errors.Is(err, store.ErrConflict) && try < x.e.cfg.txRetries() && ctx.Err() == nil {
 			if werr := wait(ctx, conflictDelay(try)); werr == nil {
 				continue
 			}
