@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,9 +37,17 @@ type SweepOpts struct {
 	// Limit is the most keys taken. Required, positive.
 	Limit int
 	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
-	// client's own retry. Zero means no grace.
+	// client's own retry. Zero means the default, 5s, as sweeper.Config.Grace; -1 means
+	// no grace.
 	Grace time.Duration
 }
+
+// Defaults of SweepOpts and RunTakenOpts: those of sweeper.Config, so that zero means
+// the same in both (TestSweepDefaultsMatchTheSweeper checks it).
+const (
+	sweepGraceDefault  = 5 * time.Second
+	maxAttemptsDefault = 10
+)
 
 // Taken is a key taken over by TakeDue: its lock version was bumped, so nothing that
 // ran it before can commit, and it holds a fresh lease of Config.Lease. Pass it to
@@ -89,7 +98,7 @@ func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) 
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
-		Limit: opts.Limit, Grace: max(opts.Grace, 0), Lease: e.cfg.Lease, Flows: flows,
+		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
 	})
 	if err != nil {
 		return nil, err
@@ -129,12 +138,21 @@ const (
 // RunTakenOpts configure RunTaken.
 type RunTakenOpts struct {
 	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
-	// later (Taken.Attempts counts the claim and every takeover). Zero means a key is
-	// never dead-lettered.
+	// later (Taken.Attempts counts the claim and every takeover). Zero means the
+	// default, 10, as sweeper.Config.MaxAttempts; -1 means a key is never
+	// dead-lettered.
 	MaxAttempts int
 	// ParkFor is how long a key of a client-only flow is left alone by sweeps after it
-	// was released for its client. Zero means Config.BackoffMax.
+	// was released for its client. Defaults to Config.BackoffMax.
 	ParkFor time.Duration
+}
+
+// maxAttempts is MaxAttempts as exec.maxAttempts reads it: 0 for never.
+func (o *RunTakenOpts) maxAttempts() int {
+	if o.MaxAttempts < 0 {
+		return 0
+	}
+	return cmp.Or(o.MaxAttempts, maxAttemptsDefault)
 }
 
 // SweepResult reports what RunTaken did with a key.
@@ -182,17 +200,17 @@ func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (Sw
 		return e.park(ctx, t, opts.ParkFor)
 	}
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.maxAttempts())
 	}
 	next, err := f.Index(t.RecoveryPoint)
 	if err != nil {
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.maxAttempts())
 	}
 	x, err := e.newExec(f, t.row, t.taken)
 	if err != nil {
-		return e.settleUnrun(ctx, t, err, opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, err, opts.maxAttempts())
 	}
-	x.maxAttempts = opts.MaxAttempts
+	x.maxAttempts = opts.maxAttempts()
 
 	res, err := x.drive(ctx, next+1)
 	if err == nil {
