@@ -309,7 +309,7 @@ var errRaced = errors.New("raced")
 // Errors: ErrInvalidKey, ErrInvalidScope, ErrInvalidRequest, ErrBodyTooLarge and
 // ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrUnknownRecoveryPoint;
-// ErrDeadLettered; store errors when the database fails.
+// ErrDeadLettered; ErrUnavailable or ErrConflict when the database fails.
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	f, err := e.validate(&req)
 	if err != nil {

@@ -326,7 +326,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 		return err
 	case errors.Is(err, store.ErrLeaseLost):
 		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
-		return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		return err
 	case errors.Is(err, store.ErrConflict):
 		return err
 	case errors.Is(err, store.ErrNotSent):
@@ -399,7 +399,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		after = x.backoff()
 	}
 	if errors.Is(cause, store.ErrLeaseLost) {
-		return fmt.Errorf("%w: %w", ErrLeaseLost, cause)
+		return cause
 	}
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
@@ -416,7 +416,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}
 		switch {
 		case errors.Is(derr, store.ErrLeaseLost):
-			return fmt.Errorf("%w: %w", ErrLeaseLost, derr)
+			return derr
 		case derr != nil:
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)

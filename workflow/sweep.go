@@ -82,8 +82,8 @@ func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Sinc
 // take disjoint sets, and a key that finished or was taken over after the statement's
 // snapshot is left alone. Each key taken gets a KeySwept event.
 //
-// It returns an empty slice when nothing is due, and store errors when the database
-// fails (nothing was taken).
+// It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
+// when the database fails (nothing was taken).
 func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) {
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
@@ -241,7 +241,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAtte
 	err := e.store.Release(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptReleased, Err: cause}, err
 	}
@@ -260,7 +260,7 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (SweepResu
 	err := e.store.Park(rctx, e.pool, t.fence(), cause.Error(), d)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptParked, Err: cause}, err
 	}
@@ -277,7 +277,7 @@ func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (SweepRe
 	err := e.store.DeadLetter(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error())
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptReleased, Err: cause}, err
 	}
@@ -293,7 +293,7 @@ const settleTimeout = 10 * time.Second
 // when it stops or when too little of the lease is left: the lease is cleared, the
 // attempt the takeover counted is uncounted, and the key stays due for any sweeper.
 // It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
-// was taken over by someone else meanwhile, and store errors when the database fails.
+// was taken over by someone else meanwhile, and ErrUnavailable when the database fails.
 func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
 	if t == nil || t.row == nil {
 		return errors.New("workflow: release taken key: not a key from TakeDue")
@@ -317,7 +317,7 @@ func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
 // kept until the next failure or the finish replaces it.
 //
 // Errors: ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
-// state (nothing changes); store errors when the database fails.
+// state (nothing changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err
