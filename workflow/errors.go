@@ -79,7 +79,8 @@ func (e *InProgressError) Error() string {
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
 // TransientError is returned when an attempt failed but may succeed later. Nothing new
-// was stored and the key keeps its recovery point.
+// was stored and the key keeps its recovery point. A phase asks for a delay with
+// phases.RetryLater (a *phases.RetryError going in); this is what comes out.
 type TransientError struct {
 	// Phase is the phase that failed.
 	Phase string

@@ -391,7 +391,7 @@ func (x *exec) commitFailed(ctx context.Context, phase string, err error) error 
 // and returns the *TransientError for the caller.
 func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) error {
 	after := time.Duration(0)
-	var te *phases.TransientError
+	var te *phases.RetryError
 	if errors.As(cause, &te) {
 		after = te.After
 	}
