@@ -45,25 +45,31 @@ func (e *TerminalError) Error() string {
 	return fmt.Sprintf("phase failed terminally with status %d", e.Response.Status)
 }
 
-// TransientError marks a failure worth retrying later, with a suggested delay. Any
-// error that is not a *TerminalError is transient; this type only adds After.
-type TransientError struct {
+// RetryError marks a failure worth retrying later, with a suggested delay. Any error
+// that is not a *TerminalError is transient; this type only adds After. Make one with
+// RetryLater.
+//
+// It is a hint going into the engine, and is named apart from workflow.TransientError,
+// the result coming out of Engine.Do that callers branch on (with errors.As, beside
+// workflow.ErrTransient): that one keeps the name because it is the one users see on
+// every transient failure, while this one is made by RetryLater and rarely named.
+type RetryError struct {
 	Err   error
 	After time.Duration
 }
 
 // RetryLater wraps err as a transient failure and suggests retrying after d (0 lets
 // the engine choose).
-func RetryLater(err error, d time.Duration) error { return &TransientError{Err: err, After: d} }
+func RetryLater(err error, d time.Duration) error { return &RetryError{Err: err, After: d} }
 
-func (e *TransientError) Error() string {
+func (e *RetryError) Error() string {
 	if e.Err == nil {
 		return "transient failure"
 	}
 	return e.Err.Error()
 }
 
-func (e *TransientError) Unwrap() error { return e.Err }
+func (e *RetryError) Unwrap() error { return e.Err }
 
 // PanicError is the transient error a panicking phase turns into.
 type PanicError struct {

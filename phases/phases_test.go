@@ -126,7 +126,7 @@ func TestOutcomes(t *testing.T) {
 	require.Equal(t, 402, term.Response.Status)
 
 	cause := context.DeadlineExceeded
-	var te *phases.TransientError
+	var te *phases.RetryError
 	require.ErrorAs(t, phases.RetryLater(cause, 5), &te)
 	require.ErrorIs(t, phases.RetryLater(cause, 5), cause)
 }

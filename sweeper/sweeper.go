@@ -1,6 +1,7 @@
 package sweeper
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,31 +24,35 @@ const (
 	CleanupBatchDefault = 1000
 )
 
-// Config configures a Sweeper. The zero value (or a nil *Config) means all defaults.
+// Config configures a Sweeper. The zero value (or a nil *Config) means all defaults. A
+// field's zero value always means its default; special values (Grace -1) are kept as
+// written by WithDefaults, so applying it again changes nothing.
 type Config struct {
 	// Interval is the pause between passes, jittered by ±20% so that many sweepers do
 	// not move in lockstep. A pass that took a full batch is followed by the next one at
-	// once. Defaults to 1s.
+	// once. Defaults to 1s; at least 1ms.
 	Interval time.Duration
 	// Grace leaves keys claimed less than Grace ago (by the database clock) alone, so
-	// that the client's own retry usually wins. Defaults to 5s; negative means none.
+	// that the client's own retry usually wins. Defaults to 5s. -1 means no grace;
+	// other negative values are refused.
 	Grace time.Duration
-	// BatchSize is the most keys one pass takes over. Defaults to 100.
+	// BatchSize is the most keys one pass takes over. Defaults to 100; 1..10000.
 	BatchSize int
-	// Concurrency is how many taken keys are run at once. Defaults to 4.
+	// Concurrency is how many taken keys are run at once. Defaults to 4; 1..1024.
 	Concurrency int
 	// MaxAttempts is how many attempts a key gets (its claim and every takeover count)
-	// before a failed one dead-letters it. Defaults to 10.
+	// before a failed one dead-letters it. Defaults to 10; at least 1.
 	MaxAttempts int
 	// Retention is how long a finished key is remembered and replayed, at least, after
 	// it finished. Defaults to 24h; at least one minute.
 	Retention time.Duration
-	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000.
+	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000;
+	// 1..100000.
 	CleanupBatch int
 	// Hooks observe passes. Optional.
 	Hooks Hooks
 	// Logger receives the background loop's failures and dead-lettered keys. Defaults
-	// to the engine's Config.Logger.
+	// to the engine's Config.Logger (filled in by New, not by WithDefaults).
 	Logger *slog.Logger
 }
 
@@ -59,36 +64,21 @@ type Hooks struct {
 	Pass func(ctx context.Context, s Stats, err error)
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
+// WithDefaults returns a copy of c with zero fields set to their defaults. Special
+// values are kept as they are, so c.WithDefaults().WithDefaults() equals
+// c.WithDefaults().
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
 	}
-	if out.Interval == 0 {
-		out.Interval = IntervalDefault
-	}
-	if out.Grace == 0 {
-		out.Grace = GraceDefault
-	}
-	if out.Grace < 0 {
-		out.Grace = 0
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = BatchSizeDefault
-	}
-	if out.Concurrency == 0 {
-		out.Concurrency = ConcurrencyDefault
-	}
-	if out.MaxAttempts == 0 {
-		out.MaxAttempts = MaxAttemptsDefault
-	}
-	if out.Retention == 0 {
-		out.Retention = RetentionDefault
-	}
-	if out.CleanupBatch == 0 {
-		out.CleanupBatch = CleanupBatchDefault
-	}
+	out.Interval = cmp.Or(out.Interval, IntervalDefault)
+	out.Grace = cmp.Or(out.Grace, GraceDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.Concurrency = cmp.Or(out.Concurrency, ConcurrencyDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
+	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.CleanupBatch = cmp.Or(out.CleanupBatch, CleanupBatchDefault)
 	return &out
 }
 
@@ -96,6 +86,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.Interval < time.Millisecond:
 		return fmt.Errorf("sweeper: Interval %s is under 1ms", c.Interval)
+	case c.Grace < -1:
+		return fmt.Errorf("sweeper: Grace %s is negative; -1 means no grace", c.Grace)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("sweeper: BatchSize %d is outside 1..10000", c.BatchSize)
 	case c.Concurrency < 1 || c.Concurrency > 1024:

@@ -46,7 +46,7 @@ func TestNew(t *testing.T) {
 	require.Equal(t, sweeper.MaxAttemptsDefault, d.MaxAttempts)
 	require.Equal(t, 24*time.Hour, d.Retention)
 	require.Equal(t, sweeper.CleanupBatchDefault, d.CleanupBatch)
-	require.Zero(t, (&sweeper.Config{Grace: -1}).WithDefaults().Grace, "negative grace means none")
+	require.Equal(t, time.Duration(-1), (&sweeper.Config{Grace: -1}).WithDefaults().Grace, "-1 (no grace) is kept as written")
 }
 
 func TestRunOnceFinishesStuckKeys(t *testing.T) {

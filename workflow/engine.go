@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,36 +35,47 @@ const (
 	BackoffMaxDefault        = 5 * time.Minute
 )
 
-// StoredHeadersDefault are the response headers kept on a finished key and replayed.
-// Headers such as Set-Cookie, Date and authentication headers are never stored.
-var StoredHeadersDefault = []string{
+// storedHeadersDefault is never handed out: StoredHeadersDefault returns copies.
+var storedHeadersDefault = []string{
 	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag",
 	"Last-Modified", "Cache-Control", "Link", "Retry-After",
 }
 
-// Config configures an Engine. The zero value (or a nil *Config) means all defaults.
+// StoredHeadersDefault returns the response headers kept on a finished key and
+// replayed when Config.StoredHeaders is nil. Each call returns a fresh slice; changing
+// it changes nothing else. Headers such as Set-Cookie, Date and authentication headers
+// are never stored, whatever the configuration says.
+func StoredHeadersDefault() []string { return slices.Clone(storedHeadersDefault) }
+
+// Config configures an Engine. The zero value (or a nil *Config) means all defaults. A
+// field's zero value always means its default; special values (such as -1 for TxRetries)
+// are kept as written by WithDefaults, so applying it again changes nothing.
 type Config struct {
 	// Lease is how long an executor owns a key before another may take it over, by the
 	// database clock. Each tx phase commit renews it; a call phase's context ends
-	// before it does. Defaults to 30s.
+	// before it does. Defaults to 30s; at least 1s.
 	Lease time.Duration
-	// MaxBodyBytes limits the request body stored with a key. Defaults to 1 MiB.
+	// MaxBodyBytes limits the request body stored with a key. Defaults to 1 MiB; at
+	// most 16 MiB.
 	MaxBodyBytes int
 	// MaxResponseBytes limits a stored response body. Larger responses are refused,
-	// never truncated. Defaults to 1 MiB.
+	// never truncated. Defaults to 1 MiB; at most 16 MiB.
 	MaxResponseBytes int
-	// MaxPhaseDataBytes limits the encoded phase data. Defaults to 64 KiB.
+	// MaxPhaseDataBytes limits the encoded phase data. Defaults to 64 KiB; at most
+	// 1 MiB.
 	MaxPhaseDataBytes int
 	// TxRetries is how many times a tx phase is re-run after a serialization failure
-	// or deadlock. Defaults to 5; -1 disables retries.
+	// or deadlock. Defaults to 5. -1 disables retries; other negative values are
+	// refused.
 	TxRetries int
 	// BackoffBase and BackoffMax shape the delay before a released key is due for the
 	// sweeper again: BackoffBase * 2^(attempts-1), capped at BackoffMax, unless the
-	// phase suggested a delay. Default 1s and 5m.
+	// phase suggested a delay. BackoffBase defaults to 1s and BackoffMax to 5m;
+	// BackoffMax must not be below BackoffBase.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// StoredHeaders lists the response headers kept and replayed. Defaults to
-	// StoredHeadersDefault.
+	// StoredHeaders lists the response headers kept and replayed. Defaults (when nil)
+	// to StoredHeadersDefault(); an empty, non-nil slice keeps none.
 	StoredHeaders []string
 	// Hooks observe the engine. Optional.
 	Hooks Hooks
@@ -71,42 +84,27 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
+// WithDefaults returns a copy of c with zero fields set to their defaults. Special
+// values are kept as they are, so c.WithDefaults().WithDefaults() equals
+// c.WithDefaults(). StoredHeaders is copied.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
 	}
-	if out.Lease == 0 {
-		out.Lease = LeaseDefault
-	}
-	if out.MaxBodyBytes == 0 {
-		out.MaxBodyBytes = MaxBodyBytesDefault
-	}
-	if out.MaxResponseBytes == 0 {
-		out.MaxResponseBytes = MaxResponseBytesDefault
-	}
-	if out.MaxPhaseDataBytes == 0 {
-		out.MaxPhaseDataBytes = MaxPhaseDataBytesDefault
-	}
-	if out.TxRetries == 0 {
-		out.TxRetries = TxRetriesDefault
-	}
-	if out.TxRetries < 0 {
-		out.TxRetries = 0
-	}
-	if out.BackoffBase == 0 {
-		out.BackoffBase = BackoffBaseDefault
-	}
-	if out.BackoffMax == 0 {
-		out.BackoffMax = BackoffMaxDefault
-	}
+	out.Lease = cmp.Or(out.Lease, LeaseDefault)
+	out.MaxBodyBytes = cmp.Or(out.MaxBodyBytes, MaxBodyBytesDefault)
+	out.MaxResponseBytes = cmp.Or(out.MaxResponseBytes, MaxResponseBytesDefault)
+	out.MaxPhaseDataBytes = cmp.Or(out.MaxPhaseDataBytes, MaxPhaseDataBytesDefault)
+	out.TxRetries = cmp.Or(out.TxRetries, TxRetriesDefault)
+	out.BackoffBase = cmp.Or(out.BackoffBase, BackoffBaseDefault)
+	out.BackoffMax = cmp.Or(out.BackoffMax, BackoffMaxDefault)
 	if out.StoredHeaders == nil {
-		out.StoredHeaders = StoredHeadersDefault
+		out.StoredHeaders = StoredHeadersDefault()
+	} else {
+		out.StoredHeaders = slices.Clone(out.StoredHeaders)
 	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
+	out.Logger = cmp.Or(out.Logger, slog.Default())
 	return &out
 }
 
@@ -120,11 +118,17 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: MaxResponseBytes %d is outside 0..16 MiB", c.MaxResponseBytes)
 	case c.MaxPhaseDataBytes < 0 || c.MaxPhaseDataBytes > 1<<20:
 		return fmt.Errorf("workflow: MaxPhaseDataBytes %d is outside 0..1 MiB", c.MaxPhaseDataBytes)
+	case c.TxRetries < -1:
+		return fmt.Errorf("workflow: TxRetries %d is negative; -1 disables retries", c.TxRetries)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
 	return nil
 }
+
+// txRetries is how many times a tx phase is re-run after a conflict: TxRetries, with
+// -1 (disabled) as 0.
+func (c *Config) txRetries() int { return max(c.TxRetries, 0) }
 
 // Pool is what the engine needs of a connection pool; *pgxpool.Pool satisfies it.
 type Pool interface {
@@ -314,7 +318,7 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 // Errors: ErrInvalidKey, ErrInvalidScope, ErrInvalidRequest, ErrBodyTooLarge and
 // ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrUnknownRecoveryPoint;
-// ErrDeadLettered; store errors when the database fails.
+// ErrDeadLettered; ErrUnavailable or ErrConflict when the database fails.
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	f, err := e.validate(&req)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
 )
 
 var (
@@ -32,11 +33,6 @@ var (
 	// ErrDeadLettered: the key was given up on after too many failed attempts; it keeps
 	// its last error and can be re-driven explicitly.
 	ErrDeadLettered = errors.New("key dead-lettered")
-	// ErrNotFound: Resume found no key row.
-	ErrNotFound = errors.New("key not found")
-	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
-	// work was rolled back and the new owner answers.
-	ErrLeaseLost = errors.New("lease lost")
 	// ErrTransient: the attempt failed in a way worth retrying. Nothing new was stored,
 	// the key was released and keeps its recovery point. The error is a *TransientError.
 	ErrTransient = errors.New("transient failure")
@@ -47,6 +43,25 @@ var (
 	ErrPhaseDataTooLarge = errors.New("phase data too large")
 	// ErrNoResponse: the flow's last phase returned without a response.
 	ErrNoResponse = errors.New("flow ended without a response")
+)
+
+// Errors of the database and of fencing. They are the store package's own values
+// (aliases, not copies), so errors.Is matches them whichever layer wrapped them, and
+// nobody needs to import store to handle an error.
+var (
+	// ErrUnavailable: the database could not be reached or the connection broke. It
+	// comes back on its own when nothing was run yet, and inside a *TransientError
+	// when a phase failed with it (then the key was released or its lease runs out).
+	ErrUnavailable = store.ErrUnavailable
+	// ErrConflict: a serialization failure or deadlock outlived Config.TxRetries
+	// (inside a *TransientError), or the key kept changing under the attempt. Retrying
+	// is safe.
+	ErrConflict = store.ErrConflict
+	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
+	// work was rolled back and the new owner answers.
+	ErrLeaseLost = store.ErrLeaseLost
+	// ErrNotFound: Resume or Redrive found no key row.
+	ErrNotFound = store.ErrNotFound
 )
 
 // InProgressError is returned while another attempt holds a key's lease.
@@ -64,7 +79,8 @@ func (e *InProgressError) Error() string {
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
 // TransientError is returned when an attempt failed but may succeed later. Nothing new
-// was stored and the key keeps its recovery point.
+// was stored and the key keeps its recovery point. A phase asks for a delay with
+// phases.RetryLater (a *phases.RetryError going in); this is what comes out.
 type TransientError struct {
 	// Phase is the phase that failed.
 	Phase string

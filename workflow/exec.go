@@ -161,7 +161,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
 	for try := 0; ; try++ {
 		st := x.txOnce(ctx, p, ev)
-		if st.kind == stepConflict && try < x.e.cfg.TxRetries && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
+		if st.kind == stepConflict && try < x.e.cfg.txRetries() && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
 			continue
 		}
 		st = x.settle(ctx, p.Name, st)
@@ -381,7 +381,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 		return err
 	case errors.Is(err, store.ErrLeaseLost):
 		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
-		return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		return err
 	case errors.Is(err, store.ErrConflict):
 		return err
 	case errors.Is(err, store.ErrNotSent):
@@ -446,7 +446,7 @@ func (x *exec) commitFailed(ctx context.Context, phase string, err error) error 
 // and returns the *TransientError for the caller.
 func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) error {
 	after := time.Duration(0)
-	var te *phases.TransientError
+	var te *phases.RetryError
 	if errors.As(cause, &te) {
 		after = te.After
 	}
@@ -454,7 +454,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		after = x.backoff()
 	}
 	if errors.Is(cause, store.ErrLeaseLost) {
-		return fmt.Errorf("%w: %w", ErrLeaseLost, cause)
+		return cause
 	}
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
@@ -471,7 +471,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}
 		switch {
 		case errors.Is(derr, store.ErrLeaseLost):
-			return fmt.Errorf("%w: %w", ErrLeaseLost, derr)
+			return derr
 		case derr != nil:
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)

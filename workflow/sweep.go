@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,9 +37,17 @@ type SweepOpts struct {
 	// Limit is the most keys taken. Required, positive.
 	Limit int
 	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
-	// client's own retry. Zero means no grace.
+	// client's own retry. Zero means the default, 5s, as sweeper.Config.Grace; -1 means
+	// no grace.
 	Grace time.Duration
 }
+
+// Defaults of SweepOpts and RunTakenOpts: those of sweeper.Config, so that zero means
+// the same in both (TestSweepDefaultsMatchTheSweeper checks it).
+const (
+	sweepGraceDefault  = 5 * time.Second
+	maxAttemptsDefault = 10
+)
 
 // Taken is a key taken over by TakeDue: its lock version was bumped, so nothing that
 // ran it before can commit, and it holds a fresh lease of Config.Lease. Pass it to
@@ -73,8 +82,8 @@ func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Sinc
 // take disjoint sets, and a key that finished or was taken over after the statement's
 // snapshot is left alone. Each key taken gets a KeySwept event.
 //
-// It returns an empty slice when nothing is due, and store errors when the database
-// fails (nothing was taken).
+// It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
+// when the database fails (nothing was taken).
 func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) {
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
@@ -89,7 +98,7 @@ func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) 
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
-		Limit: opts.Limit, Grace: max(opts.Grace, 0), Lease: e.cfg.Lease, Flows: flows,
+		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
 	})
 	if err != nil {
 		return nil, err
@@ -129,12 +138,21 @@ const (
 // RunTakenOpts configure RunTaken.
 type RunTakenOpts struct {
 	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
-	// later (Taken.Attempts counts the claim and every takeover). Zero means a key is
-	// never dead-lettered.
+	// later (Taken.Attempts counts the claim and every takeover). Zero means the
+	// default, 10, as sweeper.Config.MaxAttempts; -1 means a key is never
+	// dead-lettered.
 	MaxAttempts int
 	// ParkFor is how long a key of a client-only flow is left alone by sweeps after it
-	// was released for its client. Zero means Config.BackoffMax.
+	// was released for its client. Defaults to Config.BackoffMax.
 	ParkFor time.Duration
+}
+
+// maxAttempts is MaxAttempts as exec.maxAttempts reads it: 0 for never.
+func (o *RunTakenOpts) maxAttempts() int {
+	if o.MaxAttempts < 0 {
+		return 0
+	}
+	return cmp.Or(o.MaxAttempts, maxAttemptsDefault)
 }
 
 // SweepResult reports what RunTaken did with a key.
@@ -182,17 +200,17 @@ func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (Sw
 		return e.park(ctx, t, opts.ParkFor)
 	}
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.maxAttempts())
 	}
 	next, err := f.Index(t.RecoveryPoint)
 	if err != nil {
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.maxAttempts())
 	}
 	x, err := e.newExec(f, t.row, t.taken)
 	if err != nil {
-		return e.settleUnrun(ctx, t, err, opts.MaxAttempts)
+		return e.settleUnrun(ctx, t, err, opts.maxAttempts())
 	}
-	x.maxAttempts = opts.MaxAttempts
+	x.maxAttempts = opts.maxAttempts()
 
 	res, err := x.drive(ctx, next+1)
 	if err == nil {
@@ -223,7 +241,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAtte
 	err := e.store.Release(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptReleased, Err: cause}, err
 	}
@@ -242,7 +260,7 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (SweepResu
 	err := e.store.Park(rctx, e.pool, t.fence(), cause.Error(), d)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptParked, Err: cause}, err
 	}
@@ -259,7 +277,7 @@ func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (SweepRe
 	err := e.store.DeadLetter(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error())
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}, nil
+		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
 	case err != nil:
 		return SweepResult{Outcome: SweptReleased, Err: cause}, err
 	}
@@ -275,7 +293,7 @@ const settleTimeout = 10 * time.Second
 // when it stops or when too little of the lease is left: the lease is cleared, the
 // attempt the takeover counted is uncounted, and the key stays due for any sweeper.
 // It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
-// was taken over by someone else meanwhile, and store errors when the database fails.
+// was taken over by someone else meanwhile, and ErrUnavailable when the database fails.
 func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
 	if t == nil || t.row == nil {
 		return errors.New("workflow: release taken key: not a key from TakeDue")
@@ -299,7 +317,7 @@ func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
 // kept until the next failure or the finish replaces it.
 //
 // Errors: ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
-// state (nothing changes); store errors when the database fails.
+// state (nothing changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err

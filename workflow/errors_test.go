@@ -1,0 +1,159 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// The errors a caller branches on are the store's own values, not copies.
+func TestErrorsAreAliases(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct{ ours, store error }{
+		"Unavailable": {workflow.ErrUnavailable, store.ErrUnavailable},
+		"Conflict":    {workflow.ErrConflict, store.ErrConflict},
+		"LeaseLost":   {workflow.ErrLeaseLost, store.ErrLeaseLost},
+		"NotFound":    {workflow.ErrNotFound, store.ErrNotFound},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.True(t, tc.ours == tc.store, "%v is a copy of %v", tc.ours, tc.store)
+		})
+	}
+}
+
+func TestErrorsMatchThroughTheEngine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("Unavailable", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		// Nothing listens on port 1: every connection is refused.
+		pool, err := pgxpool.New(ctx, "postgres://idemflow@127.0.0.1:1/idemflow?connect_timeout=5")
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		e := b.newEngine(t, setupOpts{pool: pool})
+		_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.ErrorIs(t, err, workflow.ErrUnavailable)
+		_, err = e.Resume(ctx, "acct", "k")
+		require.ErrorIs(t, err, workflow.ErrUnavailable)
+	})
+
+	t.Run("Conflict", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{
+			cfg: &workflow.Config{TxRetries: -1},
+			before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+				if run.Phase() != testflow.Settle {
+					return nil
+				}
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
+				return err
+			},
+		})
+		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.ErrorIs(t, err, workflow.ErrTransient)
+		require.ErrorIs(t, err, workflow.ErrConflict)
+	})
+
+	t.Run("NotFound", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		_, err := b.engine.Resume(ctx, "acct", "none")
+		require.ErrorIs(t, err, workflow.ErrNotFound)
+		require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "none"), workflow.ErrNotFound)
+		require.Equal(t, 1, strings.Count(err.Error(), "not found"), err.Error())
+	})
+}
+
+// A lost lease is named once in the message, however many layers saw it.
+func TestLeaseLostIsNamedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("FencedCommit", func(t *testing.T) {
+		t.Parallel()
+		paused := make(chan struct{})
+		resume := make(chan struct{})
+		var zombie atomic.Bool
+		zombie.Store(true)
+		b := setup(t, setupOpts{
+			cfg: &workflow.Config{Lease: 2 * time.Second},
+			before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+				if run.Phase() == testflow.Settle && zombie.CompareAndSwap(true, false) {
+					close(paused)
+					<-resume // the executor stalls here, past its lease
+				}
+				return nil
+			}})
+		zombieErr := make(chan error, 1)
+		go func() {
+			_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":9}`))
+			zombieErr <- err
+		}()
+		<-paused
+		expireLease(t, b.db, "acct", "k")
+		other := b.newEngine(t, setupOpts{pool: b.db.NewPool(t)})
+		_, err := other.Resume(ctx, "acct", "k")
+		require.NoError(t, err)
+		close(resume)
+
+		err = <-zombieErr
+		require.ErrorIs(t, err, workflow.ErrLeaseLost)
+		require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), err.Error())
+	})
+
+	t.Run("SweptKeyFinishedByItsClient", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		b.provider.FailNext(1)
+		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.ErrorIs(t, err, workflow.ErrTransient)
+		sweepable(t, b.db)
+		taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+		require.NoError(t, err)
+		require.Len(t, taken, 1)
+		sweepable(t, b.db)
+		_, err = b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.NoError(t, err)
+
+		out, err := b.engine.RunTaken(ctx, taken[0], &workflow.RunTakenOpts{MaxAttempts: 1})
+		require.NoError(t, err)
+		require.Equal(t, workflow.SweptLeaseLost, out.Outcome)
+		require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
+		require.Equal(t, 1, strings.Count(out.Err.Error(), "lease lost"), out.Err.Error())
+	})
+
+	t.Run("ReleaseAfterFailure", func(t *testing.T) {
+		// A failed attempt whose release finds the key taken over.
+		t.Parallel()
+		var lost atomic.Bool
+		var b *bundle
+		b = setup(t, setupOpts{before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			if run.Phase() == testflow.Settle && lost.CompareAndSwap(false, true) {
+				// Someone else takes the key over (lock version moves) while this
+				// attempt runs; its failure's release is then fenced off.
+				if _, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET lock_version = lock_version + 1`); err != nil {
+					return err
+				}
+				return errors.New("settle failed")
+			}
+			return nil
+		}})
+		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.ErrorIs(t, err, workflow.ErrLeaseLost)
+		require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), err.Error())
+	})
+}

@@ -1,0 +1,93 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// Zero in the sweep options means what it means in sweeper.Config.
+func TestSweepDefaultsMatchTheSweeper(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, sweeper.GraceDefault, workflow.SweepGraceDefault)
+	require.Equal(t, sweeper.MaxAttemptsDefault, workflow.SweepMaxAttemptsDefault)
+}
+
+// released makes every in-progress key due now, its lease gone, claimed age ago by the
+// database clock.
+func released(t *testing.T, db *pgtest.DB, age string) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `
+		UPDATE idemflow_keys
+		SET created_at = clock_timestamp() - $1::interval,
+			next_attempt_at = clock_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		WHERE status = 'in_progress'`, age)
+	require.NoError(t, err)
+}
+
+func TestSweepOptsGrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	b.provider.FailNext(1)
+	_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+
+	released(t, b.db, "1 second")
+	taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, taken, "zero grace is the default, 5s")
+
+	released(t, b.db, "10 seconds")
+	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: 0})
+	require.NoError(t, err)
+	require.Len(t, taken, 1, "past the default grace")
+	require.NoError(t, b.engine.ReleaseTaken(ctx, taken[0]))
+
+	released(t, b.db, "0 seconds")
+	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: -1})
+	require.NoError(t, err)
+	require.Len(t, taken, 1, "-1 means no grace")
+	require.NoError(t, b.engine.ReleaseTaken(ctx, taken[0]))
+}
+
+func TestRunTakenOptsMaxAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		opts *workflow.RunTakenOpts
+		want workflow.SweepOutcome
+	}{
+		"NilIsTheDefault":  {nil, workflow.SweptDeadLettered},
+		"ZeroIsTheDefault": {&workflow.RunTakenOpts{}, workflow.SweptDeadLettered},
+		"MinusOneIsNever":  {&workflow.RunTakenOpts{MaxAttempts: -1}, workflow.SweptReleased},
+		"MoreThanTaken":    {&workflow.RunTakenOpts{MaxAttempts: workflow.SweepMaxAttemptsDefault + 1}, workflow.SweptReleased},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{})
+			b.provider.FailNext(1)
+			_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+			require.ErrorIs(t, err, workflow.ErrTransient)
+			// The takeover makes this the default's last attempt.
+			_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET attempts = $1`, workflow.SweepMaxAttemptsDefault-1)
+			require.NoError(t, err)
+			released(t, b.db, "1 hour")
+			taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+			require.NoError(t, err)
+			require.Len(t, taken, 1)
+			require.Equal(t, workflow.SweepMaxAttemptsDefault, taken[0].Attempts)
+
+			b.provider.FailNext(1)
+			res, err := b.engine.RunTaken(ctx, taken[0], tc.opts)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, res.Outcome)
+		})
+	}
+}
