@@ -25,7 +25,7 @@
 // BackoffMax); once a key has had Config.MaxAttempts attempts and fails again it is
 // dead-lettered: visible with its last error, never run again until
 // workflow.Engine.Redrive. Keys of client-only flows (the HTTP middleware's) are
-// released, not run, so that the client's next retry runs them afresh; they are never
+// parked: released, not run, so that the client's next retry runs them afresh; they are never
 // dead-lettered by a sweeper, and are looked at again only after Config.Retention.
 //
 // # Retention
@@ -48,5 +48,6 @@
 // counts, including the number of keys expired, go to Config.Hooks.Pass. Failures of
 // the background loop and dead-lettered keys are logged through Config.Logger.
 //
-// This package imports idemflow's workflow package.
+// This package imports idemflow's workflow package and its internal maint package
+// (the engine's maintenance API, which users never call).
 package sweeper

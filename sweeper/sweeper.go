@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -125,17 +126,17 @@ type Stats struct {
 	Expired int64
 }
 
-func (s *Stats) add(o workflow.SweepOutcome) {
+func (s *Stats) add(o maint.Outcome) {
 	switch o {
-	case workflow.SweptFinished:
+	case maint.Finished:
 		s.Finished++
-	case workflow.SweptReleased:
+	case maint.Released:
 		s.Released++
-	case workflow.SweptDeadLettered:
+	case maint.DeadLettered:
 		s.DeadLettered++
-	case workflow.SweptLeaseLost:
+	case maint.LeaseLost:
 		s.LeaseLost++
-	case workflow.SweptParked:
+	case maint.Parked:
 		s.Parked++
 	}
 }
@@ -143,7 +144,7 @@ func (s *Stats) add(o workflow.SweepOutcome) {
 // Sweeper takes over and finishes stuck keys and expires old finished ones. It is safe
 // for concurrent use; any number may run at once, in any number of processes.
 type Sweeper struct {
-	engine *workflow.Engine
+	engine maint.Engine
 	cfg    *Config
 	lease  time.Duration
 
@@ -178,7 +179,7 @@ func New(engine *workflow.Engine, cfg *Config) (*Sweeper, error) {
 	if c.Logger == nil {
 		c.Logger = ec.Logger
 	}
-	return &Sweeper{engine: engine, cfg: c, lease: ec.Lease}, nil
+	return &Sweeper{engine: maint.Of(engine), cfg: c, lease: ec.Lease}, nil
 }
 
 // Start runs passes in the background until Stop, and returns at once. The first pass
@@ -298,7 +299,7 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 	var st Stats
 	var errs []error
 	if !stopped(ctx, stop) {
-		taken, err := s.engine.TakeDue(ctx, workflow.SweepOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
+		taken, err := s.engine.TakeDue(ctx, maint.TakeDueOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("take due keys: %w", err))
 		}
@@ -324,11 +325,11 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 
 // runTaken runs taken keys, Config.Concurrency at a time. A key a worker gets to after
 // stop, or with less than half its lease left, is given back unrun.
-func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*workflow.Taken, st *Stats) []error {
+func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*maint.Taken, st *Stats) []error {
 	if len(taken) == 0 {
 		return nil
 	}
-	queue := make(chan *workflow.Taken, len(taken))
+	queue := make(chan *maint.Taken, len(taken))
 	for _, t := range taken {
 		queue <- t
 	}
@@ -340,7 +341,7 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*w
 		wg.Go(func() {
 			for t := range queue {
 				if stopped(ctx, stop) || t.LeaseLeft() < s.lease/2 {
-					err := s.engine.ReleaseTaken(ctx, t)
+					err := s.engine.GiveBack(ctx, t)
 					mu.Lock()
 					st.GivenBack++
 					if err != nil {
@@ -349,8 +350,8 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*w
 					mu.Unlock()
 					continue
 				}
-				res, err := s.engine.RunTaken(ctx, t, &workflow.RunTakenOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
-				if res.Outcome == workflow.SweptDeadLettered {
+				res, err := s.engine.Run(ctx, t, &maint.RunOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
+				if res.Outcome == maint.DeadLettered {
 					s.cfg.Logger.WarnContext(ctx, "sweeper: key dead-lettered",
 						slog.Group("key", slog.String("scope", t.Scope), slog.String("key", t.Key), slog.String("id", t.ID)),
 						slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint),

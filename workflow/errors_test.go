@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
@@ -122,16 +123,16 @@ func TestLeaseLostIsNamedOnce(t *testing.T) {
 		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 		require.ErrorIs(t, err, workflow.ErrTransient)
 		sweepable(t, b.db)
-		taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+		taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
 		require.NoError(t, err)
 		require.Len(t, taken, 1)
 		sweepable(t, b.db)
 		_, err = b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 		require.NoError(t, err)
 
-		out, err := b.engine.RunTaken(ctx, taken[0], &workflow.RunTakenOpts{MaxAttempts: 1})
+		out, err := maint.Of(b.engine).Run(ctx, taken[0], &maint.RunOpts{MaxAttempts: 1})
 		require.NoError(t, err)
-		require.Equal(t, workflow.SweptLeaseLost, out.Outcome)
+		require.Equal(t, maint.LeaseLost, out.Outcome)
 		require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
 		require.Equal(t, 1, strings.Count(out.Err.Error(), "lease lost"), out.Err.Error())
 	})

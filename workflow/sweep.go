@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -32,47 +32,26 @@ var (
 	ErrNeedsClient = errors.New("only the client's retry can finish this key")
 )
 
-// SweepOpts select the keys TakeDue takes.
-type SweepOpts struct {
-	// Limit is the most keys taken. Required, positive.
-	Limit int
-	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
-	// client's own retry. Zero means the default, 5s, as sweeper.Config.Grace; -1 means
-	// no grace.
-	Grace time.Duration
-}
-
-// Defaults of SweepOpts and RunTakenOpts: those of sweeper.Config, so that zero means
-// the same in both (TestSweepDefaultsMatchTheSweeper checks it).
+// Defaults of maint.TakeDueOpts and maint.RunOpts: those of sweeper.Config, so that
+// zero means the same in both (TestSweepDefaultsMatchTheSweeper checks it).
 const (
 	sweepGraceDefault  = 5 * time.Second
 	maxAttemptsDefault = 10
 )
 
-// Taken is a key taken over by TakeDue: its lock version was bumped, so nothing that
-// ran it before can commit, and it holds a fresh lease of Config.Lease. Pass it to
-// RunTaken, or to ReleaseTaken if it will not be run.
-type Taken struct {
-	Scope         string
-	Key           string
-	ID            string // the key row's identity
-	Flow          string
-	RecoveryPoint string
-	LockVersion   int64
-	// Attempts counts the claim and every takeover, this one included.
-	Attempts int
-
-	row   *store.Row
-	taken time.Time // when the takeover was sent
+func init() {
+	maint.Register(func(engine any) maint.Engine {
+		if e, ok := engine.(*Engine); ok {
+			return maintenance{e}
+		}
+		return nil
+	})
 }
 
-func (t *Taken) fence() store.Fence {
-	return store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
-}
+// maintenance is the engine's side of the sweeper (internal/maint.Engine).
+type maintenance struct{ e *Engine }
 
-// LeaseLeft estimates how much of the lease set by the takeover remains, measured
-// from when the takeover was sent.
-func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Since(t.taken) }
+func (m maintenance) Lease() time.Duration { return m.e.cfg.Lease }
 
 // TakeDue takes over, in one short statement, up to opts.Limit keys that are in
 // progress with an expired or released lease, due (their backoff has passed), older
@@ -84,7 +63,8 @@ func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Sinc
 //
 // It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
 // when the database fails (nothing was taken).
-func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) {
+func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*maint.Taken, error) {
+	e := m.e
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
 	}
@@ -103,65 +83,23 @@ func (e *Engine) TakeDue(ctx context.Context, opts SweepOpts) ([]*Taken, error) 
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*Taken, len(rows))
+	out := make([]*maint.Taken, len(rows))
 	for i, r := range rows {
-		out[i] = &Taken{
+		out[i] = &maint.Taken{
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
-			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, taken: sent,
+			LockVersion: r.LockVersion, Attempts: r.Attempts, Row: r, At: sent,
 		}
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
 }
 
-// SweepOutcome is what became of a key RunTaken ran.
-type SweepOutcome string
-
-// Sweep outcomes.
-const (
-	// SweptFinished: the key was driven to finished; its response is stored.
-	SweptFinished SweepOutcome = "finished"
-	// SweptReleased: the attempt failed (or the key cannot be run here); the key was
-	// released with its recovery point and is due again after a backoff.
-	SweptReleased SweepOutcome = "released"
-	// SweptDeadLettered: the attempt failed and was the last one allowed.
-	SweptDeadLettered SweepOutcome = "dead_lettered"
-	// SweptLeaseLost: another executor took the key over while this one ran it;
-	// nothing this run did after that was committed.
-	SweptLeaseLost SweepOutcome = "lease_lost"
-	// SweptParked: the key's flow is client-only (the HTTP middleware's); it was
-	// released, not run, for its client's retry, and is left alone by sweeps for
-	// RunTakenOpts.ParkFor.
-	SweptParked SweepOutcome = "parked"
-)
-
-// RunTakenOpts configure RunTaken.
-type RunTakenOpts struct {
-	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
-	// later (Taken.Attempts counts the claim and every takeover). Zero means the
-	// default, 10, as sweeper.Config.MaxAttempts; -1 means a key is never
-	// dead-lettered.
-	MaxAttempts int
-	// ParkFor is how long a key of a client-only flow is left alone by sweeps after it
-	// was released for its client. Defaults to Config.BackoffMax.
-	ParkFor time.Duration
-}
-
-// maxAttempts is MaxAttempts as exec.maxAttempts reads it: 0 for never.
-func (o *RunTakenOpts) maxAttempts() int {
+// maxAttempts is opts.MaxAttempts as exec.maxAttempts reads it: 0 for never.
+func maxAttempts(o *maint.RunOpts) int {
 	if o.MaxAttempts < 0 {
 		return 0
 	}
 	return cmp.Or(o.MaxAttempts, maxAttemptsDefault)
-}
-
-// SweepResult reports what RunTaken did with a key.
-type SweepResult struct {
-	Outcome SweepOutcome
-	// Response is the stored answer when Outcome is SweptFinished.
-	Response *phases.Response
-	// Err is why the attempt failed, for every other outcome.
-	Err error
 }
 
 // RunTaken runs a key taken with TakeDue from its recovery point, with the request
@@ -188,33 +126,34 @@ type SweepResult struct {
 // The error is non-nil only when the key's fate could not be recorded (the database
 // failed while releasing or dead-lettering it); its lease then runs out and a later
 // sweep takes it again. opts may be nil.
-func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (SweepResult, error) {
-	if t == nil || t.row == nil {
-		return SweepResult{}, errors.New("workflow: run taken key: not a key from TakeDue")
+func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpts) (maint.Result, error) {
+	e := m.e
+	if t == nil || t.Row == nil {
+		return maint.Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
 	if opts == nil {
-		opts = &RunTakenOpts{}
+		opts = &maint.RunOpts{}
 	}
 	f, ok := e.flow(t.Flow)
 	if ok && !e.Resumable(t.Flow) {
 		return e.park(ctx, t, opts.ParkFor)
 	}
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), opts.maxAttempts())
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), maxAttempts(opts))
 	}
 	next, err := f.Index(t.RecoveryPoint)
 	if err != nil {
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), opts.maxAttempts())
+		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), maxAttempts(opts))
 	}
-	x, err := e.newExec(f, t.row, t.taken)
+	x, err := e.newExec(f, t.Row, t.At)
 	if err != nil {
-		return e.settleUnrun(ctx, t, err, opts.maxAttempts())
+		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
 	}
-	x.maxAttempts = opts.maxAttempts()
+	x.maxAttempts = maxAttempts(opts)
 
 	res, err := x.drive(ctx, next+1)
 	if err == nil {
-		return SweepResult{Outcome: SweptFinished, Response: res.Response}, nil
+		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
 	}
 	var te *TransientError
 	if !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
@@ -224,83 +163,84 @@ func (e *Engine) RunTaken(ctx context.Context, t *Taken, opts *RunTakenOpts) (Sw
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
+		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	case x.deadLettered:
-		return SweepResult{Outcome: SweptDeadLettered, Err: err}, nil
+		return maint.Result{Outcome: maint.DeadLettered, Err: err}, nil
 	}
-	return SweepResult{Outcome: SweptReleased, Err: err}, nil
+	return maint.Result{Outcome: maint.Released, Err: err}, nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
-func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (SweepResult, error) {
+func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, maxAttempts int) (maint.Result, error) {
 	if maxAttempts > 0 && t.Attempts >= maxAttempts {
 		return e.deadLetter(ctx, t, cause)
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
+	err := e.store.Release(rctx, e.pool, t.Fence(), t.RecoveryPoint, t.Row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
+		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	case err != nil:
-		return SweepResult{Outcome: SweptReleased, Err: cause}, err
+		return maint.Result{Outcome: maint.Released, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return SweepResult{Outcome: SweptReleased, Err: cause}, nil
+	return maint.Result{Outcome: maint.Released, Err: cause}, nil
 }
 
 // park releases a taken key of a client-only flow for its client.
-func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (SweepResult, error) {
+func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (maint.Result, error) {
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
 	cause := fmt.Errorf("%w: flow %q needs the live request", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.fence(), cause.Error(), d)
+	err := e.store.Park(rctx, e.pool, t.Fence(), cause.Error(), d)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
+		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	case err != nil:
-		return SweepResult{Outcome: SweptParked, Err: cause}, err
+		return maint.Result{Outcome: maint.Parked, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return SweepResult{Outcome: SweptParked, Err: cause}, nil
+	return maint.Result{Outcome: maint.Parked, Err: cause}, nil
 }
 
 // deadLetter marks a taken key that was not run dead with cause, under its fence. If the fence no longer
 // matches, the key was released and taken by someone else in between: that executor
 // decides its fate.
-func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (SweepResult, error) {
+func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.fence(), t.RecoveryPoint, t.row.PhaseData, cause.Error())
+	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), t.RecoveryPoint, t.Row.PhaseData, cause.Error())
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return SweepResult{Outcome: SweptLeaseLost, Err: err}, nil
+		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	case err != nil:
-		return SweepResult{Outcome: SweptReleased, Err: cause}, err
+		return maint.Result{Outcome: maint.Released, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
-	return SweepResult{Outcome: SweptDeadLettered, Err: cause}, nil
+	return maint.Result{Outcome: maint.DeadLettered, Err: cause}, nil
 }
 
 // settleTimeout bounds the statements that record a taken key's fate; they run even
 // when the caller's context has ended, so that the key is not left leased.
 const settleTimeout = 10 * time.Second
 
-// ReleaseTaken returns a key taken with TakeDue without running it, as a sweeper does
+// GiveBack returns a key taken with TakeDue without running it, as a sweeper does
 // when it stops or when too little of the lease is left: the lease is cleared, the
 // attempt the takeover counted is uncounted, and the key stays due for any sweeper.
 // It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
 // was taken over by someone else meanwhile, and ErrUnavailable when the database fails.
-func (e *Engine) ReleaseTaken(ctx context.Context, t *Taken) error {
-	if t == nil || t.row == nil {
-		return errors.New("workflow: release taken key: not a key from TakeDue")
+func (m maintenance) GiveBack(ctx context.Context, t *maint.Taken) error {
+	e := m.e
+	if t == nil || t.Row == nil {
+		return errors.New("workflow: give back taken key: not a key from TakeDue")
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.GiveBack(rctx, e.pool, t.fence())
+	err := e.store.GiveBack(rctx, e.pool, t.Fence())
 	if errors.Is(err, store.ErrLeaseLost) {
 		return nil
 	}
@@ -346,7 +286,8 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 // nothing more is expired for now. Keys in progress and dead-lettered keys are never
 // deleted. A finished key is replayed until it is deleted, so a client can rely on
 // replays for at least retention; a retry after the deletion is a new request.
-func (e *Engine) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	e := m.e
 	if retention <= 0 {
 		return 0, fmt.Errorf("workflow: expire finished keys: retention %s is not positive", retention)
 	}

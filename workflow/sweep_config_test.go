@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
@@ -40,34 +41,34 @@ func TestSweepOptsGrace(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 
 	released(t, b.db, "1 second")
-	taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10})
+	taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, taken, "zero grace is the default, 5s")
 
 	released(t, b.db, "10 seconds")
-	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: 0})
+	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: 0})
 	require.NoError(t, err)
 	require.Len(t, taken, 1, "past the default grace")
-	require.NoError(t, b.engine.ReleaseTaken(ctx, taken[0]))
+	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, taken[0]))
 
 	released(t, b.db, "0 seconds")
-	taken, err = b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 10, Grace: -1})
+	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: -1})
 	require.NoError(t, err)
 	require.Len(t, taken, 1, "-1 means no grace")
-	require.NoError(t, b.engine.ReleaseTaken(ctx, taken[0]))
+	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, taken[0]))
 }
 
 func TestRunTakenOptsMaxAttempts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for name, tc := range map[string]struct {
-		opts *workflow.RunTakenOpts
-		want workflow.SweepOutcome
+		opts *maint.RunOpts
+		want maint.Outcome
 	}{
-		"NilIsTheDefault":  {nil, workflow.SweptDeadLettered},
-		"ZeroIsTheDefault": {&workflow.RunTakenOpts{}, workflow.SweptDeadLettered},
-		"MinusOneIsNever":  {&workflow.RunTakenOpts{MaxAttempts: -1}, workflow.SweptReleased},
-		"MoreThanTaken":    {&workflow.RunTakenOpts{MaxAttempts: workflow.SweepMaxAttemptsDefault + 1}, workflow.SweptReleased},
+		"NilIsTheDefault":  {nil, maint.DeadLettered},
+		"ZeroIsTheDefault": {&maint.RunOpts{}, maint.DeadLettered},
+		"MinusOneIsNever":  {&maint.RunOpts{MaxAttempts: -1}, maint.Released},
+		"MoreThanTaken":    {&maint.RunOpts{MaxAttempts: workflow.SweepMaxAttemptsDefault + 1}, maint.Released},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -79,13 +80,13 @@ func TestRunTakenOptsMaxAttempts(t *testing.T) {
 			_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET attempts = $1`, workflow.SweepMaxAttemptsDefault-1)
 			require.NoError(t, err)
 			released(t, b.db, "1 hour")
-			taken, err := b.engine.TakeDue(ctx, workflow.SweepOpts{Limit: 1})
+			taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
 			require.NoError(t, err)
 			require.Len(t, taken, 1)
 			require.Equal(t, workflow.SweepMaxAttemptsDefault, taken[0].Attempts)
 
 			b.provider.FailNext(1)
-			res, err := b.engine.RunTaken(ctx, taken[0], tc.opts)
+			res, err := maint.Of(b.engine).Run(ctx, taken[0], tc.opts)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, res.Outcome)
 		})
