@@ -48,7 +48,8 @@
 // then per tx phase one commit, the engine's write of the key row pipelined with
 // COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
-// This package imports idemflow's phases and store packages,
+// This package imports idemflow's phases and store packages, its internal maint package
+// (it implements the maintenance API the sweeper drives),
 // github.com/go-json-experiment/json/jsontext (the JSON tokenizer under Fingerprint),
 // github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2) and
 // github.com/dunglas/httpsfv (RFC 8941).
