@@ -508,8 +508,8 @@ func (x *exec) data() ([]byte, error) {
 // storable returns the response as stored (allow-listed headers only) and the phase
 // data, or an error if either is too large. Nothing is ever truncated.
 func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, error) {
-	if resp.Status < 100 || resp.Status > 499 {
-		return store.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored", resp.Status)
+	if resp.Status < 200 || resp.Status > 499 { // 1xx is not a final answer
+		return store.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, errNotFinal)
 	}
 	if len(resp.Body) > x.e.cfg.MaxResponseBytes {
 		return store.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
@@ -519,7 +519,7 @@ func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, er
 	// iteration.
 	kept := http.Header{}
 	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
-		if ck := http.CanonicalHeaderKey(k); x.e.stored[ck] {
+		if ck := http.CanonicalHeaderKey(k); x.e.keeps(ck) {
 			kept[ck] = append(kept[ck], resp.Header[k]...)
 		}
 	}

@@ -14,7 +14,23 @@ const (
 	KeyHeader = "Idempotency-Key"
 	// ReplayedHeader is set to "true" on a response replayed from an earlier attempt.
 	ReplayedHeader = "Idempotent-Replayed"
+	// RetentionHeader is sent on every answer under a key: how many seconds the key
+	// and its stored answer are kept after the key finished (HTTPConfig.Retention).
+	RetentionHeader = "Idempotency-Key-Retention"
 )
+
+// representationHeaders describe a response body itself: what it is, how it is encoded
+// and which request headers chose it. The bytes mean nothing without them, so they are
+// stored and replayed with the body whatever Config.StoredHeaders lists (gzip bytes are
+// never replayed labelled application/json).
+var representationHeaders = map[string]bool{"Content-Type": true, "Content-Encoding": true, "Vary": true}
+
+// keeps reports whether the engine stores and replays the header of canonical name: it
+// is allow-listed (Config.StoredHeaders, less the names never stored) or describes the
+// body (representationHeaders).
+func (e *Engine) keeps(canonical string) bool {
+	return e.stored[canonical] || representationHeaders[canonical]
+}
 
 // ParseKeyHeader reads the Idempotency-Key header from h. present reports whether the
 // header was sent at all. The value may be an RFC 8941 string ("8e03978e-40d5") or a

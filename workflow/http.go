@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // HTTPConfig configures Engine.Handler and Engine.Middleware. A nil *HTTPConfig means
@@ -35,10 +37,30 @@ type HTTPConfig struct {
 	// Logger receives the failures answered 500 or 503. Defaults to the engine's
 	// Config.Logger.
 	Logger *slog.Logger
+	// ProblemTypeBase prefixes the kind of every problem document to make its "type"
+	// URI: ProblemTypeBase + "key-in-progress", and so on for the kinds listed in
+	// docs/API.md. Point it at your own API documentation. Defaults to
+	// ProblemTypeBaseDefault; "about:blank" sends about:blank for every kind.
+	ProblemTypeBase string
+	// Retention is how long the key table keeps a finished key, as configured for the
+	// sweeper (sweeper.Config.Retention); it is advertised to clients in the
+	// RetentionHeader of every answer under a key. Defaults to RetentionDefault;
+	// negative sends no header. At least one minute, like the sweeper's.
+	Retention time.Duration
 }
 
+// Defaults for HTTPConfig.
+const (
+	// ProblemTypeBaseDefault is where problem types point by default: the anchors of
+	// the API consumers' page of idemflow's own documentation.
+	ProblemTypeBaseDefault = "https://github.com/idemflow/idemflow/blob/main/docs/API.md#"
+	// RetentionDefault is the sweeper's default retention (sweeper.RetentionDefault,
+	// which this package cannot import); keep the two equal.
+	RetentionDefault = 24 * time.Hour
+)
+
 // WithDefaults returns a copy of c with zero fields set to their defaults. Scope and
-// Logger are left as they are.
+// Logger are left as they are, and so is a negative Retention.
 func (c *HTTPConfig) WithDefaults() *HTTPConfig {
 	out := HTTPConfig{}
 	if c != nil {
@@ -50,6 +72,8 @@ func (c *HTTPConfig) WithDefaults() *HTTPConfig {
 	if out.Route == nil {
 		out.Route = defaultRoute
 	}
+	out.ProblemTypeBase = cmp.Or(out.ProblemTypeBase, ProblemTypeBaseDefault)
+	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	return &out
 }
 
@@ -59,6 +83,8 @@ func (c *HTTPConfig) validate() error {
 		return errors.New("workflow: HTTPConfig.Scope is required")
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > 16<<20:
 		return fmt.Errorf("workflow: HTTPConfig.MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
+	case c.Retention >= 0 && c.Retention < time.Minute:
+		return fmt.Errorf("workflow: HTTPConfig.Retention %s is under one minute (negative sends no header)", c.Retention)
 	}
 	return nil
 }
@@ -93,29 +119,50 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 // Handler returns an http.Handler that runs the registered flow under the request's
 // Idempotency-Key: the first attempt runs the flow, later ones replay its stored
 // response (with Idempotent-Replayed: true) or resume it. The flow's phases see the
-// request's method, route and body through phases.Run.
+// request's method, route and body through phases.Run. docs/API.md describes every
+// answer for the API's clients.
 //
 // The flow must be registered before Handler is called. It runs on if the client goes
 // away, so that the retry gets its stored answer. Handler always requires an
 // Idempotency-Key (HTTPConfig.RequireKey is ignored). The fingerprint is the method,
 // the route (HTTPConfig.Route) and the body, JSON by its exact value (see Fingerprint).
 //
-// Answers other than the flow's own are application/problem+json (RFC 9457) and never
-// stored:
-//   - 400: the Idempotency-Key header is missing, invalid or sent more than once; the
-//     body cannot be read.
-//   - 401: HTTPConfig.Scope resolved no scope. The key table is not touched.
-//   - 409: another attempt holds the key; Retry-After says when its lease ends (whole
-//     seconds, at least 1).
-//   - 413: the body is over the limit.
-//   - 422: the key was used for a different request.
-//   - 503 with Retry-After: a transient failure or an unavailable database; nothing was
-//     stored and a retry resumes the work. A 5xx response of the flow is passed on as
-//     it is, with Retry-After added if it has none.
-//   - 500: anything else, such as a response too large to store (never truncated) or a
-//     dead-lettered key. The cause is logged, not sent.
+// Methods: Handler serves every method its route is registered for, and keys them all
+// the same way (a GET with a key runs the flow once and replays its answer), except
+// HEAD, which is never keyed, never runs the flow and never stores anything: it is
+// answered 405. (Middleware passes a HEAD to its handler as a request without a key.)
 //
-// Errors: the configuration is invalid (Scope is nil), or ErrUnknownFlow.
+// A stored answer keeps its status, body bytes and the headers of Config.StoredHeaders,
+// and always Content-Type, Content-Encoding and Vary, which describe the body; a body
+// without a Content-Type is answered with the type net/http sniffs, the same on every
+// replay. A phase's 1xx (including 101) is not a final answer: it is never stored, and
+// the attempt is answered 500 and the key released.
+//
+// Every answer under a key carries RetentionHeader (HTTPConfig.Retention in seconds).
+// Answers other than the flow's own are application/problem+json (RFC 9457), with a
+// type of HTTPConfig.ProblemTypeBase + kind, and never stored:
+//   - 400 invalid-key: the Idempotency-Key header is missing, invalid (not 1-255
+//     printable ASCII) or sent more than once. 400 invalid-request: the body cannot
+//     be read, or the method or path is too long.
+//   - 401 no-scope: HTTPConfig.Scope resolved no scope, or one no key can be stored
+//     under (empty, over 255 bytes, not UTF-8, a NUL). Nothing is written, and it is
+//     logged at most at debug level: clients can cause it at will.
+//   - 405 method-not-allowed: a HEAD request.
+//   - 409 key-in-progress: another attempt holds the key; Retry-After says when its
+//     lease ends (whole seconds, at least 1).
+//   - 410 key-dead-lettered: the key was given up on after too many failed attempts
+//     and finishes only if an operator re-drives it (Engine.Redrive). No Retry-After:
+//     retrying, with this key or a new one, is not what the client should do.
+//   - 413 body-too-large: the body is over the limit.
+//   - 422 key-reused: the key was used for a different request.
+//   - 503 unavailable, with Retry-After: a transient failure or an unavailable
+//     database; nothing was stored and a retry resumes the work. A 5xx response of the
+//     flow is passed on as it is, with Retry-After added if it has none.
+//   - 500 server-error or response-too-large: anything else, such as a response too
+//     large to store (never truncated). The cause is logged, not sent.
+//
+// Errors: the configuration is invalid (Scope is nil, Retention under a minute), or
+// ErrUnknownFlow.
 func (e *Engine) Handler(flow string, cfg *HTTPConfig) (http.Handler, error) {
 	f, err := e.newFront(cfg)
 	if err != nil {
@@ -136,8 +183,12 @@ type flowHandler struct {
 }
 
 func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	req, _, ok := h.front.read(w, r, true)
+	req, keyed, ok := h.front.read(w, r, true)
 	if !ok {
+		return
+	}
+	if !keyed { // a HEAD: a flow is an operation, never run for a request without a body to answer
+		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "A HEAD request does not run this operation; send its own method.")
 		return
 	}
 	req.Flow = h.flow
@@ -147,34 +198,37 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.front.answer(w, r, req, res, err)
 }
 
-// read checks a request and reads its body. If the request has no key and none is
-// required it returns keyed false without resolving the scope or reading the body. If
-// ok is false, the problem has been written.
+// read checks a request and reads its body. If the request is a HEAD, or has no key
+// and none is required, it returns keyed false without resolving the scope or reading
+// the body. If ok is false, the problem has been written.
 func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req Request, keyed, ok bool) {
+	if r.Method == http.MethodHead { // never keyed: a HEAD stores nothing
+		return Request{}, false, true
+	}
 	key, present, kerr := ParseKeyHeader(r.Header)
 	if !present && !requireKey {
 		return Request{}, false, true
 	}
 	scope, err := f.cfg.Scope(r)
 	if err != nil || scope == "" {
-		writeProblem(w, http.StatusUnauthorized, "The request has no authenticated account to own its idempotency key.")
+		f.problem(w, http.StatusUnauthorized, kindNoScope, noScopeDetail)
 		return Request{}, false, false
 	}
 	switch {
 	case kerr != nil:
-		writeProblem(w, http.StatusBadRequest, "The "+KeyHeader+" header is invalid: "+kerr.Error()+".")
+		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is invalid: "+kerr.Error()+".")
 		return Request{}, false, false
 	case !present:
-		writeProblem(w, http.StatusBadRequest, "The "+KeyHeader+" header is required.")
+		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is required.")
 		return Request{}, false, false
 	}
 	body, status := readBody(w, r, f.cfg.MaxBodyBytes)
 	switch status {
 	case http.StatusRequestEntityTooLarge:
-		writeProblem(w, status, "The request body is over the limit of "+strconv.Itoa(f.cfg.MaxBodyBytes)+" bytes.")
+		f.problem(w, status, kindBodyTooLarge, "The request body is over the limit of "+strconv.Itoa(f.cfg.MaxBodyBytes)+" bytes.")
 		return Request{}, false, false
 	case http.StatusBadRequest:
-		writeProblem(w, status, "The request body could not be read.")
+		f.problem(w, status, kindInvalidRequest, "The request body could not be read.")
 		return Request{}, false, false
 	}
 	return Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body}, true, true

@@ -33,7 +33,7 @@ func TestClassify(t *testing.T) {
 		{"InProgress", &InProgressError{RetryAfter: 2500 * time.Millisecond}, 409, 2500 * time.Millisecond, false},
 		{"LeaseLost", fmt.Errorf("%w: %w", ErrLeaseLost, store.ErrLeaseLost), 409, time.Second, false},
 		{"ResponseTooLarge", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrResponseTooLarge}, 500, 0, false},
-		{"DeadLettered", fmt.Errorf("%w: gave up", ErrDeadLettered), 500, 0, false},
+		{"DeadLettered", fmt.Errorf("%w: gave up", ErrDeadLettered), 410, 0, false},
 		{"NoResponse", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrNoResponse}, 500, 0, false},
 		{"Panic", &TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}, 500, 0, false},
 		{"FiveHundredResponse", &TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}, 503, 3 * time.Second, true},
@@ -44,7 +44,8 @@ func TestClassify(t *testing.T) {
 		{"Canceled", context.Canceled, 503, time.Second, false},
 		{"UnknownFlow", fmt.Errorf("%w: %q", ErrUnknownFlow, "x"), 500, 0, false},
 		{"UnknownRecoveryPoint", ErrUnknownRecoveryPoint, 500, 0, false},
-		{"InvalidScope", ErrInvalidScope, 500, 0, false},
+		{"InvalidScope", fmt.Errorf("%w: not UTF-8 text without NUL", ErrInvalidScope), 401, 0, false},
+		{"NotFinal", &TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101: %w", errNotFinal)}, 500, 0, false},
 		{"Other", errors.New("something internal"), 500, 0, false},
 	}
 	for _, c := range cases {

@@ -16,8 +16,24 @@ import (
 // problemContentType is the media type of an RFC 9457 problem document.
 const problemContentType = "application/problem+json"
 
-// problem is an RFC 9457 problem document. The type is always about:blank: the status
-// says what happened and the detail says it to a person.
+// Problem kinds: the last segment of a problem document's type URI
+// (HTTPConfig.ProblemTypeBase + kind). Each is a heading of docs/API.md.
+const (
+	kindInvalidKey       = "invalid-key"        // 400: the Idempotency-Key header is missing or invalid
+	kindInvalidRequest   = "invalid-request"    // 400: the body cannot be read, or method or path too long
+	kindNoScope          = "no-scope"           // 401: no valid account owns the key
+	kindMethod           = "method-not-allowed" // 405: HEAD never runs a flow
+	kindKeyInProgress    = "key-in-progress"    // 409: another attempt holds the key
+	kindKeyDeadLettered  = "key-dead-lettered"  // 410: the key was given up on
+	kindBodyTooLarge     = "body-too-large"     // 413
+	kindKeyReused        = "key-reused"         // 422: the key was used for another request
+	kindResponseTooLarge = "response-too-large" // 500: the answer is too large to store
+	kindServerError      = "server-error"       // 500
+	kindUnavailable      = "unavailable"        // 503 with Retry-After
+)
+
+// problem is an RFC 9457 problem document. Type is ProblemTypeBase + the kind; title
+// is the status's text; detail says to a person what to do next.
 type problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -26,14 +42,17 @@ type problem struct {
 }
 
 // answer writes the engine's answer to an attempt: the response, or what err means
-// over HTTP.
+// over HTTP. Every answer carries RetentionHeader, since the request had a key.
 func (f *front) answer(w http.ResponseWriter, r *http.Request, req Request, res *Result, err error) {
-	if err == nil && res != nil && res.Response != nil && res.Response.Status >= 100 && res.Response.Status <= 999 {
+	if f.cfg != nil && f.cfg.Retention > 0 {
+		w.Header().Set(RetentionHeader, strconv.FormatInt(int64(f.cfg.Retention/time.Second), 10))
+	}
+	if err == nil && res != nil && res.Response != nil && res.Response.Status >= 200 && res.Response.Status <= 999 {
 		writeResponse(w, r, res.Response, res.Replayed, 0)
 		return
 	}
 	if err == nil {
-		err = errors.New("the engine answered without a valid response")
+		err = errors.New("the engine answered without a valid final response")
 	}
 	a := classify(err)
 	if a.pass != nil {
@@ -56,12 +75,13 @@ func (f *front) answer(w http.ResponseWriter, r *http.Request, req Request, res 
 	if a.retryAfter > 0 {
 		w.Header().Set("Retry-After", retryAfter(a.retryAfter))
 	}
-	writeProblem(w, a.status, a.detail)
+	f.problem(w, a.status, a.kind, a.detail)
 }
 
 // httpAnswer is what an engine error means over HTTP.
 type httpAnswer struct {
 	status     int
+	kind       string
 	detail     string
 	retryAfter time.Duration    // sent as Retry-After when positive
 	pass       *phases.Response // a 5xx response to pass on as it is
@@ -69,7 +89,8 @@ type httpAnswer struct {
 }
 
 // classify maps an error of Engine.Do to its HTTP answer. The detail never carries the
-// error's text.
+// error's text. Errors a client can cause at will (bad input, an invalid scope) are
+// 4xx and never logged as errors.
 func classify(err error) httpAnswer {
 	var (
 		inProgress *InProgressError
@@ -78,39 +99,52 @@ func classify(err error) httpAnswer {
 	)
 	switch {
 	case errors.Is(err, ErrInvalidKey):
-		return httpAnswer{status: http.StatusBadRequest, detail: "The " + KeyHeader + " header is invalid."}
+		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
+	case errors.Is(err, ErrInvalidScope):
+		// The Scope function returned something no key can be stored under (not UTF-8,
+		// a NUL, too long), most likely copied from the request: no valid principal.
+		return httpAnswer{status: http.StatusUnauthorized, kind: kindNoScope, level: slog.LevelDebug, detail: noScopeDetail}
 	case errors.Is(err, ErrInvalidRequest):
-		return httpAnswer{status: http.StatusBadRequest, detail: "The request's method or path is too long."}
+		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
 	case errors.Is(err, ErrBodyTooLarge):
-		return httpAnswer{status: http.StatusRequestEntityTooLarge, detail: "The request body is over the limit."}
+		return httpAnswer{status: http.StatusRequestEntityTooLarge, kind: kindBodyTooLarge, detail: "The request body is over the limit."}
 	case errors.Is(err, ErrMismatch):
-		return httpAnswer{status: http.StatusUnprocessableEntity,
-			detail: "The idempotency key was already used for a different request (method, route or body)."}
+		return httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
+			detail: "The idempotency key was already used for a different request (method, route or body). " +
+				"Resend the first request unchanged to get its answer; use a new key for a different request."}
 	case errors.As(err, &inProgress):
-		return httpAnswer{status: http.StatusConflict, retryAfter: inProgress.RetryAfter,
-			detail: "Another request with this idempotency key is in progress; retry after it ends."}
+		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: inProgress.RetryAfter,
+			detail: "Another request with this idempotency key is in progress; retry after " + retryAfter(inProgress.RetryAfter) +
+				" s with the same key and the same request to get its answer."}
 	case errors.Is(err, ErrLeaseLost):
-		return httpAnswer{status: http.StatusConflict, retryAfter: time.Second, level: slog.LevelWarn,
-			detail: "Another attempt took this request over; retry to get its answer."}
-	case errors.Is(err, ErrResponseTooLarge):
-		return httpAnswer{status: http.StatusInternalServerError, detail: "The response is too large to store, so it was not sent."}
+		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
+			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
 	case errors.Is(err, ErrDeadLettered):
-		return httpAnswer{status: http.StatusInternalServerError, detail: "This request failed too often and was given up on."}
-	case errors.Is(err, ErrNoResponse), errors.Is(err, ErrPhaseDataTooLarge), errors.As(err, &panicked):
-		return httpAnswer{status: http.StatusInternalServerError, detail: "The request failed."}
+		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
+			detail: "The request under this idempotency key failed too often and was given up on; it will not finish unless " +
+				"the service's operators re-drive it. Do not retry it, and do not send it again with a new key: it may have " +
+				"taken effect in part. Contact the service."}
+	case errors.Is(err, ErrResponseTooLarge):
+		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
+	case errors.Is(err, errNotFinal), errors.Is(err, ErrNoResponse), errors.Is(err, ErrPhaseDataTooLarge), errors.As(err, &panicked):
+		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
 	case errors.As(err, &transient) && transient.Response != nil && transient.Response.Status >= 500 && transient.Response.Status <= 999:
 		return httpAnswer{status: transient.Response.Status, pass: transient.Response, retryAfter: transient.RetryAfter, level: slog.LevelWarn}
 	case transient != nil:
-		return httpAnswer{status: http.StatusServiceUnavailable, retryAfter: transient.RetryAfter, level: slog.LevelWarn,
-			detail: "The request could not be completed now; nothing was lost, retry later."}
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: transient.RetryAfter, level: slog.LevelWarn,
+			detail: "The request could not be completed now; nothing was lost: retry after " + retryAfter(transient.RetryAfter) + " s with the same key."}
 	case errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrConflict),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return httpAnswer{status: http.StatusServiceUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
-			detail: "The service is briefly unavailable; retry later."}
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
+			detail: "The service is briefly unavailable; retry after 1 s with the same key."}
 	default:
-		return httpAnswer{status: http.StatusInternalServerError, detail: "The request failed."}
+		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
 	}
 }
+
+// noScopeDetail is the detail of a 401: Scope resolved no scope, or one that is not
+// valid.
+const noScopeDetail = "The request has no authenticated account to own its idempotency key."
 
 // writeResponse writes resp. retry, when positive, is sent as Retry-After unless resp
 // has one.
@@ -130,6 +164,11 @@ func writeResponse(w http.ResponseWriter, r *http.Request, resp *phases.Response
 	if retry > 0 && h.Get("Retry-After") == "" {
 		h.Set("Retry-After", retryAfter(retry))
 	}
+	// The Content-Type net/http would sniff, set here so that it is part of the answer
+	// the same way on every replay (as net/http does, never for an encoded body).
+	if _, typed := h["Content-Type"]; !typed && bodyAllowed(resp.Status) && len(resp.Body) > 0 && h.Get("Content-Encoding") == "" {
+		h.Set("Content-Type", http.DetectContentType(resp.Body))
+	}
 	if bodyAllowed(resp.Status) && r.Method != http.MethodHead {
 		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	}
@@ -139,14 +178,31 @@ func writeResponse(w http.ResponseWriter, r *http.Request, resp *phases.Response
 	}
 }
 
-func writeProblem(w http.ResponseWriter, status int, detail string) {
-	body, _ := json.Marshal(problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail})
+// problem writes a problem document of kind. It is never stored.
+func (f *front) problem(w http.ResponseWriter, status int, kind, detail string) {
+	body, _ := json.Marshal(problem{Type: problemType(f.typeBase(), kind), Title: http.StatusText(status), Status: status, Detail: detail})
 	h := w.Header()
 	h.Set("Content-Type", problemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+func (f *front) typeBase() string {
+	if f.cfg == nil {
+		return ProblemTypeBaseDefault
+	}
+	return f.cfg.ProblemTypeBase
+}
+
+// problemType is the type URI of kind under base; base "about:blank" stands for
+// every kind.
+func problemType(base, kind string) string {
+	if base == "about:blank" {
+		return base
+	}
+	return base + kind
 }
 
 // retryAfter formats d as Retry-After delay-seconds: whole seconds, rounded up, at

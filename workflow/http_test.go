@@ -94,12 +94,27 @@ func requireProblem(t *testing.T, r reply, status int) map[string]any {
 	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
 	var p map[string]any
 	require.NoError(t, json.Unmarshal(r.body, &p))
-	require.Equal(t, "about:blank", p["type"])
+	kind, ok := strings.CutPrefix(p["type"].(string), workflow.ProblemTypeBaseDefault)
+	require.True(t, ok, "type %q", p["type"])
+	require.Contains(t, problemKinds[status], kind, "type %q for status %d", p["type"], status)
 	require.Equal(t, http.StatusText(status), p["title"])
 	require.EqualValues(t, status, p["status"])
 	require.NotEmpty(t, p["detail"])
 	require.False(t, r.replayed())
 	return p
+}
+
+// problemKinds are the kinds of problem each status may have, as docs/API.md lists them.
+var problemKinds = map[int][]string{
+	400: {"invalid-key", "invalid-request"},
+	401: {"no-scope"},
+	405: {"method-not-allowed"},
+	409: {"key-in-progress"},
+	410: {"key-dead-lettered"},
+	413: {"body-too-large"},
+	422: {"key-reused"},
+	500: {"server-error", "response-too-large"},
+	503: {"unavailable"},
 }
 
 // requireRetryAfter checks that r has an integer Retry-After of at least 1 and returns

@@ -1,0 +1,464 @@
+package workflow_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// answerFlow registers a one-phase flow that answers resp and counts its runs.
+func answerFlow(t *testing.T, e *workflow.Engine, name string, resp func() *phases.Response) *atomic.Int32 {
+	t.Helper()
+	runs := &atomic.Int32{}
+	require.NoError(t, e.Register(phases.Flow{Name: name, Phases: []phases.Phase{
+		phases.Tx("answer", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) {
+			runs.Add(1)
+			return resp(), nil
+		}),
+	}}))
+	return runs
+}
+
+func gzipped(t *testing.T, s string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	_, err := zw.Write([]byte(s))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	return buf.Bytes()
+}
+
+func gunzip(t *testing.T, b []byte) string {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	require.NoError(t, err, "the body is gzip")
+	s, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	return string(s)
+}
+
+// A body is replayed with the headers that say what it is: its encoding, the request
+// headers it varies on, and the same Content-Type as the first answer.
+func TestHandlerReplaysRepresentationHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	zipped := gzipped(t, `{"ok":true}`)
+	answerFlow(t, b.engine, "gzip", func() *phases.Response {
+		h := http.Header{}
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Encoding", "gzip")
+		h.Set("Vary", "Accept-Encoding")
+		return &phases.Response{Status: http.StatusOK, Header: h, Body: zipped}
+	})
+	answerFlow(t, b.engine, "gzip-untyped", func() *phases.Response {
+		return &phases.Response{Status: http.StatusOK, Header: http.Header{"Content-Encoding": {"gzip"}}, Body: zipped}
+	})
+	answerFlow(t, b.engine, "untyped", func() *phases.Response {
+		return &phases.Response{Status: http.StatusOK, Body: []byte("<html><body>hi</body></html>")}
+	})
+	answerFlow(t, b.engine, "typed", func() *phases.Response {
+		return &phases.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"a":1}`)}
+	})
+	// An engine whose allow-list leaves out the headers that describe the body.
+	narrow, err := workflow.New(b.db.Pool, &workflow.Config{StoredHeaders: []string{"Location"}})
+	require.NoError(t, err)
+	answerFlow(t, narrow, "narrow", func() *phases.Response {
+		h := http.Header{}
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Encoding", "gzip")
+		h.Set("Vary", "Accept-Encoding")
+		return &phases.Response{Status: http.StatusOK, Header: h, Body: zipped}
+	})
+
+	serveFlow := func(e *workflow.Engine, flow string) *httptest.Server {
+		h, err := e.Handler(flow, &workflow.HTTPConfig{Scope: bearerScope})
+		require.NoError(t, err)
+		return newServer(t, h)
+	}
+	// Asking for gzip ourselves keeps the client from decoding the body behind our back.
+	headers := func(acct string) http.Header {
+		h := keyed(acct, "k")
+		h.Set("Accept-Encoding", "gzip")
+		return h
+	}
+	firstAndReplay := func(t *testing.T, srv *httptest.Server, acct string) (reply, reply) {
+		first := mustSend(t, srv, "POST", "/x", headers(acct), `{}`)
+		require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+		require.False(t, first.replayed())
+		replay := mustSend(t, srv, "POST", "/x", headers(acct), `{}`)
+		require.Equal(t, http.StatusOK, replay.status)
+		require.True(t, replay.replayed())
+		require.Equal(t, first.body, replay.body, "byte-identical body")
+		require.Equal(t, first.header.Values("Content-Type"), replay.header.Values("Content-Type"), "the same Content-Type")
+		return first, replay
+	}
+
+	t.Run("Gzip", func(t *testing.T) {
+		t.Parallel()
+		first, replay := firstAndReplay(t, serveFlow(b.engine, "gzip"), "acct_gzip")
+		require.Equal(t, "gzip", first.header.Get("Content-Encoding"))
+		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"), "never raw gzip bytes labelled application/json")
+		require.Equal(t, "Accept-Encoding", replay.header.Get("Vary"))
+		require.Equal(t, `{"ok":true}`, gunzip(t, replay.body))
+	})
+	t.Run("GzipWithoutContentType", func(t *testing.T) {
+		t.Parallel()
+		_, replay := firstAndReplay(t, serveFlow(b.engine, "gzip-untyped"), "acct_gzip_untyped")
+		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"))
+	})
+	t.Run("Sniffed", func(t *testing.T) {
+		t.Parallel()
+		first, _ := firstAndReplay(t, serveFlow(b.engine, "untyped"), "acct_sniffed")
+		require.Equal(t, "text/html; charset=utf-8", first.header.Get("Content-Type"))
+	})
+	t.Run("Typed", func(t *testing.T) {
+		t.Parallel()
+		first, _ := firstAndReplay(t, serveFlow(b.engine, "typed"), "acct_typed")
+		require.Equal(t, "application/json", first.header.Get("Content-Type"))
+	})
+	t.Run("NarrowAllowList", func(t *testing.T) {
+		t.Parallel()
+		_, replay := firstAndReplay(t, serveFlow(narrow, "narrow"), "acct_narrow")
+		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"), "kept with the body whatever StoredHeaders says")
+		require.Equal(t, "Accept-Encoding", replay.header.Get("Vary"))
+		require.Equal(t, `{"ok":true}`, gunzip(t, replay.body))
+	})
+}
+
+// A phase that answers 1xx has not answered: the attempt is a server error, nothing is
+// stored and the key is released.
+func TestHandlerInformationalIsNotFinal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, status := range []int{http.StatusContinue, http.StatusSwitchingProtocols, http.StatusEarlyHints} {
+		name := "status-" + strconv.Itoa(status)
+		runs := &atomic.Int32{}
+		require.NoError(t, b.engine.Register(phases.Flow{Name: name, Phases: []phases.Phase{
+			phases.Tx("start", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
+			phases.Call("answer", func(context.Context, *phases.Run) (*phases.Response, error) {
+				runs.Add(1)
+				return &phases.Response{Status: status, Header: http.Header{"Link": {"</a.css>; rel=preload"}}}, nil
+			}),
+		}}))
+		h, err := b.engine.Handler(name, &workflow.HTTPConfig{Scope: bearerScope})
+		require.NoError(t, err)
+		t.Run(strings.ReplaceAll(http.StatusText(status), " ", ""), func(t *testing.T) {
+			t.Parallel()
+			acct := "acct_" + name
+			for attempt := 1; attempt <= 2; attempt++ {
+				req := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
+				req.Header = keyed(acct, "k")
+				requireProblem(t, serve(h, req), http.StatusInternalServerError)
+				st := state(t, b.db, acct, "k")
+				require.Equal(t, "in_progress", st.Status, "a 1xx is never stored")
+				require.False(t, st.Leased, "the key is released")
+				require.EqualValues(t, attempt, runs.Load(), "the retry runs the flow again: nothing was replayed")
+			}
+		})
+	}
+}
+
+// A tx phase answering 1xx commits nothing: its key is never stored.
+func TestHandlerInformationalFromTxPhase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	runs := answerFlow(t, b.engine, "hints", func() *phases.Response { return &phases.Response{Status: http.StatusEarlyHints} })
+	h, err := b.engine.Handler("hints", &workflow.HTTPConfig{Scope: bearerScope})
+	require.NoError(t, err)
+	for attempt := 1; attempt <= 2; attempt++ {
+		req := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
+		req.Header = keyed("acct", "k")
+		requireProblem(t, serve(h, req), http.StatusInternalServerError)
+		require.Zero(t, countKeys(t, b.db), "a 1xx is never stored")
+		require.EqualValues(t, attempt, runs.Load())
+	}
+}
+
+// HEAD never runs anything under a key and never stores a body: Handler refuses it
+// with 405, Middleware passes it to its handler as a request without a key. GET is
+// keyed like any other method.
+func TestHeadNeverStores(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	runs := answerFlow(t, b.engine, "read", func() *phases.Response {
+		return &phases.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("a body")}
+	})
+	flow, err := b.engine.Handler("read", &workflow.HTTPConfig{Scope: bearerScope})
+	require.NoError(t, err)
+	mw, err := b.engine.Middleware(&workflow.HTTPConfig{Scope: bearerScope, RequireKey: true})
+	require.NoError(t, err)
+	plain := &thing{}
+	mux := http.NewServeMux()
+	mux.Handle("GET /flow", flow) // a GET pattern serves HEAD too
+	mux.Handle("GET /v1/things/{id}", mw(plain))
+	srv := newServer(t, mux)
+
+	t.Run("Handler", func(t *testing.T) {
+		t.Parallel()
+		r := mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
+		require.Equal(t, http.StatusMethodNotAllowed, r.status)
+		require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+		require.Zero(t, rowsFor(t, b.db, "acct_head", ""), "HEAD writes no key row")
+		require.Zero(t, runs.Load(), "HEAD runs no flow")
+
+		get := mustSend(t, srv, http.MethodGet, "/flow", keyed("acct_head", "k"), "")
+		require.Equal(t, http.StatusOK, get.status)
+		require.Equal(t, "a body", string(get.body))
+		again := mustSend(t, srv, http.MethodGet, "/flow", keyed("acct_head", "k"), "")
+		require.True(t, again.replayed(), "GET with a key is keyed like any method")
+		require.EqualValues(t, 1, runs.Load())
+
+		before := keyRow(t, b.db, "acct_head", "k")
+		r = mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
+		require.Equal(t, http.StatusMethodNotAllowed, r.status, "not a replay of the GET either")
+		require.Equal(t, before, keyRow(t, b.db, "acct_head", "k"))
+	})
+	t.Run("Middleware", func(t *testing.T) {
+		t.Parallel()
+		for i := 1; i <= 2; i++ {
+			r := mustSend(t, srv, http.MethodHead, "/v1/things/x", keyed("acct_head_mw", "k"), "")
+			require.Equal(t, http.StatusCreated, r.status)
+			require.False(t, r.replayed())
+			require.Empty(t, r.body)
+			require.EqualValues(t, i, plain.runs.Load(), "HEAD goes to the handler every time")
+		}
+		require.Zero(t, rowsFor(t, b.db, "acct_head_mw", ""), "HEAD writes no key row")
+	})
+}
+
+// levels is a slog handler that records the level of every line.
+type levels struct {
+	mu  sync.Mutex
+	got []slog.Level
+}
+
+func (l *levels) Enabled(context.Context, slog.Level) bool { return true }
+func (l *levels) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *levels) WithGroup(string) slog.Handler            { return l }
+func (l *levels) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, r.Level)
+	return nil
+}
+
+func (l *levels) errors() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, lv := range l.got {
+		if lv >= slog.LevelError {
+			n++
+		}
+	}
+	return n
+}
+
+// Scopes and keys that are not valid UTF-8 are the client's doing: 401 or 400 with
+// problem+json, no row and no ERROR line, however often they are sent.
+func TestInvalidUTF8ScopeAndKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	log := &levels{}
+	e, err := workflow.New(b.db.Pool, &workflow.Config{Logger: slog.New(log)})
+	require.NoError(t, err)
+	answerFlow(t, e, "echo", func() *phases.Response { return &phases.Response{Status: http.StatusOK, Body: []byte("ok")} })
+	// The raw value of a client header, as a careless Scope function would return it.
+	rawScope := func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }
+	cfg := &workflow.HTTPConfig{Scope: rawScope}
+	flow, err := e.Handler("echo", cfg)
+	require.NoError(t, err)
+	mw, err := e.Middleware(cfg)
+	require.NoError(t, err)
+	plain := &thing{}
+
+	cases := []struct {
+		name, scope, key string
+		status           int
+	}{
+		{"ScopeNotUTF8", "acct\xff", "k", http.StatusUnauthorized},
+		{"ScopeTruncatedRune", "acct\xc3", "k", http.StatusUnauthorized},
+		{"ScopeNUL", "acct\x00", "k", http.StatusUnauthorized},
+		{"ScopeTooLong", strings.Repeat("a", 256), "k", http.StatusUnauthorized},
+		{"KeyHighByte", "acct", "k\xff", http.StatusBadRequest},
+		{"QuotedKeyHighByte", "acct", "\"k\xe9\"", http.StatusBadRequest},
+		{"KeyUTF8", "acct", "cl\xc3\xa9", http.StatusBadRequest},
+	}
+	for _, h := range []struct {
+		name string
+		h    http.Handler
+	}{{"Handler", flow}, {"Middleware", mw(plain)}} {
+		for _, c := range cases {
+			for range 3 { // at will
+				req := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
+				req.Header = http.Header{"X-Account": {c.scope}, workflow.KeyHeader: {c.key}}
+				requireProblem(t, serve(h.h, req), c.status)
+			}
+			require.Zero(t, countKeys(t, b.db), "%s %s: no row", h.name, c.name)
+		}
+	}
+	require.Zero(t, plain.runs.Load())
+	require.Zero(t, log.errors(), "no ERROR line a client can trigger")
+}
+
+// A dead-lettered key will not finish without an operator: its answer says so with a
+// status clients do not retry, and no Retry-After.
+func TestHandlerDeadLettered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	var down atomic.Bool
+	down.Store(true)
+	require.NoError(t, b.engine.Register(phases.Flow{Name: "doomed", Phases: []phases.Phase{
+		phases.Tx("start", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
+		phases.Call("pay", func(context.Context, *phases.Run) (*phases.Response, error) {
+			if down.Load() {
+				return nil, errors.New("provider down")
+			}
+			return &phases.Response{Status: http.StatusCreated, Body: []byte(`{"paid":true}`)}, nil
+		}),
+	}}))
+	h, err := b.engine.Handler("doomed", &workflow.HTTPConfig{Scope: bearerScope})
+	require.NoError(t, err)
+	srv := newServer(t, h)
+
+	r := mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
+	requireProblem(t, r, http.StatusServiceUnavailable)
+	sw, err := sweeper.New(b.engine, &sweeper.Config{MaxAttempts: 1})
+	require.NoError(t, err)
+	sweepable(t, b.db)
+	stats, err := sw.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, stats.DeadLettered)
+	require.Equal(t, "dead", state(t, b.db, "acct", "k").Status)
+
+	before := keyRow(t, b.db, "acct", "k")
+	for range 2 {
+		r = mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
+		p := requireProblem(t, r, http.StatusGone)
+		require.Empty(t, r.header.Values("Retry-After"), "nothing to wait for")
+		require.Equal(t, workflow.ProblemTypeBaseDefault+"key-dead-lettered", p["type"])
+		require.Contains(t, p["detail"], "new key", "the detail warns against a new key")
+		require.NotContains(t, string(r.body), "provider down", "the cause is not sent")
+	}
+	require.Equal(t, before, keyRow(t, b.db, "acct", "k"), "answering a dead key changes nothing")
+
+	// Once an operator re-drives it, the same key finishes.
+	down.Store(false)
+	require.NoError(t, b.engine.Redrive(ctx, "acct", "k"))
+	r = mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+}
+
+// Every problem names its kind in a type URI under HTTPConfig.ProblemTypeBase, and the
+// 409 and 422 details say what the client should do.
+func TestProblemTypes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	require.NoError(t, b.engine.Register(phases.Flow{Name: "slow", Phases: []phases.Phase{
+		phases.Tx("start", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
+		phases.Call("wait", func(ctx context.Context, _ *phases.Run) (*phases.Response, error) {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return &phases.Response{Status: http.StatusOK, Body: []byte("done")}, nil
+		}),
+	}}))
+	serveWith := func(base string) *httptest.Server {
+		h, err := b.engine.Handler("slow", &workflow.HTTPConfig{Scope: bearerScope, ProblemTypeBase: base})
+		require.NoError(t, err)
+		return newServer(t, h)
+	}
+	def, custom, blank := serveWith(""), serveWith("https://api.example.com/problems/"), serveWith("about:blank")
+	typeOf := func(r reply) string {
+		var p map[string]any
+		require.NoError(t, json.Unmarshal(r.body, &p))
+		return p["type"].(string)
+	}
+
+	// 400 and 401.
+	r := mustSend(t, def, "POST", "/s", keyed("acct", ""), `{}`)
+	require.Equal(t, workflow.ProblemTypeBaseDefault+"invalid-key", typeOf(r))
+	r = mustSend(t, custom, "POST", "/s", keyed("", "k"), `{}`)
+	require.Equal(t, http.StatusUnauthorized, r.status)
+	require.Equal(t, "https://api.example.com/problems/no-scope", typeOf(r))
+	r = mustSend(t, blank, "POST", "/s", keyed("", "k"), `{}`)
+	require.Equal(t, "about:blank", typeOf(r), "about:blank turns the types off")
+
+	// 409 while the first attempt runs: retry later with the same key.
+	first := make(chan reply, 1)
+	go func() {
+		r, _ := send(context.Background(), def, "POST", "/s", keyed("acct", "k"), `{}`)
+		first <- r
+	}()
+	<-entered
+	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{}`)
+	p := requireProblem(t, r, http.StatusConflict)
+	require.Equal(t, workflow.ProblemTypeBaseDefault+"key-in-progress", p["type"])
+	secs := requireRetryAfter(t, r)
+	require.Contains(t, p["detail"], "retry after "+r.header.Get("Retry-After")+" s with the same key", "Retry-After is %d", secs)
+	r = mustSend(t, custom, "POST", "/s", keyed("acct", "k"), `{}`)
+	require.Equal(t, "https://api.example.com/problems/key-in-progress", typeOf(r))
+	close(release)
+	require.Equal(t, http.StatusOK, (<-first).status)
+
+	// 422: another request under the key: use a new key.
+	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{"other":true}`)
+	p = requireProblem(t, r, http.StatusUnprocessableEntity)
+	require.Equal(t, workflow.ProblemTypeBaseDefault+"key-reused", p["type"])
+	require.Contains(t, p["detail"], "use a new key")
+}
+
+// Answers under a key say how long the key is kept; answers without one do not.
+func TestRetentionHeader(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, sweeper.RetentionDefault, workflow.RetentionDefault, "the HTTP layer advertises the sweeper's default")
+	b := setup(t, setupOpts{})
+	answerFlow(t, b.engine, "kept", func() *phases.Response { return &phases.Response{Status: http.StatusCreated, Body: []byte("ok")} })
+	serveWith := func(retention time.Duration) *httptest.Server {
+		h, err := b.engine.Handler("kept", &workflow.HTTPConfig{Scope: bearerScope, Retention: retention})
+		require.NoError(t, err)
+		return newServer(t, h)
+	}
+	def, short, off := serveWith(0), serveWith(2*time.Hour), serveWith(-1)
+
+	first := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, "86400", first.header.Get(workflow.RetentionHeader))
+	replay := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{}`)
+	require.True(t, replay.replayed())
+	require.Equal(t, "86400", replay.header.Get(workflow.RetentionHeader))
+	mismatch := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{"x":1}`)
+	require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
+	require.Equal(t, "86400", mismatch.header.Get(workflow.RetentionHeader))
+
+	require.Equal(t, "7200", mustSend(t, short, "POST", "/k", keyed("acct", "k"), `{}`).header.Get(workflow.RetentionHeader))
+	require.Empty(t, mustSend(t, off, "POST", "/k", keyed("acct", "k"), `{}`).header.Values(workflow.RetentionHeader))
+	require.Empty(t, mustSend(t, def, "POST", "/k", keyed("acct", ""), `{}`).header.Values(workflow.RetentionHeader), "no key, nothing kept")
+
+	_, err := b.engine.Handler("kept", &workflow.HTTPConfig{Scope: bearerScope, Retention: 30 * time.Second})
+	require.ErrorContains(t, err, "Retention")
+}
