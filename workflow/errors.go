@@ -24,7 +24,7 @@ var (
 	// or body). Nothing was written.
 	ErrMismatch = errors.New("idempotency key reused for a different request")
 	// ErrInProgress: another attempt holds the key's lease. The error is an
-	// *InProgressError carrying the time left on the lease.
+	// *InProgressError saying when to retry.
 	ErrInProgress = errors.New("request in progress")
 	// ErrUnknownRecoveryPoint: the key's recovery point names a phase the flow no longer
 	// has. The key is left untouched for an operator to decide.
@@ -51,8 +51,10 @@ var (
 
 // InProgressError is returned while another attempt holds a key's lease.
 type InProgressError struct {
-	// RetryAfter is the time left on the lease by the database clock; at least one
-	// second.
+	// RetryAfter is when the holder's answer is likely stored: by default the average
+	// time the engine saw new keys of the flow take from claim to answer (the time left
+	// on the holder's lease, by the database clock, until one was seen); see
+	// Config.InProgressRetryAfter. At least one second, at most the lease left.
 	RetryAfter time.Duration
 }
 

@@ -105,8 +105,8 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 //   - 400: the Idempotency-Key header is missing, invalid or sent more than once; the
 //     body cannot be read.
 //   - 401: HTTPConfig.Scope resolved no scope. The key table is not touched.
-//   - 409: another attempt holds the key; Retry-After says when its lease ends (whole
-//     seconds, at least 1).
+//   - 409: another attempt holds the key; Retry-After says when its answer is likely
+//     stored (whole seconds, at least 1; see Config.InProgressRetryAfter).
 //   - 413: the body is over the limit.
 //   - 422: the key was used for a different request.
 //   - 503 with Retry-After: a transient failure or an unavailable database; nothing was
