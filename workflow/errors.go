@@ -29,8 +29,9 @@ var (
 	// ErrUnknownRecoveryPoint: the key's recovery point names a phase the flow no longer
 	// has. The key is left untouched for an operator to decide.
 	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
-	// ErrDeadLettered: the key was given up on after too many failed attempts; it keeps
-	// its last error and can be re-driven explicitly.
+	// ErrDeadLettered: the key was given up on, after too many failed attempts or
+	// because a Middleware handler ran but its answer could not be stored; it keeps its
+	// last error and can be re-driven explicitly.
 	ErrDeadLettered = errors.New("key dead-lettered")
 	// ErrNotFound: Resume found no key row.
 	ErrNotFound = errors.New("key not found")
@@ -41,7 +42,8 @@ var (
 	// the key was released and keeps its recovery point. The error is a *TransientError.
 	ErrTransient = errors.New("transient failure")
 	// ErrResponseTooLarge: a phase's response is over Config.MaxResponseBytes. It is
-	// never truncated; the attempt fails as transient with this error.
+	// never truncated; the attempt fails as transient with this error (except under
+	// Middleware, whose handler already ran: the key is dead-lettered).
 	ErrResponseTooLarge = errors.New("response too large to store")
 	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
 	ErrPhaseDataTooLarge = errors.New("phase data too large")

@@ -148,8 +148,8 @@ func liveRequest(ctx context.Context, run *phases.Run) *live {
 	return l
 }
 
-// serve runs the wrapped handler on a copy of the live request with context ctx and
-// returns what it wrote. A panic of the handler goes on to the caller.
+// serve runs the wrapped handler on a copy of the live request with context ctx,
+// writing to c. A panic of the handler goes on to the caller.
 func (l *live) serve(ctx context.Context, c *capture) {
 	r := l.r.Clone(ctx)
 	r.Body = io.NopCloser(bytes.NewReader(l.body))
