@@ -77,6 +77,12 @@ type Config struct {
 	// StoredHeaders lists the response headers kept and replayed. Defaults (when nil)
 	// to StoredHeadersDefault(); an empty, non-nil slice keeps none.
 	StoredHeaders []string
+	// InProgressRetryAfter is the Retry-After of an attempt turned away because another
+	// attempt holds its key (*InProgressError): 0, the default, means the flow's average
+	// duration as this engine observed it (see InProgressError); a positive value is
+	// used as it is; RetryAfterLease (-1) means the time left on the holder's lease.
+	// Always at least 1s and at most the lease left.
+	InProgressRetryAfter time.Duration
 	// Hooks observe the engine. Optional.
 	Hooks Hooks
 	// Logger receives what the engine cannot return, such as a failed release after a
@@ -120,6 +126,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: MaxPhaseDataBytes %d is outside 0..1 MiB", c.MaxPhaseDataBytes)
 	case c.TxRetries < -1:
 		return fmt.Errorf("workflow: TxRetries %d is negative; -1 disables retries", c.TxRetries)
+	case c.InProgressRetryAfter < RetryAfterLease:
+		return fmt.Errorf("workflow: InProgressRetryAfter %s is negative; for the lease left use RetryAfterLease (-1)", c.InProgressRetryAfter)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
@@ -147,6 +155,7 @@ type Engine struct {
 	mu         sync.RWMutex
 	flows      map[string]phases.Flow
 	clientOnly map[string]bool // flows that only a client's retry can resume
+	durations  durations       // how long new keys take, for Retry-After
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -401,7 +410,7 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	if row.LeaseLive {
 		ev.Kind = KeyInProgress
 		e.cfg.Hooks.key(ctx, ev)
-		return answered(nil, &InProgressError{RetryAfter: max(row.LeaseLeft(), time.Second)})
+		return answered(nil, &InProgressError{RetryAfter: e.retryAfter(row.Flow, row.LeaseLeft(), row.LeaseLeft())})
 	}
 	f, ok := e.flow(row.Flow)
 	if !ok {
@@ -431,7 +440,8 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
-// another attempt, whose first transaction is still running.
+// another attempt, whose first transaction is still running, before any attempt of the
+// flow was observed.
 const claimRetryAfter = time.Second
 
 // fresh runs a new key from its first phase. The claim checks make sure that an
@@ -459,13 +469,16 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
+	started := time.Now()
 	res, err := x.drive(ctx, 0)
 	switch {
+	case err == nil:
+		e.durations.observe(f.Name, time.Since(started))
 	case errors.Is(err, store.ErrClaimBusy):
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
-		return answered(nil, &InProgressError{RetryAfter: claimRetryAfter})
+		return answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
 	case errors.Is(err, store.ErrClaimExists) && x.found != nil:
 		return answer{found: x.found}
 	case errors.Is(err, store.ErrClaimExists):

@@ -25,19 +25,21 @@ var (
 	// or body). Nothing was written.
 	ErrMismatch = errors.New("idempotency key reused for a different request")
 	// ErrInProgress: another attempt holds the key's lease. The error is an
-	// *InProgressError carrying the time left on the lease.
+	// *InProgressError saying when to retry.
 	ErrInProgress = errors.New("request in progress")
 	// ErrUnknownRecoveryPoint: the key's recovery point names a phase the flow no longer
 	// has. The key is left untouched for an operator to decide.
 	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
-	// ErrDeadLettered: the key was given up on after too many failed attempts; it keeps
-	// its last error and can be re-driven explicitly.
+	// ErrDeadLettered: the key was given up on, after too many failed attempts or
+	// because a Middleware handler ran but its answer could not be stored; it keeps its
+	// last error and can be re-driven explicitly.
 	ErrDeadLettered = errors.New("key dead-lettered")
 	// ErrTransient: the attempt failed in a way worth retrying. Nothing new was stored,
 	// the key was released and keeps its recovery point. The error is a *TransientError.
 	ErrTransient = errors.New("transient failure")
 	// ErrResponseTooLarge: a phase's response is over Config.MaxResponseBytes. It is
-	// never truncated; the attempt fails as transient with this error.
+	// never truncated; the attempt fails as transient with this error (except under
+	// Middleware, whose handler already ran: the key is dead-lettered).
 	ErrResponseTooLarge = errors.New("response too large to store")
 	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
 	ErrPhaseDataTooLarge = errors.New("phase data too large")
@@ -66,8 +68,10 @@ var (
 
 // InProgressError is returned while another attempt holds a key's lease.
 type InProgressError struct {
-	// RetryAfter is the time left on the lease by the database clock; at least one
-	// second.
+	// RetryAfter is when the holder's answer is likely stored: by default the average
+	// time the engine saw new keys of the flow take from claim to answer (the time left
+	// on the holder's lease, by the database clock, until one was seen); see
+	// Config.InProgressRetryAfter. At least one second, at most the lease left.
 	RetryAfter time.Duration
 }
 

@@ -457,7 +457,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		return cause
 	}
 	if x.claim == nil { // the key row exists: release it, or give up on it
-		dead := x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
+		dead := errors.Is(cause, errUnstorable) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		data, derr := x.run.MarshalData()
 		switch {
@@ -482,6 +482,9 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		default:
 			x.e.cfg.Hooks.key(ctx, ev)
 		}
+	}
+	if x.deadLettered && errors.Is(cause, errUnstorable) {
+		return fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered
 	}
 	retry := time.Second
 	if te != nil && te.After > retry {

@@ -132,6 +132,26 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 // HEAD, which is never keyed, never runs the flow and never stores anything: it is
 // answered 405. (Middleware passes a HEAD to its handler as a request without a key.)
 //
+// Answers other than the flow's own are application/problem+json (RFC 9457), with a
+// type per kind under HTTPConfig.ProblemTypeBase, and never stored (docs/API.md lists
+// them for API consumers):
+//   - 400: the Idempotency-Key header is missing, invalid or sent more than once; the
+//     body cannot be read.
+//   - 401: HTTPConfig.Scope resolved no scope, or one that cannot be stored (not UTF-8,
+//     a NUL byte, over 255 bytes). The key table is not touched.
+//   - 405: a HEAD.
+//   - 409: another attempt holds the key; Retry-After says when its answer is likely
+//     stored (whole seconds, at least 1; see Config.InProgressRetryAfter).
+//   - 410: the key is dead-lettered; retrying will not help until an operator
+//     re-drives it.
+//   - 413: the body is over the limit.
+//   - 422: the key was used for a different request.
+//   - 503 with Retry-After: a transient failure or an unavailable database; nothing was
+//     stored and a retry resumes the work. A 5xx response of the flow is passed on as
+//     it is, with Retry-After added if it has none.
+//   - 500: anything else, such as a response too large to store (never truncated). The
+//     cause is logged, not sent.
+//
 // A stored answer keeps its status, body bytes and the headers of Config.StoredHeaders,
 // and always Content-Type, Content-Encoding and Vary, which describe the body; a body
 // without a Content-Type is answered with the type net/http sniffs, the same on every

@@ -867,12 +867,12 @@ func TestMiddlewareResponseTooLarge(t *testing.T) {
 	require.NotContains(t, string(r.body), "xxxx", "never truncated")
 	require.ErrorIs(t, writeErr.Load().(error), workflow.ErrResponseTooLarge, "the handler's write fails")
 	st := state(t, b.db, "acct", "k")
-	require.Equal(t, "in_progress", st.Status)
-	require.False(t, st.Leased, "the key is released")
+	require.Equal(t, "dead", st.Status, "the handler ran: the key is dead-lettered, not released")
+	require.False(t, st.Leased)
 
 	r = mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
 	requireProblem(t, r, http.StatusInternalServerError)
-	require.EqualValues(t, 2, runs.Load(), "the next attempt runs the handler again")
+	require.EqualValues(t, 1, runs.Load(), "the next attempt does not run the handler again")
 }
 
 func TestMiddlewareSharedEngine(t *testing.T) {

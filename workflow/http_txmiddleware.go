@@ -1,0 +1,76 @@
+package workflow
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// TxMiddlewareFlow is the flow TxMiddleware stores its keys under, registered on the
+// engine by the first call to TxMiddleware. Like MiddlewareFlow, only its client's
+// retry can finish a key of it: Resumable reports false for it.
+const TxMiddlewareFlow = "idemflow.http.tx"
+
+// TxMiddleware returns a middleware like Middleware whose wrapped handler runs inside
+// the transaction that claims the key and stores its answer, so that the handler's own
+// SQL takes effect exactly once: the handler gets the transaction from
+// TxFromContext(r.Context()), and its writes and the stored response commit together,
+// in one COMMIT, or not at all.
+//
+// The transaction begins and claims the key (in the same round trip) before the
+// handler runs; a concurrent duplicate finds the key being claimed and is answered 409
+// at once. The key row is written only with the COMMIT, already finished, so a key
+// whose handler has not committed leaves nothing behind:
+//   - A response of status 100-499 is stored with the handler's writes.
+//   - A 5xx response is passed on, not stored, and the transaction rolls back: nothing
+//     of the attempt stays, and the next attempt runs the handler again.
+//   - A handler that panics, or whose response is over Config.MaxResponseBytes (never
+//     truncated), is answered as Handler answers the failure (500) and rolled back
+//     likewise.
+//   - A crash or a lost connection before the COMMIT rolls everything back; after it,
+//     retries get the stored answer.
+//
+// The handler may be called again within one attempt: after a serialization failure or
+// a deadlock the whole transaction is re-run (Config.TxRetries), each time with a fresh
+// response writer and request body; only the last call's writes commit. So the
+// handler must not write anywhere but the transaction (a remote call, a message, a
+// write through another connection): those are neither rolled back nor fenced. It
+// must not use the transaction after it returns, nor from more than one goroutine at a
+// time, and should not commit or roll it back itself. The transaction is READ
+// COMMITTED and, like any tx phase's, bounded by Config.Lease; the handler runs with
+// a context that ends with it.
+//
+// A request without a key (when HTTPConfig.RequireKey is false) goes straight to the
+// handler with no transaction: TxFromContext returns nil, and the handler must answer
+// without one. Everything else (keys, scopes, configuration, answers) is as for
+// Middleware.
+//
+// Errors: the configuration is invalid (Scope is nil), or a flow named
+// TxMiddlewareFlow was registered with Register.
+func (e *Engine) TxMiddleware(cfg *HTTPConfig) (func(http.Handler) http.Handler, error) {
+	return e.middleware(cfg, phases.Flow{Name: TxMiddlewareFlow, Phases: []phases.Phase{phases.Tx(middlewarePhase, e.runLiveTx)}})
+}
+
+// txKey is the context key of the transaction TxMiddleware gives its handler.
+type txKey struct{}
+
+// TxFromContext returns the transaction of the key being served by a TxMiddleware
+// handler: pass it the request's context. It returns nil for any other context.
+func TxFromContext(ctx context.Context) phases.DBTX {
+	tx, _ := ctx.Value(txKey{}).(phases.DBTX)
+	return tx
+}
+
+// runLiveTx is TxMiddlewareFlow's phase: it runs the wrapped handler with tx in its
+// request's context and returns the captured response, for the engine to store in the
+// same transaction. A panic goes on to the engine, which rolls the transaction back.
+func (e *Engine) runLiveTx(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+	l := liveRequest(ctx, run)
+	if l == nil {
+		return nil, errNotLive
+	}
+	c := &capture{w: l.w, header: http.Header{}, limit: e.cfg.MaxResponseBytes}
+	l.serve(context.WithValue(ctx, txKey{}, tx), c)
+	return c.response()
+}

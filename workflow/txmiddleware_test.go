@@ -1,0 +1,240 @@
+package workflow_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// ordersSchema is the table the TxMiddleware tests' handler writes to: one row per
+// order, named by the idempotency key it was made under.
+const ordersSchema = `CREATE TABLE orders (id bigserial PRIMARY KEY, ref text NOT NULL, body text NOT NULL)`
+
+// orders is the handler the TxMiddleware tests wrap: it inserts an order through the
+// request's transaction and answers 201 naming it, or with status when that is set.
+type orders struct {
+	runs   atomic.Int32
+	status atomic.Int32 // answer this status instead of 201 while non-zero
+	panics atomic.Bool  // panic after the insert
+	// inserted, when set, runs after the insert with the transaction still open.
+	inserted func(r *http.Request, tx phases.DBTX)
+}
+
+func (h *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.runs.Add(1)
+	tx := workflow.TxFromContext(r.Context())
+	if tx == nil {
+		http.Error(w, "no transaction", http.StatusInternalServerError)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	var id int64
+	err := tx.QueryRow(r.Context(), `INSERT INTO orders (ref, body) VALUES ($1, $2) RETURNING id`,
+		r.Header.Get(workflow.KeyHeader), string(body)).Scan(&id)
+	if err != nil {
+		http.Error(w, "insert: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if h.inserted != nil {
+		h.inserted(r, tx)
+	}
+	if h.panics.Load() {
+		panic("boom")
+	}
+	if s := h.status.Load(); s != 0 {
+		http.Error(w, "handler failed", int(s))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/v1/orders/%d", id))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order":%d}`, id)
+}
+
+// ordersFor counts the orders made under key.
+func ordersFor(t *testing.T, db *pgtest.DB, key string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders WHERE ref = $1`, key).Scan(&n))
+	return n
+}
+
+// txMiddlewareServer serves h behind the engine's TxMiddleware at POST /v1/orders.
+func txMiddlewareServer(t *testing.T, e *workflow.Engine, h http.Handler) *httptest.Server {
+	t.Helper()
+	mw, err := e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope, RequireKey: true})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders", mw(h))
+	return newServer(t, mux)
+}
+
+func setupOrders(t *testing.T) *bundle {
+	t.Helper()
+	b := setup(t, setupOpts{})
+	_, err := b.db.Pool.Exec(context.Background(), ordersSchema)
+	require.NoError(t, err)
+	return b
+}
+
+func TestTxMiddleware(t *testing.T) {
+	t.Parallel()
+	b := setupOrders(t)
+
+	t.Run("CommitsWithTheAnswer", func(t *testing.T) {
+		t.Parallel()
+		h := &orders{}
+		srv := txMiddlewareServer(t, b.engine, h)
+		first := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
+		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+		require.False(t, first.replayed())
+		require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
+		st := state(t, b.db, "acct_commit", "commit-k")
+		require.Equal(t, "finished", st.Status)
+		require.Equal(t, phases.Finished, st.RecoveryPoint)
+		require.False(t, st.Leased)
+
+		for range 2 {
+			again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
+			require.Equal(t, http.StatusCreated, again.status)
+			require.True(t, again.replayed())
+			require.Equal(t, first.body, again.body)
+			require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+		}
+		require.EqualValues(t, 1, h.runs.Load())
+		require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
+
+		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":2}`)
+		requireProblem(t, r, http.StatusUnprocessableEntity)
+		require.EqualValues(t, 1, h.runs.Load())
+	})
+	t.Run("ConcurrentDuplicates", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		// The executor holds its transaction open, the order inserted but not
+		// committed, until the others are answered.
+		h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}}
+		srv := txMiddlewareServer(t, b.engine, h)
+		got := duplicates(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, 20, release)
+		winner := checkDuplicates(t, got, http.StatusCreated)
+		require.EqualValues(t, 1, h.runs.Load(), "the handler ran once")
+		require.Equal(t, 1, ordersFor(t, b.db, "dup-k"))
+
+		again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`)
+		require.True(t, again.replayed())
+		require.Equal(t, winner.body, again.body)
+		require.EqualValues(t, 1, h.runs.Load())
+	})
+	t.Run("FiveHundredLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		h := &orders{}
+		h.status.Store(http.StatusInternalServerError)
+		srv := txMiddlewareServer(t, b.engine, h)
+		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
+		require.Equal(t, http.StatusInternalServerError, r.status)
+		require.Equal(t, "handler failed\n", string(r.body), "the handler's own answer is passed on")
+		requireRetryAfter(t, r)
+		require.Zero(t, ordersFor(t, b.db, "5xx-k"), "the handler's insert rolled back")
+		require.Zero(t, rowsFor(t, b.db, "acct_5xx", "5xx-k"), "no key row")
+
+		h.status.Store(0)
+		r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
+		require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+		require.False(t, r.replayed())
+		require.EqualValues(t, 2, h.runs.Load(), "the retry runs the handler again")
+		require.Equal(t, 1, ordersFor(t, b.db, "5xx-k"))
+	})
+	t.Run("PanicLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		h := &orders{}
+		h.panics.Store(true)
+		srv := txMiddlewareServer(t, b.engine, h)
+		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
+		requireProblem(t, r, http.StatusInternalServerError)
+		require.NotContains(t, string(r.body), "boom")
+		require.Zero(t, ordersFor(t, b.db, "panic-k"))
+		require.Zero(t, rowsFor(t, b.db, "acct_panic", "panic-k"))
+
+		h.panics.Store(false)
+		r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
+		require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+		require.Equal(t, 1, ordersFor(t, b.db, "panic-k"))
+	})
+	t.Run("ResponseTooLargeLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		e, err := workflow.New(b.db.Pool, &workflow.Config{MaxResponseBytes: 4})
+		require.NoError(t, err)
+		h := &orders{}
+		srv := txMiddlewareServer(t, e, h)
+		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_large", "large-k"), `{}`)
+		requireProblem(t, r, http.StatusInternalServerError)
+		require.NotContains(t, string(r.body), "order", "never truncated")
+		require.Zero(t, ordersFor(t, b.db, "large-k"), "the insert rolled back with the answer")
+		require.Zero(t, rowsFor(t, b.db, "acct_large", "large-k"))
+	})
+	t.Run("WithoutKey", func(t *testing.T) {
+		t.Parallel()
+		h := &orders{}
+		mw, err := b.engine.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+		require.NoError(t, err)
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/orders", mw(h))
+		srv := newServer(t, mux)
+		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_nokey", ""), `{}`)
+		require.Equal(t, http.StatusInternalServerError, r.status, "no key, no transaction: the handler sees nil")
+		require.Equal(t, "no transaction\n", string(r.body))
+	})
+}
+
+func TestTxFromContext(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, workflow.TxFromContext(context.Background()))
+
+	b := setup(t, setupOpts{})
+	var seen atomic.Bool
+	srv := middlewareServer(t, b.engine, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(workflow.TxFromContext(r.Context()) != nil)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	r := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
+	require.Equal(t, http.StatusNoContent, r.status)
+	require.False(t, seen.Load(), "Middleware's handler runs outside any transaction")
+}
+
+func TestTxMiddlewareConfig(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	e, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	_, err = e.TxMiddleware(nil)
+	require.ErrorContains(t, err, "Scope is required")
+
+	_, err = e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	require.NoError(t, err)
+	_, err = e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	require.NoError(t, err, "TxMiddleware may be called again on the same engine")
+	require.False(t, e.Resumable(workflow.TxMiddlewareFlow), "only the client can finish its keys")
+
+	e2, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e2.Register(phases.Flow{Name: workflow.TxMiddlewareFlow, Phases: []phases.Phase{
+		phases.Tx("t", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
+	}}))
+	_, err = e2.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	require.ErrorContains(t, err, "reserved")
+}
