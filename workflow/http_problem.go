@@ -121,7 +121,8 @@ func classify(err error) httpAnswer {
 			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
 	case errors.Is(err, ErrDeadLettered):
 		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
-			detail: "The request under this idempotency key failed too often and was given up on; it will not finish unless " +
+			detail: "The request under this idempotency key was given up on: it failed too often, or it ran but its answer " +
+				"could not be stored. It will not finish unless " +
 				"the service's operators re-drive it. Do not retry it, and do not send it again with a new key: it may have " +
 				"taken effect in part. Contact the service."}
 	case errors.Is(err, ErrResponseTooLarge):

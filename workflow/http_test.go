@@ -862,8 +862,10 @@ func TestMiddlewareResponseTooLarge(t *testing.T) {
 		writeErr.Store(err)
 	}))
 
+	// The handler ran, so its answer is final: the key is dead-lettered (410, the same
+	// answer every retry gets), not released to run the handler again.
 	r := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
-	requireProblem(t, r, http.StatusInternalServerError)
+	requireProblem(t, r, http.StatusGone)
 	require.NotContains(t, string(r.body), "xxxx", "never truncated")
 	require.ErrorIs(t, writeErr.Load().(error), workflow.ErrResponseTooLarge, "the handler's write fails")
 	st := state(t, b.db, "acct", "k")
@@ -871,7 +873,7 @@ func TestMiddlewareResponseTooLarge(t *testing.T) {
 	require.False(t, st.Leased)
 
 	r = mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
-	requireProblem(t, r, http.StatusInternalServerError)
+	requireProblem(t, r, http.StatusGone)
 	require.EqualValues(t, 1, runs.Load(), "the next attempt does not run the handler again")
 }
 
