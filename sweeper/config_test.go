@@ -27,7 +27,7 @@ func TestConfigWithDefaultsIsIdempotent(t *testing.T) {
 		"HooksAndLogger": {Hooks: hooks, Logger: logger},
 		"Everything": {
 			Interval: time.Millisecond, Grace: -1, BatchSize: 1, Concurrency: 2, MaxAttempts: 3,
-			Retention: time.Hour, CleanupBatch: 5, Hooks: hooks, Logger: logger,
+			Retention: time.Hour, CleanupBatch: 5, CleanupShare: 0.25, Hooks: hooks, Logger: logger,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

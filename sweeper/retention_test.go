@@ -147,3 +147,41 @@ func TestRetentionBacklogWhileServing(t *testing.T) {
 	t.Logf("cleanup of %d keys took %s; %d requests served meanwhile: p50 %s, p99 %s, max %s",
 		backlog, took, len(latencies), pct(0.5), pct(0.99), latencies[len(latencies)-1])
 }
+
+// TestCleanupRestsBetweenFullBatches: a backlog is deleted in batches with a rest after
+// each full one (none after the last, short one), unless CleanupShare is 1.
+func TestCleanupRestsBetweenFullBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	for i := range 5 {
+		res, err := b.engine.Do(ctx, chargeReq(fmt.Sprintf("old-%d", i)))
+		require.NoError(t, err)
+		require.Equal(t, 201, res.Response.Status)
+	}
+	expire := func() {
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '2 days'`)
+		require.NoError(t, err)
+	}
+	expire()
+
+	for _, tc := range []struct {
+		share float64
+		rests int
+	}{{0, 2}, {0.25, 2}, {1, 0}} {
+		var rests []time.Duration
+		s := b.newSweeper(t, &sweeper.Config{CleanupBatch: 2, CleanupShare: tc.share})
+		sweeper.SetRestHook(s, func(d time.Duration) { rests = append(rests, d) })
+		stats, err := s.RunOnce(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, stats.Expired, "share %g", tc.share)
+		require.Len(t, rests, tc.rests, "share %g: a rest after each full batch of 2, none after the last of 1", tc.share)
+		// Put the backlog back for the next case.
+		for i := range 5 {
+			res, err := b.engine.Do(ctx, chargeReq(fmt.Sprintf("old-%d", i)))
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+		}
+		expire()
+	}
+}

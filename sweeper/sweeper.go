@@ -23,6 +23,7 @@ const (
 	MaxAttemptsDefault  = 10
 	RetentionDefault    = 24 * time.Hour
 	CleanupBatchDefault = 1000
+	CleanupShareDefault = 0.5
 )
 
 // Config configures a Sweeper. The zero value (or a nil *Config) means all defaults. A
@@ -50,6 +51,12 @@ type Config struct {
 	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000;
 	// 1..100000.
 	CleanupBatch int
+	// CleanupShare is the share of its time a cleanup of a backlog spends deleting:
+	// after each full batch it rests for as long as the batch took, times
+	// (1-CleanupShare)/CleanupShare, so that a large backlog does not take a whole
+	// core from live traffic. Defaults to 0.5 (rest as long as the batch took); 1
+	// deletes batches back to back; in (0, 1].
+	CleanupShare float64
 	// Hooks observe passes. Optional.
 	Hooks Hooks
 	// Logger receives the background loop's failures and dead-lettered keys. Defaults
@@ -80,6 +87,7 @@ func (c *Config) WithDefaults() *Config {
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.CleanupBatch = cmp.Or(out.CleanupBatch, CleanupBatchDefault)
+	out.CleanupShare = cmp.Or(out.CleanupShare, CleanupShareDefault)
 	return &out
 }
 
@@ -99,6 +107,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("sweeper: Retention %s is under 1m", c.Retention)
 	case c.CleanupBatch < 1 || c.CleanupBatch > 100000:
 		return fmt.Errorf("sweeper: CleanupBatch %d is outside 1..100000", c.CleanupBatch)
+	case !(c.CleanupShare > 0 && c.CleanupShare <= 1):
+		return fmt.Errorf("sweeper: CleanupShare %g is outside (0, 1]", c.CleanupShare)
 	}
 	return nil
 }
@@ -152,6 +162,8 @@ type Sweeper struct {
 	loop *loop // the running background loop, nil when stopped
 
 	stopping func() // test hook: runs in Stop after the loop was told to stop
+	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
+	rest func(ctx context.Context, stop <-chan struct{}, d time.Duration)
 }
 
 // loop is one run of the background loop, from Start to Stop.
@@ -179,7 +191,7 @@ func New(engine *workflow.Engine, cfg *Config) (*Sweeper, error) {
 	if c.Logger == nil {
 		c.Logger = ec.Logger
 	}
-	return &Sweeper{engine: maint.Of(engine), cfg: c, lease: ec.Lease}, nil
+	return &Sweeper{engine: maint.Of(engine), cfg: c, lease: ec.Lease, rest: rest}, nil
 }
 
 // Start runs passes in the background until Stop, and returns at once. The first pass
@@ -370,10 +382,12 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*m
 	return errs
 }
 
-// cleanup deletes expired finished keys in batches until one comes back short.
+// cleanup deletes expired finished keys in batches until one comes back short, resting
+// between full batches so that it spends Config.CleanupShare of its time deleting.
 func (s *Sweeper) cleanup(ctx context.Context, stop <-chan struct{}) (int64, error) {
 	var total int64
 	for !stopped(ctx, stop) {
+		began := time.Now()
 		n, err := s.engine.ExpireFinished(ctx, s.cfg.Retention, s.cfg.CleanupBatch)
 		total += n
 		if err != nil {
@@ -382,6 +396,21 @@ func (s *Sweeper) cleanup(ctx context.Context, stop <-chan struct{}) (int64, err
 		if n < int64(s.cfg.CleanupBatch) {
 			break
 		}
+		if s.cfg.CleanupShare < 1 {
+			took := time.Since(began)
+			s.rest(ctx, stop, time.Duration(float64(took)*(1-s.cfg.CleanupShare)/s.cfg.CleanupShare))
+		}
 	}
 	return total, nil
+}
+
+// rest waits d, or until stop is closed or ctx ends.
+func rest(ctx context.Context, stop <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+	case <-ctx.Done():
+	}
 }
