@@ -5,6 +5,27 @@ package store
 // long transaction does not shorten the lease it sets); durations arrive as
 // milliseconds.
 
+// statements are the texts of the statements a Store sends, built once by New.
+type statements struct {
+	lookup, claimLock                                    string
+	insertKey, insertFinished                            string
+	claimInsertKey, claimInsertFinished                  string
+	advance, finish, release, takeover                   string
+	takeDue, giveBack, park, deadLetter, redrive, expire string
+}
+
+// newStatements returns the statements on the key table, idemflow_keys.
+func newStatements() statements {
+	return statements{
+		lookup: sqlLookup, claimLock: sqlClaimLock,
+		insertKey: sqlInsertKey, insertFinished: sqlInsertFinished,
+		claimInsertKey: sqlClaimInsertKey, claimInsertFinished: sqlClaimInsertFinished,
+		advance: sqlAdvance, finish: sqlFinish, release: sqlRelease, takeover: sqlTakeover,
+		takeDue: sqlTakeDue, giveBack: sqlGiveBack, park: sqlPark, deadLetter: sqlDeadLetter,
+		redrive: sqlRedrive, expire: sqlExpireFinished,
+	}
+}
+
 // rowColumns are the columns of Row, computed from a key row, in the order scanOne
 // reads them (and named as Row's db tags, for the sweeper's lists).
 const rowColumns = `

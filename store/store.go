@@ -81,15 +81,19 @@ type StoredResponse struct {
 	Body    []byte
 }
 
-// Store runs idemflow's statements. It holds no state; the zero value is ready to use.
-type Store struct{}
+// Store sends idemflow's statements on the key table. It holds their texts, built once
+// by New, so that what varies between stores (a schema, later) is applied once rather
+// than on every call. The zero Store is not usable.
+type Store struct {
+	sql statements
+}
 
-// New returns a Store.
-func New() *Store { return &Store{} }
+// New returns a Store of the statements in sql.go.
+func New() *Store { return &Store{sql: newStatements()} }
 
 // Lookup returns the key row, or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, sqlLookup, scope, key)
+	rows, err := db.Query(ctx, s.sql.lookup, scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
@@ -115,7 +119,7 @@ func ClaimLockID(scope, key string) int64 {
 // QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
 // free. Read its result with ReadClaimLock.
 func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
-	b.Queue(sqlClaimLock, ClaimLockID(c.Scope, c.Key))
+	b.Queue(s.sql.claimLock, ClaimLockID(c.Scope, c.Key))
 }
 
 // ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
@@ -129,7 +133,7 @@ func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
 
 // QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
 func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
-	b.Queue(sqlLookup, scope, key)
+	b.Queue(s.sql.lookup, scope, key)
 }
 
 // ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
@@ -145,14 +149,14 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 // with data, leased for c.Lease, for a transaction that holds the key's claim lock and
 // found no row. Read its result with ReadInsert.
 func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	b.Queue(sqlInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
 		recoveryPoint, data, c.Lease.Milliseconds())
 }
 
 // QueueInsertFinished is QueueInsertKey for a key row that is already finished with
 // resp.
 func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	b.Queue(sqlInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 		resp.Status, resp.Headers, resp.Body)
 }
 
@@ -170,13 +174,13 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // in progress at recoveryPoint with data, for a transaction that claims the key
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	b.Queue(sqlClaimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
 		recoveryPoint, data, c.Lease.Milliseconds(), ClaimLockID(c.Scope, c.Key))
 }
 
 // QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp.
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	b.Queue(sqlClaimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 		resp.Status, resp.Headers, resp.Body, ClaimLockID(c.Scope, c.Key))
 }
 
@@ -207,13 +211,13 @@ func insertErr(err error) error {
 // stores data, extending the lease. If the fence does not match, the statement raises
 // and the transaction aborts. Read its result with ReadFenced.
 func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, phase string, data []byte, lease time.Duration) {
-	b.Queue(sqlAdvance, f.Scope, f.Key, f.ID, f.LockVersion, phase, data, lease.Milliseconds())
+	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, phase, data, lease.Milliseconds())
 }
 
 // QueueFinish adds to b the fenced update that stores the response and marks the key
 // finished. Like QueueAdvance it raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
-	b.Queue(sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
+	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
 }
 
 // ReadFenced reads the result of a queued advance or finish: nil, ErrLeaseLost, or
@@ -228,7 +232,7 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 // Finish stores the response and marks the key finished, as one statement outside any
 // phase transaction. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredResponse) error {
-	if _, err := db.Exec(ctx, sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body); err != nil {
+	if _, err := db.Exec(ctx, s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body); err != nil {
 		return fmt.Errorf("finish key: %w", fenceErr(err))
 	}
 	return nil
@@ -239,7 +243,7 @@ func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredRespons
 // result forward), the error is recorded, and the key is due again after retryIn. It
 // returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string, retryIn time.Duration) error {
-	tag, err := db.Exec(ctx, sqlRelease, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000), retryIn.Milliseconds())
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000), retryIn.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -254,7 +258,7 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint str
 // caller last read it; if the row changed since, or its lease is live, Takeover
 // returns ErrNotTaken and changes nothing.
 func (s *Store) Takeover(ctx context.Context, db DBTX, scope, key, id string, seenVersion int64, lease time.Duration) (*Row, error) {
-	rows, err := db.Query(ctx, sqlTakeover, scope, key, id, seenVersion, lease.Milliseconds())
+	rows, err := db.Query(ctx, s.sql.takeover, scope, key, id, seenVersion, lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}

@@ -33,7 +33,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if len(q.Flows) == 0 {
 		return []*Row{}, nil
 	}
-	rows, err := db.Query(ctx, sqlTakeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
+	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
 	}
@@ -48,7 +48,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 // the attempt uncounted, and the key stays due for any sweeper. It returns
 // ErrLeaseLost if the fence does not match.
 func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
-	tag, err := db.Exec(ctx, sqlGiveBack, f.Scope, f.Key, f.ID, f.LockVersion)
+	tag, err := db.Exec(ctx, s.sql.giveBack, f.Scope, f.Key, f.ID, f.LockVersion)
 	if err != nil {
 		return fmt.Errorf("give back key: %w", Classify(err))
 	}
@@ -64,7 +64,7 @@ func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
 // passed. A client's retry may take it over at any time. It returns ErrLeaseLost if
 // the fence does not match or the key is not leased.
 func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d time.Duration) error {
-	tag, err := db.Exec(ctx, sqlPark, f.Scope, f.Key, f.ID, f.LockVersion, truncate(reason, 2000), d.Milliseconds())
+	tag, err := db.Exec(ctx, s.sql.park, f.Scope, f.Key, f.ID, f.LockVersion, truncate(reason, 2000), d.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("park key: %w", Classify(err))
 	}
@@ -78,7 +78,7 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d tim
 // Redrive, and keeps its recovery point and phase data. It returns ErrLeaseLost if the
 // fence does not match (the key was taken over, finished or deleted since).
 func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string) error {
-	tag, err := db.Exec(ctx, sqlDeadLetter, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000))
+	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000))
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}
@@ -92,7 +92,7 @@ func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, recoveryPoint 
 // due now, lock version bumped. It returns ErrNotFound when no dead-lettered key
 // (scope, key) exists, whether the key is missing or in another state.
 func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, sqlRedrive, scope, key)
+	rows, err := db.Query(ctx, s.sql.redrive, scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("re-drive key: %w", Classify(err))
 	}
@@ -108,7 +108,7 @@ func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Dura
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
-	tag, err := db.Exec(ctx, sqlExpireFinished, olderThan.Milliseconds(), limit)
+	tag, err := db.Exec(ctx, s.sql.expire, olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("expire finished keys: %w", Classify(err))
 	}
