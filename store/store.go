@@ -52,6 +52,11 @@ type Row struct {
 // LeaseLeft is the remaining lease as a duration.
 func (r *Row) LeaseLeft() time.Duration { return time.Duration(r.LeaseLeftMillis) * time.Millisecond }
 
+// Fence is the fence of the row as it was read.
+func (r *Row) Fence() Fence {
+	return Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion}
+}
+
 // Fence names one key row as one executor knows it: a fenced statement matches only if
 // the row still has this identity and lock version and is unfinished.
 type Fence struct {
@@ -79,6 +84,28 @@ type StoredResponse struct {
 	Status  int
 	Headers []byte // a JSON object of header name to list of values
 	Body    []byte
+}
+
+// Advance is what QueueAdvance writes on a key row.
+type Advance struct {
+	// RecoveryPoint is the phase the key resumes at.
+	RecoveryPoint string
+	// Data is the phase data saved with it, a JSON object.
+	Data []byte
+	// Lease is the new lease, from the database clock's now.
+	Lease time.Duration
+}
+
+// Release is what Release writes on a key row after a transient failure.
+type Release struct {
+	// RecoveryPoint and Data are what is durable in the caller's view (it may carry a
+	// call phase's result forward).
+	RecoveryPoint string
+	Data          []byte
+	// LastError is recorded on the row, cut to 2000 bytes.
+	LastError string
+	// RetryIn is how long until the key is due again. Zero means at once.
+	RetryIn time.Duration
 }
 
 // Store sends idemflow's statements on the key table. It holds their texts, built once
@@ -207,11 +234,12 @@ func insertErr(err error) error {
 	return fmt.Errorf("insert key: %w", Classify(err))
 }
 
-// QueueAdvance adds to b the fenced update that moves the recovery point to phase and
-// stores data, extending the lease. If the fence does not match, the statement raises
-// and the transaction aborts. Read its result with ReadFenced.
-func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, phase string, data []byte, lease time.Duration) {
-	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, phase, data, lease.Milliseconds())
+// QueueAdvance adds to b the fenced update that moves the recovery point to
+// a.RecoveryPoint and stores a.Data, setting a lease of a.Lease. If the fence does not
+// match, the statement raises and the transaction aborts. Read its result with
+// ReadFenced.
+func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
+	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, a.Data, a.Lease.Milliseconds())
 }
 
 // QueueFinish adds to b the fenced update that stores the response and marks the key
@@ -220,7 +248,7 @@ func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
 }
 
-// ReadFenced reads the result of a queued advance or finish: nil, ErrLeaseLost, or
+// ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
 // another translated error.
 func (s *Store) ReadFenced(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
@@ -238,12 +266,11 @@ func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredRespons
 	return nil
 }
 
-// Release gives up the lease after a transient failure: the recovery point and phase
-// data are set to what is durable in the caller's view (it may carry a call phase's
-// result forward), the error is recorded, and the key is due again after retryIn. It
-// returns ErrLeaseLost if the fence does not match.
-func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string, retryIn time.Duration) error {
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000), retryIn.Milliseconds())
+// Release releases a key after a transient failure: the lease is cleared, the recovery
+// point, phase data and last error are set from r, and the key is due again after
+// r.RetryIn. It returns ErrLeaseLost if the fence does not match.
+func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, r.Data, truncate(r.LastError, 2000), r.RetryIn.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -253,12 +280,12 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint str
 	return nil
 }
 
-// Takeover takes the lease of an unfinished key whose lease expired or was released,
-// bumping its lock version and attempt count. id and seenVersion are the row as the
-// caller last read it; if the row changed since, or its lease is live, Takeover
-// returns ErrNotTaken and changes nothing.
-func (s *Store) Takeover(ctx context.Context, db DBTX, scope, key, id string, seenVersion int64, lease time.Duration) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.takeover, scope, key, id, seenVersion, lease.Milliseconds())
+// Takeover takes the lease of an unfinished key whose lease expired or was cleared,
+// bumping its lock version and attempt count, and sets a lease of lease. seen is the
+// fence of the row as the caller last read it (Row.Fence); if the row changed since,
+// or its lease is live, Takeover returns ErrNotTaken and changes nothing.
+func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration) (*Row, error) {
+	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}

@@ -98,7 +98,7 @@ func TestStatements(t *testing.T) {
 	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1}
 
 	t.Run("TakeoverRefusesALiveLease", func(t *testing.T) {
-		_, err := st.Takeover(ctx, db.Pool, "s1", "k", id1, 1, time.Minute)
+		_, err := st.Takeover(ctx, db.Pool, f, time.Minute)
 		require.ErrorIs(t, err, store.ErrNotTaken)
 	})
 
@@ -109,28 +109,30 @@ func TestStatements(t *testing.T) {
 		b := &pgx.Batch{}
 		stale := f
 		stale.LockVersion = 7
-		st.QueueAdvance(b, stale, "one", []byte(`{}`), time.Minute)
+		st.QueueAdvance(b, stale, store.Advance{RecoveryPoint: "one", Data: []byte(`{}`), Lease: time.Minute})
 		br := tx.SendBatch(ctx, b)
 		require.ErrorIs(t, st.ReadFenced(br), store.ErrLeaseLost)
 		require.Error(t, br.Close())
 	})
 
 	t.Run("ReleaseThenTakeover", func(t *testing.T) {
-		require.NoError(t, st.Release(ctx, db.Pool, f, "one", []byte(`{"a":1}`), "boom", 0))
-		require.NoError(t, st.Release(ctx, db.Pool, f, "one", []byte(`{}`), "again", 0), "releasing twice under the same lease is harmless")
+		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{"a":1}`), LastError: "boom"}))
+		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "again"}), "releasing twice under the same lease is harmless")
 		row, err := st.Lookup(ctx, db.Pool, "s1", "k")
 		require.NoError(t, err)
 		require.False(t, row.LeaseLive)
 		require.Equal(t, "one", row.RecoveryPoint)
 		require.Equal(t, "again", *row.LastError)
 
-		_, err = st.Takeover(ctx, db.Pool, "s1", "k", id1, 5, time.Minute)
+		stale := f
+		stale.LockVersion = 5
+		_, err = st.Takeover(ctx, db.Pool, stale, time.Minute)
 		require.ErrorIs(t, err, store.ErrNotTaken, "a stale view of the row takes nothing")
-		taken, err := st.Takeover(ctx, db.Pool, "s1", "k", id1, 1, time.Minute)
+		taken, err := st.Takeover(ctx, db.Pool, f, time.Minute)
 		require.NoError(t, err)
 		require.EqualValues(t, 2, taken.LockVersion)
 		require.Equal(t, 2, taken.Attempts)
-		require.ErrorIs(t, st.Release(ctx, db.Pool, f, "one", []byte(`{}`), "zombie", 0), store.ErrLeaseLost,
+		require.ErrorIs(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "zombie"}), store.ErrLeaseLost,
 			"the old lock version can no longer release")
 
 		f2 := f
