@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Statuses of a key row.
+// Statuses of a key row the engine branches on. The third, "in_progress", is every
+// other row's.
 const (
-	StatusInProgress = "in_progress"
-	StatusFinished   = "finished"
-	StatusDead       = "dead"
+	StatusFinished = "finished"
+	StatusDead     = "dead"
 )
 
 // DBTX runs statements; *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
@@ -41,7 +41,8 @@ type Row struct {
 	LastError     *string `db:"last_error"`
 	// LeaseLive reports whether locked_until is in the future, by the database clock.
 	LeaseLive bool `db:"lease_live"`
-	// LeaseLeft is how much of the lease remains, by the database clock (0 if none).
+	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the
+	// database clock (0 if none); LeaseLeft is the same as a duration.
 	LeaseLeftMillis int64 `db:"lease_left_ms"`
 	// Response, set when Status is StatusFinished.
 	ResponseStatus  *int   `db:"response_status"`
@@ -127,11 +128,11 @@ func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, e
 	return scanOne(rows, "look up key", ErrNotFound)
 }
 
-// ClaimLockID is the hash of a key from which its claim lock's id is made: a 64-bit
+// claimHash is the hash of a key from which its claim lock's id is made: a 64-bit
 // FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
 // (see the claim statements), so two keys share a lock only by a hash collision, which
 // costs one of them a 409, never a wrong answer.
-func ClaimLockID(scope, key string) int64 {
+func claimHash(scope, key string) int64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
 	for _, part := range [...]string{"idemflow\x00", scope, "\x00", key} {
@@ -146,7 +147,7 @@ func ClaimLockID(scope, key string) int64 {
 // QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
 // free. Read its result with ReadClaimLock.
 func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
-	b.Queue(s.sql.claimLock, ClaimLockID(c.Scope, c.Key))
+	b.Queue(s.sql.claimLock, claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
@@ -202,13 +203,13 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
 	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, data, c.Lease.Milliseconds(), ClaimLockID(c.Scope, c.Key))
+		recoveryPoint, data, c.Lease.Milliseconds(), claimHash(c.Scope, c.Key))
 }
 
 // QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp.
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
 	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, resp.Headers, resp.Body, ClaimLockID(c.Scope, c.Key))
+		resp.Status, resp.Headers, resp.Body, claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
@@ -253,15 +254,6 @@ func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 func (s *Store) ReadFenced(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("fenced update: %w", fenceErr(err))
-	}
-	return nil
-}
-
-// Finish stores the response and marks the key finished, as one statement outside any
-// phase transaction. It returns ErrLeaseLost if the fence does not match.
-func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredResponse) error {
-	if _, err := db.Exec(ctx, s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body); err != nil {
-		return fmt.Errorf("finish key: %w", fenceErr(err))
 	}
 	return nil
 }
