@@ -143,7 +143,7 @@ func BenchmarkAdvance(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		err := sendTx(ctx, conn, func(bt *pgx.Batch) {
-			st.QueueAdvance(bt, f, "create_charge", []byte(`{"charge_id":"ch_1"}`), time.Minute)
+			st.QueueAdvance(bt, f, store.Advance{RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`), Lease: time.Minute})
 		}, st.ReadFenced, true)
 		if err != nil {
 			b.Fatal(err)

@@ -1,6 +1,20 @@
 // Package store is the only code that runs SQL on idemflow's key table. It claims keys,
 // looks them up, takes over expired leases, advances recovery points under a fence,
-// finishes keys with a response and releases them after transient failures.
+// finishes keys with a response, and releases, parks, gives back or dead-letters them,
+// in the words internal/maint defines.
+//
+// Users never need to import it. Its one consumer is the engine (package workflow,
+// with internal/maint for the sweeper's types), and the errors a user branches on are
+// aliased there: workflow.ErrUnavailable, ErrConflict, ErrLeaseLost and ErrNotFound
+// are this package's errors under the names of the package the user calls. It is a
+// top-level package only so that the SQL has a home of its own, in one file (sql.go)
+// kept for review.
+//
+// A Store holds the texts of the statements it sends, built once by New, and its
+// methods send only those; the zero Store is not usable. That is the one place where
+// what varies between two engines' SQL (a schema-qualified table name, say) is
+// applied, once per Store, rather than on every call. What sends no SQL (Classify,
+// IsCommitted) is a plain function.
 //
 // Every statement on one key filters by its scope. The sweeper's statements (TakeDue,
 // ExpireFinished) select across scopes by design, but change only rows they locked
@@ -13,7 +27,9 @@
 //
 // Statements that must share a round trip with their neighbours come in pairs: QueueXxx
 // adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's
-// results, in order. The engine owns the batch; this package owns the SQL.
+// results, in order. The engine owns the batch; this package owns the SQL. A
+// statement with more inputs than a fence and a value or two takes them as a struct
+// named as the statement (Advance, Release, Park, DeadLetter, TakeDue).
 //
 // pgx errors are translated into this package's errors (ErrConflict, ErrUnavailable,
 // ErrLeaseLost, ...) here and nowhere else; Classify does it for errors that came from

@@ -36,9 +36,10 @@ var (
 	// ErrNotSent: the failed request never reached the server (always with
 	// ErrUnavailable); nothing it carried took effect.
 	ErrNotSent = errors.New("request not sent")
-	// ErrInvalid: the database refused a value (a CHECK constraint, a length or format
-	// limit). Nothing was written.
-	ErrInvalid = errors.New("value refused by the database")
+	// errInvalid: the database refused a value (a CHECK constraint, a length or format
+	// limit). Nothing was written. The engine validates what it writes first, so
+	// nothing branches on it; it marks the error as ours for Classify.
+	errInvalid = errors.New("value refused by the database")
 )
 
 // SQLSTATEs the engine's own statements are read for. A fenced statement aborts its
@@ -67,7 +68,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrInvalid} {
+	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, errInvalid} {
 		if errors.Is(err, ours) {
 			return err
 		}
@@ -80,7 +81,7 @@ func Classify(err error) error {
 		case pgErr.Code == "40001" || pgErr.Code == "40P01":
 			return fmt.Errorf("%w: %w", ErrConflict, err)
 		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":
-			return fmt.Errorf("%w: %w", ErrInvalid, err)
+			return fmt.Errorf("%w: %w", errInvalid, err)
 		case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"):
 			// connection exceptions and operator intervention (shutdown, terminated backend)
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

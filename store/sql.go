@@ -5,6 +5,27 @@ package store
 // long transaction does not shorten the lease it sets); durations arrive as
 // milliseconds.
 
+// statements are the texts of the statements a Store sends, built once by New.
+type statements struct {
+	lookup, claimLock                                    string
+	insertKey, insertFinished                            string
+	claimInsertKey, claimInsertFinished                  string
+	advance, finish, release, takeover                   string
+	takeDue, giveBack, park, deadLetter, redrive, expire string
+}
+
+// newStatements returns the statements on the key table, idemflow_keys.
+func newStatements() statements {
+	return statements{
+		lookup: sqlLookup, claimLock: sqlClaimLock,
+		insertKey: sqlInsertKey, insertFinished: sqlInsertFinished,
+		claimInsertKey: sqlClaimInsertKey, claimInsertFinished: sqlClaimInsertFinished,
+		advance: sqlAdvance, finish: sqlFinish, release: sqlRelease, takeover: sqlTakeover,
+		takeDue: sqlTakeDue, giveBack: sqlGiveBack, park: sqlPark, deadLetter: sqlDeadLetter,
+		redrive: sqlRedrive, expire: sqlExpireFinished,
+	}
+}
+
 // rowColumns are the columns of Row, computed from a key row, in the order scanOne
 // reads them (and named as Row's db tags, for the sweeper's lists).
 const rowColumns = `
@@ -160,16 +181,17 @@ WHERE ctid = ANY(ARRAY(
 	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
 RETURNING ` + rowColumns + ``
 
-// sqlGiveBack returns a key taken over but never run: the lease is cleared and the
-// attempt the takeover counted is uncounted, once (a released key is not matched). next_attempt_at is unchanged, so the key
-// stays due. The lock version stays bumped.
+// sqlGiveBack gives back a key taken over but never run: the lease is cleared and the
+// attempt the takeover counted is uncounted, once (a key without a lease is not
+// matched). next_attempt_at is unchanged, so the key stays due. The lock version stays
+// bumped.
 const sqlGiveBack = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = clock_timestamp()
 WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
-// sqlPark releases a key that only its client can finish: the lease is cleared, the
-// takeover's attempt uncounted, the reason recorded, and the key not due again for $6
-// ms. The lock version stays bumped.
+// sqlPark parks a key that only its client can finish: the lease is cleared, the
+// takeover's attempt uncounted, why it waits recorded as its last error ($5), and the
+// key not due again for $6 ms. The lock version stays bumped.
 const sqlPark = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5,
 	next_attempt_at = clock_timestamp() + $6::bigint * interval '1 millisecond',

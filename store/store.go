@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Statuses of a key row.
+// Statuses of a key row the engine branches on. The third, "in_progress", is every
+// other row's.
 const (
-	StatusInProgress = "in_progress"
-	StatusFinished   = "finished"
-	StatusDead       = "dead"
+	StatusFinished = "finished"
+	StatusDead     = "dead"
 )
 
 // DBTX runs statements; *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
@@ -41,7 +41,8 @@ type Row struct {
 	LastError     *string `db:"last_error"`
 	// LeaseLive reports whether locked_until is in the future, by the database clock.
 	LeaseLive bool `db:"lease_live"`
-	// LeaseLeft is how much of the lease remains, by the database clock (0 if none).
+	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the
+	// database clock (0 if none); LeaseLeft is the same as a duration.
 	LeaseLeftMillis int64 `db:"lease_left_ms"`
 	// Response, set when Status is StatusFinished.
 	ResponseStatus  *int   `db:"response_status"`
@@ -51,6 +52,11 @@ type Row struct {
 
 // LeaseLeft is the remaining lease as a duration.
 func (r *Row) LeaseLeft() time.Duration { return time.Duration(r.LeaseLeftMillis) * time.Millisecond }
+
+// Fence is the fence of the row as it was read.
+func (r *Row) Fence() Fence {
+	return Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion}
+}
 
 // Fence names one key row as one executor knows it: a fenced statement matches only if
 // the row still has this identity and lock version and is unfinished.
@@ -81,26 +87,52 @@ type StoredResponse struct {
 	Body    []byte
 }
 
-// Store runs idemflow's statements. It holds no state; the zero value is ready to use.
-type Store struct{}
+// Advance is what QueueAdvance writes on a key row.
+type Advance struct {
+	// RecoveryPoint is the phase the key resumes at.
+	RecoveryPoint string
+	// Data is the phase data saved with it, a JSON object.
+	Data []byte
+	// Lease is the new lease, from the database clock's now.
+	Lease time.Duration
+}
 
-// New returns a Store.
-func New() *Store { return &Store{} }
+// Release is what Release writes on a key row after a transient failure.
+type Release struct {
+	// RecoveryPoint and Data are what is durable in the caller's view (it may carry a
+	// call phase's result forward).
+	RecoveryPoint string
+	Data          []byte
+	// LastError is recorded on the row, cut to 2000 bytes.
+	LastError string
+	// RetryIn is how long until the key is due again. Zero means at once.
+	RetryIn time.Duration
+}
+
+// Store sends idemflow's statements on the key table. It holds their texts, built once
+// by New, so that what varies between stores (a schema, later) is applied once rather
+// than on every call. The zero Store is not usable.
+type Store struct {
+	sql statements
+}
+
+// New returns a Store of the statements in sql.go.
+func New() *Store { return &Store{sql: newStatements()} }
 
 // Lookup returns the key row, or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, sqlLookup, scope, key)
+	rows, err := db.Query(ctx, s.sql.lookup, scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
 	return scanOne(rows, "look up key", ErrNotFound)
 }
 
-// ClaimLockID is the hash of a key from which its claim lock's id is made: a 64-bit
+// claimHash is the hash of a key from which its claim lock's id is made: a 64-bit
 // FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
 // (see the claim statements), so two keys share a lock only by a hash collision, which
 // costs one of them a 409, never a wrong answer.
-func ClaimLockID(scope, key string) int64 {
+func claimHash(scope, key string) int64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
 	for _, part := range [...]string{"idemflow\x00", scope, "\x00", key} {
@@ -115,7 +147,7 @@ func ClaimLockID(scope, key string) int64 {
 // QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
 // free. Read its result with ReadClaimLock.
 func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
-	b.Queue(sqlClaimLock, ClaimLockID(c.Scope, c.Key))
+	b.Queue(s.sql.claimLock, claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
@@ -129,7 +161,7 @@ func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
 
 // QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
 func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
-	b.Queue(sqlLookup, scope, key)
+	b.Queue(s.sql.lookup, scope, key)
 }
 
 // ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
@@ -145,14 +177,14 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 // with data, leased for c.Lease, for a transaction that holds the key's claim lock and
 // found no row. Read its result with ReadInsert.
 func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	b.Queue(sqlInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
 		recoveryPoint, data, c.Lease.Milliseconds())
 }
 
 // QueueInsertFinished is QueueInsertKey for a key row that is already finished with
 // resp.
 func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	b.Queue(sqlInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 		resp.Status, resp.Headers, resp.Body)
 }
 
@@ -170,14 +202,14 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // in progress at recoveryPoint with data, for a transaction that claims the key
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	b.Queue(sqlClaimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, data, c.Lease.Milliseconds(), ClaimLockID(c.Scope, c.Key))
+	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		recoveryPoint, data, c.Lease.Milliseconds(), claimHash(c.Scope, c.Key))
 }
 
 // QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp.
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	b.Queue(sqlClaimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, resp.Headers, resp.Body, ClaimLockID(c.Scope, c.Key))
+	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		resp.Status, resp.Headers, resp.Body, claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
@@ -203,20 +235,21 @@ func insertErr(err error) error {
 	return fmt.Errorf("insert key: %w", Classify(err))
 }
 
-// QueueAdvance adds to b the fenced update that moves the recovery point to phase and
-// stores data, extending the lease. If the fence does not match, the statement raises
-// and the transaction aborts. Read its result with ReadFenced.
-func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, phase string, data []byte, lease time.Duration) {
-	b.Queue(sqlAdvance, f.Scope, f.Key, f.ID, f.LockVersion, phase, data, lease.Milliseconds())
+// QueueAdvance adds to b the fenced update that moves the recovery point to
+// a.RecoveryPoint and stores a.Data, setting a lease of a.Lease. If the fence does not
+// match, the statement raises and the transaction aborts. Read its result with
+// ReadFenced.
+func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
+	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, a.Data, a.Lease.Milliseconds())
 }
 
 // QueueFinish adds to b the fenced update that stores the response and marks the key
 // finished. Like QueueAdvance it raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
-	b.Queue(sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
+	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body)
 }
 
-// ReadFenced reads the result of a queued advance or finish: nil, ErrLeaseLost, or
+// ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
 // another translated error.
 func (s *Store) ReadFenced(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
@@ -225,21 +258,11 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 	return nil
 }
 
-// Finish stores the response and marks the key finished, as one statement outside any
-// phase transaction. It returns ErrLeaseLost if the fence does not match.
-func (s *Store) Finish(ctx context.Context, db DBTX, f Fence, resp StoredResponse) error {
-	if _, err := db.Exec(ctx, sqlFinish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body); err != nil {
-		return fmt.Errorf("finish key: %w", fenceErr(err))
-	}
-	return nil
-}
-
-// Release gives up the lease after a transient failure: the recovery point and phase
-// data are set to what is durable in the caller's view (it may carry a call phase's
-// result forward), the error is recorded, and the key is due again after retryIn. It
-// returns ErrLeaseLost if the fence does not match.
-func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string, retryIn time.Duration) error {
-	tag, err := db.Exec(ctx, sqlRelease, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000), retryIn.Milliseconds())
+// Release releases a key after a transient failure: the lease is cleared, the recovery
+// point, phase data and last error are set from r, and the key is due again after
+// r.RetryIn. It returns ErrLeaseLost if the fence does not match.
+func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, r.Data, truncate(r.LastError, 2000), r.RetryIn.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -249,12 +272,12 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, recoveryPoint str
 	return nil
 }
 
-// Takeover takes the lease of an unfinished key whose lease expired or was released,
-// bumping its lock version and attempt count. id and seenVersion are the row as the
-// caller last read it; if the row changed since, or its lease is live, Takeover
-// returns ErrNotTaken and changes nothing.
-func (s *Store) Takeover(ctx context.Context, db DBTX, scope, key, id string, seenVersion int64, lease time.Duration) (*Row, error) {
-	rows, err := db.Query(ctx, sqlTakeover, scope, key, id, seenVersion, lease.Milliseconds())
+// Takeover takes the lease of an unfinished key whose lease expired or was cleared,
+// bumping its lock version and attempt count, and sets a lease of lease. seen is the
+// fence of the row as the caller last read it (Row.Fence); if the row changed since,
+// or its lease is live, Takeover returns ErrNotTaken and changes nothing.
+func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration) (*Row, error) {
+	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}

@@ -20,6 +20,25 @@ type TakeDue struct {
 	Flows []string
 }
 
+// Park is what Park writes on a key row that only its client can finish.
+type Park struct {
+	// LastError says why the key waits for its client; it is cut to 2000 bytes.
+	LastError string
+	// RetryIn is how long sweepers leave the key alone. A client's retry may take it
+	// over at any time.
+	RetryIn time.Duration
+}
+
+// DeadLetter is what DeadLetter writes on a key row it gives up on.
+type DeadLetter struct {
+	// RecoveryPoint and Data are kept on the row, so a re-drive resumes where the key
+	// stopped.
+	RecoveryPoint string
+	Data          []byte
+	// LastError is recorded on the row, cut to 2000 bytes.
+	LastError string
+}
+
 // TakeDue takes over, in one short statement, up to q.Limit unfinished keys whose
 // lease expired or was released, that are due (next_attempt_at) and older than
 // q.Grace, of a flow in q.Flows, oldest due first. Each is returned with its lock
@@ -33,7 +52,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if len(q.Flows) == 0 {
 		return []*Row{}, nil
 	}
-	rows, err := db.Query(ctx, sqlTakeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
+	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
 	}
@@ -44,11 +63,11 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	return out, nil
 }
 
-// GiveBack returns a key taken over with TakeDue but never run: the lease is cleared,
-// the attempt uncounted, and the key stays due for any sweeper. It returns
-// ErrLeaseLost if the fence does not match.
+// GiveBack gives back a key taken over with TakeDue but never run: the lease is
+// cleared, the takeover's attempt uncounted, and the key stays due for any sweeper. It
+// returns ErrLeaseLost if the fence does not match or the key is not leased.
 func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
-	tag, err := db.Exec(ctx, sqlGiveBack, f.Scope, f.Key, f.ID, f.LockVersion)
+	tag, err := db.Exec(ctx, s.sql.giveBack, f.Scope, f.Key, f.ID, f.LockVersion)
 	if err != nil {
 		return fmt.Errorf("give back key: %w", Classify(err))
 	}
@@ -58,13 +77,13 @@ func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
 	return nil
 }
 
-// Park releases a key taken over with TakeDue that only its client can finish (a
-// client-only flow's): the lease is cleared, the takeover's attempt uncounted, reason
-// recorded as its last error, and the key is not due again for a sweeper until d has
+// Park parks a key taken over with TakeDue that only its client can finish (a
+// client-only flow's): the lease is cleared, the takeover's attempt uncounted,
+// p.LastError recorded, and the key is not due again for a sweeper until p.RetryIn has
 // passed. A client's retry may take it over at any time. It returns ErrLeaseLost if
 // the fence does not match or the key is not leased.
-func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d time.Duration) error {
-	tag, err := db.Exec(ctx, sqlPark, f.Scope, f.Key, f.ID, f.LockVersion, truncate(reason, 2000), d.Milliseconds())
+func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
+	tag, err := db.Exec(ctx, s.sql.park, f.Scope, f.Key, f.ID, f.LockVersion, truncate(p.LastError, 2000), p.RetryIn.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("park key: %w", Classify(err))
 	}
@@ -74,11 +93,12 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, reason string, d tim
 	return nil
 }
 
-// DeadLetter marks a key dead with lastErr: it is no longer run by anyone until
-// Redrive, and keeps its recovery point and phase data. It returns ErrLeaseLost if the
-// fence does not match (the key was taken over, finished or deleted since).
-func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, recoveryPoint string, data []byte, lastErr string) error {
-	tag, err := db.Exec(ctx, sqlDeadLetter, f.Scope, f.Key, f.ID, f.LockVersion, recoveryPoint, data, truncate(lastErr, 2000))
+// DeadLetter marks a key dead with d.LastError: it is no longer run by anyone until
+// Redrive, and keeps d's recovery point and phase data. The lease is cleared. It
+// returns ErrLeaseLost if the fence does not match (the key was taken over, finished
+// or deleted since).
+func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) error {
+	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, d.Data, truncate(d.LastError, 2000))
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}
@@ -92,7 +112,7 @@ func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, recoveryPoint 
 // due now, lock version bumped. It returns ErrNotFound when no dead-lettered key
 // (scope, key) exists, whether the key is missing or in another state.
 func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, sqlRedrive, scope, key)
+	rows, err := db.Query(ctx, s.sql.redrive, scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("re-drive key: %w", Classify(err))
 	}
@@ -108,7 +128,7 @@ func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Dura
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
-	tag, err := db.Exec(ctx, sqlExpireFinished, olderThan.Milliseconds(), limit)
+	tag, err := db.Exec(ctx, s.sql.expire, olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("expire finished keys: %w", Classify(err))
 	}

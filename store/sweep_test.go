@@ -166,8 +166,8 @@ func TestGiveBackDeadLetterRedrive(t *testing.T) {
 	require.Len(t, taken, 1, "still due")
 	f.LockVersion = taken[0].LockVersion
 
-	require.ErrorIs(t, st.DeadLetter(ctx, db.Pool, stale, "started", []byte(`{}`), "no"), store.ErrLeaseLost)
-	require.NoError(t, st.DeadLetter(ctx, db.Pool, f, "started", []byte(`{}`), "gave up"))
+	require.ErrorIs(t, st.DeadLetter(ctx, db.Pool, stale, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "no"}), store.ErrLeaseLost)
+	require.NoError(t, st.DeadLetter(ctx, db.Pool, f, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "gave up"}))
 	row, err = st.Lookup(ctx, db.Pool, "s", "k")
 	require.NoError(t, err)
 	require.Equal(t, store.StatusDead, row.Status)
@@ -247,8 +247,8 @@ func TestPark(t *testing.T) {
 	require.Len(t, taken, 1)
 	f := store.Fence{Scope: "s", Key: "k", ID: taken[0].ID, LockVersion: taken[0].LockVersion}
 
-	require.NoError(t, st.Park(ctx, db.Pool, f, "needs its client", time.Hour))
-	require.ErrorIs(t, st.Park(ctx, db.Pool, f, "again", time.Hour), store.ErrLeaseLost, "only a leased key is parked")
+	require.NoError(t, st.Park(ctx, db.Pool, f, store.Park{LastError: "needs its client", RetryIn: time.Hour}))
+	require.ErrorIs(t, st.Park(ctx, db.Pool, f, store.Park{LastError: "again", RetryIn: time.Hour}), store.ErrLeaseLost, "only a leased key is parked")
 	row, err := st.Lookup(ctx, db.Pool, "s", "k")
 	require.NoError(t, err)
 	require.Equal(t, 1, row.Attempts, "the takeover's attempt is uncounted")
@@ -257,6 +257,6 @@ func TestPark(t *testing.T) {
 	none, err := st.TakeDue(ctx, db.Pool, q)
 	require.NoError(t, err)
 	require.Empty(t, none, "not due for an hour")
-	_, err = st.Takeover(ctx, db.Pool, "s", "k", row.ID, row.LockVersion, time.Minute)
+	_, err = st.Takeover(ctx, db.Pool, row.Fence(), time.Minute)
 	require.NoError(t, err, "a client's retry takes it over at once")
 }

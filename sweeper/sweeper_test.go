@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/testflow"
@@ -195,8 +196,12 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 		fence := store.Fence{Scope: "acct", Key: "racing", ID: keyID(t, b.db, "racing"), LockVersion: seen.LockVersion}
-		require.NoError(t, store.New().Finish(ctx, tx, fence,
-			store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)}))
+		st := store.New()
+		finish := &pgx.Batch{}
+		st.QueueFinish(finish, fence, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
+		br := tx.SendBatch(ctx, finish)
+		require.NoError(t, st.ReadFenced(br))
+		require.NoError(t, br.Close())
 
 		s := b.newSweeper(t, nil)
 		stats, err := s.RunOnce(ctx)

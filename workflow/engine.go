@@ -422,7 +422,7 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	}
 	started := time.Now()
 	tctx, cancel := e.bounded(ctx)
-	taken, err := e.store.Takeover(tctx, e.pool, row.Scope, row.Key, row.ID, row.LockVersion, e.cfg.Lease)
+	taken, err := e.store.Takeover(tctx, e.pool, row.Fence(), e.cfg.Lease)
 	cancel()
 	if errors.Is(err, store.ErrNotTaken) {
 		return answer{again: true}

@@ -358,7 +358,9 @@ func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchR
 	case w.resp != nil:
 		return func(b *pgx.Batch) { st.QueueFinish(b, x.fence, *w.resp) }, st.ReadFenced
 	default:
-		return func(b *pgx.Batch) { st.QueueAdvance(b, x.fence, w.target, w.data, x.e.cfg.Lease) }, st.ReadFenced
+		return func(b *pgx.Batch) {
+			st.QueueAdvance(b, x.fence, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+		}, st.ReadFenced
 	}
 }
 
@@ -463,9 +465,9 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		switch {
 		case derr != nil:
 		case dead:
-			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, x.rp, data, cause.Error())
+			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Data: data, LastError: cause.Error()})
 		default:
-			derr = x.e.store.Release(rctx, x.e.pool, x.fence, x.rp, data, cause.Error(), after)
+			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Data: data, LastError: cause.Error(), RetryIn: after})
 		}
 		cancel()
 		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}

@@ -177,7 +177,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, m
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.Fence(), t.RecoveryPoint, t.Row.PhaseData, cause.Error(), e.cfg.backoff(t.Attempts))
+	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -196,7 +196,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	cause := fmt.Errorf("%w: flow %q needs the live request", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.Fence(), cause.Error(), d)
+	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -213,7 +213,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), t.RecoveryPoint, t.Row.PhaseData, cause.Error())
+	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error()})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
