@@ -42,8 +42,9 @@
 // # Events
 //
 // Per-key events go through the engine's workflow.Hooks.Key: KeySwept when a sweeper
-// takes a key over, KeyFinished, KeyReleased (a failed attempt, or a client-only key
-// parked; Err says why), KeyLeaseLost, KeyDeadLettered, KeyGivenBack (taken but
+// takes a key over, KeyFinished, KeyReleased (a failed attempt; Err says why),
+// KeyParked (a client-only key released for its client; Err says why), KeyLeaseLost,
+// KeyDeadLettered, KeyGivenBack (taken but
 // returned unrun when stopping), and KeyRedriven from workflow.Engine.Redrive. Per-pass
 // counts, including the number of keys expired, go to Config.Hooks.Pass. Failures of
 // the background loop and dead-lettered keys are logged through Config.Logger.

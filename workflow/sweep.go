@@ -15,12 +15,13 @@ import (
 // through the same phase code a retry runs, dead-lettering, re-driving and retention.
 // The sweeper package schedules these calls; this file decides what they mean.
 
-// Key events of sweeps, re-drives and give-backs.
+// Key events of sweeps, re-drives, give-backs and parked keys.
 const (
 	KeySwept        KeyEventKind = "swept"         // a sweeper took over an expired or released lease
 	KeyDeadLettered KeyEventKind = "dead_lettered" // the key was given up on; Err is its last error
 	KeyRedriven     KeyEventKind = "redriven"      // a dead-lettered key was put back in progress
 	KeyGivenBack    KeyEventKind = "given_back"    // a key taken by a sweeper was returned unrun
+	KeyParked       KeyEventKind = "parked"        // a client-only key was released for its client's retry; Err says why
 )
 
 var (
@@ -203,7 +204,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	case err != nil:
 		return maint.Result{Outcome: maint.Parked, Err: cause}, err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyParked, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
 	return maint.Result{Outcome: maint.Parked, Err: cause}, nil
 }
 
