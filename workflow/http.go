@@ -181,18 +181,19 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 //   - 500 server-error or response-too-large: anything else, such as a response too
 //     large to store (never truncated). The cause is logged, not sent.
 //
-// Errors: the configuration is invalid (Scope is nil, Retention under a minute), or
-// ErrUnknownFlow.
+// Errors: the configuration is invalid (Scope is nil, Retention under a minute),
+// ErrUnknownFlow, or the flow is client-only (phases.Flow.ClientOnly), like
+// Middleware's.
 func (e *Engine) Handler(flow string, cfg *HTTPConfig) (http.Handler, error) {
 	f, err := e.newFront(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if flow == MiddlewareFlow {
-		return nil, fmt.Errorf("workflow: handler: flow %q is Middleware's", flow)
-	}
-	if _, ok := e.flow(flow); !ok {
+	switch got, ok := e.Flow(flow); {
+	case !ok:
 		return nil, fmt.Errorf("workflow: handler: %w: %q", ErrUnknownFlow, flow)
+	case got.ClientOnly:
+		return nil, fmt.Errorf("workflow: handler: flow %q is client-only: its attempts must bring its phases (Middleware's flows are)", flow)
 	}
 	return &flowHandler{front: f, flow: flow}, nil
 }

@@ -775,9 +775,13 @@ func TestMiddlewareFiveHundredIsNotStored(t *testing.T) {
 	require.Equal(t, "in_progress", st.Status, "a 5xx is never stored")
 	require.False(t, st.Leased, "the key is released")
 
-	require.False(t, b.engine.Resumable(workflow.MiddlewareFlow))
+	f, ok := b.engine.Flow(workflow.MiddlewareFlow)
+	require.True(t, ok)
+	require.True(t, f.ClientOnly)
+	before := keyRow(t, b.db, "acct", "k")
 	_, err := b.engine.Resume(context.Background(), "acct", "k")
-	require.ErrorIs(t, err, workflow.ErrTransient, "without its client the key cannot run")
+	require.ErrorIs(t, err, workflow.ErrNeedsClient, "without its client the key cannot run")
+	require.Equal(t, before, keyRow(t, b.db, "acct", "k"), "and is left as it was")
 	require.EqualValues(t, 1, h.runs.Load())
 
 	r = mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{"a":1}`)

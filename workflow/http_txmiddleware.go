@@ -8,8 +8,8 @@ import (
 )
 
 // TxMiddlewareFlow is the flow TxMiddleware stores its keys under, registered on the
-// engine by the first call to TxMiddleware. Like MiddlewareFlow, only its client's
-// retry can finish a key of it: Resumable reports false for it.
+// engine by the first call to TxMiddleware: like MiddlewareFlow, a client-only flow,
+// here of one tx phase.
 const TxMiddlewareFlow = "idemflow.http.tx"
 
 // TxMiddleware returns a middleware like Middleware whose wrapped handler runs inside
@@ -47,9 +47,9 @@ const TxMiddlewareFlow = "idemflow.http.tx"
 // Middleware.
 //
 // Errors: the configuration is invalid (Scope is nil), or a flow named
-// TxMiddlewareFlow was registered with Register.
+// TxMiddlewareFlow was registered that is not this middleware's.
 func (e *Engine) TxMiddleware(cfg *HTTPConfig) (func(http.Handler) http.Handler, error) {
-	return e.middleware(cfg, phases.Flow{Name: TxMiddlewareFlow, Phases: []phases.Phase{phases.Tx(middlewarePhase, e.runLiveTx)}})
+	return e.middleware(cfg, phases.Tx(middlewarePhase, nil), TxMiddlewareFlow)
 }
 
 // txKey is the context key of the transaction TxMiddleware gives its handler.
@@ -62,15 +62,11 @@ func TxFromContext(ctx context.Context) phases.DBTX {
 	return tx
 }
 
-// runLiveTx is TxMiddlewareFlow's phase: it runs the wrapped handler with tx in its
-// request's context and returns the captured response, for the engine to store in the
-// same transaction. A panic goes on to the engine, which rolls the transaction back.
-func (e *Engine) runLiveTx(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-	l := liveRequest(ctx, run)
-	if l == nil {
-		return nil, errNotLive
-	}
-	c := &capture{w: l.w, header: http.Header{}, limit: e.cfg.MaxResponseBytes}
+// runTx is TxMiddlewareFlow's phase function: it runs the wrapped handler with tx in
+// its request's context and returns the captured response, for the engine to store in
+// the same transaction. A panic goes on to the engine, which rolls the transaction back.
+func (l *live) runTx(ctx context.Context, tx phases.DBTX, _ *phases.Run) (*phases.Response, error) {
+	c := &capture{w: l.w, header: http.Header{}, limit: l.limit}
 	l.serve(context.WithValue(ctx, txKey{}, tx), c)
 	return c.response()
 }

@@ -228,7 +228,9 @@ func TestTxMiddlewareConfig(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
 	require.NoError(t, err, "TxMiddleware may be called again on the same engine")
-	require.False(t, e.Resumable(workflow.TxMiddlewareFlow), "only the client can finish its keys")
+	f, ok := e.Flow(workflow.TxMiddlewareFlow)
+	require.True(t, ok)
+	require.True(t, f.ClientOnly, "only the client can finish its keys")
 
 	e2, err := workflow.New(db.Pool, nil)
 	require.NoError(t, err)
