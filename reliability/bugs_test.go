@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -86,7 +87,7 @@ func TestHandlerBoundedOnHalfOpenConnection(t *testing.T) {
 		},
 	}}
 	en := env.engine(env.pool(poolOpts{via: proxy}), cfg)
-	h, err := en.Handler(chargeflow.FlowName, &workflow.HTTPConfig{Scope: func(*http.Request) (string, error) { return "acct", nil }})
+	h, err := idemhttp.Handler(en, chargeflow.FlowName, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "acct", nil }})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()

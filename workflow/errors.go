@@ -43,9 +43,16 @@ var (
 	ErrResponseTooLarge = errors.New("response too large to store")
 	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
 	ErrPhaseDataTooLarge = errors.New("phase data too large")
-	// ErrNoResponse: the flow's last phase returned without a response.
+	// ErrNoResponse: the flow ended without a final response: its last phase returned
+	// none, or a phase answered with an informational status (1xx, 101 included), which
+	// is never stored or replayed. The key was released.
 	ErrNoResponse = errors.New("flow ended without a response")
 )
+
+// errNotFinal: a phase answered with a status that is not a final answer (1xx,
+// including 101 Switching Protocols). It is never stored or replayed; the attempt
+// fails like one without a response, and the key is released.
+var errNotFinal = fmt.Errorf("status is not a final response: %w", ErrNoResponse)
 
 // Errors of the database and of fencing. They are the store package's own values
 // (aliases, not copies), so errors.Is matches them whichever layer wrapped them, and
