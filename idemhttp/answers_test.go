@@ -370,7 +370,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 }
 
-// Every problem names its kind in a type URI under HTTPConfig.ProblemTypeBase, and the
+// Every problem names its kind in a type URI under Config.ProblemTypeBase, and the
 // 409 and 422 details say what the client should do.
 func TestProblemTypes(t *testing.T) {
 	t.Parallel()

@@ -26,9 +26,9 @@ const (
 // bare token (8e03978e-40d5: one or more RFC 9110 token characters, ':' or '/', so that
 // UUIDs and ULIDs need no quotes). The key must then pass workflow.ValidateKey.
 //
-// The error wraps workflow.ErrInvalidKey when the header is sent more than once, holds a list,
-// has parameters, is any other kind of structured value, or the key is invalid. A
-// missing header is not an error: key is "" and present is false.
+// The error wraps workflow.ErrInvalidKey when the header is sent more than once, holds
+// a list, has parameters, is any other kind of structured value, or the key is invalid.
+// A missing header is not an error: key is "" and present is false.
 func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
 	values := h.Values(KeyHeader)
 	switch len(values) {

@@ -25,11 +25,11 @@ const MiddlewareFlow = "idemflow.http"
 // phase, so that the key is claimed and committed before the wrapped handler runs.
 const middlewarePhase = "handle"
 
-// Middleware returns a middleware on engine that makes any http.Handler idempotent under the
-// request's Idempotency-Key, as one step: the key is claimed and committed (so that a
-// concurrent duplicate is answered 409) before the wrapped handler runs; the handler's
-// response (status, headers and body) is captured and stored, then sent; a later
-// attempt gets it replayed with Idempotent-Replayed: true.
+// Middleware returns a middleware on engine that makes any http.Handler idempotent
+// under the request's Idempotency-Key, as one step: the key is claimed and committed
+// (so that a concurrent duplicate is answered 409) before the wrapped handler runs; the
+// handler's response (status, headers and body) is captured and stored, then sent; a
+// later attempt gets it replayed with Idempotent-Replayed: true.
 //
 // What happens to the key depends on how the handler ends:
 //   - A response of status 100-499 is stored and sent: the key is finished.
@@ -37,13 +37,14 @@ const middlewarePhase = "handle"
 //     attempt runs the handler again. So is a handler that panics before writing
 //     anything, answered 500. Answer 5xx only when the handler had no effect.
 //   - A handler that wrote a response that cannot be stored (its body is over the
-//     engine's workflow.Config.MaxResponseBytes; it is never truncated) or that panicked after
-//     it began writing has had its effect, but its answer is lost. Running it again
-//     would repeat the effect, so the key is dead-lettered (status dead, with the
-//     reason as its last error) and this attempt and every later one get the answer
-//     of a dead-lettered key (see Handler), which is not worth retrying. Nothing runs
-//     the handler again for that key until an operator re-drives it (workflow.Engine.Redrive),
-//     which they should do only after checking the effect.
+//     engine's workflow.Config.MaxResponseBytes; it is never truncated) or that
+//     panicked after it began writing has had its effect, but its answer is lost.
+//     Running it again would repeat the effect, so the key is dead-lettered (status
+//     dead, with the reason as its last error) and this attempt and every later one
+//     get the answer of a dead-lettered key (see Handler), which is not worth
+//     retrying. Nothing runs the handler again for that key until an operator
+//     re-drives it (workflow.Engine.Redrive), which they should do only after
+//     checking the effect.
 //
 // The handler can still run twice for one key in three cases, because the key row
 // says only that the handler started, not what it did: the process dies while the
@@ -67,10 +68,10 @@ const middlewarePhase = "handle"
 // The response writer the handler gets buffers everything: Flush only fixes the status
 // and headers, and Hijack is not supported.
 //
-// The wrapped handler reaches its request through the phase function that this
-// attempt brings to the engine (workflow.Request.ClientPhases), a closure over the request and
-// its response writer; nothing rides in a context, and a key run without its client
-// (by Resume, or a sweeper) runs nothing (workflow.ErrNeedsClient).
+// The wrapped handler reaches its request through the phase function that this attempt
+// brings to the engine (workflow.Request.ClientPhases), a closure over the request and
+// its response writer; nothing rides in a context, and a key run without its client (by
+// Resume, or a sweeper) runs nothing (workflow.ErrNeedsClient).
 //
 // Errors: the configuration is invalid (Scope is nil), or a flow named MiddlewareFlow
 // was registered that is not this middleware's.

@@ -88,9 +88,9 @@ type httpAnswer struct {
 	level      slog.Level       // log at this level when non-zero; 5xx log as errors by default
 }
 
-// classify maps an error of workflow.Engine.Do to its HTTP answer. The detail never carries the
-// error's text. Errors a client can cause at will (bad input, an invalid scope) are
-// 4xx and never logged as errors.
+// classify maps an error of workflow.Engine.Do to its HTTP answer. The detail never
+// carries the error's text. Errors a client can cause at will (bad input, an invalid
+// scope) are 4xx and never logged as errors.
 func classify(err error) httpAnswer {
 	var (
 		inProgress *workflow.InProgressError

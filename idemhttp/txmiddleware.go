@@ -13,9 +13,9 @@ import (
 // here of one tx phase.
 const TxMiddlewareFlow = "idemflow.http.tx"
 
-// TxMiddleware returns a middleware on engine like Middleware whose wrapped handler runs inside
-// the transaction that claims the key and stores its answer, so that the handler's own
-// SQL takes effect exactly once: the handler gets the transaction from
+// TxMiddleware returns a middleware on engine like Middleware whose wrapped handler
+// runs inside the transaction that claims the key and stores its answer, so that the
+// handler's own SQL takes effect exactly once: the handler gets the transaction from
 // TxFromContext(r.Context()), and its writes and the stored response commit together,
 // in one COMMIT, or not at all.
 //
@@ -26,21 +26,21 @@ const TxMiddlewareFlow = "idemflow.http.tx"
 //   - A response of status 100-499 is stored with the handler's writes.
 //   - A 5xx response is passed on, not stored, and the transaction rolls back: nothing
 //     of the attempt stays, and the next attempt runs the handler again.
-//   - A handler that panics, or whose response is over workflow.Config.MaxResponseBytes (never
-//     truncated), is answered as Handler answers the failure (500) and rolled back
-//     likewise.
+//   - A handler that panics, or whose response is over
+//     workflow.Config.MaxResponseBytes (never truncated), is answered as Handler
+//     answers the failure (500) and rolled back likewise.
 //   - A crash or a lost connection before the COMMIT rolls everything back; after it,
 //     retries get the stored answer.
 //
 // The handler may be called again within one attempt: after a serialization failure or
-// a deadlock the whole transaction is re-run (workflow.Config.TxRetries), each time with a fresh
-// response writer and request body; only the last call's writes commit. So the
-// handler must not write anywhere but the transaction (a remote call, a message, a
-// write through another connection): those are neither rolled back nor fenced. It
-// must not use the transaction after it returns, nor from more than one goroutine at a
-// time, and should not commit or roll it back itself. The transaction is READ
-// COMMITTED and, like any tx phase's, bounded by workflow.Config.Lease; the handler runs with
-// a context that ends with it.
+// a deadlock the whole transaction is re-run (workflow.Config.TxRetries), each time
+// with a fresh response writer and request body; only the last call's writes commit. So
+// the handler must not write anywhere but the transaction (a remote call, a message, a
+// write through another connection): those are neither rolled back nor fenced. It must
+// not use the transaction after it returns, nor from more than one goroutine at a time,
+// and should not commit or roll it back itself. The transaction is READ COMMITTED and,
+// like any tx phase's, bounded by workflow.Config.Lease; the handler runs with a
+// context that ends with it.
 //
 // A request without a key (when Config.RequireKey is false) goes straight to the
 // handler with no transaction: TxFromContext returns nil, and the handler must answer

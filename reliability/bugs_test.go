@@ -69,7 +69,7 @@ func TestSweeperPassBoundedOnHalfOpenConnection(t *testing.T) {
 	require.True(t, cut.Load(), "the fault fired")
 }
 
-// TestHandlerBoundedOnHalfOpenConnection: Engine.Handler runs the flow under
+// TestHandlerBoundedOnHalfOpenConnection: idemhttp.Handler runs the flow under
 // context.WithoutCancel(r.Context()), with no deadline, so that the flow outlives a
 // client that went away; nothing else bounds its statements. A connection that goes
 // half-open under a COMMIT blocks the request's goroutine for good, and the client

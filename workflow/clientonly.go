@@ -21,10 +21,10 @@ var (
 	ErrNeedsClient = errors.New("only the client's retry can finish this key")
 	// ErrUnstorable is for phase functions to wrap: the phase ran, so its effect may
 	// have happened, but its answer cannot be stored (package idemhttp's middleware
-	// returns "the handler ran but " + this for a handler whose response is too large or
-	// that panicked after it began writing). Running the phase again would repeat the effect, so the key is
-	// dead-lettered at once instead of released, and the attempt fails with
-	// ErrDeadLettered, as every later one does until Redrive.
+	// returns "the handler ran but " + this for a handler whose response is too large
+	// or that panicked after it began writing). Running the phase again would repeat
+	// the effect, so the key is dead-lettered at once instead of released, and the
+	// attempt fails with ErrDeadLettered, as every later one does until Redrive.
 	ErrUnstorable = errors.New("its answer cannot be stored")
 )
 

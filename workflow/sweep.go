@@ -190,7 +190,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
-	cause := fmt.Errorf("%w: flow %q needs the live request", ErrNeedsClient, t.Flow)
+	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.Park(rctx, e.pool, t.Fence(), cause.Error(), d)
