@@ -96,6 +96,17 @@ type Flow struct {
 	// Name identifies the flow on stored keys. Like phase names it must be stable.
 	Name   string
 	Phases []Phase
+	// ClientOnly marks a flow whose keys only their own client can run, because its
+	// phases need something that only the client's attempt has, such as the live HTTP
+	// request and its response writer (package idemhttp's middlewares are such flows).
+	// Its phases are declared here by name and kind only, built with nil functions
+	// (phases.Call("handle", nil)); every attempt brings the functions, closing over
+	// what it has (workflow.Request.ClientPhases). So a key of a client-only flow is
+	// never run without its client: a sweeper parks it (releases it for the client's
+	// retry and leaves it alone for a while) instead of running it, and resuming it
+	// without the client fails (workflow.ErrNeedsClient). A client-only flow needs no
+	// tx phase: what its attempts do is theirs to say.
+	ClientOnly bool
 }
 
 // ErrInvalidFlow is returned by Validate for a flow that cannot be registered.
@@ -105,8 +116,10 @@ var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
 
 // Validate checks that the flow can be run: a valid name, at least one phase, unique
 // phase names that are not reserved, a function for every phase, and at least one tx
-// phase. The last phase is the one expected to respond; a flow that runs past it
-// without a response fails at run time with ErrNoResponse.
+// phase. A client-only flow (ClientOnly) instead has no function for any phase (its
+// attempts bring them) and needs no tx phase. The last phase is the one expected to
+// respond; a flow that runs past it without a response fails at run time with
+// ErrNoResponse.
 func (f Flow) Validate() error {
 	if !nameRE.MatchString(f.Name) {
 		return fmt.Errorf("%w: flow name %q: want 1-64 of [a-z0-9_.-], starting with a letter", ErrInvalidFlow, f.Name)
@@ -127,7 +140,13 @@ func (f Flow) Validate() error {
 			return fmt.Errorf("%w: flow %q: duplicate phase name %q", ErrInvalidFlow, f.Name, p.Name)
 		}
 		seen[p.Name] = true
+		hasFunc := p.tx != nil || p.call != nil
 		switch {
+		case p.Kind != KindTx && p.Kind != KindCall:
+			return fmt.Errorf("%w: flow %q phase %q: kind %s (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name, p.Kind)
+		case f.ClientOnly && hasFunc:
+			return fmt.Errorf("%w: client-only flow %q phase %q has a function: its attempts bring the functions", ErrInvalidFlow, f.Name, p.Name)
+		case f.ClientOnly:
 		case p.Kind == KindTx && p.tx != nil:
 			hasTx = true
 		case p.Kind == KindCall && p.call != nil:
@@ -135,7 +154,7 @@ func (f Flow) Validate() error {
 			return fmt.Errorf("%w: flow %q phase %q: no function (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name)
 		}
 	}
-	if !hasTx {
+	if !hasTx && !f.ClientOnly {
 		return fmt.Errorf("%w: flow %q has no tx phase", ErrInvalidFlow, f.Name)
 	}
 	return nil

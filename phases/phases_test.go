@@ -35,6 +35,11 @@ func TestValidate(t *testing.T) {
 		{"ReservedFinished", phases.Flow{Name: "f", Phases: []phases.Phase{tx(phases.Finished)}}, "reserved"},
 		{"NoTxPhase", phases.Flow{Name: "f", Phases: []phases.Phase{call("a")}}, "no tx phase"},
 		{"NoFunction", phases.Flow{Name: "f", Phases: []phases.Phase{{Name: "a", Kind: phases.KindTx}}}, "no function"},
+		{"NoKind", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a"), {Name: "b"}}}, "kind"},
+		{"ClientOnly", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{phases.Call("a", nil)}}, ""},
+		{"ClientOnlyTx", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{phases.Tx("a", nil), phases.Call("b", nil)}}, ""},
+		{"ClientOnlyWithFunction", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{call("a")}}, "has a function"},
+		{"ClientOnlyReserved", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{phases.Call(phases.Finished, nil)}}, "reserved"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

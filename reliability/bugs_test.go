@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -68,7 +69,7 @@ func TestSweeperPassBoundedOnHalfOpenConnection(t *testing.T) {
 	require.True(t, cut.Load(), "the fault fired")
 }
 
-// TestHandlerBoundedOnHalfOpenConnection: Engine.Handler runs the flow under
+// TestHandlerBoundedOnHalfOpenConnection: idemhttp.Handler runs the flow under
 // context.WithoutCancel(r.Context()), with no deadline, so that the flow outlives a
 // client that went away; nothing else bounds its statements. A connection that goes
 // half-open under a COMMIT blocks the request's goroutine for good, and the client
@@ -86,7 +87,7 @@ func TestHandlerBoundedOnHalfOpenConnection(t *testing.T) {
 		},
 	}}
 	en := env.engine(env.pool(poolOpts{via: proxy}), cfg)
-	h, err := en.Handler(chargeflow.FlowName, &workflow.HTTPConfig{Scope: func(*http.Request) (string, error) { return "acct", nil }})
+	h, err := idemhttp.Handler(en, chargeflow.FlowName, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "acct", nil }})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -124,7 +125,7 @@ func (e *env) post(t testing.TB, client *http.Client, s *server, req workflow.Re
 		a.Body, err = io.ReadAll(resp.Body)
 		resp.Body.Close()
 		a.Status = resp.StatusCode
-		a.Replayed = resp.Header.Get(workflow.ReplayedHeader) == "true"
+		a.Replayed = resp.Header.Get(idemhttp.ReplayedHeader) == "true"
 		a.Retryable = resp.StatusCode == http.StatusConflict || resp.StatusCode >= 500 || err != nil
 	}
 	e.answers.record(req.Scope, req.Key, a)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
@@ -340,7 +341,7 @@ func TestClientOnlyKeysAreReleased(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	mw, err := b.engine.Middleware(&workflow.HTTPConfig{
+	mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{
 		Scope: func(*http.Request) (string, error) { return "acct", nil },
 		Route: func(*http.Request) string { return "/plain" },
 	})

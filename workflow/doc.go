@@ -23,14 +23,15 @@
 //		// 503: nothing stored; the work resumes on the next attempt or sweep.
 //	}
 //
-// The HTTP layer puts this behind net/http: Engine.Handler serves a registered flow and
-// Engine.Middleware makes any plain handler idempotent (its response is captured and
-// stored unless it is 5xx). Both read the Idempotency-Key header (an RFC 8941 string or
-// a bare token), take the scope from HTTPConfig.Scope, answer errors as
-// application/problem+json and mark replays with Idempotent-Replayed: true.
+// Package idemhttp puts this behind net/http (idemhttp.Handler for a registered flow,
+// idemhttp.Middleware and idemhttp.TxMiddleware for any plain handler); this package
+// has no net/http code and does not import it.
 //
-//	h, err := engine.Handler("create_charge", &workflow.HTTPConfig{Scope: accountFromAuth})
-//	mux.Handle("POST /v1/charges", h)
+// Client-only flows. A flow marked phases.Flow.ClientOnly (idemhttp's middlewares'
+// flows) is registered by the names and kinds of its phases; each attempt brings the
+// functions in Request.ClientPhases, closing over what only it has. Such a key is run
+// only by an attempt that brings them: Do without them and Resume fail with
+// ErrNeedsClient, and a sweeper parks the key for its client's retry.
 //
 // The claim. A new key is claimed in one round trip before any of its flow's code runs:
 // BEGIN, a transaction-scoped advisory lock on the key taken without waiting, and a
@@ -51,6 +52,8 @@
 // This package imports idemflow's phases and store packages, its internal maint package
 // (it implements the maintenance API the sweeper drives),
 // github.com/go-json-experiment/json/jsontext (the JSON tokenizer under Fingerprint),
-// github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2) and
-// github.com/dunglas/httpsfv (RFC 8941).
+// and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2).
+// It does not import net/http (header names are canonicalised with net/textproto);
+// phases.Response.Header is an http.Header, so net/http is among its dependencies
+// through phases.
 package workflow

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
@@ -152,10 +152,9 @@ type Engine struct {
 	cfg    *Config
 	stored map[string]bool // canonical header names kept on finished keys
 
-	mu         sync.RWMutex
-	flows      map[string]phases.Flow
-	clientOnly map[string]bool // flows that only a client's retry can resume
-	durations  durations       // how long new keys take, for Retry-After
+	mu        sync.RWMutex
+	flows     map[string]phases.Flow
+	durations durations // how long new keys take, for Retry-After
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -170,19 +169,20 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	}
 	stored := make(map[string]bool, len(c.StoredHeaders))
 	for _, h := range c.StoredHeaders {
-		stored[http.CanonicalHeaderKey(h)] = true
+		stored[textproto.CanonicalMIMEHeaderKey(h)] = true
 	}
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}, clientOnly: map[string]bool{}}, nil
+	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return *e.cfg }
 
 // Register adds a flow. It fails if the flow is invalid (see phases.Flow.Validate) or a
-// flow of that name is already registered.
+// flow of that name is already registered. A client-only flow (phases.Flow.ClientOnly)
+// is registered by the names and kinds of its phases; see Request.ClientPhases.
 func (e *Engine) Register(f phases.Flow) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("workflow: register: %w", err)
@@ -197,27 +197,12 @@ func (e *Engine) Register(f phases.Flow) error {
 	return nil
 }
 
-// registerClientOnly adds a flow whose phases need the live request (the HTTP
-// middleware's): it is not validated for a tx phase, and Resumable reports false for
-// it so that the sweeper releases its keys instead of running them.
-func (e *Engine) registerClientOnly(f phases.Flow) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if _, dup := e.flows[f.Name]; dup {
-		return fmt.Errorf("workflow: register: %w: flow %q is already registered", phases.ErrInvalidFlow, f.Name)
-	}
-	e.flows[f.Name] = f
-	e.clientOnly[f.Name] = true
-	return nil
-}
-
-// Resumable reports whether keys of the named flow can be finished without their
-// client: the flow is registered and does not need the live request.
-func (e *Engine) Resumable(flow string) bool {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	_, ok := e.flows[flow]
-	return ok && !e.clientOnly[flow]
+// Flow returns the registered flow of that name, or false if there is none. Its
+// ClientOnly says whether its keys can be finished without their client.
+func (e *Engine) Flow(name string) (phases.Flow, bool) {
+	f, ok := e.flow(name)
+	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	return f, ok
 }
 
 func (e *Engine) flow(name string) (phases.Flow, bool) {
@@ -240,6 +225,14 @@ type Request struct {
 	Method string
 	Route  string
 	Body   []byte
+	// ClientPhases are, for a client-only flow (phases.Flow.ClientOnly), this attempt's
+	// phases with their functions: as many as the registered flow has, with the same
+	// names and kinds in the same order (else ErrInvalidRequest). The engine runs them
+	// in place of the registered ones if this attempt runs the key, and never keeps
+	// them past the attempt; they are not part of the fingerprint. Without them Do
+	// fails with ErrNeedsClient for a client-only flow, and with them with
+	// ErrInvalidRequest for any other; nothing is written either way.
+	ClientPhases []phases.Phase
 }
 
 // Result is the answer to an attempt.
@@ -301,7 +294,7 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 	if req.Body == nil {
 		req.Body = []byte{}
 	}
-	return f, nil
+	return attemptFlow(f, req)
 }
 
 // maxRaces bounds how often an attempt re-reads a key after losing a race with another
@@ -416,6 +409,10 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	if !ok {
 		return answered(nil, fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key))
 	}
+	f, err := attemptFlow(f, req)
+	if err != nil {
+		return answered(nil, err)
+	}
 	next, err := f.Index(row.RecoveryPoint)
 	if err != nil {
 		return answered(nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err))
@@ -519,7 +516,7 @@ func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, err
 }
 
 func storedResponse(row *store.Row) (*phases.Response, error) {
-	resp := &phases.Response{Body: row.ResponseBody, Header: http.Header{}}
+	resp := &phases.Response{Body: row.ResponseBody, Header: map[string][]string{}}
 	if row.ResponseStatus != nil {
 		resp.Status = *row.ResponseStatus
 	}

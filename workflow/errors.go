@@ -31,21 +31,30 @@ var (
 	// has. The key is left untouched for an operator to decide.
 	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
 	// ErrDeadLettered: the key was given up on, after too many failed attempts or
-	// because a Middleware handler ran but its answer could not be stored; it keeps its
-	// last error and can be re-driven explicitly.
+	// because a phase ran but its answer could not be stored (ErrUnstorable, as for an
+	// idemhttp middleware's handler); it keeps its last error and can be re-driven
+	// explicitly.
 	ErrDeadLettered = errors.New("key dead-lettered")
 	// ErrTransient: the attempt failed in a way worth retrying. Nothing new was stored,
 	// the key was released and keeps its recovery point. The error is a *TransientError.
 	ErrTransient = errors.New("transient failure")
 	// ErrResponseTooLarge: a phase's response is over Config.MaxResponseBytes. It is
-	// never truncated; the attempt fails as transient with this error (except under
-	// Middleware, whose handler already ran: the key is dead-lettered).
+	// never truncated; the attempt fails as transient with this error (an idemhttp
+	// middleware, whose handler already ran, wraps it in ErrUnstorable instead: the key
+	// is dead-lettered).
 	ErrResponseTooLarge = errors.New("response too large to store")
 	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
 	ErrPhaseDataTooLarge = errors.New("phase data too large")
-	// ErrNoResponse: the flow's last phase returned without a response.
+	// ErrNoResponse: the flow ended without a final response: its last phase returned
+	// none, or a phase answered with an informational status (1xx, 101 included), which
+	// is never stored or replayed. The key was released.
 	ErrNoResponse = errors.New("flow ended without a response")
 )
+
+// errNotFinal: a phase answered with a status that is not a final answer (1xx,
+// including 101 Switching Protocols). It is never stored or replayed; the attempt
+// fails like one without a response, and the key is released.
+var errNotFinal = fmt.Errorf("status is not a final response: %w", ErrNoResponse)
 
 // Errors of the database and of fencing. They are the store package's own values
 // (aliases, not copies), so errors.Is matches them whichever layer wrapped them, and

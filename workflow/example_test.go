@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -14,7 +15,7 @@ import (
 // tx phase that responds.
 func Example() {
 	ctx := context.Background()
-	pool, drop, err := exampleDB(ctx)
+	pool, drop, err := pgtest.Example(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net/http"
+	"net/textproto"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -522,9 +522,9 @@ func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, er
 	// Names that differ only in case are one header: their values are merged, in the
 	// order of the names as written, so that what is stored does not depend on map
 	// iteration.
-	kept := http.Header{}
+	kept := map[string][]string{}
 	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
-		if ck := http.CanonicalHeaderKey(k); x.e.keeps(ck) {
+		if ck := textproto.CanonicalMIMEHeaderKey(k); x.e.keeps(ck) {
 			kept[ck] = append(kept[ck], resp.Header[k]...)
 		}
 	}

@@ -12,8 +12,9 @@ import (
 // far later. The zero value is ready to use; it is safe for concurrent use.
 //
 // Only attempts that ran a key from the start to its answer count: a resumed key, a
-// replay or a failure says nothing about how long the work takes. All middleware
-// routes share one flow (MiddlewareFlow, TxMiddlewareFlow), so they share one average.
+// replay or a failure says nothing about how long the work takes. All middleware routes
+// share one flow (idemhttp.MiddlewareFlow, idemhttp.TxMiddlewareFlow), so they share
+// one average.
 type durations struct {
 	flows sync.Map // flow name → *movingAverage; registered flows only
 }

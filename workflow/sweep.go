@@ -28,9 +28,6 @@ var (
 	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
 	// changed.
 	ErrNotDeadLettered = errors.New("key not dead-lettered")
-	// ErrNeedsClient is the failure recorded on a key of a client-only flow (the HTTP
-	// middleware's) that a sweeper released: only the client's retry can finish it.
-	ErrNeedsClient = errors.New("only the client's retry can finish this key")
 )
 
 // Defaults of maint.TakeDueOpts and maint.RunOpts: those of sweeper.Config, so that
@@ -106,8 +103,8 @@ func maxAttempts(o *maint.RunOpts) int {
 // RunTaken runs a key taken with TakeDue from its recovery point, with the request
 // stored on the key, through the same phase code a client's retry runs.
 //
-// A key of a client-only flow (the HTTP middleware's) is not run: its phase needs the
-// live request. It is parked (SweptParked): released so that the client's next retry
+// A key of a client-only flow (phases.Flow.ClientOnly, such as idemhttp's middlewares')
+// is not run: its phases come with its client's attempts. It is parked (SweptParked): released so that the client's next retry
 // takes it over and runs it afresh, with ErrNeedsClient as its last error, the
 // sweeper's attempt uncounted, and not due for sweeps again for opts.ParkFor. Such a
 // key is never dead-lettered by a sweep: only its client can finish it, and a retry
@@ -136,7 +133,7 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		opts = &maint.RunOpts{}
 	}
 	f, ok := e.flow(t.Flow)
-	if ok && !e.Resumable(t.Flow) {
+	if ok && f.ClientOnly {
 		return e.park(ctx, t, opts.ParkFor)
 	}
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
@@ -194,7 +191,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
-	cause := fmt.Errorf("%w: flow %q needs the live request", ErrNeedsClient, t.Flow)
+	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d})

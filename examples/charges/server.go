@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"net"
 	"net/http"
 	"os"
@@ -15,7 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemflow/idemflow/workflow"
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
 )
 
 // serve runs the HTTP API with an embedded sweeper.
@@ -131,7 +131,7 @@ func runProvider(ctx context.Context, args []string) error {
 
 // newAPI is the charges HTTP API.
 func newAPI(e *env) (http.Handler, error) {
-	create, err := e.engine.Handler(chargeflow.FlowName, &workflow.HTTPConfig{
+	create, err := idemhttp.Handler(e.engine, chargeflow.FlowName, &idemhttp.Config{
 		Scope:  bearerAccount,
 		Logger: e.log,
 	})

@@ -1,4 +1,4 @@
-package workflow
+package idemhttp
 
 import (
 	"bytes"
@@ -11,27 +11,25 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // MiddlewareFlow is the flow Middleware stores its keys under, registered on the
-// engine by the first call to Middleware. Its keys can only be finished by their
-// client's retry, since the wrapped handler needs the live request: Resumable reports
-// false for it, so a sweeper releases such keys rather than running them.
+// engine by the first call to Middleware: a client-only flow (phases.Flow.ClientOnly)
+// of one call phase. Its keys can only be finished by their client's retry, which
+// brings the wrapped handler and the live request as the phase's function
+// (workflow.Request.ClientPhases); a sweeper parks them rather than running them.
 const MiddlewareFlow = "idemflow.http"
 
-// middlewarePhase is MiddlewareFlow's only phase: a call phase, so that the key is
-// claimed and committed before the wrapped handler runs.
+// middlewarePhase is the only phase of the middleware flows: for MiddlewareFlow a call
+// phase, so that the key is claimed and committed before the wrapped handler runs.
 const middlewarePhase = "handle"
 
-// errNotLive is the transient failure of a middleware key run without its request,
-// such as by Resume.
-var errNotLive = errors.New("workflow: middleware key run without its live request; only its client's retry can finish it")
-
-// Middleware returns a middleware that makes any http.Handler idempotent under the
-// request's Idempotency-Key, as one step: the key is claimed and committed (so that a
-// concurrent duplicate is answered 409) before the wrapped handler runs; the handler's
-// response (status, headers and body) is captured and stored, then sent; a later
-// attempt gets it replayed with Idempotent-Replayed: true.
+// Middleware returns a middleware on engine that makes any http.Handler idempotent
+// under the request's Idempotency-Key, as one step: the key is claimed and committed
+// (so that a concurrent duplicate is answered 409) before the wrapped handler runs; the
+// handler's response (status, headers and body) is captured and stored, then sent; a
+// later attempt gets it replayed with Idempotent-Replayed: true.
 //
 // What happens to the key depends on how the handler ends:
 //   - A response of status 100-499 is stored and sent: the key is finished.
@@ -39,13 +37,14 @@ var errNotLive = errors.New("workflow: middleware key run without its live reque
 //     attempt runs the handler again. So is a handler that panics before writing
 //     anything, answered 500. Answer 5xx only when the handler had no effect.
 //   - A handler that wrote a response that cannot be stored (its body is over the
-//     engine's Config.MaxResponseBytes; it is never truncated) or that panicked after
-//     it began writing has had its effect, but its answer is lost. Running it again
-//     would repeat the effect, so the key is dead-lettered (status dead, with the
-//     reason as its last error) and this attempt and every later one get the answer
-//     of a dead-lettered key (see Handler), which is not worth retrying. Nothing runs
-//     the handler again for that key until an operator re-drives it (Engine.Redrive),
-//     which they should do only after checking the effect.
+//     engine's workflow.Config.MaxResponseBytes; it is never truncated) or that
+//     panicked after it began writing has had its effect, but its answer is lost.
+//     Running it again would repeat the effect, so the key is dead-lettered (status
+//     dead, with the reason as its last error) and this attempt and every later one
+//     get the answer of a dead-lettered key (see Handler), which is not worth
+//     retrying. Nothing runs the handler again for that key until an operator
+//     re-drives it (workflow.Engine.Redrive), which they should do only after
+//     checking the effect.
 //
 // The handler can still run twice for one key in three cases, because the key row
 // says only that the handler started, not what it did: the process dies while the
@@ -53,53 +52,68 @@ var errNotLive = errors.New("workflow: middleware key run without its live reque
 // the lease does, and a handler that ignores its context may go on after a retry
 // took the key over; its own answer is then refused, 409); or the database fails
 // while the answer is being stored, so that the key is released or its lease runs
-// out. Against these: keep the handler well inside Config.Lease and honour its
+// out. Against these: keep the handler well inside workflow.Config.Lease and honour its
 // context, and make its effects safe to repeat — write them with TxMiddleware, so that
 // they commit with the stored answer or not at all, or pass an idempotency key of
 // your own (derived from the request's key and scope) to any remote call.
 //
 // A request without a key passes straight to the handler, or is answered 400 when
-// HTTPConfig.RequireKey is set. The wrapped handler gets a copy of the request whose
+// Config.RequireKey is set. The wrapped handler gets a copy of the request whose
 // body is the bytes already read; its context does not end when the client goes away
 // (so that the answer is stored for the retry) but shortly before the key's lease does.
 // Every other answer is as described for Handler. Any number of middlewares may share
-// an engine: requests of different routes are told apart by HTTPConfig.Route, which is
+// an engine: requests of different routes are told apart by Config.Route, which is
 // part of the fingerprint, so a key reused on another route is a mismatch (422).
 //
 // The response writer the handler gets buffers everything: Flush only fixes the status
 // and headers, and Hijack is not supported.
 //
+// The wrapped handler reaches its request through the phase function that this attempt
+// brings to the engine (workflow.Request.ClientPhases), a closure over the request and
+// its response writer; nothing rides in a context, and a key run without its client (by
+// Resume, or a sweeper) runs nothing (workflow.ErrNeedsClient).
+//
 // Errors: the configuration is invalid (Scope is nil), or a flow named MiddlewareFlow
-// was registered with Register.
-func (e *Engine) Middleware(cfg *HTTPConfig) (func(http.Handler) http.Handler, error) {
-	return e.middleware(cfg, phases.Flow{Name: MiddlewareFlow, Phases: []phases.Phase{phases.Call(middlewarePhase, e.runLive)}})
+// was registered that is not this middleware's.
+func Middleware(engine *workflow.Engine, cfg *Config) (func(http.Handler) http.Handler, error) {
+	return middleware(engine, cfg, phases.Call(middlewarePhase, nil), MiddlewareFlow)
 }
 
-// middleware returns the middleware that runs its handler in the client-only flow,
-// registering the flow unless it is already there.
-func (e *Engine) middleware(cfg *HTTPConfig, flow phases.Flow) (func(http.Handler) http.Handler, error) {
-	f, err := e.newFront(cfg)
+// middleware returns the middleware that runs its handler as the one phase of the
+// client-only flow named flow, registering the flow unless it is already there.
+func middleware(e *workflow.Engine, cfg *Config, phase phases.Phase, flow string) (func(http.Handler) http.Handler, error) {
+	f, err := newFront(e, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.registerMiddlewareFlow(flow); err != nil {
+	shape := phases.Flow{Name: flow, ClientOnly: true, Phases: []phases.Phase{phase}}
+	if err := registerClientOnly(e, shape); err != nil {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
-		return &idempotent{front: f, flow: flow.Name, next: next}
+		return &idempotent{front: f, flow: flow, tx: phase.Kind == phases.KindTx, next: next}
 	}, nil
 }
 
-// registerMiddlewareFlow registers f unless it is already there.
-func (e *Engine) registerMiddlewareFlow(f phases.Flow) error {
-	if _, ok := e.flow(f.Name); !ok {
-		if err := e.registerClientOnly(f); err == nil {
-			return nil
-		}
-		// Another middleware call registered it first, or Register took the name.
+// registerClientOnly registers the client-only flow shape unless a flow of its name
+// and shape is already there: every middleware of an engine shares it.
+func registerClientOnly(e *workflow.Engine, shape phases.Flow) error {
+	err := e.Register(shape)
+	if err == nil {
+		return nil
 	}
-	if e.Resumable(f.Name) {
-		return fmt.Errorf("workflow: middleware: flow %q is registered with Register; the name is reserved", f.Name)
+	// Another middleware registered it first, or someone else took the name.
+	got, ok := e.Flow(shape.Name)
+	if !ok {
+		return err
+	}
+	if !got.ClientOnly || len(got.Phases) != len(shape.Phases) {
+		return fmt.Errorf("idemhttp: middleware: flow %q is registered and is not the middleware's; the name is reserved", shape.Name)
+	}
+	for i, p := range got.Phases {
+		if p.Name != shape.Phases[i].Name || p.Kind != shape.Phases[i].Kind {
+			return fmt.Errorf("idemhttp: middleware: flow %q is registered and is not the middleware's; the name is reserved", shape.Name)
+		}
 	}
 	return nil
 }
@@ -108,19 +122,18 @@ func (e *Engine) registerMiddlewareFlow(f phases.Flow) error {
 type idempotent struct {
 	front *front
 	flow  string // MiddlewareFlow or TxMiddlewareFlow
+	tx    bool   // the flow's phase is a tx phase (TxMiddleware)
 	next  http.Handler
 }
 
-// liveKey is the context key of the live request a middleware key runs with.
-type liveKey struct{}
-
-// live is what a middleware flow's phase needs of the request being served.
+// live is one attempt's request, which only that attempt has: the phase function it
+// brings to the engine closes over it.
 type live struct {
-	scope, key string
-	r          *http.Request
-	w          http.ResponseWriter
-	body       []byte
-	next       http.Handler
+	r     *http.Request
+	w     http.ResponseWriter
+	body  []byte
+	next  http.Handler
+	limit int // the engine's workflow.Config.MaxResponseBytes
 }
 
 func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -133,19 +146,14 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Flow = h.flow
-	ctx := context.WithValue(context.WithoutCancel(r.Context()), liveKey{}, &live{scope: req.Scope, key: req.Key, r: r, w: w, body: req.Body, next: h.next})
-	res, err := h.front.e.Do(ctx, req)
-	h.front.answer(w, r, req, res, err)
-}
-
-// liveRequest returns the live request of run's key, or nil when the key is run
-// without it (by Resume).
-func liveRequest(ctx context.Context, run *phases.Run) *live {
-	l, _ := ctx.Value(liveKey{}).(*live)
-	if l == nil || l.scope != run.Scope() || l.key != run.Key() {
-		return nil
+	l := &live{r: r, w: w, body: req.Body, next: h.next, limit: h.front.e.Config().MaxResponseBytes}
+	if h.tx {
+		req.ClientPhases = []phases.Phase{phases.Tx(middlewarePhase, l.runTx)}
+	} else {
+		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	return l
+	res, err := h.front.e.Do(context.WithoutCancel(r.Context()), req)
+	h.front.answer(w, r, req, res, err)
 }
 
 // serve runs the wrapped handler on a copy of the live request with context ctx,
@@ -159,35 +167,26 @@ func (l *live) serve(ctx context.Context, c *capture) {
 	l.next.ServeHTTP(c, r)
 }
 
-// errUnstorable: the handler ran, so its effect may have happened, but its answer
-// cannot be stored. The engine dead-letters a key that fails with it instead of
-// releasing it, so that no attempt runs the handler again.
-var errUnstorable = errors.New("the handler ran but its answer cannot be stored")
-
-// runLive is MiddlewareFlow's phase: it runs the wrapped handler and returns the
-// captured response. A handler that panics before writing anything fails as a panicking
-// phase does (transient); one whose answer is too large or that panicked after it began
-// writing fails with errUnstorable.
-func (e *Engine) runLive(ctx context.Context, run *phases.Run) (resp *phases.Response, err error) {
-	l := liveRequest(ctx, run)
-	if l == nil {
-		return nil, errNotLive
-	}
-	c := &capture{w: l.w, header: http.Header{}, limit: e.cfg.MaxResponseBytes}
+// run is MiddlewareFlow's phase function: it runs the wrapped handler and returns the
+// captured response. A handler that panics before writing anything fails as a
+// panicking phase does (transient); one whose answer is too large or that panicked
+// after it began writing fails with workflow.ErrUnstorable, which dead-letters the key.
+func (l *live) run(ctx context.Context, _ *phases.Run) (resp *phases.Response, err error) {
+	c := &capture{w: l.w, header: http.Header{}, limit: l.limit}
 	defer func() {
 		v := recover()
 		switch {
 		case v == nil:
 		case c.status != 0:
-			resp, err = nil, fmt.Errorf("%w: handler panicked after writing status %d: %v", errUnstorable, c.status, v)
+			resp, err = nil, fmt.Errorf("the handler ran but %w: it panicked after writing status %d: %v", workflow.ErrUnstorable, c.status, v)
 		default:
 			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
 	l.serve(ctx, c)
 	resp, err = c.response()
-	if errors.Is(err, ErrResponseTooLarge) {
-		err = fmt.Errorf("%w: %v", errUnstorable, err)
+	if errors.Is(err, workflow.ErrResponseTooLarge) {
+		err = fmt.Errorf("the handler ran but %w: %v", workflow.ErrUnstorable, err)
 	}
 	return resp, err
 }
@@ -227,7 +226,7 @@ func (c *capture) WriteHeader(code int) {
 }
 
 // Write implements http.ResponseWriter. Past the engine's response limit it fails with
-// an error wrapping ErrResponseTooLarge.
+// an error wrapping workflow.ErrResponseTooLarge.
 func (c *capture) Write(p []byte) (int, error) {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
@@ -237,7 +236,7 @@ func (c *capture) Write(p []byte) (int, error) {
 	}
 	if c.over || c.body.Len()+len(p) > c.limit {
 		c.over = true
-		return 0, fmt.Errorf("%w: the limit is %d bytes", ErrResponseTooLarge, c.limit)
+		return 0, fmt.Errorf("%w: the limit is %d bytes", workflow.ErrResponseTooLarge, c.limit)
 	}
 	return c.body.Write(p)
 }
@@ -271,7 +270,7 @@ func (c *capture) EnableFullDuplex() error { return nil }
 // none was written, and a sniffed Content-Type if the handler set none.
 func (c *capture) response() (*phases.Response, error) {
 	if c.over {
-		return nil, fmt.Errorf("%w: the limit is %d bytes", ErrResponseTooLarge, c.limit)
+		return nil, fmt.Errorf("%w: the limit is %d bytes", workflow.ErrResponseTooLarge, c.limit)
 	}
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)

@@ -1,4 +1,4 @@
-package workflow
+package idemhttp
 
 import (
 	"cmp"
@@ -10,23 +10,25 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemflow/idemflow/workflow"
 )
 
-// HTTPConfig configures Engine.Handler and Engine.Middleware. A nil *HTTPConfig means
-// all defaults, but Scope has none: it is required.
-type HTTPConfig struct {
+// Config configures Handler, Middleware and TxMiddleware. A nil *Config means all
+// defaults, but Scope has none: it is required.
+type Config struct {
 	// Scope resolves who owns the request's key: the authenticated account or tenant,
 	// never something the client alone asserts. Required. An empty scope or an error
 	// is answered 401 and the key table is not touched.
 	Scope func(r *http.Request) (string, error)
-	// RequireKey makes Middleware answer 400 to a request without an Idempotency-Key
-	// header. When false, such a request goes straight to the wrapped handler, without
-	// idempotency and without touching the key table. Handler ignores it and always
-	// requires the key: a flow runs only under a key.
+	// RequireKey makes Middleware and TxMiddleware answer 400 to a request without an
+	// Idempotency-Key header. When false, such a request goes straight to the wrapped
+	// handler, without idempotency and without touching the key table. Handler ignores
+	// it and always requires the key: a flow runs only under a key.
 	RequireKey bool
 	// MaxBodyBytes limits the request body; a larger one is answered 413 and nothing is
-	// written. Defaults to MaxBodyBytesDefault (1 MiB). The engine's Config.MaxBodyBytes
-	// applies as well.
+	// written. Defaults to MaxBodyBytesDefault (1 MiB); at most 16 MiB. The engine's
+	// workflow.Config.MaxBodyBytes applies as well.
 	MaxBodyBytes int
 	// Route returns the route that goes into the request's fingerprint with the method
 	// and the body. Defaults to the request's escaped path and query, so that path
@@ -35,7 +37,7 @@ type HTTPConfig struct {
 	// pattern (e.g. r.Pattern) only for routes whose path carries no meaning.
 	Route func(r *http.Request) string
 	// Logger receives the failures answered 500 or 503. Defaults to the engine's
-	// Config.Logger.
+	// workflow.Config.Logger.
 	Logger *slog.Logger
 	// ProblemTypeBase prefixes the kind of every problem document to make its "type"
 	// URI: ProblemTypeBase + "key-in-progress", and so on for the kinds listed in
@@ -49,26 +51,28 @@ type HTTPConfig struct {
 	Retention time.Duration
 }
 
-// Defaults for HTTPConfig.
+// Defaults for Config.
 const (
+	// MaxBodyBytesDefault is the default Config.MaxBodyBytes, equal to the engine's
+	// workflow.MaxBodyBytesDefault.
+	MaxBodyBytesDefault = workflow.MaxBodyBytesDefault
 	// ProblemTypeBaseDefault is where problem types point by default: the anchors of
 	// the API consumers' page of idemflow's own documentation.
 	ProblemTypeBaseDefault = "https://github.com/idemflow/idemflow/blob/main/docs/API.md#"
 	// RetentionDefault is the sweeper's default retention (sweeper.RetentionDefault,
-	// which this package cannot import); keep the two equal.
+	// which this package does not import); keep the two equal.
 	RetentionDefault = 24 * time.Hour
 )
 
 // WithDefaults returns a copy of c with zero fields set to their defaults. Scope and
-// Logger are left as they are, and so is a negative Retention.
-func (c *HTTPConfig) WithDefaults() *HTTPConfig {
-	out := HTTPConfig{}
+// Logger are left as they are, and so is a negative Retention, so applying it twice
+// is the same as once.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
 	if c != nil {
 		out = *c
 	}
-	if out.MaxBodyBytes == 0 {
-		out.MaxBodyBytes = MaxBodyBytesDefault
-	}
+	out.MaxBodyBytes = cmp.Or(out.MaxBodyBytes, MaxBodyBytesDefault)
 	if out.Route == nil {
 		out.Route = defaultRoute
 	}
@@ -77,14 +81,14 @@ func (c *HTTPConfig) WithDefaults() *HTTPConfig {
 	return &out
 }
 
-func (c *HTTPConfig) validate() error {
+func (c *Config) validate() error {
 	switch {
 	case c.Scope == nil:
-		return errors.New("workflow: HTTPConfig.Scope is required")
+		return errors.New("idemhttp: Config.Scope is required")
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > 16<<20:
-		return fmt.Errorf("workflow: HTTPConfig.MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
+		return fmt.Errorf("idemhttp: Config.MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
 	case c.Retention >= 0 && c.Retention < time.Minute:
-		return fmt.Errorf("workflow: HTTPConfig.Retention %s is under one minute (negative sends no header)", c.Retention)
+		return fmt.Errorf("idemhttp: Config.Retention %s is under one minute (negative sends no header)", c.Retention)
 	}
 	return nil
 }
@@ -96,82 +100,66 @@ func defaultRoute(r *http.Request) string {
 	return r.URL.EscapedPath()
 }
 
-// front is what Handler and Middleware share: reading and checking a request, and
-// writing the engine's answer.
+// front is what Handler and the middlewares share: reading and checking a request,
+// and writing the engine's answer.
 type front struct {
-	e   *Engine
-	cfg *HTTPConfig
+	e   *workflow.Engine
+	cfg *Config
 	log *slog.Logger
 }
 
-func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
+func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
+	if e == nil {
+		return nil, errors.New("idemhttp: nil engine")
+	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	log := c.Logger
-	if log == nil {
-		log = e.cfg.Logger
-	}
-	return &front{e: e, cfg: c, log: log}, nil
+	return &front{e: e, cfg: c, log: cmp.Or(c.Logger, e.Config().Logger)}, nil
 }
 
-// Handler returns an http.Handler that runs the registered flow under the request's
-// Idempotency-Key: the first attempt runs the flow, later ones replay its stored
-// response (with Idempotent-Replayed: true) or resume it. The flow's phases see the
-// request's method, route and body through phases.Run. docs/API.md describes every
+// Handler returns an http.Handler that runs the flow registered on engine under the
+// request's Idempotency-Key: the first attempt runs the flow, later ones replay its
+// stored response (with Idempotent-Replayed: true) or resume it. The flow's phases see
+// the request's method, route and body through phases.Run. docs/API.md describes every
 // answer for the API's clients.
 //
 // The flow must be registered before Handler is called. It runs on if the client goes
 // away, so that the retry gets its stored answer. Handler always requires an
-// Idempotency-Key (HTTPConfig.RequireKey is ignored). The fingerprint is the method,
-// the route (HTTPConfig.Route) and the body, JSON by its exact value (see Fingerprint).
+// Idempotency-Key (Config.RequireKey is ignored). The fingerprint is the method, the
+// route (Config.Route) and the body, JSON by its exact value (see
+// workflow.Fingerprint).
 //
 // Methods: Handler serves every method its route is registered for, and keys them all
 // the same way (a GET with a key runs the flow once and replays its answer), except
 // HEAD, which is never keyed, never runs the flow and never stores anything: it is
 // answered 405. (Middleware passes a HEAD to its handler as a request without a key.)
 //
-// Answers other than the flow's own are application/problem+json (RFC 9457), with a
-// type per kind under HTTPConfig.ProblemTypeBase, and never stored (docs/API.md lists
-// them for API consumers):
-//   - 400: the Idempotency-Key header is missing, invalid or sent more than once; the
-//     body cannot be read.
-//   - 401: HTTPConfig.Scope resolved no scope, or one that cannot be stored (not UTF-8,
-//     a NUL byte, over 255 bytes). The key table is not touched.
-//   - 405: a HEAD.
-//   - 409: another attempt holds the key; Retry-After says when its answer is likely
-//     stored (whole seconds, at least 1; see Config.InProgressRetryAfter).
-//   - 410: the key is dead-lettered; retrying will not help until an operator
-//     re-drives it.
-//   - 413: the body is over the limit.
-//   - 422: the key was used for a different request.
-//   - 503 with Retry-After: a transient failure or an unavailable database; nothing was
-//     stored and a retry resumes the work. A 5xx response of the flow is passed on as
-//     it is, with Retry-After added if it has none.
-//   - 500: anything else, such as a response too large to store (never truncated). The
-//     cause is logged, not sent.
+// A stored answer keeps its status, body bytes and the headers of
+// workflow.Config.StoredHeaders, and always Content-Type, Content-Encoding and Vary,
+// which describe the body; a body without a Content-Type is answered with the type
+// net/http sniffs, the same on every replay. A phase's 1xx (including 101) is not a
+// final answer: it is never stored, and the attempt is answered 500 and the key
+// released.
 //
-// A stored answer keeps its status, body bytes and the headers of Config.StoredHeaders,
-// and always Content-Type, Content-Encoding and Vary, which describe the body; a body
-// without a Content-Type is answered with the type net/http sniffs, the same on every
-// replay. A phase's 1xx (including 101) is not a final answer: it is never stored, and
-// the attempt is answered 500 and the key released.
-//
-// Every answer under a key carries RetentionHeader (HTTPConfig.Retention in seconds).
+// Every answer under a key carries RetentionHeader (Config.Retention in seconds).
 // Answers other than the flow's own are application/problem+json (RFC 9457), with a
-// type of HTTPConfig.ProblemTypeBase + kind, and never stored:
+// type of Config.ProblemTypeBase + kind, and never stored (docs/API.md lists them for
+// API consumers):
 //   - 400 invalid-key: the Idempotency-Key header is missing, invalid (not 1-255
 //     printable ASCII) or sent more than once. 400 invalid-request: the body cannot
 //     be read, or the method or path is too long.
-//   - 401 no-scope: HTTPConfig.Scope resolved no scope, or one no key can be stored
-//     under (empty, over 255 bytes, not UTF-8, a NUL). Nothing is written, and it is
-//     logged at most at debug level: clients can cause it at will.
+//   - 401 no-scope: Config.Scope resolved no scope, or one no key can be stored under
+//     (empty, over 255 bytes, not UTF-8, a NUL). Nothing is written, and it is logged
+//     at most at debug level: clients can cause it at will.
 //   - 405 method-not-allowed: a HEAD request.
 //   - 409 key-in-progress: another attempt holds the key; Retry-After says when its
-//     lease ends (whole seconds, at least 1).
-//   - 410 key-dead-lettered: the key was given up on after too many failed attempts
-//     and finishes only if an operator re-drives it (Engine.Redrive). No Retry-After:
+//     answer is likely stored (whole seconds, at least 1; see
+//     workflow.Config.InProgressRetryAfter).
+//   - 410 key-dead-lettered: the key was given up on (after too many failed attempts,
+//     or because a middleware's handler ran but its answer could not be stored) and
+//     finishes only if an operator re-drives it (workflow.Engine.Redrive). No Retry-After:
 //     retrying, with this key or a new one, is not what the client should do.
 //   - 413 body-too-large: the body is over the limit.
 //   - 422 key-reused: the key was used for a different request.
@@ -181,18 +169,19 @@ func (e *Engine) newFront(cfg *HTTPConfig) (*front, error) {
 //   - 500 server-error or response-too-large: anything else, such as a response too
 //     large to store (never truncated). The cause is logged, not sent.
 //
-// Errors: the configuration is invalid (Scope is nil, Retention under a minute), or
-// ErrUnknownFlow.
-func (e *Engine) Handler(flow string, cfg *HTTPConfig) (http.Handler, error) {
-	f, err := e.newFront(cfg)
+// Errors: the configuration is invalid (Scope is nil, Retention under a minute),
+// workflow.ErrUnknownFlow, or the flow is client-only (phases.Flow.ClientOnly), like
+// the middlewares' flows.
+func Handler(engine *workflow.Engine, flow string, cfg *Config) (http.Handler, error) {
+	f, err := newFront(engine, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if flow == MiddlewareFlow {
-		return nil, fmt.Errorf("workflow: handler: flow %q is Middleware's", flow)
-	}
-	if _, ok := e.flow(flow); !ok {
-		return nil, fmt.Errorf("workflow: handler: %w: %q", ErrUnknownFlow, flow)
+	switch got, ok := engine.Flow(flow); {
+	case !ok:
+		return nil, fmt.Errorf("idemhttp: handler: %w: %q", workflow.ErrUnknownFlow, flow)
+	case got.ClientOnly:
+		return nil, fmt.Errorf("idemhttp: handler: flow %q is client-only: its attempts must bring its phases, as the middlewares' do", flow)
 	}
 	return &flowHandler{front: f, flow: flow}, nil
 }
@@ -221,37 +210,37 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // read checks a request and reads its body. If the request is a HEAD, or has no key
 // and none is required, it returns keyed false without resolving the scope or reading
 // the body. If ok is false, the problem has been written.
-func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req Request, keyed, ok bool) {
+func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req workflow.Request, keyed, ok bool) {
 	if r.Method == http.MethodHead { // never keyed: a HEAD stores nothing
-		return Request{}, false, true
+		return workflow.Request{}, false, true
 	}
 	key, present, kerr := ParseKeyHeader(r.Header)
 	if !present && !requireKey {
-		return Request{}, false, true
+		return workflow.Request{}, false, true
 	}
 	scope, err := f.cfg.Scope(r)
 	if err != nil || scope == "" {
 		f.problem(w, http.StatusUnauthorized, kindNoScope, noScopeDetail)
-		return Request{}, false, false
+		return workflow.Request{}, false, false
 	}
 	switch {
 	case kerr != nil:
 		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is invalid: "+kerr.Error()+".")
-		return Request{}, false, false
+		return workflow.Request{}, false, false
 	case !present:
 		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is required.")
-		return Request{}, false, false
+		return workflow.Request{}, false, false
 	}
 	body, status := readBody(w, r, f.cfg.MaxBodyBytes)
 	switch status {
 	case http.StatusRequestEntityTooLarge:
 		f.problem(w, status, kindBodyTooLarge, "The request body is over the limit of "+strconv.Itoa(f.cfg.MaxBodyBytes)+" bytes.")
-		return Request{}, false, false
+		return workflow.Request{}, false, false
 	case http.StatusBadRequest:
 		f.problem(w, status, kindInvalidRequest, "The request body could not be read.")
-		return Request{}, false, false
+		return workflow.Request{}, false, false
 	}
-	return Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body}, true, true
+	return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body}, true, true
 }
 
 // readBody reads at most limit bytes of the body. The status is 0 on success, 413 for

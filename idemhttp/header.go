@@ -1,4 +1,4 @@
-package workflow
+package idemhttp
 
 import (
 	"fmt"
@@ -6,40 +6,29 @@ import (
 	"strings"
 
 	"github.com/dunglas/httpsfv"
+
+	"github.com/idemflow/idemflow/workflow"
 )
 
-// HTTP header names used by Handler and Middleware.
+// HTTP header names used by Handler and the middlewares.
 const (
 	// KeyHeader carries the client's idempotency key.
 	KeyHeader = "Idempotency-Key"
 	// ReplayedHeader is set to "true" on a response replayed from an earlier attempt.
 	ReplayedHeader = "Idempotent-Replayed"
 	// RetentionHeader is sent on every answer under a key: how many seconds the key
-	// and its stored answer are kept after the key finished (HTTPConfig.Retention).
+	// and its stored answer are kept after the key finished (Config.Retention).
 	RetentionHeader = "Idempotency-Key-Retention"
 )
-
-// representationHeaders describe a response body itself: what it is, how it is encoded
-// and which request headers chose it. The bytes mean nothing without them, so they are
-// stored and replayed with the body whatever Config.StoredHeaders lists (gzip bytes are
-// never replayed labelled application/json).
-var representationHeaders = map[string]bool{"Content-Type": true, "Content-Encoding": true, "Vary": true}
-
-// keeps reports whether the engine stores and replays the header of canonical name: it
-// is allow-listed (Config.StoredHeaders, less the names never stored) or describes the
-// body (representationHeaders).
-func (e *Engine) keeps(canonical string) bool {
-	return e.stored[canonical] || representationHeaders[canonical]
-}
 
 // ParseKeyHeader reads the Idempotency-Key header from h. present reports whether the
 // header was sent at all. The value may be an RFC 8941 string ("8e03978e-40d5") or a
 // bare token (8e03978e-40d5: one or more RFC 9110 token characters, ':' or '/', so that
-// UUIDs and ULIDs need no quotes). The key must then pass ValidateKey.
+// UUIDs and ULIDs need no quotes). The key must then pass workflow.ValidateKey.
 //
-// The error wraps ErrInvalidKey when the header is sent more than once, holds a list,
-// has parameters, is any other kind of structured value, or the key is invalid. A
-// missing header is not an error: key is "" and present is false.
+// The error wraps workflow.ErrInvalidKey when the header is sent more than once, holds
+// a list, has parameters, is any other kind of structured value, or the key is invalid.
+// A missing header is not an error: key is "" and present is false.
 func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
 	values := h.Values(KeyHeader)
 	switch len(values) {
@@ -47,7 +36,7 @@ func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
 		return "", false, nil
 	case 1:
 	default:
-		return "", true, fmt.Errorf("%w: %d %s header fields, want one", ErrInvalidKey, len(values), KeyHeader)
+		return "", true, fmt.Errorf("%w: %d %s header fields, want one", workflow.ErrInvalidKey, len(values), KeyHeader)
 	}
 	v := strings.Trim(values[0], " \t")
 	if strings.HasPrefix(v, `"`) {
@@ -58,7 +47,7 @@ func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
 	if err != nil {
 		return "", true, err
 	}
-	if err := ValidateKey(key); err != nil {
+	if err := workflow.ValidateKey(key); err != nil {
 		return "", true, err
 	}
 	return key, true, nil
@@ -68,14 +57,14 @@ func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
 func parseQuotedKey(v string) (string, error) {
 	item, err := httpsfv.UnmarshalItem([]string{v})
 	if err != nil {
-		return "", fmt.Errorf("%w: not a single RFC 8941 string (%v)", ErrInvalidKey, err)
+		return "", fmt.Errorf("%w: not a single RFC 8941 string (%v)", workflow.ErrInvalidKey, err)
 	}
 	s, ok := item.Value.(string)
 	if !ok {
-		return "", fmt.Errorf("%w: not an RFC 8941 string", ErrInvalidKey)
+		return "", fmt.Errorf("%w: not an RFC 8941 string", workflow.ErrInvalidKey)
 	}
 	if item.Params != nil && len(item.Params.Names()) > 0 {
-		return "", fmt.Errorf("%w: parameters are not allowed", ErrInvalidKey)
+		return "", fmt.Errorf("%w: parameters are not allowed", workflow.ErrInvalidKey)
 	}
 	return s, nil
 }
@@ -84,11 +73,11 @@ func parseQuotedKey(v string) (string, error) {
 // characters of an RFC 8941 token, without its rule on the first character.
 func parseBareKey(v string) (string, error) {
 	if v == "" {
-		return "", fmt.Errorf("%w: empty", ErrInvalidKey)
+		return "", fmt.Errorf("%w: empty", workflow.ErrInvalidKey)
 	}
 	for i := 0; i < len(v); i++ {
 		if !isKeyTokenChar(v[i]) {
-			return "", fmt.Errorf("%w: byte %#x at %d: quote a key that is not a bare token (RFC 8941 string)", ErrInvalidKey, v[i], i)
+			return "", fmt.Errorf("%w: byte %#x at %d: quote a key that is not a bare token (RFC 8941 string)", workflow.ErrInvalidKey, v[i], i)
 		}
 	}
 	return v, nil

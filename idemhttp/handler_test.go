@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
@@ -40,7 +41,7 @@ type reply struct {
 	body   []byte
 }
 
-func (r reply) replayed() bool { return r.header.Get(workflow.ReplayedHeader) == "true" }
+func (r reply) replayed() bool { return r.header.Get(idemhttp.ReplayedHeader) == "true" }
 
 // keyed returns the headers of a request by acct with key; an empty acct or key leaves
 // that header out.
@@ -50,7 +51,7 @@ func keyed(acct, key string) http.Header {
 		h.Set("Authorization", "Bearer "+acct)
 	}
 	if key != "" {
-		h.Set(workflow.KeyHeader, key)
+		h.Set(idemhttp.KeyHeader, key)
 	}
 	return h
 }
@@ -94,7 +95,7 @@ func requireProblem(t *testing.T, r reply, status int) map[string]any {
 	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
 	var p map[string]any
 	require.NoError(t, json.Unmarshal(r.body, &p))
-	kind, ok := strings.CutPrefix(p["type"].(string), workflow.ProblemTypeBaseDefault)
+	kind, ok := strings.CutPrefix(p["type"].(string), idemhttp.ProblemTypeBaseDefault)
 	require.True(t, ok, "type %q", p["type"])
 	require.Contains(t, problemKinds[status], kind, "type %q for status %d", p["type"], status)
 	require.Equal(t, http.StatusText(status), p["title"])
@@ -213,12 +214,12 @@ func newServer(t *testing.T, h http.Handler) *httptest.Server {
 }
 
 // flowServer serves the bundle's charge3 flow at POST /charges.
-func flowServer(t *testing.T, b *bundle, cfg *workflow.HTTPConfig) (*httptest.Server, http.Handler) {
+func flowServer(t *testing.T, b *bundle, cfg *idemhttp.Config) (*httptest.Server, http.Handler) {
 	t.Helper()
 	if cfg == nil {
-		cfg = &workflow.HTTPConfig{Scope: bearerScope}
+		cfg = &idemhttp.Config{Scope: bearerScope}
 	}
-	h, err := b.engine.Handler(testflow.Name, cfg)
+	h, err := idemhttp.Handler(b.engine, testflow.Name, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", h)
@@ -235,7 +236,7 @@ func TestHandlerReplays(t *testing.T) {
 		first := mustSend(t, srv, "POST", "/charges", keyed("acct_seq", "k"), `{"amount":100}`)
 		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 		require.False(t, first.replayed())
-		require.Empty(t, first.header.Values(workflow.ReplayedHeader))
+		require.Empty(t, first.header.Values(idemhttp.ReplayedHeader))
 		require.Equal(t, "session=secret", first.header.Get("Set-Cookie"), "the first answer is the flow's own")
 		require.NotEmpty(t, first.header.Get("Location"))
 
@@ -320,7 +321,7 @@ func TestHandlerReplayedHeaders(t *testing.T) {
 			return &phases.Response{Status: http.StatusCreated, Header: h, Body: []byte(`{"id":1}`)}, nil
 		}),
 	}}))
-	h, err := b.engine.Handler("headers", &workflow.HTTPConfig{Scope: bearerScope})
+	h, err := idemhttp.Handler(b.engine, "headers", &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
 	srv := newServer(t, h)
 
@@ -420,14 +421,14 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	srv, h := flowServer(t, b, nil)
-	small, err := b.engine.Handler(testflow.Name, &workflow.HTTPConfig{Scope: bearerScope, MaxBodyBytes: 32})
+	small, err := idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 32})
 	require.NoError(t, err)
 	smallSrv := newServer(t, small)
 
 	request := func(acct string, keys []string, body string) *http.Request {
 		req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
 		req.Header = keyed(acct, "")
-		req.Header[workflow.KeyHeader] = keys
+		req.Header[idemhttp.KeyHeader] = keys
 		return req
 	}
 	badKeys := []struct {
@@ -545,7 +546,7 @@ func TestHandlerPassesFiveHundredOn(t *testing.T) {
 			return &phases.Response{Status: http.StatusOK, Body: []byte("ok")}, nil
 		}),
 	}}))
-	h, err := b.engine.Handler("flaky", &workflow.HTTPConfig{Scope: bearerScope})
+	h, err := idemhttp.Handler(b.engine, "flaky", &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
 	srv := newServer(t, h)
 
@@ -564,16 +565,16 @@ func TestHandlerPassesFiveHundredOn(t *testing.T) {
 func TestHandlerConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	_, err := b.engine.Handler(testflow.Name, nil)
+	_, err := idemhttp.Handler(b.engine, testflow.Name, nil)
 	require.ErrorContains(t, err, "Scope is required")
-	_, err = b.engine.Handler(testflow.Name, &workflow.HTTPConfig{Scope: bearerScope, MaxBodyBytes: -1})
+	_, err = idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: -1})
 	require.ErrorContains(t, err, "MaxBodyBytes")
-	_, err = b.engine.Handler("nope", &workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.Handler(b.engine, "nope", &idemhttp.Config{Scope: bearerScope})
 	require.ErrorIs(t, err, workflow.ErrUnknownFlow)
-	_, err = b.engine.Handler(workflow.MiddlewareFlow, &workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.Handler(b.engine, idemhttp.MiddlewareFlow, &idemhttp.Config{Scope: bearerScope})
 	require.Error(t, err)
 
-	c := (*workflow.HTTPConfig)(nil).WithDefaults()
+	c := (*idemhttp.Config)(nil).WithDefaults()
 	require.Equal(t, workflow.MaxBodyBytesDefault, c.MaxBodyBytes)
 	require.NotNil(t, c.Route)
 	req := httptest.NewRequest(http.MethodPost, "/v1/x?y=1", nil)
@@ -609,12 +610,12 @@ func (h *thing) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // middlewareServer serves h behind the engine's middleware at POST /v1/things/{id}.
-func middlewareServer(t *testing.T, e *workflow.Engine, cfg *workflow.HTTPConfig, h http.Handler) *httptest.Server {
+func middlewareServer(t *testing.T, e *workflow.Engine, cfg *idemhttp.Config, h http.Handler) *httptest.Server {
 	t.Helper()
 	if cfg == nil {
-		cfg = &workflow.HTTPConfig{Scope: bearerScope, RequireKey: true}
+		cfg = &idemhttp.Config{Scope: bearerScope, RequireKey: true}
 	}
-	mw, err := e.Middleware(cfg)
+	mw, err := idemhttp.Middleware(e, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/things/{id}", mw(h))
@@ -652,7 +653,7 @@ func TestMiddlewareReplays(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
 			`SELECT route, flow FROM idemflow_keys WHERE scope = 'acct_seq' AND idempotency_key = 'k'`).Scan(&route, &flow))
 		require.Equal(t, "/v1/things/t1", route)
-		require.Equal(t, workflow.MiddlewareFlow, flow)
+		require.Equal(t, idemhttp.MiddlewareFlow, flow)
 	})
 	t.Run("ReorderedJSON", func(t *testing.T) {
 		t.Parallel()
@@ -712,7 +713,7 @@ func TestMiddlewareWithoutKey(t *testing.T) {
 	t.Run("PassesThrough", func(t *testing.T) {
 		t.Parallel()
 		h := &thing{}
-		srv := middlewareServer(t, b.engine, &workflow.HTTPConfig{Scope: bearerScope}, h)
+		srv := middlewareServer(t, b.engine, &idemhttp.Config{Scope: bearerScope}, h)
 		for i := 1; i <= 2; i++ {
 			r := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct_pass", ""), `{"a":1}`)
 			require.Equal(t, http.StatusCreated, r.status)
@@ -731,7 +732,7 @@ func TestMiddlewareWithoutKey(t *testing.T) {
 	t.Run("Required", func(t *testing.T) {
 		t.Parallel()
 		h := &thing{}
-		srv := middlewareServer(t, b.engine, &workflow.HTTPConfig{Scope: bearerScope, RequireKey: true}, h)
+		srv := middlewareServer(t, b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: true}, h)
 		r := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct_req", ""), `{"a":1}`)
 		requireProblem(t, r, http.StatusBadRequest)
 		r = mustSend(t, srv, "POST", "/v1/things/x", keyed("", "req-k"), `{"a":1}`)
@@ -742,13 +743,13 @@ func TestMiddlewareWithoutKey(t *testing.T) {
 	t.Run("BadRequests", func(t *testing.T) {
 		t.Parallel()
 		h := &thing{}
-		mw, err := b.engine.Middleware(&workflow.HTTPConfig{Scope: bearerScope, MaxBodyBytes: 8})
+		mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 8})
 		require.NoError(t, err)
 		wrapped := mw(h)
 		for _, keys := range [][]string{{"a", "b"}, {`"a", "b"`}, {strings.Repeat("k", 256)}, {"a\x00"}} {
 			req := httptest.NewRequest(http.MethodPost, "/v1/things/x", strings.NewReader(`{}`))
 			req.Header = keyed("acct_bad", "")
-			req.Header[workflow.KeyHeader] = keys
+			req.Header[idemhttp.KeyHeader] = keys
 			requireProblem(t, serve(wrapped, req), http.StatusBadRequest)
 		}
 		req := httptest.NewRequest(http.MethodPost, "/v1/things/x", strings.NewReader(`{"a":"123456789"}`))
@@ -775,9 +776,13 @@ func TestMiddlewareFiveHundredIsNotStored(t *testing.T) {
 	require.Equal(t, "in_progress", st.Status, "a 5xx is never stored")
 	require.False(t, st.Leased, "the key is released")
 
-	require.False(t, b.engine.Resumable(workflow.MiddlewareFlow))
+	f, ok := b.engine.Flow(idemhttp.MiddlewareFlow)
+	require.True(t, ok)
+	require.True(t, f.ClientOnly)
+	before := keyRow(t, b.db, "acct", "k")
 	_, err := b.engine.Resume(context.Background(), "acct", "k")
-	require.ErrorIs(t, err, workflow.ErrTransient, "without its client the key cannot run")
+	require.ErrorIs(t, err, workflow.ErrNeedsClient, "without its client the key cannot run")
+	require.Equal(t, before, keyRow(t, b.db, "acct", "k"), "and is left as it was")
 	require.EqualValues(t, 1, h.runs.Load())
 
 	r = mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{"a":1}`)
@@ -880,13 +885,13 @@ func TestMiddlewareResponseTooLarge(t *testing.T) {
 func TestMiddlewareSharedEngine(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	cfg := &workflow.HTTPConfig{Scope: bearerScope, RequireKey: true}
-	mwA, err := b.engine.Middleware(cfg)
+	cfg := &idemhttp.Config{Scope: bearerScope, RequireKey: true}
+	mwA, err := idemhttp.Middleware(b.engine, cfg)
 	require.NoError(t, err)
-	mwB, err := b.engine.Middleware(cfg)
+	mwB, err := idemhttp.Middleware(b.engine, cfg)
 	require.NoError(t, err, "Middleware may be called again on the same engine")
 	a, c := &thing{}, &thing{}
-	flow, err := b.engine.Handler(testflow.Name, cfg)
+	flow, err := idemhttp.Handler(b.engine, testflow.Name, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /a/{id}", mwA(a))
@@ -916,12 +921,12 @@ func TestMiddlewareConfig(t *testing.T) {
 	db := pgtest.New(t)
 	e, err := workflow.New(db.Pool, nil)
 	require.NoError(t, err)
-	_, err = e.Middleware(nil)
+	_, err = idemhttp.Middleware(e, nil)
 	require.ErrorContains(t, err, "Scope is required")
 
-	require.NoError(t, e.Register(phases.Flow{Name: workflow.MiddlewareFlow, Phases: []phases.Phase{
+	require.NoError(t, e.Register(phases.Flow{Name: idemhttp.MiddlewareFlow, Phases: []phases.Phase{
 		phases.Tx("t", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
 	}}))
-	_, err = e.Middleware(&workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.Middleware(e, &idemhttp.Config{Scope: bearerScope})
 	require.ErrorContains(t, err, "reserved")
 }

@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"net/http"
@@ -8,18 +8,19 @@ import (
 	"github.com/dunglas/httpsfv"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/workflow"
 )
 
 func keyHeader(values ...string) http.Header {
-	return http.Header{workflow.KeyHeader: values}
+	return http.Header{idemhttp.KeyHeader: values}
 }
 
 func TestParseKeyHeader(t *testing.T) {
 	t.Parallel()
 	t.Run("Missing", func(t *testing.T) {
 		t.Parallel()
-		key, present, err := workflow.ParseKeyHeader(http.Header{"Other": {"x"}})
+		key, present, err := idemhttp.ParseKeyHeader(http.Header{"Other": {"x"}})
 		require.NoError(t, err)
 		require.False(t, present)
 		require.Empty(t, key)
@@ -40,7 +41,7 @@ func TestParseKeyHeader(t *testing.T) {
 	for _, c := range valid {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			key, present, err := workflow.ParseKeyHeader(keyHeader(c.value))
+			key, present, err := idemhttp.ParseKeyHeader(keyHeader(c.value))
 			require.NoError(t, err)
 			require.True(t, present)
 			require.Equal(t, c.want, key)
@@ -79,7 +80,7 @@ func TestParseKeyHeader(t *testing.T) {
 	for _, c := range invalid {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			key, present, err := workflow.ParseKeyHeader(keyHeader(c.values...))
+			key, present, err := idemhttp.ParseKeyHeader(keyHeader(c.values...))
 			require.ErrorIs(t, err, workflow.ErrInvalidKey)
 			require.True(t, present)
 			require.Empty(t, key)
@@ -99,9 +100,9 @@ func FuzzParseKeyHeader(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		key, present, err := workflow.ParseKeyHeader(keyHeader(v))
+		key, present, err := idemhttp.ParseKeyHeader(keyHeader(v))
 		require.True(t, present)
-		_, _, twoErr := workflow.ParseKeyHeader(keyHeader(v, v))
+		_, _, twoErr := idemhttp.ParseKeyHeader(keyHeader(v, v))
 		require.ErrorIs(t, twoErr, workflow.ErrInvalidKey, "two header fields are refused")
 		if err != nil {
 			require.ErrorIs(t, err, workflow.ErrInvalidKey)
@@ -111,7 +112,7 @@ func FuzzParseKeyHeader(f *testing.F) {
 		require.NoError(t, workflow.ValidateKey(key))
 		s, err := httpsfv.Marshal(httpsfv.NewItem(key))
 		require.NoError(t, err, "a valid key is a valid RFC 8941 string")
-		again, present, err := workflow.ParseKeyHeader(keyHeader(s))
+		again, present, err := idemhttp.ParseKeyHeader(keyHeader(s))
 		require.NoError(t, err, "serialized as %s", s)
 		require.True(t, present)
 		require.Equal(t, key, again)

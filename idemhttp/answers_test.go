@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
@@ -90,7 +91,7 @@ func TestHandlerReplaysRepresentationHeaders(t *testing.T) {
 	})
 
 	serveFlow := func(e *workflow.Engine, flow string) *httptest.Server {
-		h, err := e.Handler(flow, &workflow.HTTPConfig{Scope: bearerScope})
+		h, err := idemhttp.Handler(e, flow, &idemhttp.Config{Scope: bearerScope})
 		require.NoError(t, err)
 		return newServer(t, h)
 	}
@@ -159,7 +160,7 @@ func TestHandlerInformationalIsNotFinal(t *testing.T) {
 				return &phases.Response{Status: status, Header: http.Header{"Link": {"</a.css>; rel=preload"}}}, nil
 			}),
 		}}))
-		h, err := b.engine.Handler(name, &workflow.HTTPConfig{Scope: bearerScope})
+		h, err := idemhttp.Handler(b.engine, name, &idemhttp.Config{Scope: bearerScope})
 		require.NoError(t, err)
 		t.Run(strings.ReplaceAll(http.StatusText(status), " ", ""), func(t *testing.T) {
 			t.Parallel()
@@ -182,7 +183,7 @@ func TestHandlerInformationalFromTxPhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	runs := answerFlow(t, b.engine, "hints", func() *phases.Response { return &phases.Response{Status: http.StatusEarlyHints} })
-	h, err := b.engine.Handler("hints", &workflow.HTTPConfig{Scope: bearerScope})
+	h, err := idemhttp.Handler(b.engine, "hints", &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
 	for attempt := 1; attempt <= 2; attempt++ {
 		req := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
@@ -202,9 +203,9 @@ func TestHeadNeverStores(t *testing.T) {
 	runs := answerFlow(t, b.engine, "read", func() *phases.Response {
 		return &phases.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("a body")}
 	})
-	flow, err := b.engine.Handler("read", &workflow.HTTPConfig{Scope: bearerScope})
+	flow, err := idemhttp.Handler(b.engine, "read", &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
-	mw, err := b.engine.Middleware(&workflow.HTTPConfig{Scope: bearerScope, RequireKey: true})
+	mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
 	require.NoError(t, err)
 	plain := &thing{}
 	mux := http.NewServeMux()
@@ -284,10 +285,10 @@ func TestInvalidUTF8ScopeAndKey(t *testing.T) {
 	answerFlow(t, e, "echo", func() *phases.Response { return &phases.Response{Status: http.StatusOK, Body: []byte("ok")} })
 	// The raw value of a client header, as a careless Scope function would return it.
 	rawScope := func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }
-	cfg := &workflow.HTTPConfig{Scope: rawScope}
-	flow, err := e.Handler("echo", cfg)
+	cfg := &idemhttp.Config{Scope: rawScope}
+	flow, err := idemhttp.Handler(e, "echo", cfg)
 	require.NoError(t, err)
-	mw, err := e.Middleware(cfg)
+	mw, err := idemhttp.Middleware(e, cfg)
 	require.NoError(t, err)
 	plain := &thing{}
 
@@ -310,7 +311,7 @@ func TestInvalidUTF8ScopeAndKey(t *testing.T) {
 		for _, c := range cases {
 			for range 3 { // at will
 				req := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
-				req.Header = http.Header{"X-Account": {c.scope}, workflow.KeyHeader: {c.key}}
+				req.Header = http.Header{"X-Account": {c.scope}, idemhttp.KeyHeader: {c.key}}
 				requireProblem(t, serve(h.h, req), c.status)
 			}
 			require.Zero(t, countKeys(t, b.db), "%s %s: no row", h.name, c.name)
@@ -337,7 +338,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 			return &phases.Response{Status: http.StatusCreated, Body: []byte(`{"paid":true}`)}, nil
 		}),
 	}}))
-	h, err := b.engine.Handler("doomed", &workflow.HTTPConfig{Scope: bearerScope})
+	h, err := idemhttp.Handler(b.engine, "doomed", &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
 	srv := newServer(t, h)
 
@@ -356,7 +357,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 		r = mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
 		p := requireProblem(t, r, http.StatusGone)
 		require.Empty(t, r.header.Values("Retry-After"), "nothing to wait for")
-		require.Equal(t, workflow.ProblemTypeBaseDefault+"key-dead-lettered", p["type"])
+		require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-dead-lettered", p["type"])
 		require.Contains(t, p["detail"], "new key", "the detail warns against a new key")
 		require.NotContains(t, string(r.body), "provider down", "the cause is not sent")
 	}
@@ -369,7 +370,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 }
 
-// Every problem names its kind in a type URI under HTTPConfig.ProblemTypeBase, and the
+// Every problem names its kind in a type URI under Config.ProblemTypeBase, and the
 // 409 and 422 details say what the client should do.
 func TestProblemTypes(t *testing.T) {
 	t.Parallel()
@@ -388,7 +389,7 @@ func TestProblemTypes(t *testing.T) {
 		}),
 	}}))
 	serveWith := func(base string) *httptest.Server {
-		h, err := b.engine.Handler("slow", &workflow.HTTPConfig{Scope: bearerScope, ProblemTypeBase: base})
+		h, err := idemhttp.Handler(b.engine, "slow", &idemhttp.Config{Scope: bearerScope, ProblemTypeBase: base})
 		require.NoError(t, err)
 		return newServer(t, h)
 	}
@@ -401,7 +402,7 @@ func TestProblemTypes(t *testing.T) {
 
 	// 400 and 401.
 	r := mustSend(t, def, "POST", "/s", keyed("acct", ""), `{}`)
-	require.Equal(t, workflow.ProblemTypeBaseDefault+"invalid-key", typeOf(r))
+	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"invalid-key", typeOf(r))
 	r = mustSend(t, custom, "POST", "/s", keyed("", "k"), `{}`)
 	require.Equal(t, http.StatusUnauthorized, r.status)
 	require.Equal(t, "https://api.example.com/problems/no-scope", typeOf(r))
@@ -417,7 +418,7 @@ func TestProblemTypes(t *testing.T) {
 	<-entered
 	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{}`)
 	p := requireProblem(t, r, http.StatusConflict)
-	require.Equal(t, workflow.ProblemTypeBaseDefault+"key-in-progress", p["type"])
+	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-in-progress", p["type"])
 	secs := requireRetryAfter(t, r)
 	require.Contains(t, p["detail"], "retry after "+r.header.Get("Retry-After")+" s with the same key", "Retry-After is %d", secs)
 	r = mustSend(t, custom, "POST", "/s", keyed("acct", "k"), `{}`)
@@ -428,18 +429,18 @@ func TestProblemTypes(t *testing.T) {
 	// 422: another request under the key: use a new key.
 	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{"other":true}`)
 	p = requireProblem(t, r, http.StatusUnprocessableEntity)
-	require.Equal(t, workflow.ProblemTypeBaseDefault+"key-reused", p["type"])
+	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-reused", p["type"])
 	require.Contains(t, p["detail"], "use a new key")
 }
 
 // Answers under a key say how long the key is kept; answers without one do not.
 func TestRetentionHeader(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, sweeper.RetentionDefault, workflow.RetentionDefault, "the HTTP layer advertises the sweeper's default")
+	require.Equal(t, sweeper.RetentionDefault, idemhttp.RetentionDefault, "the HTTP layer advertises the sweeper's default")
 	b := setup(t, setupOpts{})
 	answerFlow(t, b.engine, "kept", func() *phases.Response { return &phases.Response{Status: http.StatusCreated, Body: []byte("ok")} })
 	serveWith := func(retention time.Duration) *httptest.Server {
-		h, err := b.engine.Handler("kept", &workflow.HTTPConfig{Scope: bearerScope, Retention: retention})
+		h, err := idemhttp.Handler(b.engine, "kept", &idemhttp.Config{Scope: bearerScope, Retention: retention})
 		require.NoError(t, err)
 		return newServer(t, h)
 	}
@@ -447,18 +448,18 @@ func TestRetentionHeader(t *testing.T) {
 
 	first := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
-	require.Equal(t, "86400", first.header.Get(workflow.RetentionHeader))
+	require.Equal(t, "86400", first.header.Get(idemhttp.RetentionHeader))
 	replay := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{}`)
 	require.True(t, replay.replayed())
-	require.Equal(t, "86400", replay.header.Get(workflow.RetentionHeader))
+	require.Equal(t, "86400", replay.header.Get(idemhttp.RetentionHeader))
 	mismatch := mustSend(t, def, "POST", "/k", keyed("acct", "k"), `{"x":1}`)
 	require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
-	require.Equal(t, "86400", mismatch.header.Get(workflow.RetentionHeader))
+	require.Equal(t, "86400", mismatch.header.Get(idemhttp.RetentionHeader))
 
-	require.Equal(t, "7200", mustSend(t, short, "POST", "/k", keyed("acct", "k"), `{}`).header.Get(workflow.RetentionHeader))
-	require.Empty(t, mustSend(t, off, "POST", "/k", keyed("acct", "k"), `{}`).header.Values(workflow.RetentionHeader))
-	require.Empty(t, mustSend(t, def, "POST", "/k", keyed("acct", ""), `{}`).header.Values(workflow.RetentionHeader), "no key, nothing kept")
+	require.Equal(t, "7200", mustSend(t, short, "POST", "/k", keyed("acct", "k"), `{}`).header.Get(idemhttp.RetentionHeader))
+	require.Empty(t, mustSend(t, off, "POST", "/k", keyed("acct", "k"), `{}`).header.Values(idemhttp.RetentionHeader))
+	require.Empty(t, mustSend(t, def, "POST", "/k", keyed("acct", ""), `{}`).header.Values(idemhttp.RetentionHeader), "no key, nothing kept")
 
-	_, err := b.engine.Handler("kept", &workflow.HTTPConfig{Scope: bearerScope, Retention: 30 * time.Second})
+	_, err := idemhttp.Handler(b.engine, "kept", &idemhttp.Config{Scope: bearerScope, Retention: 30 * time.Second})
 	require.ErrorContains(t, err, "Retention")
 }

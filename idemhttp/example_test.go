@@ -1,9 +1,7 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,18 +9,15 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
-	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
-func ExampleEngine_Handler() {
+func ExampleHandler() {
 	ctx := context.Background()
-	pool, drop, err := exampleDB(ctx)
+	pool, drop, err := pgtest.Example(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -48,7 +43,7 @@ func ExampleEngine_Handler() {
 		fmt.Println(err)
 		return
 	}
-	handler, err := engine.Handler("greet", &workflow.HTTPConfig{
+	handler, err := idemhttp.Handler(engine, "greet", &idemhttp.Config{
 		// The account is whoever the application authenticated; here, a header.
 		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 	})
@@ -84,9 +79,9 @@ func ExampleEngine_Handler() {
 	// 422 replayed=false application/problem+json {"type":"https://github.com/idemflow/idemflow/blob/main/docs/API.md#key-reused","title":"Unprocessable Entity","status":422,"detail":"The idempotency key was already used for a different request (method, route or body). Resend the first request unchanged to get its answer; use a new key for a different request."}
 }
 
-func ExampleEngine_Middleware() {
+func ExampleMiddleware() {
 	ctx := context.Background()
-	pool, drop, err := exampleDB(ctx)
+	pool, drop, err := pgtest.Example(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -98,7 +93,7 @@ func ExampleEngine_Middleware() {
 		fmt.Println(err)
 		return
 	}
-	idempotent, err := engine.Middleware(&workflow.HTTPConfig{
+	idempotent, err := idemhttp.Middleware(engine, &idemhttp.Config{
 		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 		// RequireKey false: a request without Idempotency-Key runs without idempotency.
 	})
@@ -144,47 +139,4 @@ func ExampleEngine_Middleware() {
 	// 201 /orders/1 replayed=true order 1
 	// 201 /orders/2 replayed=false order 2
 	// 201 /orders/3 replayed=false order 3
-}
-
-// exampleDB makes a fresh, migrated schema on the test server and returns a pool on it
-// and a function that closes the pool and drops the schema. Applications pass their own
-// pool to workflow.New after running migrations.Migrate once.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func(), error) {
-	srv, err := pgtest.Shared(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	schema := pgx.Identifier{"example_" + hex.EncodeToString(b)}.Sanitize()
-	exec := func(sql string) error {
-		conn, err := pgx.Connect(ctx, srv.URL)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, sql)
-		return err
-	}
-	if err := exec("CREATE SCHEMA " + schema); err != nil {
-		return nil, nil, err
-	}
-	drop := func() { _ = exec("DROP SCHEMA " + schema + " CASCADE") }
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		drop()
-		return nil, nil, err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		drop()
-		return nil, nil, err
-	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		drop()
-		return nil, nil, err
-	}
-	return pool, func() { pool.Close(); drop() }, nil
 }

@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -67,7 +68,7 @@ func runTxCrashChild(point string) {
 	if err != nil {
 		fail("engine", err)
 	}
-	mw, err := e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope, RequireKey: true})
+	mw, err := idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
 	if err != nil {
 		fail("middleware", err)
 	}

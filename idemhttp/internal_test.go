@@ -1,4 +1,4 @@
-package workflow
+package idemhttp
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 func TestClassify(t *testing.T) {
@@ -26,26 +26,26 @@ func TestClassify(t *testing.T) {
 		retryAfter time.Duration
 		pass       bool
 	}{
-		{"InvalidKey", fmt.Errorf("%w: empty", ErrInvalidKey), 400, 0, false},
-		{"InvalidRequest", ErrInvalidRequest, 400, 0, false},
-		{"BodyTooLarge", ErrBodyTooLarge, 413, 0, false},
-		{"Mismatch", ErrMismatch, 422, 0, false},
-		{"InProgress", &InProgressError{RetryAfter: 2500 * time.Millisecond}, 409, 2500 * time.Millisecond, false},
-		{"LeaseLost", fmt.Errorf("%w: %w", ErrLeaseLost, store.ErrLeaseLost), 409, time.Second, false},
-		{"ResponseTooLarge", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrResponseTooLarge}, 500, 0, false},
-		{"DeadLettered", fmt.Errorf("%w: gave up", ErrDeadLettered), 410, 0, false},
-		{"NoResponse", &TransientError{Phase: "p", RetryAfter: time.Second, Err: ErrNoResponse}, 500, 0, false},
-		{"Panic", &TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}, 500, 0, false},
-		{"FiveHundredResponse", &TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}, 503, 3 * time.Second, true},
-		{"Transient", &TransientError{Phase: "p", RetryAfter: 1500 * time.Millisecond, Err: errors.New("provider down")}, 503, 1500 * time.Millisecond, false},
-		{"TransientDatabase", &TransientError{Phase: "p", RetryAfter: time.Second, Err: store.ErrUnavailable}, 503, time.Second, false},
-		{"DatabaseUnavailable", fmt.Errorf("look up key: %w", store.ErrUnavailable), 503, time.Second, false},
-		{"KeptChanging", fmt.Errorf("workflow: key kept changing: %w", store.ErrConflict), 503, time.Second, false},
+		{"InvalidKey", fmt.Errorf("%w: empty", workflow.ErrInvalidKey), 400, 0, false},
+		{"InvalidRequest", workflow.ErrInvalidRequest, 400, 0, false},
+		{"BodyTooLarge", workflow.ErrBodyTooLarge, 413, 0, false},
+		{"Mismatch", workflow.ErrMismatch, 422, 0, false},
+		{"InProgress", &workflow.InProgressError{RetryAfter: 2500 * time.Millisecond}, 409, 2500 * time.Millisecond, false},
+		{"LeaseLost", fmt.Errorf("%w: %w", workflow.ErrLeaseLost, workflow.ErrLeaseLost), 409, time.Second, false},
+		{"ResponseTooLarge", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrResponseTooLarge}, 500, 0, false},
+		{"DeadLettered", fmt.Errorf("%w: gave up", workflow.ErrDeadLettered), 410, 0, false},
+		{"NoResponse", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrNoResponse}, 500, 0, false},
+		{"Panic", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}, 500, 0, false},
+		{"FiveHundredResponse", &workflow.TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}, 503, 3 * time.Second, true},
+		{"Transient", &workflow.TransientError{Phase: "p", RetryAfter: 1500 * time.Millisecond, Err: errors.New("provider down")}, 503, 1500 * time.Millisecond, false},
+		{"TransientDatabase", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrUnavailable}, 503, time.Second, false},
+		{"DatabaseUnavailable", fmt.Errorf("look up key: %w", workflow.ErrUnavailable), 503, time.Second, false},
+		{"KeptChanging", fmt.Errorf("workflow: key kept changing: %w", workflow.ErrConflict), 503, time.Second, false},
 		{"Canceled", context.Canceled, 503, time.Second, false},
-		{"UnknownFlow", fmt.Errorf("%w: %q", ErrUnknownFlow, "x"), 500, 0, false},
-		{"UnknownRecoveryPoint", ErrUnknownRecoveryPoint, 500, 0, false},
-		{"InvalidScope", fmt.Errorf("%w: not UTF-8 text without NUL", ErrInvalidScope), 401, 0, false},
-		{"NotFinal", &TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101: %w", errNotFinal)}, 500, 0, false},
+		{"UnknownFlow", fmt.Errorf("%w: %q", workflow.ErrUnknownFlow, "x"), 500, 0, false},
+		{"UnknownRecoveryPoint", workflow.ErrUnknownRecoveryPoint, 500, 0, false},
+		{"InvalidScope", fmt.Errorf("%w: not UTF-8 text without NUL", workflow.ErrInvalidScope), 401, 0, false},
+		{"NotFinal", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101 is not a final response: %w", workflow.ErrNoResponse)}, 500, 0, false},
 		{"Other", errors.New("something internal"), 500, 0, false},
 	}
 	for _, c := range cases {
@@ -78,11 +78,11 @@ func TestAnswerLogsOnlyServerFailures(t *testing.T) {
 	f := &front{log: slog.New(slog.DiscardHandler)}
 	req := httptest.NewRequest(http.MethodPost, "/", nil)
 	rec := httptest.NewRecorder()
-	f.answer(rec, req, Request{}, &Result{Response: &phases.Response{Status: 0}}, nil)
+	f.answer(rec, req, workflow.Request{}, &workflow.Result{Response: &phases.Response{Status: 0}}, nil)
 	require.Equal(t, http.StatusInternalServerError, rec.Code, "a response without a status is a server failure")
 
 	rec = httptest.NewRecorder()
-	f.answer(rec, req, Request{}, nil, &InProgressError{RetryAfter: 1100 * time.Millisecond})
+	f.answer(rec, req, workflow.Request{}, nil, &workflow.InProgressError{RetryAfter: 1100 * time.Millisecond})
 	require.Equal(t, http.StatusConflict, rec.Code)
 	require.Equal(t, "2", rec.Header().Get("Retry-After"))
 }
@@ -129,9 +129,9 @@ func TestCapture(t *testing.T) {
 		_, err := c.Write([]byte("abcd"))
 		require.NoError(t, err)
 		_, err = c.Write([]byte("e"))
-		require.ErrorIs(t, err, ErrResponseTooLarge)
+		require.ErrorIs(t, err, workflow.ErrResponseTooLarge)
 		_, err = c.response()
-		require.ErrorIs(t, err, ErrResponseTooLarge)
+		require.ErrorIs(t, err, workflow.ErrResponseTooLarge)
 	})
 	t.Run("InvalidStatusPanics", func(t *testing.T) {
 		t.Parallel()

@@ -1,4 +1,4 @@
-package workflow
+package idemhttp
 
 import (
 	"context"
@@ -10,14 +10,14 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // problemContentType is the media type of an RFC 9457 problem document.
 const problemContentType = "application/problem+json"
 
 // Problem kinds: the last segment of a problem document's type URI
-// (HTTPConfig.ProblemTypeBase + kind). Each is a heading of docs/API.md.
+// (Config.ProblemTypeBase + kind). Each is a heading of docs/API.md.
 const (
 	kindInvalidKey       = "invalid-key"        // 400: the Idempotency-Key header is missing or invalid
 	kindInvalidRequest   = "invalid-request"    // 400: the body cannot be read, or method or path too long
@@ -43,7 +43,7 @@ type problem struct {
 
 // answer writes the engine's answer to an attempt: the response, or what err means
 // over HTTP. Every answer carries RetentionHeader, since the request had a key.
-func (f *front) answer(w http.ResponseWriter, r *http.Request, req Request, res *Result, err error) {
+func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Request, res *workflow.Result, err error) {
 	if f.cfg != nil && f.cfg.Retention > 0 {
 		w.Header().Set(RetentionHeader, strconv.FormatInt(int64(f.cfg.Retention/time.Second), 10))
 	}
@@ -67,7 +67,7 @@ func (f *front) answer(w http.ResponseWriter, r *http.Request, req Request, res 
 		if r.Context().Err() != nil { // the client went away: nothing to alarm anyone about
 			level = slog.LevelDebug
 		}
-		f.log.Log(r.Context(), level, "workflow: http: request failed",
+		f.log.Log(r.Context(), level, "idemhttp: request failed",
 			slog.Int("status", a.status), slog.String("flow", req.Flow), slog.String("method", req.Method),
 			slog.String("route", req.Route), slog.String("scope", req.Scope), slog.String("key", req.Key),
 			slog.Any("err", err))
@@ -88,27 +88,27 @@ type httpAnswer struct {
 	level      slog.Level       // log at this level when non-zero; 5xx log as errors by default
 }
 
-// classify maps an error of Engine.Do to its HTTP answer. The detail never carries the
-// error's text. Errors a client can cause at will (bad input, an invalid scope) are
-// 4xx and never logged as errors.
+// classify maps an error of workflow.Engine.Do to its HTTP answer. The detail never
+// carries the error's text. Errors a client can cause at will (bad input, an invalid
+// scope) are 4xx and never logged as errors.
 func classify(err error) httpAnswer {
 	var (
-		inProgress *InProgressError
-		transient  *TransientError
+		inProgress *workflow.InProgressError
+		transient  *workflow.TransientError
 		panicked   *phases.PanicError
 	)
 	switch {
-	case errors.Is(err, ErrInvalidKey):
+	case errors.Is(err, workflow.ErrInvalidKey):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
-	case errors.Is(err, ErrInvalidScope):
+	case errors.Is(err, workflow.ErrInvalidScope):
 		// The Scope function returned something no key can be stored under (not UTF-8,
 		// a NUL, too long), most likely copied from the request: no valid principal.
 		return httpAnswer{status: http.StatusUnauthorized, kind: kindNoScope, level: slog.LevelDebug, detail: noScopeDetail}
-	case errors.Is(err, ErrInvalidRequest):
+	case errors.Is(err, workflow.ErrInvalidRequest):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
-	case errors.Is(err, ErrBodyTooLarge):
+	case errors.Is(err, workflow.ErrBodyTooLarge):
 		return httpAnswer{status: http.StatusRequestEntityTooLarge, kind: kindBodyTooLarge, detail: "The request body is over the limit."}
-	case errors.Is(err, ErrMismatch):
+	case errors.Is(err, workflow.ErrMismatch):
 		return httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
 			detail: "The idempotency key was already used for a different request (method, route or body). " +
 				"Resend the first request unchanged to get its answer; use a new key for a different request."}
@@ -116,25 +116,25 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: inProgress.RetryAfter,
 			detail: "Another request with this idempotency key is in progress; retry after " + retryAfter(inProgress.RetryAfter) +
 				" s with the same key and the same request to get its answer."}
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, workflow.ErrLeaseLost):
 		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
 			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
-	case errors.Is(err, ErrDeadLettered):
+	case errors.Is(err, workflow.ErrDeadLettered):
 		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
 			detail: "The request under this idempotency key was given up on: it failed too often, or it ran but its answer " +
 				"could not be stored. It will not finish unless " +
 				"the service's operators re-drive it. Do not retry it, and do not send it again with a new key: it may have " +
 				"taken effect in part. Contact the service."}
-	case errors.Is(err, ErrResponseTooLarge):
+	case errors.Is(err, workflow.ErrResponseTooLarge):
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
-	case errors.Is(err, errNotFinal), errors.Is(err, ErrNoResponse), errors.Is(err, ErrPhaseDataTooLarge), errors.As(err, &panicked):
+	case errors.Is(err, workflow.ErrNoResponse), errors.Is(err, workflow.ErrPhaseDataTooLarge), errors.As(err, &panicked):
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
 	case errors.As(err, &transient) && transient.Response != nil && transient.Response.Status >= 500 && transient.Response.Status <= 999:
 		return httpAnswer{status: transient.Response.Status, pass: transient.Response, retryAfter: transient.RetryAfter, level: slog.LevelWarn}
 	case transient != nil:
 		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: transient.RetryAfter, level: slog.LevelWarn,
 			detail: "The request could not be completed now; nothing was lost: retry after " + retryAfter(transient.RetryAfter) + " s with the same key."}
-	case errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrConflict),
+	case errors.Is(err, workflow.ErrUnavailable), errors.Is(err, workflow.ErrConflict),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
 			detail: "The service is briefly unavailable; retry after 1 s with the same key."}

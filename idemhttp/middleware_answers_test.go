@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"bytes"

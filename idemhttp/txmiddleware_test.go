@@ -1,4 +1,4 @@
-package workflow_test
+package idemhttp_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -32,7 +33,7 @@ type orders struct {
 
 func (h *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.runs.Add(1)
-	tx := workflow.TxFromContext(r.Context())
+	tx := idemhttp.TxFromContext(r.Context())
 	if tx == nil {
 		http.Error(w, "no transaction", http.StatusInternalServerError)
 		return
@@ -40,7 +41,7 @@ func (h *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	var id int64
 	err := tx.QueryRow(r.Context(), `INSERT INTO orders (ref, body) VALUES ($1, $2) RETURNING id`,
-		r.Header.Get(workflow.KeyHeader), string(body)).Scan(&id)
+		r.Header.Get(idemhttp.KeyHeader), string(body)).Scan(&id)
 	if err != nil {
 		http.Error(w, "insert: "+err.Error(), http.StatusServiceUnavailable)
 		return
@@ -72,7 +73,7 @@ func ordersFor(t *testing.T, db *pgtest.DB, key string) int {
 // txMiddlewareServer serves h behind the engine's TxMiddleware at POST /v1/orders.
 func txMiddlewareServer(t *testing.T, e *workflow.Engine, h http.Handler) *httptest.Server {
 	t.Helper()
-	mw, err := e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope, RequireKey: true})
+	mw, err := idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/orders", mw(h))
@@ -190,7 +191,7 @@ func TestTxMiddleware(t *testing.T) {
 	t.Run("WithoutKey", func(t *testing.T) {
 		t.Parallel()
 		h := &orders{}
-		mw, err := b.engine.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+		mw, err := idemhttp.TxMiddleware(b.engine, &idemhttp.Config{Scope: bearerScope})
 		require.NoError(t, err)
 		mux := http.NewServeMux()
 		mux.Handle("POST /v1/orders", mw(h))
@@ -203,12 +204,12 @@ func TestTxMiddleware(t *testing.T) {
 
 func TestTxFromContext(t *testing.T) {
 	t.Parallel()
-	require.Nil(t, workflow.TxFromContext(context.Background()))
+	require.Nil(t, idemhttp.TxFromContext(context.Background()))
 
 	b := setup(t, setupOpts{})
 	var seen atomic.Bool
 	srv := middlewareServer(t, b.engine, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen.Store(workflow.TxFromContext(r.Context()) != nil)
+		seen.Store(idemhttp.TxFromContext(r.Context()) != nil)
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	r := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
@@ -221,20 +222,22 @@ func TestTxMiddlewareConfig(t *testing.T) {
 	db := pgtest.New(t)
 	e, err := workflow.New(db.Pool, nil)
 	require.NoError(t, err)
-	_, err = e.TxMiddleware(nil)
+	_, err = idemhttp.TxMiddleware(e, nil)
 	require.ErrorContains(t, err, "Scope is required")
 
-	_, err = e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
-	_, err = e.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err, "TxMiddleware may be called again on the same engine")
-	require.False(t, e.Resumable(workflow.TxMiddlewareFlow), "only the client can finish its keys")
+	f, ok := e.Flow(idemhttp.TxMiddlewareFlow)
+	require.True(t, ok)
+	require.True(t, f.ClientOnly, "only the client can finish its keys")
 
 	e2, err := workflow.New(db.Pool, nil)
 	require.NoError(t, err)
-	require.NoError(t, e2.Register(phases.Flow{Name: workflow.TxMiddlewareFlow, Phases: []phases.Phase{
+	require.NoError(t, e2.Register(phases.Flow{Name: idemhttp.TxMiddlewareFlow, Phases: []phases.Phase{
 		phases.Tx("t", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil }),
 	}}))
-	_, err = e2.TxMiddleware(&workflow.HTTPConfig{Scope: bearerScope})
+	_, err = idemhttp.TxMiddleware(e2, &idemhttp.Config{Scope: bearerScope})
 	require.ErrorContains(t, err, "reserved")
 }
