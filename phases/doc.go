@@ -35,5 +35,8 @@
 //     key is released with its recovery point kept, and the work resumes from there on
 //     the next attempt. RetryAfter suggests when.
 //
-// This package imports none of idemflow's other packages.
+// This package imports none of idemflow's other packages except internal/phaserun,
+// through which the engine (and only the engine) makes runs, enters phases, undoes a
+// failed phase's data changes and calls phase functions: none of that is on Run or
+// Phase, so a phase function cannot change its own derived key.
 package phases
