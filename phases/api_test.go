@@ -90,3 +90,27 @@ func TestEngineMachineryIsNotExported(t *testing.T) {
 		"Phase", "Route", "Scope",
 	}, runMethods, "Run's methods only read; a new one must not let a phase change the run")
 }
+
+// TestDocSnippetIsCompiled: the flow shown in the package documentation is, line for
+// line, the one in Example, so it compiles and its output is checked.
+func TestDocSnippetIsCompiled(t *testing.T) {
+	t.Parallel()
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	// The first code block: tab-indented lines and the blank lines between them.
+	var snippet []string
+	for _, line := range strings.Split(f.Doc.Text(), "\n") {
+		if strings.HasPrefix(line, "\t") || line == "" && len(snippet) > 0 {
+			snippet = append(snippet, line)
+		} else if len(snippet) > 0 {
+			break
+		}
+	}
+	for len(snippet) > 0 && snippet[len(snippet)-1] == "" {
+		snippet = snippet[:len(snippet)-1]
+	}
+	require.NotEmpty(t, snippet, "doc.go shows a flow")
+	example, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	require.Contains(t, string(example), strings.Join(snippet, "\n")+"\n")
+}
