@@ -9,7 +9,7 @@
 //	flow := phases.Flow{Name: "create_charge", Phases: []phases.Phase{
 //		phases.Tx("create_charge", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 //			var id int64
-//			err := tx.QueryRow(ctx, `INSERT INTO charges ... RETURNING id`).Scan(&id)
+//			err := tx.QueryRow(ctx, `INSERT INTO charges (amount) VALUES ($1) RETURNING id`, 500).Scan(&id)
 //			if err != nil {
 //				return nil, err
 //			}
@@ -17,10 +17,14 @@
 //		}),
 //		phases.Call("provider_charge", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
 //			// run.DerivedKey() is the same on every retry and in the sweeper.
-//			return nil, provider.Charge(ctx, run.DerivedKey(), ...)
+//			return nil, provider.Charge(ctx, run.DerivedKey(), 500)
 //		}),
 //		phases.Tx("finalize", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-//			return phases.JSON(201, body), nil // a response finishes the key
+//			id, err := chargeID.Get(run)
+//			if err != nil {
+//				return nil, err
+//			}
+//			return phases.JSON(201, map[string]int64{"id": id}) // a response finishes the key
 //		}),
 //	}}
 //
@@ -35,5 +39,10 @@
 //     key is released with its recovery point kept, and the work resumes from there on
 //     the next attempt. RetryAfter suggests when.
 //
-// This package imports none of idemflow's other packages.
+// The package example compiles this flow.
+//
+// This package imports none of idemflow's other packages except internal/phaserun,
+// through which the engine (and only the engine) makes runs, enters phases, undoes a
+// failed phase's data changes and calls phase functions: none of that is on Run or
+// Phase, so a phase function cannot change its own derived key.
 package phases

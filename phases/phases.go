@@ -81,13 +81,13 @@ func Tx(name string, fn TxFunc) Phase { return Phase{Name: name, Kind: KindTx, t
 // Call returns a call phase.
 func Call(name string, fn CallFunc) Phase { return Phase{Name: name, Kind: KindCall, call: fn} }
 
-// RunTx runs a tx phase's function. The engine calls it; tests may too.
-func (p Phase) RunTx(ctx context.Context, tx DBTX, run *Run) (*Response, error) {
+// runTx runs a tx phase's function.
+func (p Phase) runTx(ctx context.Context, tx DBTX, run *Run) (*Response, error) {
 	return p.tx(ctx, tx, run)
 }
 
-// RunCall runs a call phase's function. The engine calls it; tests may too.
-func (p Phase) RunCall(ctx context.Context, run *Run) (*Response, error) {
+// runCall runs a call phase's function.
+func (p Phase) runCall(ctx context.Context, run *Run) (*Response, error) {
 	return p.call(ctx, run)
 }
 

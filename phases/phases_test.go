@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -72,7 +73,7 @@ func TestSlotsAndRevert(t *testing.T) {
 	type pair struct{ A, B int }
 	id := phases.NewSlot[int64]("id")
 	p := phases.NewSlot[pair]("pair")
-	run, err := phases.NewRun(phases.RunInfo{ID: "row-1"}, []byte(`{"id":7}`))
+	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "row-1"}, []byte(`{"id":7}`))
 	require.NoError(t, err)
 
 	got, err := id.Get(run)
@@ -81,10 +82,10 @@ func TestSlotsAndRevert(t *testing.T) {
 	_, err = p.Get(run)
 	require.ErrorIs(t, err, phases.ErrNoValue)
 
-	run.EnterPhase("two")
+	phaserun.Enter(run, "two")
 	require.NoError(t, p.Set(run, pair{1, 2}))
 	require.NoError(t, id.Set(run, 8))
-	run.Revert()
+	phaserun.Revert(run)
 	_, ok, err := p.Lookup(run)
 	require.NoError(t, err)
 	require.False(t, ok, "a failed phase's data changes are undone")
@@ -92,27 +93,27 @@ func TestSlotsAndRevert(t *testing.T) {
 	require.EqualValues(t, 7, got)
 
 	require.NoError(t, p.Set(run, pair{3, 4}))
-	data, err := run.MarshalData()
+	data, err := phaserun.Data(run)
 	require.NoError(t, err)
-	again, err := phases.NewRun(phases.RunInfo{}, data)
+	again, err := phaserun.NewRun[*phases.Run](phaserun.Info{}, data)
 	require.NoError(t, err)
 	pv, err := p.Get(again)
 	require.NoError(t, err)
 	require.Equal(t, pair{3, 4}, pv)
 
-	_, err = phases.NewRun(phases.RunInfo{}, []byte(`not json`))
+	_, err = phaserun.NewRun[*phases.Run](phaserun.Info{}, []byte(`not json`))
 	require.Error(t, err)
 }
 
 func TestDerivedKey(t *testing.T) {
 	t.Parallel()
-	run, err := phases.NewRun(phases.RunInfo{ID: "0b0e7c4e-1111-4222-8333-944445555666"}, nil)
+	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "0b0e7c4e-1111-4222-8333-944445555666"}, nil)
 	require.NoError(t, err)
-	run.EnterPhase("provider_charge")
+	phaserun.Enter(run, "provider_charge")
 	require.Equal(t, "0b0e7c4e-1111-4222-8333-944445555666:provider_charge", run.DerivedKey())
 	require.Equal(t, run.DerivedKey(), run.DerivedKey(), "deterministic")
 	require.Equal(t, run.DerivedKey()+":refund", run.DerivedKeyFor("refund"))
-	run.EnterPhase("other")
+	phaserun.Enter(run, "other")
 	require.NotEqual(t, "0b0e7c4e-1111-4222-8333-944445555666:provider_charge", run.DerivedKey())
 }
 
@@ -134,4 +135,33 @@ func TestOutcomes(t *testing.T) {
 	var te *phases.RetryError
 	require.ErrorAs(t, phases.RetryLater(cause, 5), &te)
 	require.ErrorIs(t, phases.RetryLater(cause, 5), cause)
+}
+
+func TestRunPhaseFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "row-1", Attempt: 2}, nil)
+	require.NoError(t, err)
+	var tx phases.DBTX // a phase that does not touch its transaction
+	var saw []string
+	first := phases.Tx("first", func(_ context.Context, got phases.DBTX, r *phases.Run) (*phases.Response, error) {
+		require.Nil(t, got)
+		saw = append(saw, r.DerivedKey())
+		return nil, nil
+	})
+	last := phases.Call("last", func(_ context.Context, r *phases.Run) (*phases.Response, error) {
+		saw = append(saw, r.DerivedKey())
+		return phases.JSON(201, r.Attempt())
+	})
+
+	phaserun.Enter(run, first.Name)
+	resp, err := phaserun.RunTx[*phases.Response](ctx, first, tx, run)
+	require.NoError(t, err)
+	require.Nil(t, resp)
+	phaserun.Enter(run, last.Name)
+	resp, err = phaserun.RunCall[*phases.Response](ctx, last, run)
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.Status)
+	require.Equal(t, "2", string(resp.Body))
+	require.Equal(t, []string{"row-1:first", "row-1:last"}, saw)
 }

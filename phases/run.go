@@ -4,33 +4,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-)
 
-// RunInfo identifies the key a run works on. The engine fills it in.
-type RunInfo struct {
-	Scope   string
-	Key     string
-	ID      string // the key row's identity; derived keys are built from it
-	Flow    string
-	Method  string
-	Route   string
-	Body    []byte
-	Attempt int // 1 for the first attempt, incremented by each takeover
-}
+	"github.com/idemflow/idemflow/internal/phaserun"
+)
 
 // Run is what a phase function gets besides its context: the request it serves, the
 // key's identity and the phase data carried between phases. A Run is used by one
 // goroutine at a time.
 type Run struct {
-	info  RunInfo
+	info  phaserun.Info
 	phase string
 	data  map[string]json.RawMessage
 	saved map[string]json.RawMessage
 }
 
-// NewRun returns a run with the stored phase data (a JSON object, or empty). It is for
-// the engine and for tests that call a phase function directly.
-func NewRun(info RunInfo, data []byte) (*Run, error) {
+// newRun returns a run with the stored phase data (a JSON object, or empty). The engine
+// makes runs through phaserun.NewRun.
+func newRun(info phaserun.Info, data []byte) (*Run, error) {
 	r := &Run{info: info, data: map[string]json.RawMessage{}}
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &r.data); err != nil {
@@ -77,18 +67,18 @@ func (r *Run) DerivedKey() string { return r.info.ID + ":" + r.phase }
 // names the call and must be the same on every attempt.
 func (r *Run) DerivedKeyFor(part string) string { return r.DerivedKey() + ":" + part }
 
-// EnterPhase marks the start of a phase: changes to phase data made from here on are
-// undone by Revert. For the engine.
-func (r *Run) EnterPhase(name string) {
+// enter marks the start of a phase: Phase and DerivedKey name it, and changes to phase
+// data made from here on are undone by revert.
+func (r *Run) enter(name string) {
 	r.phase = name
 	r.saved = maps.Clone(r.data)
 }
 
-// Revert undoes the phase data changes of the current phase. For the engine.
-func (r *Run) Revert() { r.data = maps.Clone(r.saved) }
+// revert undoes the phase data changes of the current phase.
+func (r *Run) revert() { r.data = maps.Clone(r.saved) }
 
-// MarshalData encodes the phase data as a JSON object. For the engine.
-func (r *Run) MarshalData() ([]byte, error) {
+// marshalData encodes the phase data as a JSON object.
+func (r *Run) marshalData() ([]byte, error) {
 	b, err := json.Marshal(r.data)
 	if err != nil {
 		return nil, fmt.Errorf("encode phase data: %w", err)

@@ -18,5 +18,6 @@
 // a response and writing it).
 //
 // This package's tests import idemflow's workflow, sweeper, store, phases,
-// examples/charges/chargeflow, internal/pgtest and internal/faultproxy packages.
+// examples/charges/chargeflow, internal/pgtest, internal/faultproxy and
+// internal/phaserun (to wrap a flow's first phase) packages.
 package reliability

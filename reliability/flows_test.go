@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -208,7 +209,7 @@ func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
 		if err := fn(ctx, tx, run); err != nil {
 			return nil, err
 		}
-		return first.RunTx(ctx, tx, run)
+		return phaserun.RunTx[*phases.Response](ctx, first, tx, run)
 	})
 	wrapped.IsoLevel = first.IsoLevel
 	f.Phases = append([]phases.Phase{wrapped}, f.Phases[1:]...)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -462,7 +463,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		},
 		leaseEnd: time.Now().Add(e.cfg.Lease),
 	}
-	x.run, _ = phases.NewRun(phases.RunInfo{
+	x.run, _ = phaserun.NewRun[*phases.Run](phaserun.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
@@ -485,7 +486,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
-	run, err := phases.NewRun(phases.RunInfo{
+	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{
 		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
 		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
 	}, row.PhaseData)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -189,7 +190,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 			return failed(err)
 		}
 	}
-	x.run.EnterPhase(p.Name)
+	phaserun.Enter(x.run, p.Name)
 	v := decide(runTx(ctx, p, tx, x.run))
 	switch v.kind {
 	case goOn:
@@ -216,10 +217,10 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 		}
 		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
 	case respondAlone:
-		x.run.Revert()
+		phaserun.Revert(x.run)
 		return step{kind: stepAlone, resp: v.resp}
 	}
-	x.run.Revert()
+	phaserun.Revert(x.run)
 	st := failed(store.Classify(v.err))
 	st.resp = v.resp
 	return st
@@ -241,7 +242,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	}
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
-	x.run.EnterPhase(p.Name)
+	phaserun.Enter(x.run, p.Name)
 	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
 	if !time.Now().Before(deadline) {
 		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: errors.New("too little of the lease is left to make the call")})
@@ -260,10 +261,10 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	case respond:
 		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
 	case respondAlone:
-		x.run.Revert()
+		phaserun.Revert(x.run)
 		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
 	}
-	x.run.Revert()
+	phaserun.Revert(x.run)
 	return x.settle(ctx, p.Name, step{kind: stepTransient, err: v.err, resp: v.resp})
 }
 
@@ -461,7 +462,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := errors.Is(cause, errUnstorable) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		data, derr := x.run.MarshalData()
+		data, derr := phaserun.Data(x.run)
 		switch {
 		case derr != nil:
 		case dead:
@@ -500,7 +501,7 @@ func (x *exec) backoff() time.Duration { return x.e.cfg.backoff(x.run.Attempt())
 
 // data encodes the phase data, enforcing the size limit.
 func (x *exec) data() ([]byte, error) {
-	data, err := x.run.MarshalData()
+	data, err := phaserun.Data(x.run)
 	if err != nil {
 		return nil, err
 	}
@@ -550,7 +551,7 @@ func runTx(ctx context.Context, p phases.Phase, tx phases.DBTX, run *phases.Run)
 			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return p.RunTx(ctx, tx, run)
+	return phaserun.RunTx[*phases.Response](ctx, p, tx, run)
 }
 
 // runCall calls a call phase's function, turning a panic into a transient error.
@@ -560,7 +561,7 @@ func runCall(ctx context.Context, p phases.Phase, run *phases.Run) (resp *phases
 			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return p.RunCall(ctx, run)
+	return phaserun.RunCall[*phases.Response](ctx, p, run)
 }
 
 // leaseMargin is how long before the lease ends a call phase's context ends.
