@@ -50,7 +50,8 @@
 // COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
 // This package imports idemflow's phases and store packages, its internal maint package
-// (it implements the maintenance API the sweeper drives),
+// (it implements the maintenance API the sweeper drives) and internal/phaserun (the
+// engine's side of a phases.Run, kept out of the API a phase function sees),
 // github.com/go-json-experiment/json/jsontext (the JSON tokenizer under Fingerprint),
 // and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2).
 // It does not import net/http (header names are canonicalised with net/textproto);
