@@ -39,65 +39,22 @@ func setup(t *testing.T, o setupOpts) *bundle {
 
 // keyRow is the whole key row as text, to compare before and after.
 func keyRow(t *testing.T, db *pgtest.DB, scope, key string) string {
-	t.Helper()
-	var s string
-	err := db.Pool.QueryRow(context.Background(),
-		`SELECT coalesce((SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = $1 AND idempotency_key = $2), '')`,
-		scope, key).Scan(&s)
-	require.NoError(t, err)
-	return s
+	return testflow.KeyRow(t, db.Pool, scope, key)
 }
 
-func countKeys(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idemflow_keys`).Scan(&n))
-	return n
-}
+func countKeys(t *testing.T, db *pgtest.DB) int { return testflow.CountKeys(t, db.Pool) }
 
-type keyState struct {
-	Status        string
-	RecoveryPoint string
-	LockVersion   int64
-	Leased        bool
-	Attempts      int
-	LastError     *string
-}
+type keyState = testflow.KeyState
 
 func state(t *testing.T, db *pgtest.DB, scope, key string) keyState {
-	t.Helper()
-	var s keyState
-	err := db.Pool.QueryRow(context.Background(), `
-		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL, attempts, last_error
-		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
-		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Attempts, &s.LastError)
-	require.NoError(t, err)
-	return s
+	return testflow.State(t, db.Pool, scope, key)
 }
 
 // requireOneEffect checks that a finished key has exactly one of each effect, locally
 // and at the provider.
 func requireOneEffect(t *testing.T, b *bundle, scope, key string) {
-	t.Helper()
-	e, err := testflow.CountEffects(context.Background(), b.db.Pool, scope, key)
-	require.NoError(t, err)
-	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, e)
-	var id string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).Scan(&id))
-	_, paid := b.provider.Payment(id + ":" + testflow.Pay)
-	require.True(t, paid, "no provider payment for the key's derived key")
+	testflow.RequireOneEffect(t, b.db.Pool, b.provider, scope, key)
 }
 
-// sweepable moves every key's claim, backoff and lease into the past, so that a sweep
-// may take it: the database-clock equivalent of waiting.
-func sweepable(t *testing.T, db *pgtest.DB) {
-	t.Helper()
-	_, err := db.Pool.Exec(context.Background(), `
-		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - interval '1 hour',
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
-		WHERE status = 'in_progress'`)
-	require.NoError(t, err)
-}
+// sweepable moves every key's claim, backoff and lease into the past.
+func sweepable(t *testing.T, db *pgtest.DB) { testflow.Sweepable(t, db.Pool) }

@@ -442,6 +442,7 @@ func TestZombieCannotCommit(t *testing.T) {
 	close(resume)
 	err = <-zombieErr
 	require.ErrorIs(t, err, workflow.ErrLeaseLost)
+	require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), "a lost lease is named once: %v", err)
 	require.Equal(t, after, keyRow(t, b.db, "acct", "k"), "the zombie changed the key row")
 	requireOneEffect(t, b, "acct", "k")
 	require.Equal(t, 1, b.provider.Payments())

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -84,37 +83,7 @@ func TestLeaseLostIsNamedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	t.Run("FencedCommit", func(t *testing.T) {
-		t.Parallel()
-		paused := make(chan struct{})
-		resume := make(chan struct{})
-		var zombie atomic.Bool
-		zombie.Store(true)
-		b := setup(t, setupOpts{
-			cfg: &workflow.Config{Lease: 2 * time.Second},
-			before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-				if run.Phase() == testflow.Settle && zombie.CompareAndSwap(true, false) {
-					close(paused)
-					<-resume // the executor stalls here, past its lease
-				}
-				return nil
-			}})
-		zombieErr := make(chan error, 1)
-		go func() {
-			_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":9}`))
-			zombieErr <- err
-		}()
-		<-paused
-		expireLease(t, b.db, "acct", "k")
-		other := b.newEngine(t, setupOpts{pool: b.db.NewPool(t)})
-		_, err := other.Resume(ctx, "acct", "k")
-		require.NoError(t, err)
-		close(resume)
-
-		err = <-zombieErr
-		require.ErrorIs(t, err, workflow.ErrLeaseLost)
-		require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), err.Error())
-	})
+	// The fenced commit of a zombie: TestZombieCannotCommit checks its message.
 
 	t.Run("SweptKeyFinishedByItsClient", func(t *testing.T) {
 		t.Parallel()

@@ -55,21 +55,10 @@ func chargeReq(scope, key, body string) workflow.Request {
 
 // keyRow is the whole key row as text, to compare before and after.
 func keyRow(t *testing.T, db *pgtest.DB, scope, key string) string {
-	t.Helper()
-	var s string
-	err := db.Pool.QueryRow(context.Background(),
-		`SELECT coalesce((SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = $1 AND idempotency_key = $2), '')`,
-		scope, key).Scan(&s)
-	require.NoError(t, err)
-	return s
+	return testflow.KeyRow(t, db.Pool, scope, key)
 }
 
-func countKeys(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idemflow_keys`).Scan(&n))
-	return n
-}
+func countKeys(t *testing.T, db *pgtest.DB) int { return testflow.CountKeys(t, db.Pool) }
 
 // expireLease moves a key's lease into the past: the database-clock equivalent of
 // waiting for it to run out.
@@ -82,24 +71,10 @@ func expireLease(t *testing.T, db *pgtest.DB, scope, key string) {
 	require.EqualValues(t, 1, tag.RowsAffected(), "key %s/%s has no lease to expire", scope, key)
 }
 
-type keyState struct {
-	Status        string
-	RecoveryPoint string
-	LockVersion   int64
-	Leased        bool
-	Attempts      int
-	LastError     *string
-}
+type keyState = testflow.KeyState
 
 func state(t *testing.T, db *pgtest.DB, scope, key string) keyState {
-	t.Helper()
-	var s keyState
-	err := db.Pool.QueryRow(context.Background(), `
-		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL, attempts, last_error
-		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
-		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Attempts, &s.LastError)
-	require.NoError(t, err)
-	return s
+	return testflow.State(t, db.Pool, scope, key)
 }
 
 func effects(t *testing.T, db *pgtest.DB, scope, key string) testflow.Effects {
@@ -112,13 +87,7 @@ func effects(t *testing.T, db *pgtest.DB, scope, key string) testflow.Effects {
 // requireOneEffect checks that a finished key has exactly one of each effect, locally
 // and at the provider.
 func requireOneEffect(t *testing.T, b *bundle, scope, key string) {
-	t.Helper()
-	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, effects(t, b.db, scope, key))
-	var id string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).Scan(&id))
-	_, paid := b.provider.Payment(id + ":" + testflow.Pay)
-	require.True(t, paid, "no provider payment for the key's derived key")
+	testflow.RequireOneEffect(t, b.db.Pool, b.provider, scope, key)
 }
 
 func isInProgress(err error) (*workflow.InProgressError, bool) {

@@ -16,18 +16,8 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// sweepable moves every key's claim, backoff and lease into the past, so that a sweep
-// may take it: the database-clock equivalent of waiting.
-func sweepable(t *testing.T, db *pgtest.DB) {
-	t.Helper()
-	_, err := db.Pool.Exec(context.Background(), `
-		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - interval '1 hour',
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
-		WHERE status = 'in_progress'`)
-	require.NoError(t, err)
-}
+// sweepable moves every key's claim, backoff and lease into the past.
+func sweepable(t *testing.T, db *pgtest.DB) { testflow.Sweepable(t, db.Pool) }
 
 func TestTakeDueAndRunTaken(t *testing.T) {
 	t.Parallel()

@@ -1,0 +1,88 @@
+package testflow
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// The key table as tests look at it: read straight from the database, never through
+// the engine, so that a test sees what is stored.
+
+// DB runs statements and queries; a pool or a connection.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// KeyRow is the whole key row as text ("" when there is none), to compare before and
+// after.
+func KeyRow(t testing.TB, db DB, scope, key string) string {
+	t.Helper()
+	var s string
+	err := db.QueryRow(context.Background(),
+		`SELECT coalesce((SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = $1 AND idempotency_key = $2), '')`,
+		scope, key).Scan(&s)
+	require.NoError(t, err)
+	return s
+}
+
+// CountKeys is the number of key rows.
+func CountKeys(t testing.TB, db DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM idemflow_keys`).Scan(&n))
+	return n
+}
+
+// KeyState is what tests check of a key row.
+type KeyState struct {
+	Status        string
+	RecoveryPoint string
+	LockVersion   int64
+	Leased        bool
+	Attempts      int
+	LastError     *string
+}
+
+// State reads a key row's state; the row must exist.
+func State(t testing.TB, db DB, scope, key string) KeyState {
+	t.Helper()
+	var s KeyState
+	err := db.QueryRow(context.Background(), `
+		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL, attempts, last_error
+		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Attempts, &s.LastError)
+	require.NoError(t, err)
+	return s
+}
+
+// RequireOneEffect checks that a finished key of the flow has exactly one of each
+// effect, locally and at p.
+func RequireOneEffect(t testing.TB, db DB, p *Provider, scope, key string) {
+	t.Helper()
+	e, err := CountEffects(context.Background(), db, scope, key)
+	require.NoError(t, err)
+	require.Equal(t, Effects{Ledger: 1, Settled: 1, Settlements: 1}, e)
+	var id string
+	require.NoError(t, db.QueryRow(context.Background(),
+		`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).Scan(&id))
+	_, paid := p.Payment(id + ":" + Pay)
+	require.True(t, paid, "no provider payment for the key's derived key")
+}
+
+// Sweepable moves every unfinished key's claim, backoff and lease into the past, so
+// that a sweep may take it: the database-clock equivalent of waiting.
+func Sweepable(t testing.TB, db DB) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `
+		UPDATE idemflow_keys
+		SET created_at = clock_timestamp() - interval '1 hour',
+			next_attempt_at = clock_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		WHERE status = 'in_progress'`)
+	require.NoError(t, err)
+}
