@@ -434,7 +434,7 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	if err != nil {
 		return answered(nil, err)
 	}
-	return answered(x.drive(ctx, next+1))
+	return answered(x.drive(ctx, next+1).result())
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -468,21 +468,21 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
 	started := time.Now()
-	res, err := x.drive(ctx, 0)
+	st := x.drive(ctx, 0)
 	switch {
-	case err == nil:
+	case st.kind == stepFinished:
 		e.durations.observe(f.Name, time.Since(started))
-	case errors.Is(err, store.ErrClaimBusy):
+	case st.kind == stepLost && st.lost == claimBusy:
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
 		return answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
-	case errors.Is(err, store.ErrClaimExists) && x.found != nil:
-		return answer{found: x.found}
-	case errors.Is(err, store.ErrClaimExists):
+	case st.kind == stepLost && st.found != nil:
+		return answer{found: st.found}
+	case st.kind == stepLost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return answered(res, err)
+	return answered(st.result())
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {

@@ -28,9 +28,7 @@ type exec struct {
 	// ahead of the stored one until the next commit carries it.
 	rp string
 	// claim is the key row still to be inserted: it rides in the first commit.
-	claim *store.Claim
-	// found is the key row a claim found already there.
-	found    *store.Row
+	claim    *store.Claim
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -49,24 +47,41 @@ const (
 	stepAlone                     // a response to store in a transaction of its own (resp)
 	stepTransient                 // nothing new is durable: release the key (err the cause, resp a 5xx to pass on)
 	stepConflict                  // a serialization failure or deadlock: the transaction may run again
-	stepStop                      // the attempt ends with err, already settled (claim or lease lost, released)
+	stepLost                      // a new key's claim did not give this attempt the key; nothing of the flow ran
+	stepStop                      // the attempt ends with err, already settled (lease lost, released)
 )
 
 // step is the outcome of one phase.
 type step struct {
-	kind stepKind
-	res  *Result
-	resp *phases.Response
-	err  error
+	kind  stepKind
+	res   *Result
+	resp  *phases.Response
+	err   error
+	lost  claimed    // stepLost: claimBusy or claimExists
+	found *store.Row // stepLost with claimExists: the row, when the claim read it
 }
 
-// failed is the step of an error met while running a phase: outcomes that end the
-// attempt as they are (the claim or the lease was lost, or the failure was settled
-// already), a conflict that may be retried, or a transient failure to settle.
+// result is what an attempt that ended with st returns to its caller.
+func (st step) result() (*Result, error) {
+	if st.kind == stepFinished {
+		return st.res, nil
+	}
+	return nil, st.err
+}
+
+// failed is the step of an error met while running a phase, read once where the
+// error comes back from the store: a claim lost to another attempt (an insert that
+// found the row, or a claim statement that found the key busy), outcomes that end the
+// attempt as they are (the lease was lost, or the failure was settled already), a
+// conflict that may be retried, or a transient failure to settle.
 func failed(err error) step {
 	var te *TransientError
 	switch {
-	case claimLost(err), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
+	case errors.Is(err, store.ErrClaimBusy):
+		return step{kind: stepLost, lost: claimBusy, err: err}
+	case errors.Is(err, store.ErrClaimExists):
+		return step{kind: stepLost, lost: claimExists, err: err}
+	case errors.Is(err, ErrLeaseLost), errors.As(err, &te):
 		return step{kind: stepStop, err: err}
 	case errors.Is(err, store.ErrConflict):
 		return step{kind: stepConflict, err: err}
@@ -114,8 +129,9 @@ func (x *exec) event(p phases.Phase) PhaseEvent {
 	}
 }
 
-// drive runs the phases from index start on.
-func (x *exec) drive(ctx context.Context, start int) (*Result, error) {
+// drive runs the phases from index start on, and returns the step the attempt ended
+// with: stepFinished, stepLost or stepStop.
+func (x *exec) drive(ctx context.Context, start int) step {
 	last := phases.Started
 	for i := start; i < len(x.flow.Phases); i++ {
 		p := x.flow.Phases[i]
@@ -126,15 +142,11 @@ func (x *exec) drive(ctx context.Context, start int) (*Result, error) {
 		} else {
 			st = x.callPhase(ctx, p)
 		}
-		switch st.kind {
-		case stepNext:
-		case stepFinished:
-			return st.res, nil
-		default:
-			return nil, st.err
+		if st.kind != stepNext {
+			return st
 		}
 	}
-	return nil, x.transient(ctx, last, ErrNoResponse, nil)
+	return step{kind: stepStop, err: x.transient(ctx, last, ErrNoResponse, nil)}
 }
 
 // settle acts on a step that needs more than the phase itself: a response stored on
@@ -144,11 +156,7 @@ func (x *exec) drive(ctx context.Context, start int) (*Result, error) {
 func (x *exec) settle(ctx context.Context, phase string, st step) step {
 	switch st.kind {
 	case stepAlone:
-		res, err := x.finishAlone(ctx, st.resp)
-		if err != nil {
-			return step{kind: stepStop, err: err}
-		}
-		return step{kind: stepFinished, res: res}
+		return x.finishAlone(ctx, st.resp)
 	case stepTransient, stepConflict:
 		return step{kind: stepStop, err: x.transient(ctx, phase, st.err, st.resp)}
 	}
@@ -186,8 +194,8 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 	}
 	defer tx.done(ctx)
 	if x.claim != nil {
-		if err := x.claimKey(ctx, tx); err != nil {
-			return failed(err)
+		if st, owned := x.claimKey(ctx, tx); !owned {
+			return st
 		}
 	}
 	phaserun.Enter(x.run, p.Name)
@@ -270,18 +278,21 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 
 // finishAlone stores resp in a transaction of its own: BEGIN, the claim with the
 // insert of a finished row if the claim is still pending, else the fenced finish, and
-// COMMIT, in one round trip. Failures other than claim outcomes and lost leases are
-// transient: the key is released, never left leased.
-func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) (*Result, error) {
+// COMMIT, in one round trip. A failure other than a lost claim or lease is transient:
+// the key is released, never left leased.
+func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 	stored, data, err := x.storable(resp)
-	if err != nil {
-		return nil, x.commitFailed(ctx, x.run.Phase(), err)
+	if err == nil {
+		err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	}
-	err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
-	if err != nil {
-		return nil, x.commitFailed(ctx, x.run.Phase(), err)
+	if err == nil {
+		return step{kind: stepFinished, res: x.finished(ctx, resp)}
 	}
-	return x.finished(ctx, resp), nil
+	st := failed(err)
+	if st.kind == stepTransient || st.kind == stepConflict {
+		return step{kind: stepStop, err: x.transient(ctx, x.run.Phase(), err, nil)}
+	}
+	return st
 }
 
 // open acquires a connection for one transaction; the transaction owns it until done.
@@ -293,21 +304,23 @@ func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 	return newPhaseTx(pc, x.e.store, iso), nil
 }
 
-// claimKey claims the new key in tx, before anything of the flow runs. An attempt that
-// does not own the key gets store.ErrClaimBusy, or store.ErrClaimExists with the row in
-// x.found when the claim read it.
-func (x *exec) claimKey(ctx context.Context, tx *phaseTx) error {
+// claimKey claims the new key in tx, before anything of the flow runs, and reports
+// whether this attempt owns it; if not, the step says why (with the key row when the
+// claim found and read it).
+func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 	got, row, err := tx.claim(ctx, x.claim)
 	switch {
 	case err != nil:
-		return err
-	case got == claimBusy:
-		return fmt.Errorf("claim key: %w", store.ErrClaimBusy)
-	case got == claimExists:
-		x.found = row
-		return fmt.Errorf("claim key: %w", store.ErrClaimExists)
+		return failed(err), false
+	case got == claimOwned:
+		return step{}, true
 	}
-	return nil
+	// The hooks see the phase end with the claim's refusal, never as a success.
+	cause := fmt.Errorf("claim key: %w", store.ErrClaimBusy)
+	if got == claimExists {
+		cause = fmt.Errorf("claim key: %w", store.ErrClaimExists)
+	}
+	return step{kind: stepLost, lost: got, found: row, err: cause}, false
 }
 
 // commitAlone commits a transaction of the engine's own statements, bounded by the
@@ -431,18 +444,6 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 		return row.Status == store.StatusFinished, nil
 	}
 	return row.RecoveryPoint == target, nil
-}
-
-// commitFailed turns the failure of a commit made outside a tx phase's retry loop
-// into the error to return: claim outcomes and lost leases as they are, anything else
-// as a transient failure that releases the key.
-func (x *exec) commitFailed(ctx context.Context, phase string, err error) error {
-	var te *TransientError
-	switch {
-	case claimLost(err), errors.Is(err, ErrLeaseLost), errors.As(err, &te):
-		return err
-	}
-	return x.transient(ctx, phase, err, nil)
 }
 
 // transient releases the key after a failure worth retrying, keeping what is durable,

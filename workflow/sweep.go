@@ -149,7 +149,7 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 	}
 	x.maxAttempts = maxAttempts(opts)
 
-	res, err := x.drive(ctx, next+1)
+	res, err := x.drive(ctx, next+1).result()
 	if err == nil {
 		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
 	}
