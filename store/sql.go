@@ -130,12 +130,15 @@ const sqlFinish = `WITH u AS (
 )
 SELECT 1/count(*)::int FROM u`
 
-// sqlRelease gives up the lease after a transient failure.
+// sqlRelease gives up the lease after a transient failure. It matches only while the
+// row still holds the recovery point the caller last knew durable ($9): a COMMIT whose
+// outcome the caller could not learn, still running when it read the row, may advance
+// the row after all, and a release must then not move it back.
 const sqlRelease = `UPDATE idemflow_keys
 SET recovery_point = $5, phase_data = $6, last_error = $7,
 	next_attempt_at = clock_timestamp() + $8::bigint * interval '1 millisecond',
 	locked_until = NULL, updated_at = clock_timestamp()
-WHERE ` + fence
+WHERE ` + fence + ` AND recovery_point = $9`
 
 // sqlTakeover takes an expired or released lease, bumping the lock version.
 const sqlTakeover = `UPDATE idemflow_keys
@@ -203,7 +206,7 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 const sqlDeadLetter = `UPDATE idemflow_keys
 SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7,
 	locked_until = NULL, updated_at = clock_timestamp()
-WHERE ` + fence
+WHERE ` + fence + ` AND recovery_point = $8`
 
 // sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due
 // now. The lock version is bumped so nothing that ran it before can commit. last_error

@@ -107,6 +107,9 @@ type Release struct {
 	LastError string
 	// RetryIn is how long until the key is due again. Zero means at once.
 	RetryIn time.Duration
+	// Stored is the recovery point the caller last knew the row to hold. The release
+	// matches only while it still does (see sqlRelease).
+	Stored string
 }
 
 // Store sends idemflow's statements on the key table. It holds their texts, built once
@@ -262,7 +265,7 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 // point, phase data and last error are set from r, and the key is due again after
 // r.RetryIn. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, r.Data, truncate(r.LastError, 2000), r.RetryIn.Milliseconds())
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, r.Data, truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored)
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}

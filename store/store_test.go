@@ -129,8 +129,8 @@ func TestStatements(t *testing.T) {
 	})
 
 	t.Run("ReleaseThenTakeover", func(t *testing.T) {
-		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{"a":1}`), LastError: "boom"}))
-		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "again"}), "releasing twice under the same lease is harmless")
+		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{"a":1}`), LastError: "boom", Stored: "started"}))
+		require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "again", Stored: "one"}), "releasing twice under the same lease is harmless")
 		row, err := st.Lookup(ctx, db.Pool, "s1", "k")
 		require.NoError(t, err)
 		require.False(t, row.LeaseLive)
@@ -145,7 +145,7 @@ func TestStatements(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 2, taken.LockVersion)
 		require.Equal(t, 2, taken.Attempts)
-		require.ErrorIs(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "zombie"}), store.ErrLeaseLost,
+		require.ErrorIs(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "zombie", Stored: "one"}), store.ErrLeaseLost,
 			"the old lock version can no longer release")
 
 		f2 := f
@@ -173,4 +173,41 @@ func TestStatements(t *testing.T) {
 		err := finish(ctx, db, fo, store.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
 		require.ErrorIs(t, err, store.ErrInvalid)
 	})
+}
+
+// TestReleaseNeverMovesBack: a release matches only while the row holds the recovery
+// point the executor last knew durable. A commit the executor could not confirm (it was
+// still running when the executor read the row) may have advanced the row after all:
+// the release must not put the old recovery point back.
+func TestReleaseNeverMovesBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := store.New()
+	const id = "00000000-0000-4000-8000-0000000000aa"
+	claimNow(t, db, claim("s", "k", id))
+	f := store.Fence{Scope: "s", Key: "k", ID: id, LockVersion: 1}
+
+	// The commit the executor lost track of: it advanced the row to "one".
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	b := &pgx.Batch{}
+	st.QueueAdvance(b, f, store.Advance{RecoveryPoint: "one", Data: []byte(`{"n":1}`), Lease: time.Minute})
+	br := tx.SendBatch(ctx, b)
+	require.NoError(t, st.ReadFenced(br))
+	require.NoError(t, br.Close())
+	require.NoError(t, tx.Commit(ctx))
+	rowText := func() string {
+		var s string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_jsonb(k)::text FROM idemflow_keys k WHERE scope = 's' AND idempotency_key = 'k'`).Scan(&s))
+		return s
+	}
+	before := rowText()
+
+	err = st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "unknown", Stored: "started"})
+	require.ErrorIs(t, err, store.ErrLeaseLost, "the row is past what the releaser knew")
+	require.Equal(t, before, rowText(), "a refused release changes nothing")
+
+	require.ErrorIs(t, st.DeadLetter(ctx, db.Pool, f, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "x", Stored: "started"}), store.ErrLeaseLost)
+	require.NoError(t, st.Release(ctx, db.Pool, f, store.Release{RecoveryPoint: "one", Data: []byte(`{"n":1}`), LastError: "later", Stored: "one"}))
 }

@@ -37,6 +37,9 @@ type DeadLetter struct {
 	Data          []byte
 	// LastError is recorded on the row, cut to 2000 bytes.
 	LastError string
+	// Stored is the recovery point the caller last knew the row to hold; the statement
+	// matches only while it still does, as Release.
+	Stored string
 }
 
 // TakeDue takes over, in one short statement, up to q.Limit unfinished keys whose
@@ -98,7 +101,7 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
 // returns ErrLeaseLost if the fence does not match (the key was taken over, finished
 // or deleted since).
 func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) error {
-	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, d.Data, truncate(d.LastError, 2000))
+	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, d.Data, truncate(d.LastError, 2000), d.Stored)
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}

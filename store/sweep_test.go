@@ -166,8 +166,8 @@ func TestGiveBackDeadLetterRedrive(t *testing.T) {
 	require.Len(t, taken, 1, "still due")
 	f.LockVersion = taken[0].LockVersion
 
-	require.ErrorIs(t, st.DeadLetter(ctx, db.Pool, stale, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "no"}), store.ErrLeaseLost)
-	require.NoError(t, st.DeadLetter(ctx, db.Pool, f, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "gave up"}))
+	require.ErrorIs(t, st.DeadLetter(ctx, db.Pool, stale, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "no", Stored: "started"}), store.ErrLeaseLost)
+	require.NoError(t, st.DeadLetter(ctx, db.Pool, f, store.DeadLetter{RecoveryPoint: "started", Data: []byte(`{}`), LastError: "gave up", Stored: "started"}))
 	row, err = st.Lookup(ctx, db.Pool, "s", "k")
 	require.NoError(t, err)
 	require.Equal(t, store.StatusDead, row.Status)

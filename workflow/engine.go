@@ -456,6 +456,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		flow:  f,
 		fence: store.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
 		rp:    phases.Started,
+		// no row yet: stored is set by the first commit
 		claim: &store.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: req.Body,
@@ -498,6 +499,7 @@ func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exe
 		flow:     f,
 		fence:    store.Fence{Scope: row.Scope, Key: row.Key, ID: row.ID, LockVersion: row.LockVersion},
 		rp:       row.RecoveryPoint,
+		stored:   row.RecoveryPoint,
 		run:      run,
 		leaseEnd: started.Add(row.LeaseLeft()),
 	}, nil

@@ -692,3 +692,35 @@ func TestCallPhaseResponseTooLarge(t *testing.T) {
 	require.False(t, st.Leased, "the key is released for the next attempt")
 	require.Equal(t, "first", st.RecoveryPoint)
 }
+
+// TestFailedCommitForgetsThePhasesData: when a tx phase's commit does not happen (here
+// its phase data is over the limit), what the phase put in the phase data goes with its
+// transaction: the release keeps the data of the phases that committed.
+func TestFailedCommitForgetsThePhasesData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	e, err := workflow.New(b.db.Pool, &workflow.Config{MaxPhaseDataBytes: 64})
+	require.NoError(t, err)
+	first, big := phases.NewSlot[int]("first"), phases.NewSlot[string]("big")
+	require.NoError(t, e.Register(phases.Flow{Name: "two_tx", Phases: []phases.Phase{
+		phases.Tx("one", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return nil, first.Set(run, 1)
+		}),
+		phases.Tx("two", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return nil, big.Set(run, strings.Repeat("x", 100)) // over the 64-byte limit at commit
+		}),
+		phases.Tx("three", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return phases.JSON(201, map[string]bool{"ok": true})
+		}),
+	}}))
+	_, err = e.Do(ctx, workflow.Request{Scope: "acct", Key: "k", Flow: "two_tx", Method: "POST", Route: "/x", Body: []byte(`{}`)})
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.ErrorIs(t, err, workflow.ErrPhaseDataTooLarge)
+
+	var rp, data string
+	require.NoError(t, b.db.Pool.QueryRow(ctx,
+		`SELECT recovery_point, phase_data::text FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = 'k'`).Scan(&rp, &data))
+	require.Equal(t, "one", rp)
+	require.JSONEq(t, `{"first":1}`, data, "the release kept only what committed")
+}

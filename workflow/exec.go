@@ -27,6 +27,10 @@ type exec struct {
 	// rp is the recovery point as this executor knows it. After a call phase it is
 	// ahead of the stored one until the next commit carries it.
 	rp string
+	// stored is the recovery point the key row holds as far as this executor knows:
+	// what its last commit (or the takeover) left. A release or dead-letter matches only
+	// while the row still holds it.
+	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
 	claim    *store.Claim
 	run      *phases.Run
@@ -116,7 +120,7 @@ func decide(resp *phases.Response, err error) verdict {
 	case err == nil: // a 5xx: passed on, never stored
 		return verdict{kind: fail, resp: resp, err: fmt.Errorf("phase responded %d", resp.Status)}
 	case errors.As(err, &term) && term.Response != nil && term.Response.Status < 500:
-		return verdict{kind: respondAlone, resp: term.Response}
+		return verdict{kind: respondAlone, resp: term.Response, err: err}
 	}
 	return verdict{kind: fail, err: err}
 }
@@ -173,8 +177,15 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 		if st.kind == stepConflict && try < x.e.cfg.txRetries() && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
 			continue
 		}
+		// A phase answered with phases.Fail had its transaction rolled back: its end is
+		// reported with that error, even when the answer was stored.
+		alone, rolledBack := st.kind == stepAlone, st.err
 		st = x.settle(ctx, p.Name, st)
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.err)
+		end := st.err
+		if end == nil && alone {
+			end = rolledBack
+		}
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, end)
 		return st
 	}
 }
@@ -182,7 +193,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 // txOnce runs one transaction of a tx phase: the claim if the key is new, the phase
 // function, and the commit that writes the key row. Its connection is back in the
 // pool when it returns; what else its step needs is for settle.
-func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
+func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
 	// The lease bounds the transaction: a connection that stops answering (half-open,
 	// blackholed) must not hold the executor, and past its lease its commit is likely
 	// fenced anyway.
@@ -199,6 +210,14 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 		}
 	}
 	phaserun.Enter(x.run, p.Name)
+	// Unless the phase's transaction committed, what the phase wrote to the phase data
+	// goes with it: a retry of the transaction, a release or a dead-letter must not see
+	// it.
+	defer func() {
+		if st.kind != stepNext && st.kind != stepFinished {
+			phaserun.Revert(x.run)
+		}
+	}()
 	v := decide(runTx(ctx, p, tx, x.run))
 	switch v.kind {
 	case goOn:
@@ -225,11 +244,9 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) step {
 		}
 		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
 	case respondAlone:
-		phaserun.Revert(x.run)
-		return step{kind: stepAlone, resp: v.resp}
+		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	phaserun.Revert(x.run)
-	st := failed(store.Classify(v.err))
+	st = failed(store.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -260,8 +277,8 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	resp, err := runCall(callCtx, p, x.run)
 	cancel()
-	x.e.cfg.Hooks.phaseEnd(ctx, ev, err)
 	v := decide(resp, err)
+	x.e.cfg.Hooks.phaseEnd(ctx, ev, v.err) // nil only for success and a storable answer
 	switch v.kind {
 	case goOn:
 		x.rp = p.Name
@@ -385,6 +402,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	write, read := x.queue(tx, w)
 	err := tx.commit(ctx, write, read)
 	if err == nil {
+		x.stored = w.target
 		if x.claim != nil {
 			x.claim = nil
 			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
@@ -410,6 +428,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 			return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
 		}
 		if committed {
+			x.stored = w.target
 			x.claim = nil
 			return nil
 		}
@@ -467,9 +486,9 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		switch {
 		case derr != nil:
 		case dead:
-			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Data: data, LastError: cause.Error()})
+			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error()})
 		default:
-			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Data: data, LastError: cause.Error(), RetryIn: after})
+			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after})
 		}
 		cancel()
 		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}

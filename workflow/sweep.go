@@ -154,16 +154,16 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
 	}
 	var te *TransientError
-	if !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
+	if !x.deadLettered && !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
 		// Should drive ever return a failure without releasing the key, it is a failed
 		// attempt all the same: release it rather than leave it leased.
 		err = x.transient(ctx, x.rp, err, nil)
 	}
 	switch {
-	case errors.Is(err, ErrLeaseLost):
-		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	case x.deadLettered:
 		return maint.Result{Outcome: maint.DeadLettered, Err: err}, nil
+	case errors.Is(err, ErrLeaseLost):
+		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
 	}
 	return maint.Result{Outcome: maint.Released, Err: err}, nil
 }
@@ -175,7 +175,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, m
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts)})
+	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -211,7 +211,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error()})
+	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error()})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
