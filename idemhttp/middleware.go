@@ -32,7 +32,7 @@ const middlewarePhase = "handle"
 // later attempt gets it replayed with Idempotent-Replayed: true.
 //
 // What happens to the key depends on how the handler ends:
-//   - A response of status 100-499 is stored and sent: the key is finished.
+//   - A response of status 200-499 is stored and sent: the key is finished.
 //   - A 5xx response is passed on but not stored, and the key is released, so the next
 //     attempt runs the handler again. So is a handler that panics before writing
 //     anything, answered 500. Answer 5xx only when the handler had no effect.

@@ -23,7 +23,7 @@ const TxMiddlewareFlow = "idemflow.http.tx"
 // handler runs; a concurrent duplicate finds the key being claimed and is answered 409
 // at once. The key row is written only with the COMMIT, already finished, so a key
 // whose handler has not committed leaves nothing behind:
-//   - A response of status 100-499 is stored with the handler's writes.
+//   - A response of status 200-499 is stored with the handler's writes.
 //   - A 5xx response is passed on, not stored, and the transaction rolls back: nothing
 //     of the attempt stays, and the next attempt runs the handler again.
 //   - A handler that panics, or whose response is over

@@ -46,7 +46,6 @@ var (
 // transaction by dividing by zero; 22012 means that only when it comes from one, so it
 // is never translated by Classify.
 const (
-	fenceCode           = "IF001" // raised by idemflow_fence (migration 001), which engines of earlier releases call
 	codeDivisionByZero  = "22012"
 	codeUniqueViolation = "23505"
 )
@@ -76,8 +75,6 @@ func Classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case pgErr.Code == fenceCode:
-			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		case pgErr.Code == "40001" || pgErr.Code == "40P01":
 			return fmt.Errorf("%w: %w", ErrConflict, err)
 		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":

@@ -22,7 +22,6 @@ func TestClassify(t *testing.T) {
 		err  error
 		want error
 	}{
-		{"Fence", pg("IF001"), store.ErrLeaseLost},
 		{"Serialization", pg("40001"), store.ErrConflict},
 		{"Deadlock", pg("40P01"), store.ErrConflict},
 		{"CheckViolation", pg("23514"), store.ErrInvalid},

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,12 +20,10 @@ type durations struct {
 	flows sync.Map // flow name → *movingAverage; registered flows only
 }
 
-// movingAverage is an exponentially weighted moving average of durations.
-type movingAverage struct {
-	mu  sync.Mutex
-	avg time.Duration
-	n   int
-}
+// movingAverage is an exponentially weighted moving average of durations, in
+// nanoseconds; 0 until the first observation. It is updated without a lock: every
+// fresh answer of the flow observes it.
+type movingAverage struct{ avg atomic.Int64 }
 
 // averageWeight: each new duration moves the average by 1/averageWeight of its
 // distance from it, so the average follows a flow that slows down within a few
@@ -33,16 +32,22 @@ const averageWeight = 4
 
 // observe records that a new key of flow took took.
 func (d *durations) observe(flow string, took time.Duration) {
-	v, _ := d.flows.LoadOrStore(flow, &movingAverage{})
-	m := v.(*movingAverage)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.n == 0 {
-		m.avg = took
-	} else {
-		m.avg += (took - m.avg) / averageWeight
+	v, ok := d.flows.Load(flow)
+	if !ok {
+		v, _ = d.flows.LoadOrStore(flow, &movingAverage{})
 	}
-	m.n++
+	m := v.(*movingAverage)
+	took = max(took, 1) // 0 means "none yet"
+	for {
+		old := m.avg.Load()
+		next := int64(took)
+		if old != 0 {
+			next = old + (int64(took)-old)/averageWeight
+		}
+		if m.avg.CompareAndSwap(old, max(next, 1)) {
+			return
+		}
+	}
 }
 
 // estimate returns the flow's average, or false before any attempt was observed.
@@ -51,10 +56,8 @@ func (d *durations) estimate(flow string) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	m := v.(*movingAverage)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.avg, m.n > 0
+	avg := v.(*movingAverage).avg.Load()
+	return time.Duration(avg), avg != 0
 }
 
 // RetryAfterLease is the Config.InProgressRetryAfter that tells a turned-away attempt
