@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
@@ -27,14 +25,8 @@ type setupOpts struct {
 
 func setup(t *testing.T, o setupOpts) *bundle {
 	t.Helper()
-	db := pgtest.New(t)
-	require.NoError(t, testflow.CreateTables(context.Background(), db.Pool))
-	p := testflow.NewProvider()
-	t.Cleanup(p.Close)
-	e, err := workflow.New(db.Pool, o.cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(testflow.Flow(testflow.Options{ProviderURL: p.URL, Before: o.before})))
-	return &bundle{db: db, provider: p, engine: e}
+	db, p := testflow.Start(t)
+	return &bundle{db: db, provider: p, engine: testflow.Engine(t, db.Pool, o.cfg, p, o.before)}
 }
 
 // keyRow is the whole key row as text, to compare before and after.

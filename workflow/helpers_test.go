@@ -28,10 +28,7 @@ type setupOpts struct {
 
 func setup(t *testing.T, o setupOpts) *bundle {
 	t.Helper()
-	db := pgtest.New(t)
-	require.NoError(t, testflow.CreateTables(context.Background(), db.Pool))
-	p := testflow.NewProvider()
-	t.Cleanup(p.Close)
+	db, p := testflow.Start(t)
 	b := &bundle{db: db, provider: p}
 	b.engine = b.newEngine(t, o)
 	return b
@@ -43,10 +40,7 @@ func (b *bundle) newEngine(t *testing.T, o setupOpts) *workflow.Engine {
 	if pool == nil {
 		pool = b.db.Pool
 	}
-	e, err := workflow.New(pool, o.cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(testflow.Flow(testflow.Options{ProviderURL: b.provider.URL, Before: o.before})))
-	return e
+	return testflow.Engine(t, pool, o.cfg, b.provider, o.before)
 }
 
 func chargeReq(scope, key, body string) workflow.Request {

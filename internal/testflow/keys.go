@@ -7,6 +7,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // The key table as tests look at it: read straight from the database, never through
@@ -85,4 +89,26 @@ func Sweepable(t testing.TB, db DB) {
 			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
 		WHERE status = 'in_progress'`)
 	require.NoError(t, err)
+}
+
+// Start makes what a test of the engine or the HTTP layer starts from: a fresh,
+// migrated schema (dropped at cleanup) with the flow's tables, and a provider (closed
+// at cleanup).
+func Start(t testing.TB) (*pgtest.DB, *Provider) {
+	t.Helper()
+	db := pgtest.New(t)
+	require.NoError(t, CreateTables(context.Background(), db.Pool))
+	p := NewProvider()
+	t.Cleanup(p.Close)
+	return db, p
+}
+
+// Engine returns an engine on pool with cfg and the flow registered, its calls going to
+// p and before run at the start of every phase.
+func Engine(t testing.TB, pool workflow.Pool, cfg *workflow.Config, p *Provider, before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error) *workflow.Engine {
+	t.Helper()
+	e, err := workflow.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(Flow(Options{ProviderURL: p.URL, Before: before})))
+	return e
 }

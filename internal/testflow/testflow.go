@@ -2,7 +2,7 @@
 // that dedupes on the derived key, for the engine's and the sweeper's tests. Its tables
 // have no unique constraints on purpose: a duplicated effect shows up as an extra row.
 //
-// This package imports idemflow's phases package.
+// This package imports idemflow's phases and workflow packages and internal/pgtest.
 package testflow
 
 import (
