@@ -28,9 +28,6 @@ var (
 	ErrUnstorable = errors.New("its answer cannot be stored")
 )
 
-// errUnstorable is the name the executor checks.
-var errUnstorable = ErrUnstorable
-
 // attemptFlow returns the flow an attempt runs: f itself, or for a client-only flow,
 // f with the attempt's own phases (req nil: an attempt without its client, Resume's).
 func attemptFlow(f phases.Flow, req *Request) (phases.Flow, error) {

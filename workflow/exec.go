@@ -480,7 +480,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		return cause
 	}
 	if x.claim == nil { // the key row exists: release it, or give up on it
-		dead := errors.Is(cause, errUnstorable) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
+		dead := errors.Is(cause, ErrUnstorable) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		data, derr := phaserun.Data(x.run)
 		switch {
@@ -506,7 +506,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 			x.e.cfg.Hooks.key(ctx, ev)
 		}
 	}
-	if x.deadLettered && errors.Is(cause, errUnstorable) {
+	if x.deadLettered && errors.Is(cause, ErrUnstorable) {
 		return fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered
 	}
 	retry := time.Second
