@@ -29,10 +29,16 @@ var shared struct {
 }
 
 // Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
-// server if a test started it, and returns the exit code for os.Exit. A failure to stop
+// pgbouncer and server if a test started them, and returns the exit code for os.Exit. A failure to stop
 // the server is printed and turns a passing run into a failing one.
 func Main(m *testing.M) int {
 	code := m.Run()
+	if err := stopSharedPgbouncer(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: stop shared pgbouncer: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	shared.mu.Lock()
 	srv := shared.srv
 	shared.srv, shared.err = nil, nil
