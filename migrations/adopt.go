@@ -102,7 +102,7 @@ func (m *Migrator) readTool(ctx context.Context, tx pgx.Tx, tt toolTable) (versi
 	var cols int
 	err = tx.QueryRow(ctx, `SELECT count(*) FROM pg_attribute
 		WHERE attrelid = to_regclass(`+quoteLiteral(ident)+`) AND attname = ANY($1) AND NOT attisdropped`,
-		tt.columns).Scan(&cols)
+		simple, tt.columns).Scan(&cols)
 	if err != nil {
 		return 0, false, false, fmt.Errorf("migrations: look for %s's %s: %w", tt.tool, tt.table, err)
 	}
@@ -110,7 +110,7 @@ func (m *Migrator) readTool(ctx context.Context, tx pgx.Tx, tt toolTable) (versi
 		return 0, false, false, nil
 	}
 	var v int64
-	if err := tx.QueryRow(ctx, fmt.Sprintf(tt.query, ident)).Scan(&v, &dirty); err != nil {
+	if err := tx.QueryRow(ctx, fmt.Sprintf(tt.query, ident), simple).Scan(&v, &dirty); err != nil {
 		return 0, false, false, fmt.Errorf("migrations: read %s's %s: %w", tt.tool, tt.table, err)
 	}
 	return int(v), dirty, true, nil

@@ -17,6 +17,12 @@ import (
 //go:embed *.sql
 var files embed.FS
 
+// simple sends the migrator's statements with the simple protocol, whatever the pool's
+// query exec mode: a migration runs once, and so it works behind a pooler that keeps no
+// prepared statements (pgbouncer in transaction mode) even in pgx's default mode.
+// Statements without arguments go that way anyway.
+const simple = pgx.QueryExecModeSimpleProtocol
+
 // VersionTable is the table in which Migrate records applied versions.
 const VersionTable = "idemflow_schema_migrations"
 
@@ -207,7 +213,7 @@ func (m *Migrator) exists(ctx context.Context, tx pgx.Tx, name string) (bool, er
 		ident = pgx.Identifier{m.schema, name}.Sanitize()
 	}
 	var ok bool
-	err := tx.QueryRow(ctx, `SELECT to_regclass(`+quoteLiteral(ident)+`) IS NOT NULL`).Scan(&ok)
+	err := tx.QueryRow(ctx, `SELECT to_regclass(`+quoteLiteral(ident)+`) IS NOT NULL`, simple).Scan(&ok)
 	return ok, err
 }
 
@@ -253,7 +259,7 @@ func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, targ
 		if _, err := tx.Exec(ctx, mig.Down); err != nil {
 			return fmt.Errorf("migrations: revert %03d_%s: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+m.table+` WHERE version = $1`, mig.Version); err != nil {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+m.table+` WHERE version = $1`, simple, mig.Version); err != nil {
 			return fmt.Errorf("migrations: unrecord %03d: %w", mig.Version, err)
 		}
 	}
@@ -280,7 +286,7 @@ func (m *Migrator) lock(ctx context.Context, tx pgx.Tx) error {
 }
 
 func (m *Migrator) record(ctx context.Context, tx pgx.Tx, mig Migration) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO `+m.table+` (version, name) VALUES ($1, $2)`, mig.Version, mig.Name); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+m.table+` (version, name) VALUES ($1, $2)`, simple, mig.Version, mig.Name); err != nil {
 		return fmt.Errorf("migrations: record %03d: %w", mig.Version, err)
 	}
 	return nil
@@ -300,7 +306,7 @@ func (m *Migrator) ensureTable(ctx context.Context, tx pgx.Tx) error {
 
 func (m *Migrator) current(ctx context.Context, tx pgx.Tx) (int, error) {
 	var v int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+m.table).Scan(&v); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+m.table, simple).Scan(&v); err != nil {
 		return 0, fmt.Errorf("migrations: read version: %w", err)
 	}
 	return v, nil

@@ -15,6 +15,7 @@ import (
 	"github.com/idemflow/idemflow/internal/coretest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -51,6 +52,9 @@ func TestWrongExecMode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p, provider := pooled(t)
+	for range 2 { // Migrate sends its statements with the simple protocol: any mode will do
+		require.NoError(t, migrations.Migrate(ctx, p.PoolInMode(t, 0)))
+	}
 	first := testflow.Engine(t, p.PoolInMode(t, 0), nil, provider, nil)
 	_, err := first.Do(ctx, req("k1"))
 	require.NoError(t, err, "one client connection alone prepares its statements on a fresh server connection")
