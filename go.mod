@@ -1,6 +1,6 @@
 module github.com/idemflow/idemflow
 
-go 1.26.8
+go 1.26
 
 require (
 	github.com/dunglas/httpsfv v1.1.2

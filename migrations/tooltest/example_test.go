@@ -1,0 +1,122 @@
+package tooltest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	ternmigrate "github.com/jackc/tern/v2/migrate"
+	"github.com/pressly/goose/v3"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/migrations"
+)
+
+// The README's snippets, one per tool: apply idemflow's migrations with the tool a team
+// already runs, then let the engine's process call migrations.Migrate, which adopts
+// what the tool applied and has nothing left to do.
+
+func ExampleToolFS_golangMigrate() {
+	ctx := context.Background()
+	dsn, done := emptySchema(ctx)
+	defer done()
+
+	fsys, _ := migrations.ToolFS(migrations.GolangMigrate)
+	src, err := iofs.New(fsys, ".")
+	check(err)
+	db, err := sql.Open("pgx", dsn)
+	check(err)
+	drv, err := migratepgx.WithInstance(db, &migratepgx.Config{})
+	check(err)
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
+	check(err)
+	defer m.Close()
+	check(m.Up())
+	v, dirty, err := m.Version()
+	fmt.Println(v, dirty, err)
+	fmt.Println(adopted(ctx, dsn))
+	// Output:
+	// 2 false <nil>
+	// version 2 <nil>
+}
+
+func ExampleToolFS_goose() {
+	ctx := context.Background()
+	dsn, done := emptySchema(ctx)
+	defer done()
+
+	fsys, _ := migrations.ToolFS(migrations.Goose)
+	db, err := sql.Open("pgx", dsn)
+	check(err)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys)
+	check(err)
+	_, err = p.Up(ctx)
+	check(err)
+	fmt.Println(p.GetDBVersion(ctx))
+	fmt.Println(adopted(ctx, dsn))
+	// Output:
+	// 2 <nil>
+	// version 2 <nil>
+}
+
+func ExampleToolFS_tern() {
+	ctx := context.Background()
+	dsn, done := emptySchema(ctx)
+	defer done()
+
+	fsys, _ := migrations.ToolFS(migrations.Tern)
+	conn, err := pgx.Connect(ctx, dsn)
+	check(err)
+	defer conn.Close(ctx)
+	m, err := ternmigrate.NewMigrator(ctx, conn, "schema_version")
+	check(err)
+	check(m.LoadMigrations(fsys))
+	check(m.Migrate(ctx))
+	fmt.Println(m.GetCurrentVersion(ctx))
+	fmt.Println(adopted(ctx, dsn))
+	// Output:
+	// 2 <nil>
+	// version 2 <nil>
+}
+
+// adopted runs migrations.Migrate, as the engine's process does at start, and returns
+// the version it records.
+func adopted(ctx context.Context, dsn string) string {
+	pool, err := pgxpool.New(ctx, dsn)
+	check(err)
+	defer pool.Close()
+	check(migrations.Migrate(ctx, pool))
+	v, err := migrations.Version(ctx, pool)
+	return fmt.Sprintf("version %d %v", v, err)
+}
+
+// emptySchema makes an empty schema on the test server and returns a URL whose
+// search_path is that schema, and a function that drops it.
+func emptySchema(ctx context.Context) (string, func()) {
+	pool, drop, err := pgtest.Example(ctx) // a migrated schema, emptied here
+	check(err)
+	var schema string
+	check(pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE; CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	check(err)
+	u, err := url.Parse(pool.Config().ConnConfig.ConnString())
+	check(err)
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), drop
+}
+
+func check(err error) {
+	if err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		panic(err)
+	}
+}
