@@ -129,21 +129,11 @@ func (m *Migrator) Baseline(ctx context.Context, db Beginner, version int) error
 	if version < 1 || version > len(all) {
 		return fmt.Errorf("migrations: baseline: unknown version %d (known: 1..%d)", version, len(all))
 	}
-	tx, err := db.Begin(ctx)
+	tx, cur, err := m.begin(ctx, db)
 	if err != nil {
-		return fmt.Errorf("migrations: begin: %w", err)
+		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if err := m.lock(ctx, tx); err != nil {
-		return err
-	}
-	if err := m.ensureTable(ctx, tx); err != nil {
-		return err
-	}
-	cur, err := m.current(ctx, tx)
-	if err != nil {
-		return err
-	}
 	if cur != 0 {
 		return fmt.Errorf("migrations: baseline: %s already records version %d", m.table, cur)
 	}

@@ -217,23 +217,38 @@ func (m *Migrator) exists(ctx context.Context, tx pgx.Tx, name string) (bool, er
 	return ok, err
 }
 
-func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, target int) error {
+// begin starts the transaction a migration runs in, takes the schema's lock, makes sure
+// the version table exists and reads the version it records. The caller rolls tx back
+// unless it commits; on an error tx is rolled back already.
+func (m *Migrator) begin(ctx context.Context, db Beginner) (_ pgx.Tx, cur int, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrations: begin: %w", err)
+		return nil, 0, fmt.Errorf("migrations: begin: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(ctx)
+		}
+	}()
 	if err := m.lock(ctx, tx); err != nil {
-		return err
+		return nil, 0, err
 	}
 	if err := m.ensureTable(ctx, tx); err != nil {
-		return err
+		return nil, 0, err
 	}
-	cur, err := m.current(ctx, tx)
+	cur, err = m.current(ctx, tx)
+	if err != nil {
+		return nil, 0, err
+	}
+	return tx, cur, nil
+}
+
+func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, target int) error {
+	tx, cur, err := m.begin(ctx, db)
 	if err != nil {
 		return err
 	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	if cur == 0 {
 		if cur, err = m.adopt(ctx, tx, all); err != nil {
 			return err

@@ -141,27 +141,10 @@ func runPgbouncer(ctx context.Context, bin string, target *url.URL, owner *osUse
 		return nil, fmt.Errorf("pgtest: pgbouncer log: %w", err)
 	}
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Dir = dir
-	cmd.Env = childEnv()
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
 	cmd.SysProcAttr = serverProcAttr(owner)
-	exited, err := startLocked(cmd)
-	if err != nil {
-		_ = logFile.Close()
-		return nil, fmt.Errorf("pgtest: start %s: %w", bin, err)
-	}
-	proc := &localServer{dir: dir, cmd: cmd, exited: exited, log: logFile}
-	p := &Pgbouncer{URL: pooledURL(target, port, ""), port: port, proc: proc}
-	if err := waitReady(ctx, p.URL, exited, StartTimeoutDefault); err != nil {
-		stopErr := proc.stopProcess()
-		_ = logFile.Close()
-		logTail := tailFile(logPath)
-		if errors.Is(err, errExited) && containsBindFailure(logTail) {
-			err = fmt.Errorf("%w: %w", errPortTaken, err)
-		}
-		return nil, errors.Join(fmt.Errorf("pgtest: pgbouncer on port %d did not start: %w\n--- end of its log ---\n%s",
-			port, err, logTail), stopErr)
+	p := &Pgbouncer{URL: pooledURL(target, port, ""), port: port}
+	if p.proc, err = runReady(ctx, cmd, dir, logFile, logPath, p.URL, "pgbouncer", port); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -261,24 +244,9 @@ func RequirePgbouncer(t testing.TB) {
 // pooler that refuses one can be pointed at; DB.Schema is "public".
 func NewDatabase(t testing.TB) *DB {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	srv, err := Shared(ctx)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
 	name := "t_" + randomHex(8)
 	quoted := pgx.Identifier{name}.Sanitize()
-	if err := srv.exec(ctx, "CREATE DATABASE "+quoted); err != nil {
-		t.Fatalf("pgtest: create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		if err := srv.exec(ctx, "DROP DATABASE IF EXISTS "+quoted+" WITH (FORCE)"); err != nil {
-			t.Errorf("pgtest: drop database %s: %v", name, err)
-		}
-	})
+	srv := createForTest(t, "database "+name, "CREATE DATABASE "+quoted, "DROP DATABASE IF EXISTS "+quoted+" WITH (FORCE)")
 	u, err := url.Parse(srv.URL)
 	if err != nil || u.Scheme == "" {
 		t.Fatalf("pgtest: a database per test needs a URL-form server address, not %s", redact(srv.URL))
@@ -286,6 +254,8 @@ func NewDatabase(t testing.TB) *DB {
 	u.Path = "/" + name
 	db := &DB{URL: u.String(), Schema: "public"}
 	db.Pool = db.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if err := migrations.Migrate(ctx, db.Pool); err != nil {
 		t.Fatalf("pgtest: migrate database %s: %v", name, err)
 	}

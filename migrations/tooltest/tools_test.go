@@ -11,6 +11,7 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for golang-migrate and goose
 	ternmigrate "github.com/jackc/tern/v2/migrate"
@@ -110,14 +111,8 @@ func objects(t *testing.T, pool *pgxpool.Pool) []string {
 		SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
 		ORDER BY 1`)
 	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return out
 }
 
