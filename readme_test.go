@@ -1,0 +1,201 @@
+// The README's Go snippets, compiled. Each Go block in README.md follows a
+// `<!-- snippet: Name -->` line and is the body of the function Name in this file,
+// dedented one tab; TestReadmeSnippets fails when the two differ, so the README cannot
+// show code that does not compile.
+package idemflow_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// What the snippets take from the service around them.
+var (
+	ctx  = context.Background()
+	pool *pgxpool.Pool
+	mux  = http.NewServeMux()
+
+	provider interface {
+		Pay(ctx context.Context, idempotencyKey string, amount int64) error
+	}
+	refundHandler http.Handler
+)
+
+type charge struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+	Status string `json:"status"`
+}
+
+// accountFromAuth is the scope: the authenticated account, never a client's claim.
+func accountFromAuth(r *http.Request) (string, error) {
+	account, ok := r.Context().Value(accountKey{}).(string)
+	if !ok {
+		return "", errors.New("not authenticated")
+	}
+	return account, nil
+}
+
+type accountKey struct{}
+
+// chargesService is the README's "How it works": the flow, its handler and a sweeper.
+func chargesService() error {
+	var chargeID = phases.NewSlot[string]("charge_id")
+
+	flow := phases.Flow{Name: "create_charge", Phases: []phases.Phase{
+		phases.Tx("create_charge", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			var id string
+			err := tx.QueryRow(ctx, `INSERT INTO charges (amount) VALUES ($1) RETURNING id`, 500).Scan(&id)
+			if err != nil {
+				return nil, err // transient: nothing stored, the key is released
+			}
+			return nil, chargeID.Set(run, id) // no response: go on
+		}),
+		phases.Call("provider_charge", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			return nil, provider.Pay(ctx, run.DerivedKey(), 500) // same key on every retry
+		}),
+		phases.Tx("finalize", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			id, err := chargeID.Get(run)
+			if err != nil {
+				return nil, err
+			}
+			var c charge
+			err = tx.QueryRow(ctx, `UPDATE charges SET status = 'succeeded' WHERE id = $1
+				RETURNING id, amount, status`, id).Scan(&c.ID, &c.Amount, &c.Status)
+			if err != nil {
+				return nil, err
+			}
+			return phases.JSON(201, c) // a response finishes the key
+		}),
+	}}
+
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	engine, err := workflow.New(pool, nil) // nil: the documented defaults
+	if err != nil {
+		return err
+	}
+	if err := engine.Register(flow); err != nil {
+		return err
+	}
+	handler, err := idemhttp.Handler(engine, "create_charge", &idemhttp.Config{Scope: accountFromAuth})
+	if err != nil {
+		return err
+	}
+	mux.Handle("POST /v1/charges", handler)
+
+	sw, err := sweeper.New(engine, nil) // in the server or in any worker process
+	if err != nil {
+		return err
+	}
+	if err := sw.Start(ctx); err != nil {
+		return err
+	}
+	defer sw.Stop(ctx)
+	return http.ListenAndServe(":8080", mux)
+}
+
+// refunds is the README's middleware snippet: any handler made idempotent.
+func refunds(engine *workflow.Engine) error {
+	idempotent, err := idemhttp.Middleware(engine, &idemhttp.Config{Scope: accountFromAuth, RequireKey: true})
+	if err != nil {
+		return err
+	}
+	mux.Handle("POST /v1/refunds", idempotent(refundHandler))
+	return nil
+}
+
+// The snippets are compiled, not run: they need a database and a provider.
+var _ = []any{chargesService, refunds}
+
+var snippetMarker = regexp.MustCompile(`^<!-- snippet: (\w+) -->$`)
+
+// readmeSnippets returns the README's marked Go blocks by the name of their function.
+func readmeSnippets(t *testing.T) map[string]string {
+	f, err := os.Open("README.md")
+	require.NoError(t, err)
+	defer f.Close()
+	snippets := map[string]string{}
+	var name string
+	var body *strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case body != nil && line == "```":
+			snippets[name] = body.String()
+			name, body = "", nil
+		case body != nil:
+			body.WriteString(line + "\n")
+		case name != "" && line == "```go":
+			body = &strings.Builder{}
+		case name != "":
+			t.Fatalf("README.md: the snippet marker for %s is not followed by a ```go block", name)
+		default:
+			if m := snippetMarker.FindStringSubmatch(line); m != nil {
+				name = m[1]
+			}
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.Nil(t, body, "README.md: the snippet %s is not closed", name)
+	return snippets
+}
+
+// functionBodies returns this file's functions' bodies, dedented one tab.
+func functionBodies(t *testing.T) map[string]string {
+	src, err := os.ReadFile("readme_test.go")
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "readme_test.go", src, 0)
+	require.NoError(t, err)
+	bodies := map[string]string{}
+	for _, d := range file.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Body == nil {
+			continue
+		}
+		inner := string(src[fset.Position(fn.Body.Lbrace).Offset+1 : fset.Position(fn.Body.Rbrace).Offset])
+		var b strings.Builder
+		for _, line := range strings.Split(strings.Trim(inner, "\n"), "\n") {
+			b.WriteString(strings.TrimPrefix(line, "\t") + "\n")
+		}
+		bodies[fn.Name.Name] = b.String()
+	}
+	return bodies
+}
+
+func TestReadmeSnippets(t *testing.T) {
+	snippets := readmeSnippets(t)
+	require.NotEmpty(t, snippets, "README.md has no marked snippets")
+	bodies := functionBodies(t)
+	for name, snippet := range snippets {
+		body, ok := bodies[name]
+		require.True(t, ok, "README.md shows the snippet %s, which readme_test.go does not define", name)
+		require.Equal(t, body, snippet, "README.md's snippet %s differs from the body of %s in readme_test.go", name, name)
+	}
+	// Every Go block in the README is a marked snippet.
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	require.Equal(t, len(snippets), strings.Count(string(readme), "\n```go\n"),
+		"README.md has a Go block without a `<!-- snippet: Name -->` line before it")
+}
