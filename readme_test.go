@@ -13,7 +13,9 @@ import (
 	"go/token"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -198,4 +200,76 @@ func TestReadmeSnippets(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, len(snippets), strings.Count(string(readme), "\n```go\n"),
 		"README.md has a Go block without a `<!-- snippet: Name -->` line before it")
+}
+
+// docBlocks returns the code blocks of a package's doc.go: runs of tab-indented comment
+// lines, dedented.
+func docBlocks(t *testing.T, path string) [][]string {
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var blocks [][]string
+	var block []string
+	for _, line := range strings.Split(string(src), "\n") {
+		if code, ok := strings.CutPrefix(line, "//\t"); ok {
+			block = append(block, code)
+			continue
+		}
+		if block != nil {
+			blocks = append(blocks, block)
+			block = nil
+		}
+	}
+	return blocks
+}
+
+// testFunctionLines returns the lines of every function body in a directory's test
+// files, dedented one tab.
+func testFunctionLines(t *testing.T, dir string) [][]string {
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	require.NoError(t, err)
+	var bodies [][]string
+	for _, name := range files {
+		src, err := os.ReadFile(name)
+		require.NoError(t, err)
+		fset := token.NewFileSet()
+		file, err := parser.ParseFile(fset, name, src, 0)
+		require.NoError(t, err)
+		for _, d := range file.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Body != nil {
+				inner := string(src[fset.Position(fn.Body.Lbrace).Offset+1 : fset.Position(fn.Body.Rbrace).Offset])
+				var lines []string
+				for _, line := range strings.Split(inner, "\n") {
+					lines = append(lines, strings.TrimPrefix(line, "\t"))
+				}
+				bodies = append(bodies, lines)
+			}
+		}
+	}
+	return bodies
+}
+
+// contains reports whether block is a run of consecutive lines of body.
+func contains(body, block []string) bool {
+	for i := 0; i+len(block) <= len(body); i++ {
+		if slices.Equal(body[i:i+len(block)], block) {
+			return true
+		}
+	}
+	return false
+}
+
+// Every code block in a package's documentation is compiled: its lines are a run of
+// lines of a function in the package's tests (an example or a usage function).
+func TestDocSnippets(t *testing.T) {
+	docs, err := filepath.Glob("*/doc.go")
+	require.NoError(t, err)
+	require.NotEmpty(t, docs)
+	for _, doc := range docs {
+		bodies := testFunctionLines(t, filepath.Dir(doc))
+		for _, block := range docBlocks(t, doc) {
+			found := slices.ContainsFunc(bodies, func(body []string) bool { return contains(body, block) })
+			require.True(t, found, "%s shows code that no test function of its package holds:\n%s",
+				doc, strings.Join(block, "\n"))
+		}
+	}
 }

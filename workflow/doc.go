@@ -5,8 +5,12 @@
 // Usage:
 //
 //	engine, err := workflow.New(pool, nil) // nil *Config: all defaults
-//	if err != nil { ... }
-//	if err := engine.Register(chargeFlow); err != nil { ... }
+//	if err != nil {
+//		return err
+//	}
+//	if err := engine.Register(chargeFlow); err != nil {
+//		return err
+//	}
 //
 //	res, err := engine.Do(ctx, workflow.Request{
 //		Scope: accountID, Key: r.Header.Get("Idempotency-Key"),
