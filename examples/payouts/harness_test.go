@@ -36,7 +36,7 @@ func natsURL() string {
 // own (unique names, deleted when the test ends), so that parallel tests and reruns
 // never see each other's messages.
 type rig struct {
-	t       *testing.T
+	t       testing.TB
 	db      *pgtest.DB
 	bank    *payout.Bank
 	bankURL string
@@ -46,7 +46,7 @@ type rig struct {
 	durable string
 }
 
-func newRig(t *testing.T, failEvery int) *rig {
+func newRig(t testing.TB, failEvery int) *rig {
 	t.Helper()
 	nc, err := nats.Connect(natsURL(), nats.Timeout(5*time.Second), nats.Name("payouts-test"))
 	if err != nil {
@@ -65,7 +65,7 @@ func newRig(t *testing.T, failEvery int) *rig {
 		t: t, db: pgtest.New(t), bank: payout.NewBank(failEvery), js: js,
 		stream: "PAYOUTS_" + strings.ToUpper(id), subject: "t" + id + ".payouts.requested", durable: "payouts",
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: r.stream, Subjects: []string{r.subject}, Duplicates: 2 * time.Minute})
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: r.stream, Subjects: []string{r.subject, r.subject + ".>"}, Duplicates: 2 * time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
