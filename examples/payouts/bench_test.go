@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/payouts/payout"
+	"github.com/idemflow/idemflow/internal/cpumeter"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -30,8 +30,9 @@ import (
 // publishes its messages and ends when the last is acknowledged.
 //
 // Metrics: msg/s of each variant over all its rounds; the ratio; CPU per message of
-// this process (both consumers, the bank; getrusage), of the database server's
-// processes (/proc/<pid>/stat of the postmaster and its children) and of the whole
+// this process (both consumers, the bank) and of the database server's processes
+// (internal/cpumeter: getrusage, /proc/<pid>/stat of the postmaster and its children),
+// and of the whole
 // machine (/proc/stat: also NATS, and whatever else runs), over each variant's rounds;
 // and the load average when the run started.
 //
@@ -69,11 +70,9 @@ func BenchmarkConsumer(b *testing.B) {
 		v.subject = r.subject + "." + v.name
 		v.start(ctx, b, r, workers)
 	}
-	var backend int
-	require.NoError(b, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend))
-	postmaster := parentPID(backend)
+	meter := cpumeter.New(ctx, pool)
 	for _, v := range variants {
-		v.postmaster = postmaster
+		v.meter = meter
 	}
 	load := loadAverage()
 
@@ -111,7 +110,7 @@ type benchVariant struct {
 	handled atomic.Int64
 	signal  chan struct{} // a message was handled
 
-	postmaster int // the database server's process, whose children are its backends
+	meter *cpumeter.Meter
 
 	msgs       int
 	wall       time.Duration
@@ -152,7 +151,7 @@ func (v *benchVariant) start(ctx context.Context, b *testing.B, r *rig, workers 
 // round publishes n messages to the variant and waits until all are handled.
 func (v *benchVariant) round(ctx context.Context, b *testing.B, r *rig, from, n int) {
 	target := v.handled.Load() + int64(n)
-	cpu0, mach0, db0, t0 := processCPU(), machineCPU(), serverCPU(v.postmaster), time.Now()
+	cpu0, mach0, t0 := v.meter.Read(false), machineCPU(), time.Now()
 	for i := range n {
 		p := payoutN(from + i)
 		p.PayoutID = v.name + "-" + strconv.Itoa(from+i)
@@ -177,20 +176,14 @@ func (v *benchVariant) round(ctx context.Context, b *testing.B, r *rig, from, n 
 		}
 	}
 	v.wall += time.Since(t0)
-	v.procCPU += processCPU() - cpu0
+	cpu1 := v.meter.Read(true)
+	v.procCPU += cpu1.Client - cpu0.Client
+	v.dbCPU += cpu1.Server - cpu0.Server
 	v.machineCPU += machineCPU() - mach0
-	v.dbCPU += serverCPU(v.postmaster) - db0
 	v.msgs += n
 }
 
 func (v *benchVariant) rate() float64 { return float64(v.msgs) / v.wall.Seconds() }
-
-// processCPU is this process's user and system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // machineCPU is the busy CPU time of all cores so far, from /proc/stat (0 elsewhere).
 func machineCPU() time.Duration {
@@ -223,55 +216,4 @@ func loadAverage() float64 {
 	}
 	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
 	return f
-}
-
-// procStat returns the parent and the user+system CPU time of a process, from
-// /proc/<pid>/stat.
-func procStat(pid int) (ppid int, cpu time.Duration, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	// The command name, in parentheses, may hold spaces: the fields start after it.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:])) // state ppid ... utime(12) stime(13)
-	if len(f) < 13 {
-		return 0, 0, false
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return ppid, time.Duration(ut+st) * 10 * time.Millisecond, true
-}
-
-func parentPID(pid int) int {
-	ppid, _, _ := procStat(pid)
-	return ppid
-}
-
-// serverCPU is the CPU time of the database server's live processes: the postmaster
-// and its children (backends, the WAL writer, the checkpointer). 0 when the server is
-// not on this machine (TEST_DATABASE_URL elsewhere) or /proc is missing.
-func serverCPU(postmaster int) time.Duration {
-	if postmaster <= 1 {
-		return 0
-	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
-	var total time.Duration
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, cpu, ok := procStat(pid); ok && (pid == postmaster || ppid == postmaster) {
-			total += cpu
-		}
-	}
-	return total
 }
