@@ -10,8 +10,8 @@
 // identity or the tenant) owns the key, and its Payload is the body that is
 // fingerprinted, stored for resumption and given to the phases as run.Body(). The
 // package fills the request's method and route with constants of its own (Method,
-// Route), which no HTTP request can have, so a message and an HTTP request never
-// share a fingerprint. A redelivery with the same key and another payload is a
+// Route), which no request through package idemhttp has, so a message and an HTTP
+// request never share a fingerprint. A redelivery with the same key and another payload is a
 // mismatch, answered Terminate: the consumer decides whether to dead-letter or alert.
 //
 // Usage, in a consumer's loop:

@@ -9,9 +9,9 @@ import (
 )
 
 // Method and Route are the workflow.Request method and route of every message. No
-// HTTP request has them (an HTTP route starts with "/"), so a message's key and an
-// HTTP request's key never match each other's fingerprint. Phases see them as
-// run.Method() and run.Route().
+// request through package idemhttp has them (its routes are paths, which start with
+// "/"), so a message and an HTTP request never match each other's fingerprint, even
+// under the same scope and key. Phases see them as run.Method() and run.Route().
 const (
 	Method = "MESSAGE"
 	Route  = "message"
