@@ -49,6 +49,11 @@
 // advances it. Tx phases run at READ COMMITTED unless phases.Phase.IsoLevel says
 // otherwise.
 //
+// The transaction a tx phase gets is also a pgx.Tx (see phases.DBTX and the pgxTx
+// example): Begin opens a savepoint, which costs no extra round trip when it is the
+// phase's first statement; Commit and Rollback of the phase's own transaction are
+// refused with phases.ErrTxManaged and fail the phase.
+//
 // Cost of a fresh request: one round trip to look the key up and one for the claim,
 // then per tx phase one commit, the engine's write of the key row pipelined with
 // COMMIT. A replay is one round trip. No transaction is open while a call phase runs.

@@ -218,7 +218,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			phaserun.Revert(x.run)
 		}
 	}()
-	v := decide(runTx(ctx, p, tx, x.run))
+	v := tx.overrule(decide(runTx(ctx, p, tx, x.run)))
 	switch v.kind {
 	case goOn:
 		data, err := x.data()
