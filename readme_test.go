@@ -20,9 +20,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/idemmsg"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
@@ -126,8 +128,14 @@ func refunds(engine *workflow.Engine) error {
 	return nil
 }
 
+// consume is the README's message snippet: one delivery of a queue, run under its key.
+func consume(engine *workflow.Engine, payoutID string, msg jetstream.Msg) idemmsg.Decision {
+	d := idemmsg.Handle(ctx, engine, idemmsg.Message{Scope: "payouts", Key: payoutID, Flow: "payout", Payload: msg.Data()})
+	return d
+}
+
 // The snippets are compiled, not run: they need a database and a provider.
-var _ = []any{chargesService, refunds}
+var _ = []any{chargesService, refunds, consume}
 
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: (\w+) -->$`)
 

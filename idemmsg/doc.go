@@ -20,8 +20,8 @@
 //		Scope: "payouts", Key: msg.ID, Flow: "payout", Payload: msg.Data,
 //	})
 //	switch d.Action {
-//	case idemmsg.Ack:       // finished (d.Result.Replayed for a replay): ack
-//	case idemmsg.Retry:     // in progress or transient: redeliver after d.Delay
+//	case idemmsg.Ack: // finished (d.Result.Replayed for a replay): ack
+//	case idemmsg.Retry: // in progress or transient: redeliver after d.Delay
 //	case idemmsg.Terminate: // mismatch, invalid or dead-lettered: never redeliver
 //	}
 //
