@@ -145,6 +145,9 @@ type Case struct {
 	DB      *DB
 	// Engine is the parent's engine, with the flow registered.
 	Engine *workflow.Engine
+	// Left is the key's row as the crash left it, before the recovery; nil when the
+	// crash came before the claim committed.
+	Left *Key
 	// Key is the finished key's row.
 	Key Key
 	// Answer is the stored answer, as a replay returns it.
@@ -385,7 +388,11 @@ func (m *matrix) run(t testing.TB, cs matrixCase) {
 	} else {
 		m.crash(t, cs, req)
 	}
-	answer := m.recover(t, cs, req)
+	var left *Key
+	if k, ok := LookupKey(t, m.c.DB.Pool, req.Scope, req.Key); ok {
+		left = &k
+	}
+	answer := m.recover(t, cs, req, left)
 
 	ctx := context.Background()
 	first, err := m.engine.Do(ctx, req)
@@ -409,7 +416,7 @@ func (m *matrix) run(t testing.TB, cs matrixCase) {
 	}
 	k := RequireFinished(t, m.c.DB.Pool, req.Scope, req.Key)
 	if m.c.Check != nil {
-		m.c.Check(t, &Case{Boundary: cs.boundary, Recovery: cs.recovery, Request: req, DB: m.c.DB, Engine: m.engine, Key: k, Answer: first.Response})
+		m.c.Check(t, &Case{Boundary: cs.boundary, Recovery: cs.recovery, Request: req, DB: m.c.DB, Engine: m.engine, Left: left, Key: k, Answer: first.Response})
 	}
 }
 
@@ -507,12 +514,12 @@ func (m *matrix) startChild(t testing.TB, spec caseSpec) *childproc.Child {
 
 // recover finishes the key as cs.recovery says and returns the answer a retry got, if
 // the recovery was one (nil for a sweeper, and for a replay).
-func (m *matrix) recover(t testing.TB, cs matrixCase, req workflow.Request) *phases.Response {
+func (m *matrix) recover(t testing.TB, cs matrixCase, req workflow.Request, left *Key) *phases.Response {
 	t.Helper()
 	ctx := context.Background()
 	db := m.c.DB.Pool
-	k, exists := LookupKey(t, db, req.Scope, req.Key)
-	inProgress := exists && k.Status == "in_progress"
+	exists := left != nil
+	inProgress := exists && left.Status == "in_progress"
 	if inProgress {
 		ExpireLease(t, db, req.Scope, req.Key)
 	}
