@@ -196,16 +196,6 @@ func Signaled(err error, sig syscall.Signal) bool {
 	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
-// Emit prints v as one JSON line on standard output, for the parent's Next. It is safe
-// for concurrent use.
-func Emit(v any) {
-	emitMu.Lock()
-	defer emitMu.Unlock()
-	_ = json.NewEncoder(os.Stdout).Encode(v)
-}
-
-var emitMu sync.Mutex
-
 type lockedWriter struct {
 	mu  sync.Mutex
 	buf *bytes.Buffer

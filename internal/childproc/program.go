@@ -1,6 +1,7 @@
 package childproc
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"sync"
@@ -50,3 +51,13 @@ func Fail(what string, err error) {
 	fmt.Fprintf(os.Stderr, "child %s: %s: %v\n", os.Getenv(envProgram), what, err)
 	os.Exit(2)
 }
+
+// Emit prints v as one JSON line on standard output, for the parent's Next. It is safe
+// for concurrent use.
+func Emit(v any) {
+	emitMu.Lock()
+	defer emitMu.Unlock()
+	_ = json.NewEncoder(os.Stdout).Encode(v)
+}
+
+var emitMu sync.Mutex
