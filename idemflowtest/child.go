@@ -60,9 +60,8 @@ func readCaseSpec() *childState {
 type childState struct {
 	spec caseSpec
 
-	mu             sync.Mutex
-	dbs, remotes   int
-	matrixCallSeen map[string]int
+	mu           sync.Mutex
+	dbs, remotes int
 }
 
 func (c *childState) db(t testing.TB) *DB {
@@ -136,9 +135,8 @@ type share struct {
 }
 
 type shareLog struct {
-	mu   sync.Mutex
-	all  []*share
-	call map[string]int // matrix calls per test
+	mu  sync.Mutex
+	all []*share
 }
 
 func (l *shareLog) add(t testing.TB, kind shareKind, value string) {
@@ -171,25 +169,26 @@ func (l *shareLog) of(test string, kind shareKind) []string {
 	return out
 }
 
-// nextCall numbers the matrix calls of a test, in parent and child alike.
-func nextCall(test string) int {
-	if child != nil {
-		child.mu.Lock()
-		defer child.mu.Unlock()
-		if child.matrixCallSeen == nil {
-			child.matrixCallSeen = map[string]int{}
-		}
-		child.matrixCallSeen[test]++
-		return child.matrixCallSeen[test]
+// nextCall numbers the matrix calls of one run of a test (a -count=2 run is two), the
+// same way in parent and child.
+func nextCall(t testing.TB) int {
+	callsMu.Lock()
+	defer callsMu.Unlock()
+	if calls[t] == 0 {
+		t.Cleanup(func() {
+			callsMu.Lock()
+			defer callsMu.Unlock()
+			delete(calls, t)
+		})
 	}
-	shares.mu.Lock()
-	defer shares.mu.Unlock()
-	if shares.call == nil {
-		shares.call = map[string]int{}
-	}
-	shares.call[test]++
-	return shares.call[test]
+	calls[t]++
+	return calls[t]
 }
+
+var (
+	callsMu sync.Mutex
+	calls   = map[testing.TB]int{}
+)
 
 // runPattern is the -test.run pattern that runs exactly the test named name.
 func runPattern(name string) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"runtime"
 	"slices"
 	"strings"
@@ -299,7 +300,7 @@ func newMatrix(t *testing.T, c Crash) *matrix {
 	c.Request.Flow = cmpOr(c.Request.Flow, c.Flow.Name)
 	c.Request.Method = cmpOr(c.Request.Method, "POST")
 	c.Request.Route = cmpOr(c.Request.Route, "/")
-	m := &matrix{c: c, test: t.Name(), call: nextCall(t.Name())}
+	m := &matrix{c: c, test: t.Name(), call: nextCall(t)}
 	if child != nil {
 		if child.spec.Test == m.test && child.spec.Call == m.call {
 			m.runChild(t)
@@ -415,6 +416,13 @@ func (m *matrix) run(t testing.TB, cs matrixCase) {
 		}
 	}
 	k := RequireFinished(t, m.c.DB.Pool, req.Scope, req.Key)
+	stored := &phases.Response{Status: k.ResponseStatus, Header: http.Header{}, Body: k.ResponseBody}
+	if err := json.Unmarshal(k.ResponseHeaders, &stored.Header); err != nil {
+		t.Fatalf("%s: stored headers %q: %v", cs.name(), k.ResponseHeaders, err)
+	}
+	if d := differs(stored, first.Response, true); d != "" {
+		t.Errorf("%s: the replay differs from the stored response: %s", cs.name(), d)
+	}
 	if m.c.Check != nil {
 		m.c.Check(t, &Case{Boundary: cs.boundary, Recovery: cs.recovery, Request: req, DB: m.c.DB, Engine: m.engine, Left: left, Key: k, Answer: first.Response})
 	}

@@ -48,7 +48,11 @@ func RunIfChild() {
 
 // Fail reports a child's failure on standard error and exits with status 2.
 func Fail(what string, err error) {
-	fmt.Fprintf(os.Stderr, "child %s: %s: %v\n", os.Getenv(envProgram), what, err)
+	name := "child"
+	if p := os.Getenv(envProgram); p != "" {
+		name += " " + p
+	}
+	fmt.Fprintf(os.Stderr, "%s: %s: %v\n", name, what, err)
 	os.Exit(2)
 }
 
