@@ -66,27 +66,26 @@ type childState struct {
 
 func (c *childState) db(t testing.TB) *DB {
 	t.Helper()
-	c.mu.Lock()
-	n := c.dbs
-	c.dbs++
-	c.mu.Unlock()
-	if n >= len(c.spec.DBs) {
-		t.Fatalf("idemflowtest: crash child: the test made more databases than its parent (%d)", len(c.spec.DBs))
-	}
-	url := c.spec.DBs[n]
+	url := c.next(t, &c.dbs, c.spec.DBs, "databases")
 	return &DB{Pool: childPool(t, url), URL: url, Schema: schemaOf(url)}
 }
 
 func (c *childState) remote(t testing.TB) string {
 	t.Helper()
+	return c.next(t, &c.remotes, c.spec.Remotes, "remotes")
+}
+
+// next hands out the parent's values in order; *n counts those handed out.
+func (c *childState) next(t testing.TB, n *int, values []string, what string) string {
+	t.Helper()
 	c.mu.Lock()
-	n := c.remotes
-	c.remotes++
+	i := *n
+	*n++
 	c.mu.Unlock()
-	if n >= len(c.spec.Remotes) {
-		t.Fatalf("idemflowtest: crash child: the test made more remotes than its parent (%d)", len(c.spec.Remotes))
+	if i >= len(values) {
+		t.Fatalf("idemflowtest: crash child: the test made more %s than its parent (%d)", what, len(values))
 	}
-	return c.spec.Remotes[n]
+	return values[i]
 }
 
 // childPool opens a pool whose sessions carry the child's application_name, so that

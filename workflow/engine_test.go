@@ -724,3 +724,43 @@ func TestFailedCommitForgetsThePhasesData(t *testing.T) {
 	require.Equal(t, "one", rp)
 	require.JSONEq(t, `{"first":1}`, data, "the release kept only what committed")
 }
+
+// TestClaimHeldHook: ClaimHeld fires once for a new key, inside the first tx phase's
+// transaction before its function runs (the key row is not written yet), and not for a
+// replay or a takeover.
+func TestClaimHeldHook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	var held []workflow.PhaseEvent
+	var rowsAtHold []int
+	var firstRan bool
+	e := b.newEngine(t, setupOpts{
+		cfg: &workflow.Config{Hooks: workflow.Hooks{ClaimHeld: func(ctx context.Context, ev workflow.PhaseEvent) {
+			held = append(held, ev)
+			rowsAtHold = append(rowsAtHold, countKeys(t, b.db))
+			require.False(t, firstRan, "the phase ran before the claim was held")
+		}}},
+		before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			if run.Phase() == testflow.Reserve {
+				firstRan = true
+			}
+			if run.Phase() == testflow.Pay && run.Attempt() == 1 {
+				return testflow.ErrInjected // released at reserve: the retry takes it over
+			}
+			return nil
+		},
+	})
+	_, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.Len(t, held, 1)
+	require.Equal(t, testflow.Reserve, held[0].Phase)
+	require.Equal(t, []int{0}, rowsAtHold, "nothing of the key was committed at the hook")
+
+	_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.NoError(t, err, "the released key is taken over")
+	replay, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.NoError(t, err)
+	require.True(t, replay.Replayed)
+	require.Len(t, held, 1, "neither a takeover nor a replay holds a claim")
+}
