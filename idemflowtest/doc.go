@@ -1,5 +1,5 @@
-// Package idemflowtest is idemflow's test kit: it lets a team prove its own flows crash-
-// safe, with the same machinery idemflow's own suites use.
+// Package idemflowtest is idemflow's test kit: it lets a team prove its own flows
+// crash-safe, with the same machinery idemflow's own suites use.
 //
 //   - NewDB gives a test a fresh, migrated schema of its own on a real PostgreSQL
 //     server, dropped when the test ends; Main is the TestMain that owns the server's
@@ -56,11 +56,16 @@
 // # What it costs
 //
 // A crash matrix of a flow with n phases has 2n+2 boundaries (2n+1 when the flow starts
-// with a call) and three cases per boundary. Measured on the 2-core development machine
-// (load average 1.9 at the time, other test runs sharing it), the four-phase flow of
-// examples/authcapture (10 boundaries, 30 cases, each a child process and a sweeper
-// child for a third of them) takes about 0.55s, about 0.14s per phase; in process
-// (InProcess, 20 cases) about 0.10s. See BenchmarkCrashMatrix.
+// with a call), and a case per boundary and recovery: three per boundary by default,
+// each a child process, plus a sweeper child for a third of them. Measured on the
+// 2-core development machine while other test runs shared it (load average 6 to 6.8),
+// with `go test -run 'TestOrderSurvivesCrashes$' -count=5 -v ./examples/authcapture`:
+// the four-phase flow of examples/authcapture (10 boundaries, 30 cases) took 1.4s to
+// 2.5s once the package's server was up, about 0.35s to 0.65s per phase (45 to 85ms a
+// case); the first matrix of a test binary also waits for the throwaway server to start
+// (about 2.5s there). In process (Crash.InProcess, two recoveries) the three-phase flow
+// of this package's tests (8 boundaries, 16 cases) took 0.08s to 0.10s, about 0.03s per
+// phase.
 //
 // # Dependencies
 //
@@ -76,7 +81,8 @@
 // production packages (phases, store, workflow, idemhttp, sweeper, migrations) import
 // neither it nor dockertest.
 //
-// This package imports idemflow's phases, workflow, sweeper and migrations packages
-// (through internal/pgtest), internal/pgtest, internal/childproc and internal/phaserun,
-// pgx and go.uber.org/goleak. The crash matrix's child processes need a Unix system.
+// This package imports idemflow's phases, workflow and sweeper packages,
+// internal/pgtest (and through it migrations and dockertest), internal/childproc,
+// internal/phaserun, pgx and go.uber.org/goleak. No production package imports it. The
+// crash matrix's child processes need a Unix system.
 package idemflowtest
