@@ -1,7 +1,8 @@
-// The README's Go snippets, compiled. Each Go block in README.md follows a
-// `<!-- snippet: Name -->` line and is the body of the function Name in this file,
-// dedented one tab; TestReadmeSnippets fails when the two differ, so the README cannot
-// show code that does not compile.
+// The README's Go snippets, compiled. Each Go block in README.md follows a line
+// `<!-- snippet: Name -->`, and is then the body of the function Name in this file,
+// dedented one tab, or `<!-- snippet: path Name -->`, and is then the whole declaration
+// of the function Name in the file at path. TestReadmeSnippets fails when the two
+// differ, so the README cannot show code that does not compile.
 package idemflow_test
 
 import (
@@ -9,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"go/ast"
+	"io/fs"
 	"go/parser"
 	"go/token"
 	"net/http"
@@ -137,7 +139,7 @@ func consume(engine *workflow.Engine, payoutID string, msg jetstream.Msg) idemms
 // The snippets are compiled, not run: they need a database and a provider.
 var _ = []any{chargesService, refunds, consume}
 
-var snippetMarker = regexp.MustCompile(`^<!-- snippet: (\w+) -->$`)
+var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
 // readmeSnippets returns the README's marked Go blocks by the name of their function.
 func readmeSnippets(t *testing.T) map[string]string {
@@ -171,14 +173,15 @@ func readmeSnippets(t *testing.T) map[string]string {
 	return snippets
 }
 
-// functionBodies returns this file's functions' bodies, dedented one tab.
-func functionBodies(t *testing.T) map[string]string {
-	src, err := os.ReadFile("readme_test.go")
+// functions returns the functions of a Go file by name: their bodies, dedented one
+// tab, and their whole declarations.
+func functions(t *testing.T, path string) (bodies, decls map[string]string) {
+	src, err := os.ReadFile(path)
 	require.NoError(t, err)
 	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, "readme_test.go", src, 0)
+	file, err := parser.ParseFile(fset, path, src, 0)
 	require.NoError(t, err)
-	bodies := map[string]string{}
+	bodies, decls = map[string]string{}, map[string]string{}
 	for _, d := range file.Decls {
 		fn, ok := d.(*ast.FuncDecl)
 		if !ok || fn.Body == nil {
@@ -190,18 +193,27 @@ func functionBodies(t *testing.T) map[string]string {
 			b.WriteString(strings.TrimPrefix(line, "\t") + "\n")
 		}
 		bodies[fn.Name.Name] = b.String()
+		decls[fn.Name.Name] = string(src[fset.Position(fn.Pos()).Offset:fset.Position(fn.End()).Offset]) + "\n"
 	}
-	return bodies
+	return bodies, decls
 }
 
 func TestReadmeSnippets(t *testing.T) {
 	snippets := readmeSnippets(t)
 	require.NotEmpty(t, snippets, "README.md has no marked snippets")
-	bodies := functionBodies(t)
-	for name, snippet := range snippets {
-		body, ok := bodies[name]
-		require.True(t, ok, "README.md shows the snippet %s, which readme_test.go does not define", name)
-		require.Equal(t, body, snippet, "README.md's snippet %s differs from the body of %s in readme_test.go", name, name)
+	bodies, _ := functions(t, "readme_test.go")
+	for marker, snippet := range snippets {
+		path, name, whole := strings.Cut(marker, " ")
+		if !whole {
+			body, ok := bodies[marker]
+			require.True(t, ok, "README.md shows the snippet %s, which readme_test.go does not define", marker)
+			require.Equal(t, body, snippet, "README.md's snippet %s differs from the body of %s in readme_test.go", marker, marker)
+			continue
+		}
+		_, decls := functions(t, path)
+		decl, ok := decls[name]
+		require.True(t, ok, "README.md shows the function %s of %s, which that file does not define", name, path)
+		require.Equal(t, decl, snippet, "README.md's snippet differs from %s in %s", name, path)
 	}
 	// Every Go block in the README is a marked snippet.
 	readme, err := os.ReadFile("README.md")
@@ -230,18 +242,24 @@ func docBlocks(t *testing.T, path string) [][]string {
 	return blocks
 }
 
-// testFunctionLines returns the lines of every function body in a directory's test
-// files, dedented one tab.
-func testFunctionLines(t *testing.T, dir string) [][]string {
-	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
-	require.NoError(t, err)
-	var bodies [][]string
-	for _, name := range files {
+// testLines returns, for every test file of the module, its lines and the lines of each
+// of its function bodies, dedented one tab.
+func testLines(t *testing.T) [][]string {
+	var runs [][]string
+	err := filepath.WalkDir(".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(name, "_test.go") {
+			return err
+		}
 		src, err := os.ReadFile(name)
-		require.NoError(t, err)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, strings.Split(string(src), "\n"))
 		fset := token.NewFileSet()
 		file, err := parser.ParseFile(fset, name, src, 0)
-		require.NoError(t, err)
+		if err != nil {
+			return err
+		}
 		for _, d := range file.Decls {
 			if fn, ok := d.(*ast.FuncDecl); ok && fn.Body != nil {
 				inner := string(src[fset.Position(fn.Body.Lbrace).Offset+1 : fset.Position(fn.Body.Rbrace).Offset])
@@ -249,11 +267,13 @@ func testFunctionLines(t *testing.T, dir string) [][]string {
 				for _, line := range strings.Split(inner, "\n") {
 					lines = append(lines, strings.TrimPrefix(line, "\t"))
 				}
-				bodies = append(bodies, lines)
+				runs = append(runs, lines)
 			}
 		}
-	}
-	return bodies
+		return nil
+	})
+	require.NoError(t, err)
+	return runs
 }
 
 // contains reports whether block is a run of consecutive lines of body.
@@ -267,17 +287,17 @@ func contains(body, block []string) bool {
 }
 
 // Every code block in a package's documentation is compiled: its lines are a run of
-// lines of a function in the package's tests (an example or a usage function).
+// lines of a test file of the module, or of a function's body there (an example, a
+// test, or a usage function kept for the documentation).
 func TestDocSnippets(t *testing.T) {
 	docs, err := filepath.Glob("*/doc.go")
 	require.NoError(t, err)
 	require.NotEmpty(t, docs)
+	runs := testLines(t)
 	for _, doc := range docs {
-		bodies := testFunctionLines(t, filepath.Dir(doc))
 		for _, block := range docBlocks(t, doc) {
-			found := slices.ContainsFunc(bodies, func(body []string) bool { return contains(body, block) })
-			require.True(t, found, "%s shows code that no test function of its package holds:\n%s",
-				doc, strings.Join(block, "\n"))
+			found := slices.ContainsFunc(runs, func(run []string) bool { return contains(run, block) })
+			require.True(t, found, "%s shows code that no test file holds:\n%s", doc, strings.Join(block, "\n"))
 		}
 	}
 }

@@ -360,7 +360,7 @@ func TestHandlerConcurrentDuplicates(t *testing.T) {
 	winner := checkDuplicates(t, got, http.StatusCreated)
 	require.EqualValues(t, 1, payCalls.Load())
 	requireOneEffect(t, b, "acct", "dup")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 
 	requireReplay(t, srv, "/charges", keyed("acct", "dup"), `{"amount":100}`, winner)
 }
@@ -524,7 +524,7 @@ func TestHandlerTransientFailure(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
 	require.False(t, again.replayed())
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 }
 
 func TestHandlerPassesFiveHundredOn(t *testing.T) {

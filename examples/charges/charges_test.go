@@ -18,9 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 var binary string // the charges binary, built once
@@ -38,15 +37,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build charges:", err)
 		os.Exit(1)
 	}
-	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
-	code := pgtest.Main(m)
+	code := idemflowtest.Run(m)
 	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
 	os.Exit(code)
 }
 
@@ -132,14 +124,14 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // stack is a database schema, a provider and a server.
 type stack struct {
-	db       *pgtest.DB
+	db       *idemflowtest.DB
 	provider *process
 	server   *process
 }
 
 func newStack(t *testing.T, providerArgs ...string) *stack {
 	t.Helper()
-	s := &stack{db: pgtest.New(t)}
+	s := &stack{db: idemflowtest.NewDB(t)}
 	s.provider = run(t, nil, append([]string{"provider", "-addr", "127.0.0.1:0"}, providerArgs...)...)
 	s.server = s.serve(t, nil)
 	return s
@@ -236,16 +228,11 @@ func (s *stack) requireCharged(t *testing.T, account, key string) {
 	require.NotEmpty(t, byKey.PaymentID)
 }
 
-// expire moves the key's lease and creation time into the past, as the database
-// clock would after waiting: the sweeper and retries may take it over now.
+// expire moves the key's lease, backoff and creation time into the past, as the
+// database clock would after waiting: the sweeper and retries may take it over now.
 func (s *stack) expire(t *testing.T, account, key string) {
 	t.Helper()
-	_, err := s.db.Pool.Exec(context.Background(), `
-		UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
-		    created_at = created_at - interval '1 hour', next_attempt_at = clock_timestamp() - interval '1 millisecond'
-		WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'`, account, key)
-	require.NoError(t, err)
+	idemflowtest.ExpireLease(t, s.db.Pool, account, key)
 }
 
 // eventually polls cond until it holds; it fails the test after a minute.
