@@ -94,3 +94,11 @@ func Run(m *testing.M) int {
 //
 //	func TestMain(m *testing.M) { idemflowtest.Main(m) }
 func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// NewExampleDB is NewDB for a testable example, which has no *testing.T: a fresh,
+// migrated schema on the test server, a pool on it, and a function that closes the pool
+// and drops the schema. An example that cannot get a server prints the error instead of
+// its output, so it fails saying what to install.
+func NewExampleDB(ctx context.Context) (*pgxpool.Pool, func(), error) {
+	return pgtest.Example(ctx)
+}

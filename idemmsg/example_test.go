@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemmsg"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -16,7 +16,7 @@ import (
 // key with another payload is terminated.
 func Example() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -1,10 +1,9 @@
 package idemmsg_test
 
 import (
-	"os"
 	"testing"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) { idemflowtest.Main(m) }

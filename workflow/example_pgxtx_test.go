@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -28,7 +28,7 @@ func recordAudit(ctx context.Context, tx pgx.Tx, what string) error {
 // phase.
 func Example_pgxTx() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

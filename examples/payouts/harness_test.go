@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/payouts/payout"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // natsURL is the NATS server with JetStream the tests use: $NATS_URL, else the one
@@ -37,7 +37,7 @@ func natsURL() string {
 // never see each other's messages.
 type rig struct {
 	t       testing.TB
-	db      *pgtest.DB
+	db      *idemflowtest.DB
 	bank    *payout.Bank
 	bankURL string
 	js      jetstream.JetStream
@@ -62,7 +62,7 @@ func newRig(t testing.TB, failEvery int) *rig {
 	}
 	id := randomID()
 	r := &rig{
-		t: t, db: pgtest.New(t), bank: payout.NewBank(failEvery), js: js,
+		t: t, db: idemflowtest.NewDB(t), bank: payout.NewBank(failEvery), js: js,
 		stream: "PAYOUTS_" + strings.ToUpper(id), subject: "t" + id + ".payouts.requested", durable: "payouts",
 	}
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: r.stream, Subjects: []string{r.subject, r.subject + ".>"}, Duplicates: 2 * time.Minute})

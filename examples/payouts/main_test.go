@@ -7,9 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"go.uber.org/goleak"
-
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
 // binary is the payouts command, built once for the process tests.
@@ -33,13 +31,5 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "build payouts:", err)
 		return 1
 	}
-	before := goleak.IgnoreCurrent()
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	return code
+	return idemflowtest.Run(m)
 }
