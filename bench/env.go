@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/internal/cpumeter"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/workflow"
@@ -61,7 +62,7 @@ type env struct {
 	check   *pgxpool.Pool // on the bench database, untraced: set-up and verification outside the cells
 	sampler *pgx.Conn     // on the server's own database: pg_stat_activity samples
 	runID   string
-	cpu     *cpuMeter
+	cpu     *cpumeter.Meter
 	pgss    bool   // pg_stat_statements can be read: the statement breakdown
 	dbOID   uint32 // the bench database, in pg_stat_statements
 
@@ -113,7 +114,7 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 		// Read pg_stat_* fresh on every statement, never from a cached snapshot.
 		_, _ = c.Exec(ctx, "SET stats_fetch_consistency = none")
 	}
-	e.cpu = newCPUMeter(ctx, e.admin)
+	e.cpu = cpumeter.New(ctx, e.admin)
 	if err := e.describe(ctx); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemflow/idemflow/internal/cpumeter"
 )
 
 // perfSymbols are the server functions whose share of the server's CPU samples the
@@ -37,7 +39,7 @@ type perfProfile struct {
 // local process. It returns nothing where it cannot.
 func (e *env) perfProfiles(ctx context.Context, conc int, dur time.Duration) []perfProfile {
 	perf, err := exec.LookPath("perf")
-	if err != nil || !e.cpu.local() {
+	if err != nil || !e.cpu.Local() {
 		logf("no perf profile: perf not installed or the server is not local")
 		return nil
 	}
@@ -132,8 +134,8 @@ func (e *env) serverPIDs() string {
 		if err != nil {
 			continue
 		}
-		ppid, _, ok := procStat(pid)
-		if !ok || ppid != e.cpu.postmaster {
+		ppid, _, ok := cpumeter.ProcStat(pid)
+		if !ok || ppid != e.cpu.Postmaster() {
 			continue
 		}
 		cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))

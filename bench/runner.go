@@ -202,12 +202,12 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 			return c, err
 		}
 	}
-	cpu0 := e.cpu.read(false)
+	cpu0 := e.cpu.Read(false)
 	l := e.runLoad(ctx, fn, conc, dur, k)
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	cpu1 := e.cpu.read(true)
+	cpu1 := e.cpu.Read(true)
 	if e.pgss {
 		st1, err := e.stmtSnapshot(ctx)
 		if err != nil {
@@ -243,11 +243,11 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 		Commits:       float64(s1.commits-s0.commits-flushed) / n,
 		Writes:        float64(s1.nextXID-s0.nextXID) / n,
 		WAL:           float64(s1.wal-s0.wal) / n,
-		ClientCPU:     ms(cpu1.client-cpu0.client) / n,
+		ClientCPU:     ms(cpu1.Client-cpu0.Client) / n,
 		ServerCPU:     math.NaN(),
 	}
-	if e.cpu.local() {
-		c.Per.ServerCPU = ms(cpu1.server-cpu0.server) / n
+	if e.cpu.Local() {
+		c.Per.ServerCPU = ms(cpu1.Server-cpu0.Server) / n
 	}
 	return c, nil
 }

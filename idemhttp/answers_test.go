@@ -211,12 +211,14 @@ func TestHeadNeverStores(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /flow", flow) // a GET pattern serves HEAD too
 	mux.Handle("GET /v1/things/{id}", mw(plain))
+	mux.Handle("/any", flow) // no method in the pattern
 	srv := newServer(t, mux)
 
 	t.Run("Handler", func(t *testing.T) {
 		t.Parallel()
 		r := mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
 		require.Equal(t, http.StatusMethodNotAllowed, r.status)
+		require.Equal(t, "GET", r.header.Get("Allow"), "a 405 names the methods that run the flow")
 		require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
 		require.Zero(t, rowsFor(t, b.db, "acct_head", ""), "HEAD writes no key row")
 		require.Zero(t, runs.Load(), "HEAD runs no flow")
@@ -232,6 +234,11 @@ func TestHeadNeverStores(t *testing.T) {
 		r = mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
 		require.Equal(t, http.StatusMethodNotAllowed, r.status, "not a replay of the GET either")
 		require.Equal(t, before, keyRow(t, b.db, "acct_head", "k"))
+
+		r = mustSend(t, srv, http.MethodHead, "/any", keyed("acct_head_any", "k"), "")
+		require.Equal(t, http.StatusMethodNotAllowed, r.status)
+		require.Equal(t, "DELETE, GET, PATCH, POST, PUT", r.header.Get("Allow"))
+		require.Zero(t, rowsFor(t, b.db, "acct_head_any", ""), "HEAD writes no key row")
 	})
 	t.Run("Middleware", func(t *testing.T) {
 		t.Parallel()

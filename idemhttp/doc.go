@@ -11,14 +11,22 @@
 // Usage:
 //
 //	engine, err := workflow.New(pool, nil)
-//	if err != nil { ... }
-//	if err := engine.Register(chargeFlow); err != nil { ... }
+//	if err != nil {
+//		return err
+//	}
+//	if err := engine.Register(chargeFlow); err != nil {
+//		return err
+//	}
 //	create, err := idemhttp.Handler(engine, "create_charge", &idemhttp.Config{Scope: accountFromAuth})
-//	if err != nil { ... }
+//	if err != nil {
+//		return err
+//	}
 //	mux.Handle("POST /v1/charges", create)
 //
 //	idempotent, err := idemhttp.Middleware(engine, &idemhttp.Config{Scope: accountFromAuth, RequireKey: true})
-//	if err != nil { ... }
+//	if err != nil {
+//		return err
+//	}
 //	mux.Handle("POST /v1/refunds", idempotent(refundHandler))
 //
 // How a middleware's handler gets its request. The wrapped handler needs the live

@@ -9,15 +9,15 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
 func ExampleHandler() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -81,7 +81,7 @@ func ExampleHandler() {
 
 func ExampleMiddleware() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemflow/idemflow/workflow"
@@ -153,7 +154,8 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //   - 401 no-scope: Config.Scope resolved no scope, or one no key can be stored under
 //     (empty, over 255 bytes, not UTF-8, a NUL). Nothing is written, and it is logged
 //     at most at debug level: clients can cause it at will.
-//   - 405 method-not-allowed: a HEAD request.
+//   - 405 method-not-allowed: a HEAD request. Allow names the route pattern's method
+//     when it has one, else DELETE, GET, PATCH, POST, PUT.
 //   - 409 key-in-progress: another attempt holds the key; Retry-After says when its
 //     answer is likely stored (whole seconds, at least 1; see
 //     workflow.Config.InProgressRetryAfter).
@@ -197,6 +199,7 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !keyed { // a HEAD: a flow is an operation, never run for a request without a body to answer
+		w.Header().Set("Allow", allowed(r))
 		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "A HEAD request does not run this operation; send its own method.")
 		return
 	}
@@ -205,6 +208,16 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// retry; its call phases are still bounded by the lease.
 	res, err := h.front.e.Do(context.WithoutCancel(r.Context()), req)
 	h.front.answer(w, r, req, res, err)
+}
+
+// allowed is the Allow header of a 405 to a HEAD: the method of the route's pattern
+// when it names one (a GET pattern also serves HEAD), else every method that has an
+// operation to run.
+func allowed(r *http.Request) string {
+	if method, _, ok := strings.Cut(r.Pattern, " "); ok && method != "" && method != http.MethodHead {
+		return method
+	}
+	return "DELETE, GET, PATCH, POST, PUT"
 }
 
 // read checks a request and reads its body. If the request is a HEAD, or has no key

@@ -259,9 +259,7 @@ func TestHandlerReplays(t *testing.T) {
 		t.Parallel()
 		first := mustSend(t, srv, "POST", "/charges", keyed("acct_quote", "k-1"), `{"amount":100}`)
 		require.Equal(t, http.StatusCreated, first.status)
-		second := mustSend(t, srv, "POST", "/charges", keyed("acct_quote", `"k-1"`), `{"amount":100}`)
-		require.True(t, second.replayed())
-		require.Equal(t, first.body, second.body)
+		requireReplay(t, srv, "/charges", keyed("acct_quote", `"k-1"`), `{"amount":100}`, first)
 	})
 	t.Run("ReorderedJSON", func(t *testing.T) {
 		t.Parallel()
@@ -331,9 +329,7 @@ func TestHandlerReplayedHeaders(t *testing.T) {
 	require.Equal(t, date, first.header.Get("Date"))
 	require.Equal(t, "req-1", first.header.Get("X-Request-Id"))
 
-	replay := mustSend(t, srv, "POST", "/things", keyed("acct", "k"), `{}`)
-	require.True(t, replay.replayed())
-	require.Equal(t, first.body, replay.body)
+	replay := requireReplay(t, srv, "/things", keyed("acct", "k"), `{}`, first)
 	for _, kept := range []string{"Content-Type", "Location", "ETag"} {
 		require.Equal(t, first.header.Values(kept), replay.header.Values(kept), kept)
 	}
@@ -364,11 +360,9 @@ func TestHandlerConcurrentDuplicates(t *testing.T) {
 	winner := checkDuplicates(t, got, http.StatusCreated)
 	require.EqualValues(t, 1, payCalls.Load())
 	requireOneEffect(t, b, "acct", "dup")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 
-	again := mustSend(t, srv, "POST", "/charges", keyed("acct", "dup"), `{"amount":100}`)
-	require.True(t, again.replayed())
-	require.Equal(t, winner.body, again.body)
+	requireReplay(t, srv, "/charges", keyed("acct", "dup"), `{"amount":100}`, winner)
 }
 
 func TestHandlerFinishesAfterClientLeaves(t *testing.T) {
@@ -530,7 +524,7 @@ func TestHandlerTransientFailure(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
 	require.False(t, again.replayed())
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 }
 
 func TestHandlerPassesFiveHundredOn(t *testing.T) {
@@ -659,9 +653,7 @@ func TestMiddlewareReplays(t *testing.T) {
 		t.Parallel()
 		first := mustSend(t, srv, "POST", "/v1/things/t2", keyed("acct_json", "k"), `{"a":1,"b":[1,2]}`)
 		require.Equal(t, http.StatusCreated, first.status)
-		second := mustSend(t, srv, "POST", "/v1/things/t2", keyed("acct_json", "k"), " {\"b\": [1, 2],\n \"a\": 1}")
-		require.True(t, second.replayed())
-		require.Equal(t, first.body, second.body)
+		requireReplay(t, srv, "/v1/things/t2", keyed("acct_json", "k"), " {\"b\": [1, 2],\n \"a\": 1}", first)
 	})
 	t.Run("DifferentBody", func(t *testing.T) {
 		t.Parallel()
@@ -701,9 +693,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 	winner := checkDuplicates(t, got, http.StatusCreated)
 	require.EqualValues(t, 1, h.runs.Load(), "the handler ran once")
 
-	again := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "dup"), `{"a":1}`)
-	require.True(t, again.replayed())
-	require.Equal(t, winner.body, again.body)
+	requireReplay(t, srv, "/v1/things/x", keyed("acct", "dup"), `{"a":1}`, winner)
 	require.EqualValues(t, 1, h.runs.Load())
 }
 
@@ -790,9 +780,7 @@ func TestMiddlewareFiveHundredIsNotStored(t *testing.T) {
 	require.False(t, r.replayed())
 	require.EqualValues(t, 2, h.runs.Load(), "the retry runs the handler again")
 
-	replay := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{"a":1}`)
-	require.True(t, replay.replayed())
-	require.Equal(t, r.body, replay.body)
+	requireReplay(t, srv, "/v1/things/x", keyed("acct", "k"), `{"a":1}`, r)
 	require.EqualValues(t, 2, h.runs.Load())
 }
 
@@ -818,9 +806,7 @@ func TestMiddlewareCapture(t *testing.T) {
 		require.Equal(t, "hello, world", string(first.body))
 		require.Equal(t, "text/plain; charset=utf-8", first.header.Get("Content-Type"), "sniffed, as net/http does")
 		require.Empty(t, first.header.Get("X-Too-Late"))
-		second := mustSend(t, srv, "POST", "/v1/things/x", keyed("acct_flush", "k"), ``)
-		require.True(t, second.replayed())
-		require.Equal(t, first.body, second.body)
+		second := requireReplay(t, srv, "/v1/things/x", keyed("acct_flush", "k"), ``, first)
 		require.Equal(t, first.header.Get("Content-Type"), second.header.Get("Content-Type"))
 		require.EqualValues(t, 1, runs.Load())
 	})
@@ -929,4 +915,15 @@ func TestMiddlewareConfig(t *testing.T) {
 	}}))
 	_, err = idemhttp.Middleware(e, &idemhttp.Config{Scope: bearerScope})
 	require.ErrorContains(t, err, "reserved")
+}
+
+// requireReplay POSTs body under h and requires the stored answer of first: replayed,
+// with first's status and body bytes.
+func requireReplay(t *testing.T, srv *httptest.Server, path string, h http.Header, body string, first reply) reply {
+	t.Helper()
+	r := mustSend(t, srv, "POST", path, h, body)
+	require.True(t, r.replayed(), "a replay")
+	require.Equal(t, first.status, r.status, "the stored status")
+	require.Equal(t, first.body, r.body, "the stored body bytes")
+	return r
 }

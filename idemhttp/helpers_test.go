@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
@@ -14,7 +15,7 @@ import (
 // flow's tables, a fake provider, and an engine with the test flow registered.
 type bundle struct {
 	db       *pgtest.DB
-	provider *testflow.Provider
+	provider *idemflowtest.Remote
 	engine   *workflow.Engine
 }
 

@@ -136,9 +136,7 @@ func TestTxMiddleware(t *testing.T) {
 		require.EqualValues(t, 1, h.runs.Load(), "the handler ran once")
 		require.Equal(t, 1, ordersFor(t, b.db, "dup-k"))
 
-		again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`)
-		require.True(t, again.replayed())
-		require.Equal(t, winner.body, again.body)
+		requireReplay(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, winner)
 		require.EqualValues(t, 1, h.runs.Load())
 	})
 	t.Run("FiveHundredLeavesNothing", func(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/migrations"
 )
 
@@ -12,7 +12,7 @@ import (
 // no-op when it is there already (pgtest.Example has run it once).
 func ExampleMigrate() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -3,10 +3,7 @@ package phases_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
-// TestMain fails the run if a test leaves a goroutine behind.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { idemflowtest.Main(m) }

@@ -42,6 +42,11 @@ func (k Kind) String() string {
 // DBTX is what a tx phase runs its SQL on: the phase's own transaction. It has the method
 // set of pgx.Tx that is safe inside a managed transaction (no Commit, Rollback or
 // savepoints), which is also sqlc's DBTX, so generated query code accepts it.
+//
+// The DBTX the engine passes to a tx phase is also a pgx.Tx, for code that takes one
+// (such as River's InsertTx): tx.(pgx.Tx). Its Begin opens a savepoint, which commits
+// or rolls back like a pgx nested transaction; its own Commit and Rollback are refused
+// with ErrTxManaged (see there).
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

@@ -93,7 +93,7 @@ func TestClaimHolderPaused(t *testing.T) {
 		}
 		// All of them were answered while the holder was stopped, still holding the
 		// lock; none ran any of the flow, wrote anything, or kept a connection.
-		require.True(t, processStopped(t, zombie.cmd.Process.Pid), "%s: the holder is still stopped", key)
+		require.True(t, processStopped(t, zombie.Pid()), "%s: the holder is still stopped", key)
 		require.Equal(t, holders, env.claimLockHolders(t, env.childApp()), key)
 		require.Equal(t, runsBefore, firstRuns.Load(), "%s: a duplicate ran the flow's first phase", key)
 		require.False(t, env.state(t, "acct", key).Exists, key)
@@ -105,7 +105,7 @@ func TestClaimHolderPaused(t *testing.T) {
 		require.Zero(t, open, "%s: a duplicate left a transaction open\n%s", key, sessions(t, env))
 
 		// The holder dies; the server ends its backend, and with it the claim lock.
-		require.NoError(t, syscall.Kill(zombie.cmd.Process.Pid, syscall.SIGKILL))
+		require.NoError(t, syscall.Kill(zombie.Pid(), syscall.SIGKILL))
 		killed, lines := zombie.killed(t)
 		require.True(t, killed, key)
 		env.recordChildAnswers("acct", lines)

@@ -22,7 +22,7 @@ import (
 var crashPoints = map[string][]string{
 	chargeflow.FlowName: {
 		// The claim lock is held and the key row not written; nothing of the phase ran
-		// (the child's prologue of the first tx phase, see points.prologue).
+		// (Hooks.ClaimHeld, see childproc.Points).
 		"create_charge/after-claim",
 		"create_charge/before-commit", // the phase ran; the key row's insert rides in its commit: before it
 		"claimed",                     // right after that commit

@@ -55,8 +55,7 @@ func newEnv(t testing.TB, db *pgtest.DB) *env {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, auditSQL(db.Schema))
 	require.NoError(t, err)
-	p := newProvider()
-	t.Cleanup(p.Close)
+	p := newProvider(t)
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &env{

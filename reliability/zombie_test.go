@@ -152,7 +152,7 @@ func TestZombies(t *testing.T) {
 					} else {
 						res = <-done
 						if res.err != nil {
-							stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.cmd.Process.Pid))
+							stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.Pid()))
 							t.Fatalf("%s: %v\nzombie: %s\n%s\n%s", key, res.err, stat, auditTrail(t, env, key), sessions(t, env))
 						}
 						if zc.mode == "do" || !zst.Exists {

@@ -3,29 +3,18 @@ package store_test
 import (
 	"context"
 	"crypto/sha256"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/store"
 )
 
-func TestMain(m *testing.M) {
-	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { idemflowtest.Main(m) }
 
 func claim(scope, key, id string) store.Claim {
 	fp := sha256.Sum256([]byte("req"))

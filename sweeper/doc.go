@@ -6,12 +6,18 @@
 // Usage:
 //
 //	sw, err := sweeper.New(engine, nil) // nil *Config: all defaults
-//	if err != nil { ... }
-//	if err := sw.Start(ctx); err != nil { ... } // returns at once
-//	...
+//	if err != nil {
+//		return err
+//	}
+//	if err := sw.Start(ctx); err != nil { // returns at once
+//		return err
+//	}
+//	<-done // until the process shuts down
 //	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 //	defer cancel()
-//	err = sw.Stop(stopCtx) // lets in-flight keys finish, returns the rest
+//	if err := sw.Stop(stopCtx); err != nil { // lets in-flight keys finish, returns the rest
+//		return err
+//	}
 //
 //	stats, err := sw.RunOnce(ctx) // one pass, synchronously: for tests and operators
 //

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
@@ -15,7 +15,7 @@ import (
 // from its recovery point, with the request stored on the key.
 func Example() {
 	ctx := context.Background()
-	pool, drop, err := pgtest.Example(ctx)
+	pool, drop, err := idemflowtest.NewExampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
@@ -67,7 +68,7 @@ func (f *failures) check(run *phases.Run) error {
 
 type bundle struct {
 	db       *pgtest.DB
-	provider *testflow.Provider
+	provider *idemflowtest.Remote
 	engine   *workflow.Engine
 	fail     *failures
 }
@@ -80,8 +81,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	t.Helper()
 	db := pgtest.New(t)
 	require.NoError(t, testflow.CreateTables(context.Background(), db.Pool))
-	p := testflow.NewProvider()
-	t.Cleanup(p.Close)
+	p := idemflowtest.NewRemote(t, nil)
 	b := &bundle{db: db, provider: p, fail: &failures{}}
 	cfg := o.engine.WithDefaults()
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -260,7 +260,7 @@ func keyID(t *testing.T, db *pgtest.DB, key string) string {
 func requireOneEffect(t *testing.T, b *bundle, key, payPhase string) {
 	t.Helper()
 	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, effects(t, b.db, key))
-	_, paid := b.provider.Payment(keyID(t, b.db, key) + ":" + payPhase)
+	_, paid := b.provider.Effect(keyID(t, b.db, key) + ":" + payPhase)
 	require.True(t, paid, "no provider payment for the key's derived key")
 }
 

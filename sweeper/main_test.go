@@ -1,25 +1,9 @@
 package sweeper_test
 
 import (
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 )
 
-func TestMain(m *testing.M) {
-	if runChild() { // this process is a child of a multi-process test, not a test run
-		return
-	}
-	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { idemflowtest.Main(m) }

@@ -2,15 +2,10 @@ package sweeper_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,14 +16,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/childproc"
 	"github.com/idemflow/idemflow/internal/testflow"
-	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// Child processes: the test binary re-executed with these variables set. TestMain runs
-// the child instead of the tests.
+// Child processes: the test binary re-executed as childproc's program "sweeper", with
+// these variables set.
 const (
 	envMode     = "IDEMFLOW_SWEEP_CHILD" // crash, sweep or zombie
 	envDBURL    = "IDEMFLOW_SWEEP_DB_URL"
@@ -37,101 +32,66 @@ const (
 	envKey      = "IDEMFLOW_SWEEP_KEY"
 )
 
-// crashHooks SIGKILL the process at point: no deferred functions, no connection
-// cleanup, exactly like a crash.
-func crashHooks(point string) workflow.Hooks {
-	die := func(at string) {
-		if at == point {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal is on its way
-		}
-	}
-	return workflow.Hooks{
-		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
-			if ev.Kind == phases.KindCall {
-				die(ev.Phase + "/before-call")
-			}
-			return ctx
-		},
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { die(ev.Phase + "/before-commit") },
-		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
-			if err != nil {
-				return
-			}
-			if ev.Kind == phases.KindCall {
-				die(ev.Phase + "/after-call")
-			} else {
-				die(ev.Phase + "/after-commit")
-			}
-		},
-	}
+func init() { childproc.Register("sweeper", runChild) }
+
+// childLine is a line a child prints: an event (ready, paused, stats) and its stats.
+type childLine struct {
+	Event string
+	Stats sweeper.Stats
 }
 
-// runChild runs this process as a child, if it was started as one, and reports whether
-// it was:
+// runChild is a child process's work:
 //
 //   - crash: runs one charge and SIGKILLs itself at the crash point;
-//   - sweep: prints "ready", waits for a line on stdin, runs RunOnce until a pass takes
-//     nothing, prints the summed Stats as JSON;
-//   - zombie: runs one RunOnce whose settle phase prints "paused" and SIGSTOPs the
-//     process before it starts, and prints the pass's Stats as JSON.
-func runChild() bool {
+//   - sweep: prints ready, waits for a line on stdin, runs RunOnce until a pass takes
+//     nothing, prints the summed Stats;
+//   - zombie: runs one RunOnce whose settle phase prints paused and SIGSTOPs the
+//     process before it starts, and prints the pass's Stats.
+func runChild() {
 	mode := os.Getenv(envMode)
-	if mode == "" {
-		return false
-	}
-	fail := func(msg string, err error) {
-		fmt.Fprintf(os.Stderr, "%s child: %s: %v\n", mode, msg, err)
-		os.Exit(2)
-	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(envDBURL))
 	if err != nil {
-		fail("connect", err)
+		childproc.Fail("connect", err)
 	}
 	var hooks workflow.Hooks
 	switch mode {
 	case "crash":
-		hooks = crashHooks(os.Getenv(envPoint))
+		hooks = childproc.NewPoints(os.Getenv(envPoint), 0, func(string) { childproc.Kill() }).Hooks(hooks)
 	case "zombie":
 		hooks.PhaseStart = func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
 			if ev.Phase == testflow.Settle {
-				fmt.Println("paused")
-				// A signal aimed at this thread stops it before its next step; a
-				// process-directed one may be taken by another thread while this one
-				// runs on through a commit. Returns after SIGCONT.
-				runtime.LockOSThread()
-				_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
-				runtime.UnlockOSThread()
+				childproc.Emit(childLine{Event: "paused"})
+				childproc.Stop() // returns after SIGCONT
 			}
 			return ctx
 		}
 	}
 	e, err := workflow.New(pool, &workflow.Config{Hooks: hooks})
 	if err != nil {
-		fail("engine", err)
+		childproc.Fail("engine", err)
 	}
 	if err := registerFlows(e, os.Getenv(envProvider), nil); err != nil {
-		fail("register", err)
+		childproc.Fail("register", err)
 	}
 	s, err := sweeper.New(e, nil)
 	if err != nil {
-		fail("sweeper", err)
+		childproc.Fail("sweeper", err)
 	}
 	var total sweeper.Stats
 	switch mode {
 	case "crash":
 		_, err := e.Do(ctx, chargeReq(os.Getenv(envKey)))
-		fail("the crash point never fired; Do returned", err)
+		childproc.Fail("the crash point never fired; Do returned", err)
 	case "sweep":
-		fmt.Println("ready")
+		childproc.Emit(childLine{Event: "ready"})
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-			fail("wait for go", err)
+			childproc.Fail("wait for go", err)
 		}
 		for {
 			st, err := s.RunOnce(ctx)
 			if err != nil {
-				fail("pass", err)
+				childproc.Fail("pass", err)
 			}
 			total.Taken += st.Taken
 			total.Finished += st.Finished
@@ -147,66 +107,37 @@ func runChild() bool {
 	case "zombie":
 		total, err = s.RunOnce(ctx)
 		if err != nil {
-			fail("pass", err)
+			childproc.Fail("pass", err)
 		}
 	default:
-		fail("unknown mode", errors.New(mode))
+		childproc.Fail("unknown mode", errors.New(mode))
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(total); err != nil {
-		fail("report", err)
-	}
+	childproc.Emit(childLine{Event: "stats", Stats: total})
 	pool.Close()
-	os.Exit(0)
-	return true
 }
 
-// child is a child process with pipes to its stdin and stdout.
-type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stdout *bufio.Scanner
-	stderr *bytes.Buffer
-}
-
-func startChild(t *testing.T, b *bundle, mode string, env ...string) *child {
+func startChild(t *testing.T, b *bundle, mode string, env ...string) *childproc.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envMode+"="+mode, envDBURL+"="+b.db.URL, envProvider+"="+b.provider.URL)
-	cmd.Env = append(cmd.Env, env...)
-	c := &child{cmd: cmd, stderr: &bytes.Buffer{}}
-	cmd.Stderr = c.stderr
-	var err error
-	c.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	c.stdout = bufio.NewScanner(out)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil { // the test failed before waiting for it
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	return c
+	env = append(env, childproc.Program("sweeper"), envMode+"="+mode, envDBURL+"="+b.db.URL, envProvider+"="+b.provider.URL)
+	return childproc.Start(t, "^$", env...)
 }
 
-// line reads the child's next line of output.
-func (c *child) line(t *testing.T) string {
+// event reads the child's next line and requires it to be the event want.
+func event(t *testing.T, c *childproc.Child, want string) childLine {
 	t.Helper()
-	if !c.stdout.Scan() {
-		_ = c.cmd.Wait()
-		t.Fatalf("child ended without output (%v); stderr:\n%s", c.stdout.Err(), c.stderr)
-	}
-	return c.stdout.Text()
+	var l childLine
+	c.Next(t, 2*time.Minute, &l)
+	require.Equal(t, want, l.Event, "stderr:\n%s", c.Stderr())
+	return l
 }
 
-// stats reads the Stats the child reports last, and waits for it to exit cleanly.
-func (c *child) stats(t *testing.T) sweeper.Stats {
+// finalStats reads the Stats the child reports last, and waits for it to exit cleanly.
+func finalStats(t *testing.T, c *childproc.Child) sweeper.Stats {
 	t.Helper()
-	var st sweeper.Stats
-	require.NoError(t, json.Unmarshal([]byte(c.line(t)), &st))
-	require.NoError(t, c.cmd.Wait(), "stderr:\n%s", c.stderr)
+	st := event(t, c, "stats").Stats
+	rest, err := c.Exit()
+	require.NoError(t, err, "stderr:\n%s", c.Stderr())
+	require.Empty(t, rest)
 	return st
 }
 
@@ -223,18 +154,15 @@ func TestRunOnceAfterCrash(t *testing.T) {
 			t.Parallel()
 			b := setup(t, setupOpts{})
 			ch := startChild(t, b, "crash", envPoint+"="+c.point, envKey+"=k")
-			err := ch.cmd.Wait()
-			var ee *exec.ExitError
-			require.ErrorAs(t, err, &ee, "stderr: %s", ch.stderr)
-			ws := ee.Sys().(syscall.WaitStatus)
-			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "not killed at %s: %s", c.point, ch.stderr)
+			killed, _ := ch.Killed(t)
+			require.True(t, killed, "not killed at %s: %s", c.point, ch.Stderr())
 			st := state(t, b.db, "k")
 			require.Equal(t, c.want, st.RecoveryPoint)
 			require.True(t, st.Leased)
-			require.Equal(t, 1, b.provider.Payments())
+			require.Equal(t, 1, b.provider.Made())
 
 			s := b.newSweeper(t, nil)
-			_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '1 hour'`)
+			_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '1 hour'`)
 			require.NoError(t, err)
 			before := keyRow(t, b.db, "k")
 			stats, err := s.RunOnce(ctx)
@@ -247,7 +175,7 @@ func TestRunOnceAfterCrash(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
 			requireOneEffect(t, b, "k", testflow.Pay)
-			require.Equal(t, 1, b.provider.Payments())
+			require.Equal(t, 1, b.provider.Made())
 		})
 	}
 }
@@ -292,24 +220,23 @@ func TestManySweeperProcesses(t *testing.T) {
 		Scan(&atReserve, &atPay))
 	require.Equal(t, keys/2, atReserve)
 	require.Equal(t, keys/2, atPay)
-	require.Equal(t, keys/2, b.provider.Payments())
+	require.Equal(t, keys/2, b.provider.Made())
 	t.Logf("%d stuck keys made in %s", keys, time.Since(start))
 
 	start = time.Now()
-	children := make([]*child, procs)
+	children := make([]*childproc.Child, procs)
 	for i := range children {
 		children[i] = startChild(t, b, "sweep")
 	}
 	for _, c := range children {
-		require.Equal(t, "ready", c.line(t))
+		event(t, c, "ready")
 	}
 	for _, c := range children { // all at once, so that each gets a share
-		_, err := io.WriteString(c.stdin, "go\n")
-		require.NoError(t, err)
+		c.Send(t, "go")
 	}
 	var total sweeper.Stats
 	for i, c := range children {
-		st := c.stats(t)
+		st := finalStats(t, c)
 		t.Logf("sweeper process %d: %+v", i, st)
 		require.Positive(t, st.Finished, "process %d finished nothing", i)
 		require.Zero(t, st.LeaseLost+st.Released+st.DeadLettered+st.GivenBack+st.Parked, "process %d: %+v", i, st)
@@ -333,14 +260,14 @@ func TestManySweeperProcesses(t *testing.T) {
 	require.Zero(t, badSettled, "ledger rows not settled")
 	require.Zero(t, badSettlements, "ledger rows without exactly one settlement")
 
-	require.Equal(t, keys, b.provider.Payments(), "one provider payment per key")
+	require.Equal(t, keys, b.provider.Made(), "one provider payment per key")
 	rows, err := b.db.Pool.Query(ctx, `SELECT id::text FROM idemflow_keys`)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
 		var id string
 		require.NoError(t, rows.Scan(&id))
-		_, paid := b.provider.Payment(id + ":" + testflow.Pay)
+		_, paid := b.provider.Effect(id + ":" + testflow.Pay)
 		require.True(t, paid, "no payment for derived key of %s", id)
 	}
 	require.NoError(t, rows.Err())
@@ -357,20 +284,12 @@ func TestZombieSweeper(t *testing.T) {
 	stuck := state(t, b.db, "k")
 
 	zombie := startChild(t, b, "zombie")
-	require.Equal(t, "paused", zombie.line(t))
-	var ws syscall.WaitStatus
-	for {
-		_, err := syscall.Wait4(zombie.cmd.Process.Pid, &ws, syscall.WUNTRACED, nil)
-		if !errors.Is(err, syscall.EINTR) {
-			require.NoError(t, err)
-			break
-		}
-	}
-	require.True(t, ws.Stopped(), "the child stopped itself (status %v)", ws)
+	event(t, zombie, "paused")
+	zombie.Paused(t)
 	taken := state(t, b.db, "k")
 	require.True(t, taken.Leased)
 	require.Equal(t, stuck.LockVersion+1, taken.LockVersion, "the zombie holds the key")
-	require.Equal(t, 1, b.provider.Payments(), "the zombie paid")
+	require.Equal(t, 1, b.provider.Made(), "the zombie paid")
 
 	// Its lease runs out (by the database clock) while it is paused.
 	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond'`)
@@ -381,10 +300,10 @@ func TestZombieSweeper(t *testing.T) {
 	requireOneEffect(t, b, "k", testflow.Pay)
 	finished := keyRow(t, b.db, "k")
 
-	require.NoError(t, syscall.Kill(zombie.cmd.Process.Pid, syscall.SIGCONT))
-	zst := zombie.stats(t)
+	require.NoError(t, syscall.Kill(zombie.Pid(), syscall.SIGCONT))
+	zst := finalStats(t, zombie)
 	require.Equal(t, sweeper.Stats{Taken: 1, LeaseLost: 1}, zst, "the zombie's commit was fenced off")
 	require.Equal(t, finished, keyRow(t, b.db, "k"), "the zombie changed nothing")
 	requireOneEffect(t, b, "k", testflow.Pay)
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 }

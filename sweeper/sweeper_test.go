@@ -74,7 +74,7 @@ func TestRunOnceFinishesStuckKeys(t *testing.T) {
 			st := state(t, b.db, "k")
 			require.Equal(t, c.want, st.RecoveryPoint)
 			require.False(t, st.Leased)
-			paidBefore := b.provider.Payments()
+			paidBefore := b.provider.Made()
 
 			s := b.newSweeper(t, nil)
 			stats, err := s.RunOnce(ctx)
@@ -91,9 +91,9 @@ func TestRunOnceFinishesStuckKeys(t *testing.T) {
 			require.Equal(t, "finished", after.Status)
 			require.Equal(t, st.LockVersion+1, after.LockVersion, "the sweeper's takeover bumped the lock version once")
 			requireOneEffect(t, b, "k", c.payPhase)
-			require.Equal(t, 1, b.provider.Payments())
+			require.Equal(t, 1, b.provider.Made())
 			if c.want == testflow.Pay {
-				require.Equal(t, paidBefore, b.provider.Payments(), "the payment made before the failure is the one")
+				require.Equal(t, paidBefore, b.provider.Made(), "the payment made before the failure is the one")
 			}
 
 			replay, err := b.engine.Do(ctx, c.req)
@@ -295,7 +295,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
 	requireOneEffect(t, b, "k", testflow.Pay)
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 	require.Equal(t, 1, state(t, b.db, "k").Attempts)
 	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
 }
@@ -332,7 +332,7 @@ func TestUnknownRecoveryPoint(t *testing.T) {
 	st = state(t, b.db, "k")
 	require.Equal(t, "dead", st.Status)
 	require.Contains(t, st.LastError, "unknown recovery point")
-	require.Equal(t, 0, b.provider.Payments())
+	require.Equal(t, 0, b.provider.Made())
 }
 
 // Keys of the HTTP middleware can only be finished by their client, which still has
@@ -508,7 +508,7 @@ func TestStartStop(t *testing.T) {
 		for _, k := range keys {
 			requireOneEffect(t, b, k, testflow.Pay)
 		}
-		require.Equal(t, 3, b.provider.Payments())
+		require.Equal(t, 3, b.provider.Made())
 	})
 
 	// A Stop whose context ends cancels the run in flight, which releases its key.

@@ -3,168 +3,54 @@ package workflow_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faultproxy"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// Crash points: where the child process SIGKILLs itself.
-var crashPoints = []string{
-	"reserve/after-claim", // the claim lock is held, nothing of the phase ran
-	"reserve/before-commit",
-	"reserve/after-commit",
-	"pay/before-call",
-	"pay/after-call",
-	"settle/before-commit",
-	"settle/after-commit",
-}
-
-const (
-	envCrashPoint = "IDEMFLOW_CRASH_POINT"
-	envDBURL      = "IDEMFLOW_CRASH_DB_URL"
-	envProvider   = "IDEMFLOW_CRASH_PROVIDER_URL"
-	envKey        = "IDEMFLOW_CRASH_KEY"
-)
-
-// crashApp is the application_name of a crash child's sessions, so that the test can
-// wait until the server has ended them (and with them the child's claim lock).
-func crashApp(key string) string { return "idemflow-crash-" + key }
-
-// crashHooks kill the process with SIGKILL at point: no deferred functions, no
-// connection cleanup, exactly like a crash.
-func crashHooks(point string) workflow.Hooks {
-	die := func(at string) {
-		if at == point {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal is on its way
-		}
-	}
-	return workflow.Hooks{
-		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
-			if ev.Kind == phases.KindCall {
-				die(ev.Phase + "/before-call")
-			}
-			return ctx
-		},
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { die(ev.Phase + "/before-commit") },
-		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
-			if err != nil {
-				return
-			}
-			if ev.Kind == phases.KindCall {
-				die(ev.Phase + "/after-call")
-			} else {
-				die(ev.Phase + "/after-commit")
-			}
-		},
-	}
-}
-
-// runCrashChild runs one request in this process and dies at the crash point, when
-// the test binary was started as a crash-matrix child. It reports whether it was.
-func runCrashChild() bool {
-	point := os.Getenv(envCrashPoint)
-	if point == "" {
-		return false
-	}
-	fail := func(msg string, err error) {
-		fmt.Fprintf(os.Stderr, "crash child: %s: %v\n", msg, err)
-		os.Exit(2)
-	}
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envDBURL))
-	if err != nil {
-		fail("parse database URL", err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = crashApp(os.Getenv(envKey))
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		fail("connect", err)
-	}
-	e, err := workflow.New(pool, &workflow.Config{Hooks: crashHooks(point)})
-	if err != nil {
-		fail("engine", err)
-	}
-	// The first line of a tx phase runs right after the claim for a new key.
-	before := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-		if tx != nil && point == run.Phase()+"/after-claim" {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-		return nil
-	}
-	if err := e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envProvider), Before: before})); err != nil {
-		fail("register", err)
-	}
-	_, err = e.Do(ctx, chargeReq("acct", os.Getenv(envKey), `{"amount":250}`))
-	fail("the crash point "+point+" never fired; Do returned", err)
-	return true
-}
-
+// TestCrashMatrix kills a real child process (SIGKILL) at every boundary of the flow
+// (idemflowtest.Boundaries: after the claim, around each commit and call, after the
+// response is stored) and recovers each key by a retry, a sweeper, and a sweeper after
+// a killed sweeper: one effect, one provider payment, and the answer names it.
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, setupOpts{})
-	for i, point := range crashPoints {
-		t.Run(point, func(t *testing.T) {
-			key := "crash-" + strconv.Itoa(i)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(),
-				envCrashPoint+"="+point, envDBURL+"="+b.db.URL, envProvider+"="+b.provider.URL, envKey+"="+key)
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			require.ErrorAs(t, err, &ee, "child output: %s", out)
-			ws := ee.Sys().(syscall.WaitStatus)
-			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed at %s: %s", point, out)
-			waitSessionsGone(t, b.db, crashApp(key))
-
-			var res *workflow.Result
-			if point == "reserve/after-claim" || point == "reserve/before-commit" {
-				// The key row is inserted at the first phase's commit: nothing is left,
-				// and the claim lock died with the child's connection, so a retry
-				// claims the key at once.
-				require.Equal(t, "", keyRow(t, b.db, "acct", key))
-				require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", key))
-				res, err = b.engine.Do(ctx, chargeReq("acct", key, `{"amount":250}`))
-				require.NoError(t, err)
-			} else {
-				if st := state(t, b.db, "acct", key); st.Status != "finished" {
-					expireLease(t, b.db, "acct", key)
-				}
-				res, err = b.engine.Resume(ctx, "acct", key)
-				require.NoError(t, err)
+	db := idemflowtest.NewDB(t, testflow.Schema)
+	provider := idemflowtest.NewRemote(t, nil)
+	cases := 0
+	idemflowtest.CrashMatrix(t, idemflowtest.Crash{
+		DB:      db,
+		Flow:    testflow.Flow(testflow.Options{ProviderURL: provider.URL}),
+		Request: chargeReq("acct", "crash", `{"amount":250}`),
+		Check: func(t testing.TB, c *idemflowtest.Case) {
+			cases++
+			if c.Boundary.Phase == testflow.Reserve && c.Boundary.At != idemflowtest.AfterCommit {
+				// The key row is inserted at the first phase's commit: nothing was left,
+				// and the claim lock died with the child's connection.
+				require.Nil(t, c.Left, "a key row before the first commit")
 			}
-			require.Equal(t, 201, res.Response.Status)
-			requireOneEffect(t, b, "acct", key)
-
-			var ans testflow.Answer
-			require.NoError(t, json.Unmarshal(res.Response.Body, &ans))
-			paid, ok := b.provider.Payment(mustID(t, b, "acct", key) + ":" + testflow.Pay)
-			require.True(t, ok)
-			require.Equal(t, paid, ans.PaymentID, "the answer names the one provider payment")
-
-			replay, err := b.engine.Do(ctx, chargeReq("acct", key, `{"amount":250}`))
+			e, err := testflow.CountEffects(context.Background(), c.DB.Pool, c.Request.Scope, c.Request.Key)
 			require.NoError(t, err)
-			require.True(t, replay.Replayed)
-			require.Equal(t, res.Response.Body, replay.Response.Body)
-		})
-	}
-	require.Equal(t, len(crashPoints), b.provider.Payments(), "one provider payment per key")
+			require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, e)
+			require.Equal(t, 201, c.Answer.Status)
+			var ans testflow.Answer
+			require.NoError(t, json.Unmarshal(c.Answer.Body, &ans))
+			paid, ok := provider.Effect(c.DerivedKey(testflow.Pay))
+			require.True(t, ok)
+			require.Equal(t, paid.ID, ans.PaymentID, "the answer names the one provider payment")
+		},
+	})
+	require.Equal(t, len(idemflowtest.Boundaries(testflow.Flow(testflow.Options{})))*3, cases)
+	require.Equal(t, cases, provider.Made(), "one provider payment per key")
 }
 
 // proxiedPool opens a pool on the schema whose connections go through a fault proxy.
@@ -255,30 +141,5 @@ func TestDatabaseGoneMidPhase(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
-}
-
-// waitSessionsGone polls pg_stat_activity (the server has no hook for it) until no
-// session named app is left: the server noticed that the killed child's connections
-// closed and ended their transactions. Until then a dead child's claim lock can still
-// turn a retry away.
-func waitSessionsGone(t *testing.T, db *pgtest.DB, app string) {
-	t.Helper()
-	deadline := time.NewTimer(30 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
-		if n == 0 {
-			return
-		}
-		select {
-		case <-deadline.C:
-			t.Fatalf("the sessions of %s did not end within 30s", app)
-		case <-tick.C:
-		}
-	}
+	require.Equal(t, 1, b.provider.Made())
 }

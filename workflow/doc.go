@@ -5,8 +5,12 @@
 // Usage:
 //
 //	engine, err := workflow.New(pool, nil) // nil *Config: all defaults
-//	if err != nil { ... }
-//	if err := engine.Register(chargeFlow); err != nil { ... }
+//	if err != nil {
+//		return err
+//	}
+//	if err := engine.Register(chargeFlow); err != nil {
+//		return err
+//	}
 //
 //	res, err := engine.Do(ctx, workflow.Request{
 //		Scope: accountID, Key: r.Header.Get("Idempotency-Key"),
@@ -44,6 +48,11 @@
 // statements, so for it the claim inserts the row with the lock instead, and the commit
 // advances it. Tx phases run at READ COMMITTED unless phases.Phase.IsoLevel says
 // otherwise.
+//
+// The transaction a tx phase gets is also a pgx.Tx (see phases.DBTX and the pgxTx
+// example): Begin opens a savepoint, which costs no extra round trip when it is the
+// phase's first statement; Commit and Rollback of the phase's own transaction are
+// refused with phases.ErrTxManaged and fail the phase.
 //
 // Cost of a fresh request: one round trip to look the key up and one for the claim,
 // then per tx phase one commit, the engine's write of the key row pipelined with

@@ -40,7 +40,7 @@ func TestDo(t *testing.T) {
 		require.Empty(t, second.Response.Header.Values("Set-Cookie"), "Set-Cookie must never be stored")
 
 		requireOneEffect(t, b, "acct_1", "k1")
-		require.Equal(t, 1, b.provider.Payments())
+		require.Equal(t, 1, b.provider.Made())
 		st := state(t, b.db, "acct_1", "k1")
 		require.Equal(t, "finished", st.Status)
 		require.False(t, st.Leased)
@@ -69,7 +69,7 @@ func TestDo(t *testing.T) {
 		require.NotEqual(t, a.Response.Body, c.Response.Body)
 		requireOneEffect(t, b, "acct_a", "same")
 		requireOneEffect(t, b, "acct_b", "same")
-		require.Equal(t, 2, b.provider.Payments(), "derived keys differ across scopes")
+		require.Equal(t, 2, b.provider.Made(), "derived keys differ across scopes")
 	})
 
 	t.Run("TerminalFailureIsStoredAndReplayed", func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestDo(t *testing.T) {
 		require.True(t, second.Replayed)
 		require.Equal(t, first.Response.Body, second.Response.Body)
 		require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct_1", "bad"))
-		require.Equal(t, 0, b.provider.Payments())
+		require.Equal(t, 0, b.provider.Made())
 	})
 }
 
@@ -154,7 +154,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, keys, b.provider.Payments())
+	require.Equal(t, keys, b.provider.Made())
 }
 
 func TestMismatchWritesNothing(t *testing.T) {
@@ -288,7 +288,7 @@ func TestTransientCallFailure(t *testing.T) {
 	var stored int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE response_status IS NOT NULL`).Scan(&stored))
 	require.Zero(t, stored, "nothing is stored")
-	require.Equal(t, 0, b.provider.Payments())
+	require.Equal(t, 0, b.provider.Made())
 
 	mu.Lock()
 	ran = nil
@@ -301,7 +301,7 @@ func TestTransientCallFailure(t *testing.T) {
 	require.Equal(t, []string{testflow.Pay, testflow.Settle}, ran, "the retry resumes at the call phase")
 	mu.Unlock()
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 	require.Equal(t, 2, state(t, b.db, "acct", "k").Attempts)
 }
 
@@ -445,7 +445,7 @@ func TestZombieCannotCommit(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), "a lost lease is named once: %v", err)
 	require.Equal(t, after, keyRow(t, b.db, "acct", "k"), "the zombie changed the key row")
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 
 	replay, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":9}`))
 	require.NoError(t, err)
@@ -626,7 +626,7 @@ func TestZombieFencedByLockVersion(t *testing.T) {
 	require.NotNil(t, res)
 	require.Equal(t, 201, res.Response.Status)
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 }
 
 // TestCallFirstCommitsTheClaimBeforeCalling: a flow that starts with a call phase must
@@ -723,4 +723,44 @@ func TestFailedCommitForgetsThePhasesData(t *testing.T) {
 		`SELECT recovery_point, phase_data::text FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = 'k'`).Scan(&rp, &data))
 	require.Equal(t, "one", rp)
 	require.JSONEq(t, `{"first":1}`, data, "the release kept only what committed")
+}
+
+// TestClaimHeldHook: ClaimHeld fires once for a new key, inside the first tx phase's
+// transaction before its function runs (the key row is not written yet), and not for a
+// replay or a takeover.
+func TestClaimHeldHook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	var held []workflow.PhaseEvent
+	var rowsAtHold []int
+	var firstRan bool
+	e := b.newEngine(t, setupOpts{
+		cfg: &workflow.Config{Hooks: workflow.Hooks{ClaimHeld: func(ctx context.Context, ev workflow.PhaseEvent) {
+			held = append(held, ev)
+			rowsAtHold = append(rowsAtHold, countKeys(t, b.db))
+			require.False(t, firstRan, "the phase ran before the claim was held")
+		}}},
+		before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			if run.Phase() == testflow.Reserve {
+				firstRan = true
+			}
+			if run.Phase() == testflow.Pay && run.Attempt() == 1 {
+				return testflow.ErrInjected // released at reserve: the retry takes it over
+			}
+			return nil
+		},
+	})
+	_, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.Len(t, held, 1)
+	require.Equal(t, testflow.Reserve, held[0].Phase)
+	require.Equal(t, []int{0}, rowsAtHold, "nothing of the key was committed at the hook")
+
+	_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.NoError(t, err, "the released key is taken over")
+	replay, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
+	require.NoError(t, err)
+	require.True(t, replay.Replayed)
+	require.Len(t, held, 1, "neither a takeover nor a replay holds a claim")
 }

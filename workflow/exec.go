@@ -208,6 +208,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		if st, owned := x.claimKey(ctx, tx); !owned {
 			return st
 		}
+		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	}
 	phaserun.Enter(x.run, p.Name)
 	// Unless the phase's transaction committed, what the phase wrote to the phase data
@@ -218,7 +219,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			phaserun.Revert(x.run)
 		}
 	}()
-	v := decide(runTx(ctx, p, tx, x.run))
+	v := tx.overrule(decide(runTx(ctx, p, tx, x.run)))
 	switch v.kind {
 	case goOn:
 		data, err := x.data()

@@ -36,7 +36,7 @@ func TestExactFingerprintMismatch(t *testing.T) {
 			require.True(t, again.Replayed)
 			require.Equal(t, first.Response.Body, again.Response.Body)
 			requireOneEffect(t, b, "acct", "k")
-			require.Equal(t, 1, b.provider.Payments())
+			require.Equal(t, 1, b.provider.Made())
 		})
 	}
 }

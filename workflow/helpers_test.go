@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
@@ -16,7 +17,7 @@ import (
 
 type bundle struct {
 	db       *pgtest.DB
-	provider *testflow.Provider
+	provider *idemflowtest.Remote
 	engine   *workflow.Engine
 }
 

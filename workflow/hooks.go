@@ -49,6 +49,14 @@ type KeyEvent struct {
 // Every field is optional. Hooks run synchronously on the request's goroutine and must
 // be safe for concurrent use.
 type Hooks struct {
+	// ClaimHeld runs when a new key's claim is held in the transaction of its flow's
+	// first tx phase and before that phase's function runs: the claim lock is taken,
+	// nothing of the key is committed and nothing of the flow has run. It runs after
+	// PhaseStart, once per claim (again if the transaction is re-run after a conflict).
+	// It does not run for a key taken over, nor for a flow whose first phase is a call
+	// (its claim commits on its own, before PhaseStart of the call). Crash tests stop a
+	// process here (see package idemflowtest).
+	ClaimHeld func(ctx context.Context, ev PhaseEvent)
 	// PhaseStart runs before a phase: for a tx phase before its transaction begins, for
 	// a call phase before the call. The context it returns is used for the phase.
 	PhaseStart func(ctx context.Context, ev PhaseEvent) context.Context
@@ -60,6 +68,12 @@ type Hooks struct {
 	PhaseEnd func(ctx context.Context, ev PhaseEvent, err error)
 	// Key runs after lifecycle events of a key.
 	Key func(ctx context.Context, ev KeyEvent)
+}
+
+func (h *Hooks) claimHeld(ctx context.Context, ev PhaseEvent) {
+	if h.ClaimHeld != nil {
+		h.ClaimHeld(ctx, ev)
+	}
 }
 
 func (h *Hooks) phaseStart(ctx context.Context, ev PhaseEvent) context.Context {

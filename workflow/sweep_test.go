@@ -112,7 +112,7 @@ func TestRunTakenLeaseLost(t *testing.T) {
 	require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
 	require.Equal(t, finished, keyRow(t, b.db, "acct", "k"))
 	requireOneEffect(t, b, "acct", "k")
-	require.Equal(t, 1, b.provider.Payments())
+	require.Equal(t, 1, b.provider.Made())
 }
 
 // A response too large to store is a failed attempt for a sweep like for a client:

@@ -32,9 +32,15 @@ type phaseTx struct {
 	held bool
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
+
+	savepoints int   // savepoints opened with Begin, for their names
+	refused    error // the phase's code called Commit or Rollback: the phase fails
 }
 
-var _ phases.DBTX = (*phaseTx)(nil)
+var (
+	_ phases.DBTX = (*phaseTx)(nil)
+	_ pgx.Tx      = (*phaseTx)(nil)
+)
 
 // newPhaseTx returns a transaction on pc, which it owns until done. An empty iso means
 // READ COMMITTED, sent explicitly: the claim relies on each statement reading a fresh

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 )
 
@@ -38,15 +38,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build charges:", err)
 		os.Exit(1)
 	}
-	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
-	code := pgtest.Main(m)
+	code := idemflowtest.Run(m)
 	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
 	os.Exit(code)
 }
 
@@ -132,18 +125,21 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // stack is a database schema, a provider and a server.
 type stack struct {
-	db       *pgtest.DB
+	db       *idemflowtest.DB
 	provider *process
 	server   *process
 }
 
 // backend makes a stack's database: a schema straight on Postgres, or a database of its
 // own through pgbouncer.
-type backend func(testing.TB) *pgtest.DB
+type backend func(testing.TB) *idemflowtest.DB
 
-func direct(t testing.TB) *pgtest.DB { return pgtest.New(t) }
+func direct(t testing.TB) *idemflowtest.DB { return idemflowtest.NewDB(t) }
 
-func throughPgbouncer(t testing.TB) *pgtest.DB { return pgtest.NewPooled(t).DB }
+func throughPgbouncer(t testing.TB) *idemflowtest.DB {
+	p := pgtest.NewPooled(t).DB
+	return &idemflowtest.DB{Pool: p.Pool, URL: p.URL, Schema: p.Schema}
+}
 
 func newStack(t *testing.T, db backend, providerArgs ...string) *stack {
 	t.Helper()
@@ -244,16 +240,11 @@ func (s *stack) requireCharged(t *testing.T, account, key string) {
 	require.NotEmpty(t, byKey.PaymentID)
 }
 
-// expire moves the key's lease and creation time into the past, as the database
-// clock would after waiting: the sweeper and retries may take it over now.
+// expire moves the key's lease, backoff and creation time into the past, as the
+// database clock would after waiting: the sweeper and retries may take it over now.
 func (s *stack) expire(t *testing.T, account, key string) {
 	t.Helper()
-	_, err := s.db.Pool.Exec(context.Background(), `
-		UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
-		    created_at = created_at - interval '1 hour', next_attempt_at = clock_timestamp() - interval '1 millisecond'
-		WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'`, account, key)
-	require.NoError(t, err)
+	idemflowtest.ExpireLease(t, s.db.Pool, account, key)
 }
 
 // eventually polls cond until it holds; it fails the test after a minute.
@@ -498,6 +489,7 @@ func TestThroughPgbouncer(t *testing.T) {
 	t.Run("CrashAfterEachPhaseFinishedByWorker", func(t *testing.T) {
 		testCrashAfterEachPhaseFinishedByWorker(t, throughPgbouncer)
 	})
+	t.Run("ReceiptOutbox", func(t *testing.T) { testReceiptOutbox(t, throughPgbouncer) })
 	t.Run("Demo", func(t *testing.T) {
 		t.Parallel()
 		p, err := pgtest.SharedPgbouncer(context.Background())

@@ -27,7 +27,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
@@ -100,6 +102,7 @@ func (c *common) register(fs *flag.FlagSet) {
 type env struct {
 	pool     *pgxpool.Pool
 	engine   *workflow.Engine
+	river    *river.Client[pgx.Tx] // inserts receipt jobs; works none
 	provider string
 	log      *slog.Logger
 	cleanup  []func()
@@ -161,15 +164,19 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 	if err != nil {
 		return nil, err
 	}
+	if e.river, err = newRiver(pool, "", log); err != nil {
+		return nil, err
+	}
 	client := &chargeflow.ProviderClient{BaseURL: e.provider, HTTP: &http.Client{Timeout: 10 * time.Second}}
-	if err := engine.Register(chargeflow.Flow(client)); err != nil {
+	if err := engine.Register(chargeflow.FlowWithReceipts(client, enqueueReceipts(e.river))); err != nil {
 		return nil, err
 	}
 	e.engine = engine
 	return e, nil
 }
 
-// migrateCharges creates the example's own table, serialised like migrations.Migrate.
+// migrateCharges creates the example's own table and applies River's migrations (the
+// receipts outbox), serialised like migrations.Migrate.
 func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -182,15 +189,19 @@ func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := tx.Exec(ctx, chargeflow.Schema); err != nil {
 		return fmt.Errorf("create charges table: %w", err)
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	return migrateRiver(ctx, pool)
 }
 
 // crashHooks implement the CHARGES_CRASH_AFTER failpoint: the process exits at once,
-// with no cleanup, right after the named phase completes.
+// with no cleanup, right after the named phase completes; and CHARGES_KILL_AT, see
+// killHooks.
 func crashHooks() workflow.Hooks {
 	phase := os.Getenv("CHARGES_CRASH_AFTER")
 	if phase == "" {
-		return workflow.Hooks{}
+		return killHooks(os.Getenv("CHARGES_KILL_AT"))
 	}
 	return workflow.Hooks{PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
 		if err == nil && ev.Phase == phase {

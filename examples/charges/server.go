@@ -73,11 +73,12 @@ func serve(ctx context.Context, args []string) error {
 	return hs.Shutdown(sctx)
 }
 
-// worker runs only the sweeper.
+// worker runs the sweeper and the River client that mails receipts.
 func worker(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	var c common
 	c.register(fs)
+	mailURL := fs.String("mail-url", "", "mail service base URL for receipts (default: start a fake one in-process)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,6 +92,22 @@ func worker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *mailURL == "" {
+		url, stop, err := startMailbox()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		*mailURL = url
+		fmt.Printf("mail: in-process at %s\n", url)
+	}
+	mailer, err := newRiver(e.pool, *mailURL, log)
+	if err != nil {
+		return err
+	}
+	if err := mailer.Start(ctx); err != nil {
+		return fmt.Errorf("start river: %w", err)
+	}
 	if err := sw.Start(ctx); err != nil {
 		return err
 	}
@@ -98,7 +115,7 @@ func worker(ctx context.Context, args []string) error {
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return sw.Stop(sctx)
+	return errors.Join(sw.Stop(sctx), mailer.Stop(sctx))
 }
 
 // runProvider runs the fake payment provider.

@@ -3,8 +3,8 @@
 // by the sweeper) as one suite that runs wherever the caller puts the key table: on
 // each of pgx's query exec modes, behind a connection pooler, in a named schema.
 //
-// This package imports idemflow's phases, workflow and sweeper packages, and
-// internal/testflow.
+// This package imports idemflow's phases, workflow, sweeper and idemflowtest packages,
+// and internal/testflow.
 package coretest
 
 import (
@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
@@ -31,7 +32,7 @@ type Env struct {
 	// its engine's.
 	Schema string
 	// Provider is the fake provider the flow pays through.
-	Provider *testflow.Provider
+	Provider *idemflowtest.Remote
 }
 
 // Run runs every core case as a subtest of t, each on the Env that newEnv makes for it.

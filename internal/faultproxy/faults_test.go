@@ -3,30 +3,19 @@ package faultproxy_test
 import (
 	"context"
 	"net"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/faultproxy"
 	"github.com/idemflow/idemflow/internal/pgtest"
 )
 
-func TestMain(m *testing.M) {
-	before := goleak.IgnoreCurrent() // taken before the tests, so that their leaks show
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(before); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { idemflowtest.Main(m) }
 
 // setup starts a proxy in front of the shared server and returns it with a connection
 // config that goes through it.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/coretest"
 	"github.com/idemflow/idemflow/internal/pgtest"
@@ -23,13 +24,11 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // pooled is a fresh database through pgbouncer with the flow's tables and a provider.
-func pooled(t *testing.T) (*pgtest.Pooled, *testflow.Provider) {
+func pooled(t *testing.T) (*pgtest.Pooled, *idemflowtest.Remote) {
 	t.Helper()
 	p := pgtest.NewPooled(t)
 	require.NoError(t, testflow.CreateTables(context.Background(), p.DB.Pool))
-	provider := testflow.NewProvider()
-	t.Cleanup(provider.Close)
-	return p, provider
+	return p, idemflowtest.NewRemote(t, nil)
 }
 
 func req(key string) workflow.Request {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -66,7 +67,7 @@ func State(t testing.TB, db DB, scope, key string) KeyState {
 
 // RequireOneEffect checks that a finished key of the flow has exactly one of each
 // effect, locally and at p.
-func RequireOneEffect(t testing.TB, db DB, p *Provider, scope, key string) {
+func RequireOneEffect(t testing.TB, db DB, p *idemflowtest.Remote, scope, key string) {
 	t.Helper()
 	e, err := CountEffects(context.Background(), db, scope, key)
 	require.NoError(t, err)
@@ -74,7 +75,7 @@ func RequireOneEffect(t testing.TB, db DB, p *Provider, scope, key string) {
 	var id string
 	require.NoError(t, db.QueryRow(context.Background(),
 		`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).Scan(&id))
-	_, paid := p.Payment(id + ":" + Pay)
+	_, paid := p.Effect(id + ":" + Pay)
 	require.True(t, paid, "no provider payment for the key's derived key")
 }
 
@@ -94,18 +95,16 @@ func Sweepable(t testing.TB, db DB) {
 // Start makes what a test of the engine or the HTTP layer starts from: a fresh,
 // migrated schema (dropped at cleanup) with the flow's tables, and a provider (closed
 // at cleanup).
-func Start(t testing.TB) (*pgtest.DB, *Provider) {
+func Start(t testing.TB) (*pgtest.DB, *idemflowtest.Remote) {
 	t.Helper()
 	db := pgtest.New(t)
 	require.NoError(t, CreateTables(context.Background(), db.Pool))
-	p := NewProvider()
-	t.Cleanup(p.Close)
-	return db, p
+	return db, idemflowtest.NewRemote(t, nil)
 }
 
 // Engine returns an engine on pool with cfg and the flow registered, its calls going to
 // p and before run at the start of every phase.
-func Engine(t testing.TB, pool workflow.Pool, cfg *workflow.Config, p *Provider, before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error) *workflow.Engine {
+func Engine(t testing.TB, pool workflow.Pool, cfg *workflow.Config, p *idemflowtest.Remote, before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error) *workflow.Engine {
 	t.Helper()
 	e, err := workflow.New(pool, cfg)
 	require.NoError(t, err)

@@ -1,8 +1,10 @@
-// Package testflow is a three-phase payment flow (tx, call, tx) with a fake provider
-// that dedupes on the derived key, for the engine's and the sweeper's tests. Its tables
+// Package testflow is a three-phase payment flow (tx, call, tx) for the engine's and
+// the sweeper's tests; its call goes to an idemflowtest.Remote, which dedupes on the
+// derived key. Its tables
 // have no unique constraints on purpose: a duplicated effect shows up as an extra row.
 //
-// This package imports idemflow's phases and workflow packages and internal/pgtest.
+// This package imports idemflow's phases, workflow and idemflowtest packages and
+// internal/pgtest.
 package testflow
 
 import (
@@ -13,9 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -167,79 +167,6 @@ func Flow(o Options) phases.Flow {
 			return resp, nil
 		}),
 	}}
-}
-
-// Provider is a fake payment provider: POST /pay with an Idempotency-Key header makes
-// at most one payment per key, however often and however concurrently it is asked.
-type Provider struct {
-	*httptest.Server
-
-	mu       sync.Mutex
-	payments map[string]string // idempotency key -> payment id
-	requests map[string]int
-	made     int
-	failNext int
-}
-
-// NewProvider starts a provider; Close stops it.
-func NewProvider() *Provider {
-	p := &Provider{payments: map[string]string{}, requests: map[string]int{}}
-	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
-	return p
-}
-
-func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
-	if r.Method != http.MethodPost || r.URL.Path != "/pay" || key == "" {
-		http.Error(w, "bad request", http.StatusBadRequest)
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.requests[key]++
-	if p.failNext > 0 {
-		p.failNext--
-		http.Error(w, "provider unavailable", http.StatusServiceUnavailable)
-		return
-	}
-	id, ok := p.payments[key]
-	if !ok {
-		p.made++
-		id = "pay_" + strconv.Itoa(p.made)
-		p.payments[key] = id
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"id":%q}`, id)
-}
-
-// FailNext makes the next n payment requests fail with 503 before doing anything.
-func (p *Provider) FailNext(n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.failNext = n
-}
-
-// Payments is the number of payments made.
-func (p *Provider) Payments() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.made
-}
-
-// Payment returns the payment made for an idempotency key, if any.
-func (p *Provider) Payment(key string) (string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	id, ok := p.payments[key]
-	return id, ok
-}
-
-// Requests is the number of requests received with an idempotency key.
-func (p *Provider) Requests(key string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.requests[key]
 }
 
 // Effects counts a key's local effects.

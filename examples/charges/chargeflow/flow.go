@@ -90,7 +90,17 @@ var (
 
 // Flow is the payments flow: insert a pending charge, ask the provider with the
 // derived key, record the outcome and answer.
-func Flow(provider *ProviderClient) phases.Flow {
+func Flow(provider *ProviderClient) phases.Flow { return FlowWithReceipts(provider, nil) }
+
+// Receipts enqueues the receipt of an account's succeeded charge in tx, the finalize
+// phase's own transaction (seen as a pgx.Tx): the job commits if and only if the
+// charge does.
+type Receipts func(ctx context.Context, tx pgx.Tx, account string, c Charge) error
+
+// FlowWithReceipts is Flow whose finalize phase also enqueues a receipt for each
+// succeeded charge through receipts (a transactional outbox). A nil receipts enqueues
+// nothing.
+func FlowWithReceipts(provider *ProviderClient, receipts Receipts) phases.Flow {
 	return phases.Flow{Name: FlowName, Phases: []phases.Phase{
 		phases.Tx(PhaseCreate, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			req, err := ParseRequest(run.Body())
@@ -148,6 +158,11 @@ func Flow(provider *ProviderClient) phases.Flow {
 				RETURNING id, amount, currency, source, status, provider_payment_id`, id, run.Scope(), pay))
 			if err != nil {
 				return nil, fmt.Errorf("mark charge succeeded: %w", err)
+			}
+			if receipts != nil {
+				if err := receipts(ctx, tx.(pgx.Tx), run.Scope(), c); err != nil {
+					return nil, fmt.Errorf("enqueue receipt: %w", err)
+				}
 			}
 			resp, err := phases.JSON(http.StatusCreated, c)
 			if err != nil {

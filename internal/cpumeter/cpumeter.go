@@ -1,4 +1,9 @@
-package main
+// Package cpumeter reads CPU time for benchmarks: this process's, and the database
+// server's (the postmaster and all its children) when the server runs on this
+// machine, from getrusage and /proc.
+//
+// This package imports none of idemflow's packages.
+package cpumeter
 
 import (
 	"context"
@@ -12,55 +17,64 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// cpuMeter reads CPU time: this process's (the client, with its in-process provider)
-// and the database server's (the postmaster and all its children: backends,
-// walwriter, checkpointer, autovacuum), when the server runs on this machine.
-type cpuMeter struct {
+// Meter reads CPU time: this process's (the client, with whatever runs in it) and the
+// database server's (the postmaster and all its children: backends, walwriter,
+// checkpointer, autovacuum), when the server runs on this machine.
+type Meter struct {
 	postmaster int // 0 when the server's processes cannot be seen
 }
 
 // clockTick is the unit of /proc/<pid>/stat times (USER_HZ, 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-func newCPUMeter(ctx context.Context, conn *pgx.Conn) *cpuMeter {
+// Querier runs a query on the database server: a connection or a pool.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// New returns a meter for the server db is connected to.
+func New(ctx context.Context, db Querier) *Meter {
 	var pid int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		return &cpuMeter{}
+	if err := db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return &Meter{}
 	}
-	ppid, _, ok := procStat(pid)
+	ppid, _, ok := ProcStat(pid)
 	if !ok {
-		return &cpuMeter{}
+		return &Meter{}
 	}
 	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "comm"))
 	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "postgres") {
-		return &cpuMeter{}
+		return &Meter{}
 	}
-	return &cpuMeter{postmaster: ppid}
+	return &Meter{postmaster: ppid}
 }
 
-// local reports whether the server's CPU time can be read.
-func (m *cpuMeter) local() bool { return m.postmaster != 0 }
+// Local reports whether the server's CPU time can be read.
+func (m *Meter) Local() bool { return m.postmaster != 0 }
 
-// cpuTimes is a reading.
-type cpuTimes struct{ client, server time.Duration }
+// Postmaster is the server's postmaster process id, 0 unless Local.
+func (m *Meter) Postmaster() int { return m.postmaster }
 
-// read reads both clocks. The /proc scan for the server's time costs this process CPU
+// Times is a reading.
+type Times struct{ Client, Server time.Duration }
+
+// Read reads both clocks. The /proc scan for the server's time costs this process CPU
 // of its own: at the start of a window (end false) the client's clock is read after
 // the scan, at the end before it, so that the scans fall outside the window.
-func (m *cpuMeter) read(end bool) cpuTimes {
-	var t cpuTimes
+func (m *Meter) Read(end bool) Times {
+	var t Times
 	if end {
-		t.client = selfCPU()
+		t.Client = Self()
 	}
-	t.server = m.serverCPU()
+	t.Server = m.serverCPU()
 	if !end {
-		t.client = selfCPU()
+		t.Client = Self()
 	}
 	return t
 }
 
-// selfCPU is this process's user + system time.
-func selfCPU() time.Duration {
+// Self is this process's user + system time.
+func Self() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
@@ -69,7 +83,7 @@ func selfCPU() time.Duration {
 }
 
 // serverCPU is the user + system time of the postmaster and its children.
-func (m *cpuMeter) serverCPU() time.Duration {
+func (m *Meter) serverCPU() time.Duration {
 	if m.postmaster == 0 {
 		return 0
 	}
@@ -83,7 +97,7 @@ func (m *cpuMeter) serverCPU() time.Duration {
 		if err != nil {
 			continue
 		}
-		ppid, cpu, ok := procStat(pid)
+		ppid, cpu, ok := ProcStat(pid)
 		if ok && (pid == m.postmaster || ppid == m.postmaster) {
 			sum += cpu
 		}
@@ -91,8 +105,8 @@ func (m *cpuMeter) serverCPU() time.Duration {
 	return sum
 }
 
-// procStat returns a process's parent and its user+system CPU time.
-func procStat(pid int) (ppid int, cpu time.Duration, ok bool) {
+// ProcStat returns a process's parent and its user+system CPU time.
+func ProcStat(pid int) (ppid int, cpu time.Duration, ok bool) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
 		return 0, 0, false

@@ -1,0 +1,104 @@
+package idemflowtest
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/idemflow/idemflow/internal/childproc"
+	"github.com/idemflow/idemflow/internal/pgtest"
+)
+
+// EnvDatabaseURL names the environment variable that points the tests at an existing
+// server instead of a throwaway one.
+const EnvDatabaseURL = pgtest.EnvDatabaseURL
+
+// DB is a fresh, migrated schema of its own for one test, on a real PostgreSQL server.
+type DB struct {
+	// Pool's connections have search_path = Schema. It is closed when the test ends.
+	Pool *pgxpool.Pool
+	// URL connects with search_path = Schema, for other pools and processes.
+	URL string
+	// Schema is the schema's name, t_ followed by 16 hex digits.
+	Schema string
+
+	pg *pgtest.DB // nil in a crash child
+}
+
+// NewDB creates a uniquely named schema on the test server (see the package doc for
+// where the server comes from), applies idemflow's migrations in it, runs the setup
+// statements (for example the flow's own tables) and opens a pool on it. When the test
+// ends the pool is closed and the schema dropped with everything in it. It fails the
+// test if there is no server, naming what to install.
+//
+// In a crash matrix's child process (see Crash) NewDB returns the parent's database
+// instead, and runs no setup statement: the parent did.
+func NewDB(t testing.TB, setup ...string) *DB {
+	t.Helper()
+	if child != nil {
+		return child.db(t)
+	}
+	pg := pgtest.New(t)
+	db := &DB{Pool: pg.Pool, URL: pg.URL, Schema: pg.Schema, pg: pg}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, sql := range setup {
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("idemflowtest: setup of schema %s: %v", db.Schema, err)
+		}
+	}
+	shares.add(t, shareDB, db.URL)
+	return db
+}
+
+// NewPool opens another, independent pool on the same schema, closed when the test
+// ends. Tests use separate pools to play separate processes.
+func (db *DB) NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	if db.pg == nil {
+		return childPool(t, db.URL)
+	}
+	return db.pg.NewPool(t)
+}
+
+// Run runs the tests of a package as Main does and returns the exit code, for a
+// TestMain that has more to do before it exits.
+func Run(m *testing.M) int {
+	if child != nil { // a crash matrix's child: it ends at its boundary
+		return m.Run()
+	}
+	childproc.RunIfChild()
+	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
+	code := pgtest.Main(m)
+	if code == 0 {
+		// Keep-alive connections of http.DefaultClient (a fake remote's callers) are
+		// idle, not leaked.
+		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+		if err := goleak.Find(before); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	return code
+}
+
+// Main is a package's TestMain: it runs the tests, stops the throwaway server they
+// shared, fails the run if a test left a goroutine behind (go.uber.org/goleak), and
+// exits. In a child process of a crash matrix or of idemflow's own suites it runs the
+// child instead.
+//
+//	func TestMain(m *testing.M) { idemflowtest.Main(m) }
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// NewExampleDB is NewDB for a testable example, which has no *testing.T: a fresh,
+// migrated schema on the test server, a pool on it, and a function that closes the pool
+// and drops the schema. An example that cannot get a server prints the error instead of
+// its output, so it fails saying what to install.
+func NewExampleDB(ctx context.Context) (*pgxpool.Pool, func(), error) {
+	return pgtest.Example(ctx)
+}

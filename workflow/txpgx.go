@@ -1,0 +1,200 @@
+package workflow
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// This file is the pgx.Tx side of a tx phase's transaction (see phases.DBTX), for code
+// that takes a pgx.Tx, such as River's InsertTx: savepoints, the refused Commit and
+// Rollback, Conn, Prepare and LargeObjects.
+
+// Begin implements pgx.Tx: it opens a savepoint in the phase's transaction, as pgx's
+// own Begin on a transaction does. The savepoint commits (RELEASE SAVEPOINT) or rolls
+// back (ROLLBACK TO SAVEPOINT) on its own; the phase's transaction goes on either way.
+// A savepoint opened before the phase's first statement rides in BEGIN's round trip.
+func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.pc == nil {
+		return nil, pgx.ErrTxClosed
+	}
+	t.savepoints++
+	sp := &savepoint{root: t, name: "idemflow_sp_" + strconv.Itoa(t.savepoints)}
+	if t.begun {
+		if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
+			return nil, fmt.Errorf("savepoint: %w", err)
+		}
+		return sp, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(t.begin)
+	b.Queue("SAVEPOINT " + sp.name)
+	t.begun = true
+	br := t.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if err := readBegin(br); err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	return sp, br.Close()
+}
+
+// Commit implements pgx.Tx by refusing: the engine commits the phase's transaction
+// when the phase function returns. The phase then fails (see phases.ErrTxManaged).
+func (t *phaseTx) Commit(context.Context) error { return t.refuse("commit") }
+
+// Rollback implements pgx.Tx by refusing: the engine rolls the phase's transaction
+// back when the phase fails. The phase then fails (see phases.ErrTxManaged), so the
+// writes its code meant to undo are rolled back all the same.
+func (t *phaseTx) Rollback(context.Context) error { return t.refuse("rollback") }
+
+func (t *phaseTx) refuse(op string) error {
+	if t.pc == nil {
+		return pgx.ErrTxClosed
+	}
+	err := fmt.Errorf("%s of the phase's transaction refused: %w", op, phases.ErrTxManaged)
+	if t.refused == nil {
+		t.refused = err
+	}
+	return err
+}
+
+// overrule turns the verdict of a phase whose code called Commit or Rollback on its
+// transaction into a failure: nothing it wrote may commit.
+func (t *phaseTx) overrule(v verdict) verdict {
+	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
+		return verdict{kind: fail, err: t.refused}
+	}
+	return v
+}
+
+// Conn implements pgx.Tx. It returns the connection the transaction runs on, for what
+// code reads from it (its configuration, its type map), or nil once the phase is
+// over. Send statements through the transaction, not the connection: until the
+// phase's first statement BEGIN may still be unsent, and a statement sent on the
+// connection directly would then run outside the transaction.
+func (t *phaseTx) Conn() *pgx.Conn {
+	if t.pc == nil {
+		return nil
+	}
+	return t.conn
+}
+
+// Prepare implements pgx.Tx. BEGIN goes first in its own round trip.
+func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.pc == nil {
+		return nil, pgx.ErrTxClosed
+	}
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.conn.Prepare(ctx, name, sql)
+}
+
+// LargeObjects implements pgx.Tx, but large objects are not supported in a phase:
+// pgx offers no way to bind its LargeObjects to a transaction it did not begin, so
+// the value returned has none, and its methods panic (a panicking phase fails as a
+// transient failure).
+func (t *phaseTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+// savepoint is a savepoint in a phase's transaction, opened by Begin. Like pgx's own
+// nested transactions it is closed by Commit or Rollback, after which its methods
+// return pgx.ErrTxClosed.
+type savepoint struct {
+	root   *phaseTx
+	name   string
+	closed bool
+}
+
+var _ pgx.Tx = (*savepoint)(nil)
+
+func (s *savepoint) live() error {
+	if s.closed || s.root.pc == nil {
+		return pgx.ErrTxClosed
+	}
+	return nil
+}
+
+// Begin opens a savepoint inside this one.
+func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := s.live(); err != nil {
+		return nil, err
+	}
+	return s.root.Begin(ctx)
+}
+
+// Commit releases the savepoint: its work stays in the phase's transaction.
+func (s *savepoint) Commit(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	s.closed = true
+	_, err := s.root.conn.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
+	return err
+}
+
+// Rollback undoes the savepoint's work; the phase's transaction goes on, usable again
+// even if a statement in the savepoint failed.
+func (s *savepoint) Rollback(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	s.closed = true
+	_, err := s.root.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name)
+	return err
+}
+
+func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := s.live(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return s.root.conn.Exec(ctx, sql, args...)
+}
+
+func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := s.live(); err != nil {
+		return nil, err
+	}
+	return s.root.conn.Query(ctx, sql, args...)
+}
+
+func (s *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := s.live(); err != nil {
+		return &row{err: err}
+	}
+	return s.root.conn.QueryRow(ctx, sql, args...)
+}
+
+func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := s.live(); err != nil {
+		return &errBatch{err: err}
+	}
+	return s.root.conn.SendBatch(ctx, b)
+}
+
+func (s *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := s.live(); err != nil {
+		return 0, err
+	}
+	return s.root.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := s.live(); err != nil {
+		return nil, err
+	}
+	return s.root.conn.Prepare(ctx, name, sql)
+}
+
+// LargeObjects is not supported; see phaseTx.LargeObjects.
+func (s *savepoint) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+// Conn is the phase transaction's connection; see phaseTx.Conn.
+func (s *savepoint) Conn() *pgx.Conn { return s.root.Conn() }
