@@ -15,7 +15,7 @@ import (
 	ternmigrate "github.com/jackc/tern/v2/migrate"
 	"github.com/pressly/goose/v3"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/migrations"
 )
 
@@ -101,7 +101,7 @@ func adopted(ctx context.Context, dsn string) string {
 // emptySchema makes an empty schema on the test server and returns a URL whose
 // search_path is that schema, and a function that drops it.
 func emptySchema(ctx context.Context) (string, func()) {
-	pool, drop, err := pgtest.Example(ctx) // a migrated schema, emptied here
+	pool, drop, err := idemflowtest.NewExampleDB(ctx) // a migrated schema, emptied here
 	check(err)
 	var schema string
 	check(pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
