@@ -467,14 +467,18 @@ func freshDatabase(ctx context.Context, base string) (string, func(), error) {
 		pool.Close()
 		return "", nil, fmt.Errorf("create demo database: %w", err)
 	}
-	drop := func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	u.Path = "/" + name
+	return u.String(), dropper(pool, "DROP DATABASE "+name+" WITH (FORCE)"), nil
+}
+
+// dropper returns a function that runs drop on pool, best effort, and closes pool.
+func dropper(pool *pgxpool.Pool, drop string) func() {
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = pool.Exec(dctx, "DROP DATABASE "+name+" WITH (FORCE)")
+		_, _ = pool.Exec(ctx, drop)
 		pool.Close()
 	}
-	u.Path = "/" + name
-	return u.String(), drop, nil
 }
 
 // freshSchema creates the schema name on pool's database and returns a URL whose
@@ -484,15 +488,9 @@ func freshSchema(ctx context.Context, pool *pgxpool.Pool, base, name string) (st
 		pool.Close()
 		return "", nil, fmt.Errorf("create demo schema: %w", err)
 	}
-	drop := func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = pool.Exec(dctx, "DROP SCHEMA "+name+" CASCADE")
-		pool.Close()
-	}
 	u, _ := url.Parse(base) // parsed by the caller
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
-	return u.String(), drop, nil
+	return u.String(), dropper(pool, "DROP SCHEMA "+name+" CASCADE"), nil
 }
