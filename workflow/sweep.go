@@ -77,6 +77,7 @@ func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*ma
 	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
 		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
+		History: e.cfg.historyKeep(),
 	})
 	if err != nil {
 		return nil, err
@@ -129,6 +130,40 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 	if t == nil || t.Row == nil {
 		return maint.Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
+	ev := AttemptEvent{Executor: ExecutorSweeper, Flow: t.Flow, Scope: t.Scope, Key: t.Key, ID: t.ID,
+		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint}
+	if t.Row.Origin != nil {
+		ev.Origin = *t.Row.Origin
+	}
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	rp := t.RecoveryPoint
+	res, err := e.runTaken(ctx, t, opts, &rp)
+	if e.cfg.Hooks.AttemptEnd != nil {
+		ev.RecoveryPoint, ev.Err = rp, res.Err
+		var te *TransientError
+		if errors.As(res.Err, &te) {
+			ev.Phase = te.Phase
+		}
+		switch res.Outcome {
+		case maint.Finished:
+			ev.Outcome = OutcomeFinished
+		case maint.Parked:
+			ev.Outcome = OutcomeParked
+		case maint.LeaseLost:
+			ev.Outcome = OutcomeLeaseLost
+		case maint.DeadLettered:
+			ev.Outcome = OutcomeDeadLettered
+		default:
+			ev.Outcome = OutcomeReleased
+		}
+		e.cfg.Hooks.AttemptEnd(ctx, ev)
+	}
+	return res, err
+}
+
+// runTaken is Run without its hooks. It sets *rp to the key's recovery point as the
+// run left it.
+func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOpts, rp *string) (maint.Result, error) {
 	if opts == nil {
 		opts = &maint.RunOpts{}
 	}
@@ -148,8 +183,10 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
 	}
 	x.maxAttempts = maxAttempts(opts)
+	x.by = ExecutorSweeper
 
 	res, err := x.drive(ctx, next+1).result()
+	*rp = x.rp
 	if err == nil {
 		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
 	}
@@ -175,7 +212,8 @@ func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, m
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts)})
+	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
+		History: e.sweepEntry(t, OutcomeReleased, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -194,7 +232,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d})
+	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -211,7 +249,8 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error()})
+	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(),
+		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -220,6 +259,12 @@ func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (m
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
 	return maint.Result{Outcome: maint.DeadLettered, Err: cause}, nil
+}
+
+// sweepEntry is the history entry of a sweep that did not run taken key t.
+func (e *Engine) sweepEntry(t *maint.Taken, outcome Outcome, cause error) store.History {
+	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
+		Error: cut(cause.Error(), maxHistoryError)})
 }
 
 // settleTimeout bounds the statements that record a taken key's fate; they run even
@@ -260,7 +305,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err
 	}
-	row, err := e.store.Redrive(ctx, e.pool, scope, key)
+	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 	if errors.Is(err, store.ErrNotFound) {
 		_, lerr := e.store.Lookup(ctx, e.pool, scope, key)
 		switch {
