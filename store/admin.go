@@ -92,7 +92,7 @@ ORDER BY flow`
 	a.release = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
 	next_attempt_at = clock_timestamp(), updated_at = clock_timestamp(),
-	history = ` + historyNote(`jsonb_build_object('by', 'operator', 'outcome', 'released', 'attempt', attempts,
+	history = ` + historyNote(`jsonb_build_object('by', 'operator', 'outcome', 'operator_released', 'attempt', attempts,
 		'reached', recovery_point, 'lease_live', coalesce(locked_until > clock_timestamp(), false))`, "3", "") + `
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
 RETURNING lock_version`

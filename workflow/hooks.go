@@ -42,7 +42,7 @@ const (
 	// OutcomeRedriven and OutcomeOperatorReleased are only in a key's history: an
 	// operator re-drove the dead-lettered key, or took its lease away (ReleaseKey).
 	OutcomeRedriven         Outcome = "redriven"
-	OutcomeOperatorReleased Outcome = "released_by_operator"
+	OutcomeOperatorReleased Outcome = "operator_released"
 )
 
 // AttemptEvent describes one attempt on a key: a call of Do or Resume, or a sweeper's

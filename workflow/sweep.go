@@ -299,10 +299,10 @@ func (m maintenance) GiveBack(ctx context.Context, t *maint.Taken) error {
 // sweep (or a Resume, or the client's retry) runs it from there. Its last error is
 // kept until the next failure or the finish replaces it.
 //
-// Errors: ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
 // state (nothing changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	if err := ValidateKey(key); err != nil {
+	if err := checkKey(scope, key); err != nil {
 		return err
 	}
 	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
