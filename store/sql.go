@@ -30,7 +30,7 @@ func newStatements() statements {
 // reads them (and named as Row's db tags, for the sweeper's lists).
 const rowColumns = `
 	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, lock_version, attempts, last_error, origin,
+	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin,
 	coalesce(locked_until > clock_timestamp(), false) AS lease_live,
 	CASE WHEN locked_until > clock_timestamp()
 		THEN ceil(extract(epoch FROM locked_until - clock_timestamp()) * 1000)::bigint

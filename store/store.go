@@ -39,8 +39,9 @@ type Row struct {
 	LockVersion   int64   `db:"lock_version"`
 	Attempts      int     `db:"attempts"`
 	LastError     *string `db:"last_error"`
-	// Origin is what the engine's Origin hook gave when the key was claimed, or nil.
-	Origin *string `db:"origin"`
+	// Origin is what the engine's Origin hook gave when the key was claimed; empty if
+	// none.
+	Origin string `db:"origin"`
 	// LeaseLive reports whether locked_until is in the future, by the database clock.
 	LeaseLive bool `db:"lease_live"`
 	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the

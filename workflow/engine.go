@@ -334,10 +334,7 @@ type attempted struct {
 
 // of is what the key row tells.
 func (a attempted) of(row *store.Row) attempted {
-	a.id, a.rp, a.origin = row.ID, row.RecoveryPoint, ""
-	if row.Origin != nil {
-		a.origin = *row.Origin
-	}
+	a.id, a.rp, a.origin = row.ID, row.RecoveryPoint, row.Origin
 	return a
 }
 

@@ -131,10 +131,7 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		return maint.Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
 	ev := AttemptEvent{Executor: ExecutorSweeper, Flow: t.Flow, Scope: t.Scope, Key: t.Key, ID: t.ID,
-		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint}
-	if t.Row.Origin != nil {
-		ev.Origin = *t.Row.Origin
-	}
+		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.Row.Origin}
 	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
 	rp := t.RecoveryPoint
 	res, err := e.runTaken(ctx, t, opts, &rp)
