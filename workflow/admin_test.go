@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,29 +14,6 @@ import (
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
-
-// holder pauses the first call phase of one key until let go, so that a test holds a
-// live lease on a key with a row: the attempt is mid-flow, no transaction open.
-type holder struct {
-	key     string
-	armed   atomic.Bool
-	entered chan struct{}
-	release chan struct{}
-}
-
-func newHolder(key string) *holder {
-	h := &holder{key: key, entered: make(chan struct{}), release: make(chan struct{})}
-	h.armed.Store(true)
-	return h
-}
-
-func (h *holder) before(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-	if tx == nil && run.Key() == h.key && h.armed.CompareAndSwap(true, false) {
-		close(h.entered)
-		<-h.release
-	}
-	return nil
-}
 
 // sweepOnce takes every due key (no grace) and runs it, as one sweeper pass.
 func sweepOnce(t *testing.T, e *workflow.Engine, maxAttempts int) []maint.Outcome {
@@ -65,11 +41,11 @@ func keysOf(p workflow.KeyPage) []string {
 // adminKeys makes one key of each status: acct/done finished, acct/stuck released
 // after a failure and due, acct/dead dead-lettered, other/held held by a live lease
 // (in progress, not stuck). It returns the holder of other/held.
-func adminKeys(t *testing.T, b *bundle) *holder {
+func adminKeys(t *testing.T, b *bundle) *testflow.Holder {
 	t.Helper()
 	ctx := context.Background()
-	h := newHolder("held")
-	e := b.newEngine(t, setupOpts{before: h.before})
+	h := testflow.NewHolder("held")
+	e := b.newEngine(t, setupOpts{before: h.Before})
 	_, err := e.Do(ctx, chargeReq("acct", "done", `{"amount":1}`))
 	require.NoError(t, err)
 	b.provider.FailNext(1)
@@ -87,9 +63,9 @@ func adminKeys(t *testing.T, b *bundle) *holder {
 		_, err := e.Do(ctx, chargeReq("other", "held", `{"amount":4}`))
 		done <- err
 	}()
-	<-h.entered
+	<-h.Entered
 	t.Cleanup(func() {
-		close(h.release)
+		h.Let()
 		<-done
 	})
 	return h
@@ -253,20 +229,20 @@ func TestHistoryAbandonedAndBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	h := newHolder("k")
-	held := b.newEngine(t, setupOpts{before: h.before, cfg: &workflow.Config{History: 3}})
+	h := testflow.NewHolder("k")
+	held := b.newEngine(t, setupOpts{before: h.Before, cfg: &workflow.Config{History: 3}})
 	done := make(chan error, 1)
 	go func() {
 		_, err := held.Do(ctx, chargeReq("acct", "k", `{"amount":5}`))
 		done <- err
 	}()
-	<-h.entered
+	<-h.Entered
 	expireLease(t, b.db, "acct", "k")
 	other := b.newEngine(t, setupOpts{cfg: &workflow.Config{History: 3}})
 	b.provider.FailNext(1)
 	_, err := other.Resume(ctx, "acct", "k")
 	require.ErrorIs(t, err, workflow.ErrTransient)
-	close(h.release)
+	h.Let()
 	require.ErrorIs(t, <-done, workflow.ErrLeaseLost, "the paused attempt is fenced")
 
 	info, err := other.InspectKey(ctx, "acct", "k")
@@ -303,14 +279,14 @@ func TestReleaseKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	h := newHolder("k")
-	held := b.newEngine(t, setupOpts{before: h.before})
+	h := testflow.NewHolder("k")
+	held := b.newEngine(t, setupOpts{before: h.Before})
 	done := make(chan error, 1)
 	go func() {
 		_, err := held.Do(ctx, chargeReq("acct", "k", `{"amount":5}`))
 		done <- err
 	}()
-	<-h.entered
+	<-h.Entered
 	before := state(t, b.db, "acct", "k")
 	require.True(t, before.Leased)
 	require.Empty(t, sweepOnce(t, b.engine, 0), "a live lease is not swept")
@@ -324,7 +300,7 @@ func TestReleaseKey(t *testing.T) {
 	require.Equal(t, []string{"acct/k"}, keysOf(p), "released: due at once")
 
 	// The paused holder resumes before any sweep: its commit is fenced.
-	close(h.release)
+	h.Let()
 	require.ErrorIs(t, <-done, workflow.ErrLeaseLost)
 	require.Equal(t, testflow.Effects{Ledger: 1}, effects(t, b.db, "acct", "k"), "nothing of the holder's settle committed")
 	require.Equal(t, []maint.Outcome{maint.Finished}, sweepOnce(t, b.engine, 0))

@@ -121,18 +121,18 @@ func TestHooksJoin(t *testing.T) {
 	require.Equal(t, "origin-of-t", end.Origin, "a sweep knows who claimed the key")
 	require.Equal(t, "sweeper:settle", a.phases[len(a.phases)-1])
 
-	h := newHolder("held")
-	holding := bd.newEngine(t, setupOpts{before: h.before})
+	h := testflow.NewHolder("held")
+	holding := bd.newEngine(t, setupOpts{before: h.Before})
 	done := make(chan error, 1)
 	go func() {
 		_, err := holding.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
 		done <- err
 	}()
-	<-h.entered
+	<-h.Entered
 	_, err = e.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
 	require.ErrorIs(t, err, workflow.ErrInProgress)
 	require.Equal(t, workflow.OutcomeInProgress, a.last().Outcome)
-	close(h.release)
+	h.Let()
 	require.NoError(t, <-done)
 }
 
