@@ -336,6 +336,41 @@ func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration
 	return e.store.ExpireFinished(ctx, e.pool, retention, limit)
 }
 
+// ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
+// dead-lettered more than retention ago by the database clock, and returns how many.
+// A dead-lettered key is listed and can be re-driven until then.
+func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	e := m.e
+	if retention <= 0 {
+		return 0, fmt.Errorf("workflow: expire dead keys: retention %s is not positive", retention)
+	}
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	return e.store.ExpireDead(ctx, e.pool, retention, limit)
+}
+
+// ExpireParked deletes, in one short statement, up to limit keys of this engine's
+// client-only flows that are in progress without a live lease (parked for their
+// client) and were claimed more than retention ago, and returns how many. Keys of
+// other flows are never deleted by it: a sweeper finishes them or dead-letters them.
+func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	e := m.e
+	if retention <= 0 {
+		return 0, fmt.Errorf("workflow: expire parked keys: retention %s is not positive", retention)
+	}
+	e.mu.RLock()
+	var flows []string
+	for name, f := range e.flows {
+		if f.ClientOnly {
+			flows = append(flows, name)
+		}
+	}
+	e.mu.RUnlock()
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	return e.store.ExpireParked(ctx, e.pool, flows, retention, limit)
+}
+
 // backoff is how long a key released after its attempts-th attempt waits before it is
 // due again: BackoffBase doubled per attempt after the first, capped at BackoffMax.
 func (c *Config) backoff(attempts int) time.Duration {
