@@ -4,7 +4,13 @@
 // itself knows nothing of OpenTelemetry; this package is a set of workflow.Hooks.
 //
 //	obs, err := otelidemflow.New(&otelidemflow.Config{TracerProvider: tp, MeterProvider: mp})
+//	if err != nil {
+//		return err
+//	}
 //	engine, err := workflow.New(pool, &workflow.Config{Hooks: workflow.JoinHooks(obs.Hooks(), myHooks)})
+//	if err != nil {
+//		return err
+//	}
 //	reg, err := obs.ObserveKeys(engine) // the gauges; reg.Unregister() stops them
 //
 // Traces. Each attempt (a call of Do or Resume, a sweeper's run of a key) is a span
@@ -24,21 +30,22 @@
 // Error and error.type set to their outcome (OpenTelemetry's semantic convention for
 // errors); a 409, a 422 or a replay is an answer, not an error.
 //
-// Metrics (all with idemflow.flow):
+// Metrics, all with the attribute idemflow.flow:
 //
-//	idemflow.attempts               counter    attempts by idemflow.executor and idemflow.outcome
-//	                                           (finished, replayed, in_progress = 409, mismatch = 422,
-//	                                           released = transient failure, dead_lettered, lease_lost,
-//	                                           parked, failed)
-//	idemflow.attempt.duration       histogram  seconds, by idemflow.executor and idemflow.outcome
-//	idemflow.phase.duration         histogram  seconds, by idemflow.phase, idemflow.phase.kind and
-//	                                           idemflow.phase.outcome (ok, error)
-//	idemflow.key.events             counter    key events by idemflow.event (taken_over and swept are
-//	                                           takeovers; dead_lettered, released, lease_lost, parked,
-//	                                           given_back, redriven, operator_released, purged, ...)
-//	idemflow.keys                   gauge      unfinished keys by idemflow.key.status: in_progress
-//	                                           (stuck ones included), stuck, dead; one indexed query
-//	                                           per collection (ObserveKeys), never per request
+//   - idemflow.attempts (counter): attempts by idemflow.executor (client, sweeper) and
+//     idemflow.outcome: finished, replayed, in_progress (a 409), mismatch (a 422),
+//     released (a transient failure), dead_lettered, lease_lost, parked, failed.
+//   - idemflow.attempt.duration (histogram, seconds): the same attempts' durations.
+//   - idemflow.phase.duration (histogram, seconds): phase runs by idemflow.phase,
+//     idemflow.phase.kind (tx, call) and idemflow.phase.outcome (ok, error); a tx
+//     phase's includes its commit.
+//   - idemflow.key.events (counter): key events by idemflow.event: taken_over and swept
+//     (takeovers by a retry and by a sweeper), dead_lettered, released, lease_lost,
+//     parked, given_back, redriven, operator_released, purged, claimed, finished,
+//     replayed, in_progress, mismatch.
+//   - idemflow.keys (gauge): unfinished keys by idemflow.key.status: in_progress
+//     (stuck ones included), stuck, dead. It is read by one indexed query per
+//     collection (ObserveKeys), never per request.
 //
 // docs/OPERATIONS.md says what to alert on.
 //
