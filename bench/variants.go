@@ -26,6 +26,10 @@ const (
 	vRecipe  = "recipe"
 	vFused   = "recipe-fused"
 	vIdem    = "idemflow"
+	// With -ops: the engine with no history written (Config.History -1), and with the
+	// OpenTelemetry adapter's hooks on an SDK tracer and meter that export nothing.
+	vIdemNoHistory = "idemflow-nohistory"
+	vIdemOtel      = "idemflow-otel"
 	vReplay  = "idemflow-replay"
 	vControl = "control: tx held across the call"
 )
@@ -180,6 +184,9 @@ func (e *env) newVariants(ctx context.Context) error {
 		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
 
 	e.variants = []*variant{bare, recipe, fused, idem, replay}
+	if e.o.ops {
+		return e.opsVariants(mk)
+	}
 	return nil
 }
 
