@@ -11,6 +11,13 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
+// Variants of -ops: the engine with no history written (Config.History -1), and with
+// the OpenTelemetry adapter's hooks on an SDK tracer and meter that export nothing.
+const (
+	vIdemNoHistory = "idemflow-nohistory"
+	vIdemOtel      = "idemflow-otel"
+)
+
 // opsVariants adds the variants of -ops: the charges flow through an engine that
 // writes no history, and through one observed by otelidemflow (every span sampled and
 // ended, every instrument aggregated by a reader nobody collects: the cost of the

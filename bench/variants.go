@@ -26,10 +26,6 @@ const (
 	vRecipe  = "recipe"
 	vFused   = "recipe-fused"
 	vIdem    = "idemflow"
-	// With -ops: the engine with no history written (Config.History -1), and with the
-	// OpenTelemetry adapter's hooks on an SDK tracer and meter that export nothing.
-	vIdemNoHistory = "idemflow-nohistory"
-	vIdemOtel      = "idemflow-otel"
 	vReplay  = "idemflow-replay"
 	vControl = "control: tx held across the call"
 )
