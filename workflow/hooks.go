@@ -168,90 +168,71 @@ func JoinHooks(hs ...Hooks) Hooks {
 	}
 }
 
-func joinEvent[E any](hs []Hooks, get func(*Hooks) func(context.Context, E)) func(context.Context, E) {
-	var fs []func(context.Context, E)
+// collect returns the hooks get finds set (isSet) in hs.
+func collect[F any](hs []Hooks, get func(*Hooks) F, isSet func(F) bool) []F {
+	var out []F
 	for i := range hs {
-		if f := get(&hs[i]); f != nil {
-			fs = append(fs, f)
+		if f := get(&hs[i]); isSet(f) {
+			out = append(out, f)
 		}
 	}
+	return out
+}
+
+// pick is the joined hook of fs: none (the zero F, a nil func) when fs is empty, the
+// one when there is one, else all, which runs them all.
+func pick[F any](fs []F, all F) F {
 	switch len(fs) {
 	case 0:
-		return nil
+		var none F
+		return none
 	case 1:
 		return fs[0]
 	}
-	return func(ctx context.Context, ev E) {
+	return all
+}
+
+func joinEvent[E any](hs []Hooks, get func(*Hooks) func(context.Context, E)) func(context.Context, E) {
+	fs := collect(hs, get, func(f func(context.Context, E)) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E) {
 		for _, f := range fs {
 			f(ctx, ev)
 		}
-	}
+	})
 }
 
 func joinEnd[E any](hs []Hooks, get func(*Hooks) func(context.Context, E, error)) func(context.Context, E, error) {
-	var fs []func(context.Context, E, error)
-	for i := range hs {
-		if f := get(&hs[i]); f != nil {
-			fs = append(fs, f)
-		}
-	}
-	switch len(fs) {
-	case 0:
-		return nil
-	case 1:
-		return fs[0]
-	}
-	return func(ctx context.Context, ev E, err error) {
+	fs := collect(hs, get, func(f func(context.Context, E, error)) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E, err error) {
 		for _, f := range fs {
 			f(ctx, ev, err)
 		}
-	}
+	})
 }
 
 func joinStart[E any](hs []Hooks, get func(*Hooks) func(context.Context, E) context.Context) func(context.Context, E) context.Context {
-	var fs []func(context.Context, E) context.Context
-	for i := range hs {
-		if f := get(&hs[i]); f != nil {
-			fs = append(fs, f)
-		}
-	}
-	switch len(fs) {
-	case 0:
-		return nil
-	case 1:
-		return fs[0]
-	}
-	return func(ctx context.Context, ev E) context.Context {
+	fs := collect(hs, get, func(f func(context.Context, E) context.Context) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E) context.Context {
 		for _, f := range fs {
 			if c := f(ctx, ev); c != nil {
 				ctx = c
 			}
 		}
 		return ctx
-	}
+	})
 }
 
 func joinOrigin(hs []Hooks) func(context.Context) string {
-	var fs []func(context.Context) string
-	for i := range hs {
-		if f := hs[i].Origin; f != nil {
-			fs = append(fs, f)
-		}
-	}
-	switch len(fs) {
-	case 0:
-		return nil
-	case 1:
-		return fs[0]
-	}
-	return func(ctx context.Context) string {
+	fs := collect(hs, func(h *Hooks) func(context.Context) string { return h.Origin },
+		func(f func(context.Context) string) bool { return f != nil })
+	return pick(fs, func(ctx context.Context) string {
 		for _, f := range fs {
 			if s := f(ctx); s != "" {
 				return s
 			}
 		}
 		return ""
-	}
+	})
 }
 
 func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {

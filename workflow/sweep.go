@@ -304,14 +304,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	}
 	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 	if errors.Is(err, store.ErrNotFound) {
-		_, lerr := e.store.Lookup(ctx, e.pool, scope, key)
-		switch {
-		case errors.Is(lerr, store.ErrNotFound):
-			return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
-		case lerr != nil:
-			return lerr
-		}
-		return fmt.Errorf("%w: scope %q key %q", ErrNotDeadLettered, scope, key)
+		return e.notIn(ctx, scope, key, ErrNotDeadLettered)
 	}
 	if err != nil {
 		return err
@@ -327,26 +320,29 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 // deleted. A finished key is replayed until it is deleted, so a client can rely on
 // replays for at least retention; a retry after the deletion is a new request.
 func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	e := m.e
+	return m.expire(ctx, "finished", retention, func(ctx context.Context) (int64, error) {
+		return m.e.store.ExpireFinished(ctx, m.e.pool, retention, limit)
+	})
+}
+
+// expire runs one expiry statement of what's keys, bounded like the engine's own
+// statements, after checking its retention.
+func (m maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
 	if retention <= 0 {
-		return 0, fmt.Errorf("workflow: expire finished keys: retention %s is not positive", retention)
+		return 0, fmt.Errorf("workflow: expire %s keys: retention %s is not positive", what, retention)
 	}
-	ctx, cancel := e.bounded(ctx)
+	ctx, cancel := m.e.bounded(ctx)
 	defer cancel()
-	return e.store.ExpireFinished(ctx, e.pool, retention, limit)
+	return run(ctx)
 }
 
 // ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
 // dead-lettered more than retention ago by the database clock, and returns how many.
 // A dead-lettered key is listed and can be re-driven until then.
 func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	e := m.e
-	if retention <= 0 {
-		return 0, fmt.Errorf("workflow: expire dead keys: retention %s is not positive", retention)
-	}
-	ctx, cancel := e.bounded(ctx)
-	defer cancel()
-	return e.store.ExpireDead(ctx, e.pool, retention, limit)
+	return m.expire(ctx, "dead", retention, func(ctx context.Context) (int64, error) {
+		return m.e.store.ExpireDead(ctx, m.e.pool, retention, limit)
+	})
 }
 
 // ExpireParked deletes, in one short statement, up to limit keys of this engine's
@@ -355,9 +351,6 @@ func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, li
 // other flows are never deleted by it: a sweeper finishes them or dead-letters them.
 func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	e := m.e
-	if retention <= 0 {
-		return 0, fmt.Errorf("workflow: expire parked keys: retention %s is not positive", retention)
-	}
 	e.mu.RLock()
 	var flows []string
 	for name, f := range e.flows {
@@ -366,9 +359,9 @@ func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, 
 		}
 	}
 	e.mu.RUnlock()
-	ctx, cancel := e.bounded(ctx)
-	defer cancel()
-	return e.store.ExpireParked(ctx, e.pool, flows, retention, limit)
+	return m.expire(ctx, "parked", retention, func(ctx context.Context) (int64, error) {
+		return e.store.ExpireParked(ctx, e.pool, flows, retention, limit)
+	})
 }
 
 // backoff is how long a key released after its attempts-th attempt waits before it is
