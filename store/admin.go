@@ -42,16 +42,18 @@ const summaryColumns = `scope, idempotency_key, id::text, flow,
 	CASE WHEN ` + stuckCond + ` THEN 'stuck' ELSE status END,
 	recovery_point, attempts, last_error, created_at, updated_at, finished_at`
 
-// adminStatements are the texts of the operators' statements, built once by New.
+// adminStatements are the texts of the operators' statements and of the expiry of
+// unfinished keys (retention.go), built once by New.
 type adminStatements struct {
-	list           map[string][2]string // by status: the first page, a later page
-	show, counts   string
-	gauges         string
-	release, purge string
+	list                     map[string][2]string // by status: the first page, a later page
+	show, counts             string
+	gauges                   string
+	release, purge           string
+	expireDead, expireParked string
 }
 
 func newAdminStatements() adminStatements {
-	a := adminStatements{list: map[string][2]string{}}
+	a := adminStatements{list: map[string][2]string{}, expireDead: sqlExpireDead, expireParked: sqlExpireParked}
 	for status, s := range listStatus {
 		base := `SELECT ` + summaryColumns + `, ` + s.order + `
 FROM idemflow_keys

@@ -50,7 +50,7 @@ func (s *Store) ExpireDead(ctx context.Context, db DBTX, olderThan time.Duration
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire dead keys: limit %d is not positive", limit)
 	}
-	tag, err := db.Exec(ctx, sqlExpireDead, olderThan.Milliseconds(), limit)
+	tag, err := db.Exec(ctx, s.admin.expireDead, olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("expire dead keys: %w", Classify(err))
 	}
@@ -67,7 +67,7 @@ func (s *Store) ExpireParked(ctx context.Context, db DBTX, flows []string, older
 	if len(flows) == 0 {
 		return 0, nil
 	}
-	tag, err := db.Exec(ctx, sqlExpireParked, olderThan.Milliseconds(), limit, flows)
+	tag, err := db.Exec(ctx, s.admin.expireParked, olderThan.Milliseconds(), limit, flows)
 	if err != nil {
 		return 0, fmt.Errorf("expire parked keys: %w", Classify(err))
 	}
