@@ -74,6 +74,7 @@ type options struct {
 	phases      map[string]bool
 	growth      int           // finished key rows of the growth experiment (0: not run)
 	dupSleep    time.Duration // the duplicates experiment's first phase
+	ops         bool          // also run idemflow-nohistory and idemflow-otel
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -97,6 +98,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
 	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
+	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
 	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
 	if err := fs.Parse(args); err != nil {

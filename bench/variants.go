@@ -180,6 +180,9 @@ func (e *env) newVariants(ctx context.Context) error {
 		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
 
 	e.variants = []*variant{bare, recipe, fused, idem, replay}
+	if e.o.ops {
+		return e.opsVariants(mk)
+	}
 	return nil
 }
 

@@ -2,9 +2,6 @@ package store
 
 // What the tests in package store_test see of the package beyond its API.
 
-// StatusInProgress is the status of an unfinished, live key row.
-const StatusInProgress = "in_progress"
-
 var (
 	// ClaimHash is claimHash, for a test that holds a key's claim lock itself.
 	ClaimHash = claimHash

@@ -61,7 +61,7 @@ func qualify(sql, schema string) string {
 // reads them (and named as Row's db tags, for the sweeper's lists).
 const rowColumns = `
 	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, lock_version, attempts, last_error,
+	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin,
 	coalesce(locked_until > clock_timestamp(), false) AS lease_live,
 	CASE WHEN locked_until > clock_timestamp()
 		THEN ceil(extract(epoch FROM locked_until - clock_timestamp()) * 1000)::bigint
@@ -98,35 +98,36 @@ var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `)`
 const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data`
 
 // keyValues are the values of a new, unfinished key row: recovery point $9, phase data
-// $10, a lease of $11 ms.
+// $10, a lease of $11 ms, origin $12.
 const keyValues = `$1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10,
-	clock_timestamp() + $11::bigint * interval '1 millisecond'`
+	clock_timestamp() + $11::bigint * interval '1 millisecond', $12`
 
 // finishedValues are the values of a new key row that is already finished with its
-// response ($8-$10). Like a finished row, it keeps no request body or phase data.
-const finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
-	'finished', $8, $9, $10, clock_timestamp()`
+// response ($8-$10), its attempt's history entry $11 (see historyFirst) and origin
+// $12. Like a finished row, it keeps no request body or phase data.
+var finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
+	'finished', $8, $9, $10, clock_timestamp(), ` + historyFirst("11") + `, $12`
 
-const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at`
+const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at, history, origin`
 
 // sqlInsertKey writes a new key row in the transaction that holds its claim lock and
 // found no row. Nothing that takes the lock can have written the row since; anything
 // else that did makes the primary key abort the transaction (23505).
-const sqlInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until) VALUES (` + keyValues + `)`
+const sqlInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin) VALUES (` + keyValues + `)`
 
 // sqlInsertFinished is sqlInsertKey for a first transaction that answers.
-const sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VALUES (` + finishedValues + `)`
+var sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VALUES (` + finishedValues + `)`
 
 // sqlClaimInsertKey claims a new key and writes its row in one statement: nothing is
-// inserted when the claim lock ($12) is held by another transaction, and a row that
+// inserted when the claim lock ($13) is held by another transaction, and a row that
 // exists aborts the transaction on the primary key (23505), whatever the snapshot.
-var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until)
-SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("12") + `)`
+var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin)
+SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)`
 
 // sqlClaimInsertFinished is sqlClaimInsertKey for a key that finishes in the same
-// transaction (lock id $11).
+// transaction (lock id $13).
 var sqlClaimInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `)
-SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("11") + `)`
+SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)`
 
 // fence matches the row one executor owns.
 const fence = `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'`
@@ -148,13 +149,13 @@ const sqlAdvance = `WITH u AS (
 SELECT 1/count(*)::int FROM u`
 
 // sqlFinish stores the response; aborts unless it updated exactly one row. A finished
-// row keeps only what a replay and a mismatch check need: the request body and the
-// phase data are emptied.
-const sqlFinish = `WITH u AS (
+// row keeps only what a replay and a mismatch check need, and its history: the request
+// body and the phase data are emptied. History entry $8, kept $9.
+var sqlFinish = `WITH u AS (
 	UPDATE idemflow_keys
 	SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
 		response_status = $5, response_headers = $6, response_body = $7,
-		locked_until = NULL, last_error = NULL,
+		locked_until = NULL, last_error = NULL, history = ` + historyAppend("8", "9") + `,
 		finished_at = clock_timestamp(), updated_at = clock_timestamp()
 	WHERE ` + fence + `
 	RETURNING 1
@@ -164,16 +165,19 @@ SELECT 1/count(*)::int FROM u`
 // sqlRelease gives up the lease after a transient failure. It matches only while the
 // row still holds the recovery point the caller last knew durable ($9): a COMMIT whose
 // outcome the caller could not learn, still running when it read the row, may advance
-// the row after all, and a release must then not move it back.
-const sqlRelease = `UPDATE idemflow_keys
-SET recovery_point = $5, phase_data = $6, last_error = $7,
+// the row after all, and a release must then not move it back. History entry $10, kept
+// $11.
+var sqlRelease = `UPDATE idemflow_keys
+SET recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("10", "11") + `,
 	next_attempt_at = clock_timestamp() + $8::bigint * interval '1 millisecond',
 	locked_until = NULL, updated_at = clock_timestamp()
 WHERE ` + fence + ` AND recovery_point = $9`
 
-// sqlTakeover takes an expired or released lease, bumping the lock version.
-const sqlTakeover = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, attempts = attempts + 1,
+// sqlTakeover takes an expired or released lease, bumping the lock version. An
+// expired lease's attempt ended without a record: it is recorded as abandoned (history
+// kept $6).
+var sqlTakeover = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("6") + `,
 	locked_until = clock_timestamp() + $5::bigint * interval '1 millisecond',
 	updated_at = clock_timestamp()
 WHERE ` + fence + `
@@ -194,9 +198,10 @@ RETURNING ` + rowColumns + ``
 // a flow in $4. Rows locked by anyone else (a request committing, another sweeper) are
 // skipped, never waited for. FOR UPDATE re-checks the candidate guard on the newest
 // row version, and the UPDATE checks it once more, so a key that finished or was taken
-// over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms.
-const sqlTakeDue = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, attempts = attempts + 1,
+// over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms, and
+// records an expired lease's attempt as abandoned (history kept $5).
+var sqlTakeDue = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = clock_timestamp() + $3::bigint * interval '1 millisecond',
 	updated_at = clock_timestamp()
 WHERE ctid = ANY(ARRAY(
@@ -225,25 +230,26 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlPark parks a key that only its client can finish: the lease is cleared, the
 // takeover's attempt uncounted, why it waits recorded as its last error ($5), and the
-// key not due again for $6 ms. The lock version stays bumped.
-const sqlPark = `UPDATE idemflow_keys
-SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5,
+// key not due again for $6 ms. The lock version stays bumped. History entry $7, kept $8.
+var sqlPark = `UPDATE idemflow_keys
+SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5, history = ` + historyAppend("7", "8") + `,
 	next_attempt_at = clock_timestamp() + $6::bigint * interval '1 millisecond',
 	updated_at = clock_timestamp()
 WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
 // recovery point and phase data are kept, so a re-drive resumes where it stopped.
-const sqlDeadLetter = `UPDATE idemflow_keys
-SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7,
+// History entry $9, kept $10.
+var sqlDeadLetter = `UPDATE idemflow_keys
+SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("9", "10") + `,
 	locked_until = NULL, updated_at = clock_timestamp()
 WHERE ` + fence + ` AND recovery_point = $8`
 
 // sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due
 // now. The lock version is bumped so nothing that ran it before can commit. last_error
-// is kept until the next failure or the finish replaces it.
-const sqlRedrive = `UPDATE idemflow_keys
-SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1,
+// is kept until the next failure or the finish replaces it. History entry $3, kept $4.
+var sqlRedrive = `UPDATE idemflow_keys
+SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
 	locked_until = NULL, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
 RETURNING ` + rowColumns + ``

@@ -41,6 +41,9 @@ type Row struct {
 	LockVersion   int64   `db:"lock_version"`
 	Attempts      int     `db:"attempts"`
 	LastError     *string `db:"last_error"`
+	// Origin is what the engine's Origin hook gave when the key was claimed; empty if
+	// none.
+	Origin string `db:"origin"`
 	// LeaseLive reports whether locked_until is in the future, by the database clock.
 	LeaseLive bool `db:"lease_live"`
 	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the
@@ -80,6 +83,16 @@ type Claim struct {
 	Fingerprint []byte
 	Body        []byte
 	Lease       time.Duration
+	// Origin is stored with the row (see Row.Origin); empty stores none.
+	Origin string
+}
+
+// origin is the argument of c's origin: NULL when empty.
+func (c *Claim) origin() any {
+	if c.Origin == "" {
+		return nil
+	}
+	return c.Origin
 }
 
 // StoredResponse is a response as stored on a finished key.
@@ -87,6 +100,9 @@ type StoredResponse struct {
 	Status  int
 	Headers []byte // a JSON object of header name to list of values
 	Body    []byte
+	// History is the finishing attempt's entry, appended to the key's history as the
+	// response is stored.
+	History History
 }
 
 // Advance is what QueueAdvance writes on a key row.
@@ -112,18 +128,21 @@ type Release struct {
 	// Stored is the recovery point the caller last knew the row to hold. The release
 	// matches only while it still does (see sqlRelease).
 	Stored string
+	// History is the attempt's entry.
+	History History
 }
 
 // Store sends idemflow's statements on the key table. It holds their texts, built once
 // by New or NewInSchema, so that what varies between stores (the schema) is applied
 // once rather than on every call. The zero Store is not usable.
 type Store struct {
-	sql statements
+	sql   statements
+	admin adminStatements
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current
 // schema (the first schema of the connection's search_path that exists).
-func New() *Store { return &Store{sql: newStatements("")} }
+func New() *Store { return &Store{sql: newStatements(""), admin: newAdminStatements("")} }
 
 // NewInSchema returns a Store whose statements name the key table in schema, quoted,
 // whatever the connection's search_path. An empty schema is New's current schema. It
@@ -132,7 +151,7 @@ func NewInSchema(schema string) (*Store, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &Store{sql: newStatements(schema)}, nil
+	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema)}, nil
 }
 
 // ValidateSchema reports whether schema can name a PostgreSQL schema as it is: at most
@@ -207,14 +226,15 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 // found no row. Read its result with ReadInsert.
 func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
 	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds())
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
 }
 
 // QueueInsertFinished is QueueInsertKey for a key row that is already finished with
-// resp.
+// resp, its history resp.History's entry alone.
 func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	e, _ := resp.History.args()
 	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, json.RawMessage(resp.Headers), resp.Body)
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
 }
 
 // ReadInsert reads the result of QueueInsertKey or QueueInsertFinished: nil, or
@@ -232,13 +252,15 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
 	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), claimHash(c.Scope, c.Key))
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
 }
 
-// QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp.
+// QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp,
+// its history resp.History's entry alone.
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	e, _ := resp.History.args()
 	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, json.RawMessage(resp.Headers), resp.Body, claimHash(c.Scope, c.Key))
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
@@ -272,10 +294,12 @@ func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
 	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds())
 }
 
-// QueueFinish adds to b the fenced update that stores the response and marks the key
-// finished. Like QueueAdvance it raises when the fence does not match.
+// QueueFinish adds to b the fenced update that stores the response, appends
+// resp.History to the key's history and marks the key finished. Like QueueAdvance it
+// raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
-	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body)
+	e, keep := resp.History.args()
+	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
 }
 
 // ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
@@ -288,10 +312,11 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 }
 
 // Release releases a key after a transient failure: the lease is cleared, the recovery
-// point, phase data and last error are set from r, and the key is due again after
-// r.RetryIn. It returns ErrLeaseLost if the fence does not match.
+// point, phase data and last error are set from r, r.History is appended, and the key
+// is due again after r.RetryIn. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored)
+	e, keep := r.History.args()
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep)
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -304,9 +329,11 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error 
 // Takeover takes the lease of an unfinished key whose lease expired or was cleared,
 // bumping its lock version and attempt count, and sets a lease of lease. seen is the
 // fence of the row as the caller last read it (Row.Fence); if the row changed since,
-// or its lease is live, Takeover returns ErrNotTaken and changes nothing.
-func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds())
+// or its lease is live, Takeover returns ErrNotTaken and changes nothing. An expired
+// lease's attempt is recorded in the history as abandoned, keeping the newest keep
+// entries (0: history is off).
+func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration, keep int) (*Row, error) {
+	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0))
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}
@@ -327,7 +354,7 @@ func scanOne(rows pgx.Rows, op string, none error) (*Row, error) {
 	}
 	var r Row
 	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Flow, &r.Method, &r.Route, &r.Fingerprint, &r.RequestBody,
-		&r.RecoveryPoint, &r.PhaseData, &r.Status, &r.LockVersion, &r.Attempts, &r.LastError,
+		&r.RecoveryPoint, &r.PhaseData, &r.Status, &r.LockVersion, &r.Attempts, &r.LastError, &r.Origin,
 		&r.LeaseLive, &r.LeaseLeftMillis, &r.ResponseStatus, &r.ResponseHeaders, &r.ResponseBody)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, Classify(err))

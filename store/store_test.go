@@ -100,7 +100,7 @@ func TestStatements(t *testing.T) {
 	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1}
 
 	t.Run("TakeoverRefusesALiveLease", func(t *testing.T) {
-		_, err := st.Takeover(ctx, db.Pool, f, time.Minute)
+		_, err := st.Takeover(ctx, db.Pool, f, time.Minute, 0)
 		require.ErrorIs(t, err, store.ErrNotTaken)
 	})
 
@@ -128,9 +128,9 @@ func TestStatements(t *testing.T) {
 
 		stale := f
 		stale.LockVersion = 5
-		_, err = st.Takeover(ctx, db.Pool, stale, time.Minute)
+		_, err = st.Takeover(ctx, db.Pool, stale, time.Minute, 0)
 		require.ErrorIs(t, err, store.ErrNotTaken, "a stale view of the row takes nothing")
-		taken, err := st.Takeover(ctx, db.Pool, f, time.Minute)
+		taken, err := st.Takeover(ctx, db.Pool, f, time.Minute, 0)
 		require.NoError(t, err)
 		require.EqualValues(t, 2, taken.LockVersion)
 		require.Equal(t, 2, taken.Attempts)

@@ -19,6 +19,9 @@ type TakeDue struct {
 	Lease time.Duration
 	// Flows limits the keys taken to these flows: the ones the caller can handle.
 	Flows []string
+	// History is how many history entries a key keeps, for the abandoned attempt a
+	// takeover records (see Store.Takeover). 0: history is off.
+	History int
 }
 
 // Park is what Park writes on a key row that only its client can finish.
@@ -28,6 +31,8 @@ type Park struct {
 	// RetryIn is how long sweepers leave the key alone. A client's retry may take it
 	// over at any time.
 	RetryIn time.Duration
+	// History is the sweep's entry.
+	History History
 }
 
 // DeadLetter is what DeadLetter writes on a key row it gives up on.
@@ -41,6 +46,8 @@ type DeadLetter struct {
 	// Stored is the recovery point the caller last knew the row to hold; the statement
 	// matches only while it still does, as Release.
 	Stored string
+	// History is the attempt's entry.
+	History History
 }
 
 // TakeDue takes over, in one short statement, up to q.Limit unfinished keys whose
@@ -56,7 +63,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if len(q.Flows) == 0 {
 		return []*Row{}, nil
 	}
-	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows)
+	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0))
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
 	}
@@ -87,7 +94,8 @@ func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
 // passed. A client's retry may take it over at any time. It returns ErrLeaseLost if
 // the fence does not match or the key is not leased.
 func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
-	tag, err := db.Exec(ctx, s.sql.park, f.Scope, f.Key, f.ID, f.LockVersion, truncate(p.LastError, 2000), p.RetryIn.Milliseconds())
+	e, keep := p.History.args()
+	tag, err := db.Exec(ctx, s.sql.park, f.Scope, f.Key, f.ID, f.LockVersion, truncate(p.LastError, 2000), p.RetryIn.Milliseconds(), e, keep)
 	if err != nil {
 		return fmt.Errorf("park key: %w", Classify(err))
 	}
@@ -102,7 +110,8 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
 // returns ErrLeaseLost if the fence does not match (the key was taken over, finished
 // or deleted since).
 func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) error {
-	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, json.RawMessage(d.Data), truncate(d.LastError, 2000), d.Stored)
+	e, keep := d.History.args()
+	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, json.RawMessage(d.Data), truncate(d.LastError, 2000), d.Stored, e, keep)
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}
@@ -113,10 +122,12 @@ func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) 
 }
 
 // Redrive puts a dead-lettered key back in progress: released, attempts reset to 0,
-// due now, lock version bumped. It returns ErrNotFound when no dead-lettered key
-// (scope, key) exists, whether the key is missing or in another state.
-func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.redrive, scope, key)
+// due now, lock version bumped, h appended to its history. It returns ErrNotFound when
+// no dead-lettered key (scope, key) exists, whether the key is missing or in another
+// state.
+func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string, h History) (*Row, error) {
+	e, keep := h.args()
+	rows, err := db.Query(ctx, s.sql.redrive, scope, key, e, keep)
 	if err != nil {
 		return nil, fmt.Errorf("re-drive key: %w", Classify(err))
 	}

@@ -24,6 +24,10 @@ const (
 	RetentionDefault    = 24 * time.Hour
 	CleanupBatchDefault = 1000
 	CleanupShareDefault = 0.5
+	// DeadRetentionDefault is how long a dead-lettered key is kept: 90 days.
+	DeadRetentionDefault = 90 * 24 * time.Hour
+	// ParkedRetentionDefault is how long a parked key is kept after its claim: 30 days.
+	ParkedRetentionDefault = 30 * 24 * time.Hour
 )
 
 // Config configures a Sweeper. The zero value (or a nil *Config) means all defaults. A
@@ -48,6 +52,16 @@ type Config struct {
 	// Retention is how long a finished key is remembered and replayed, at least, after
 	// it finished. Defaults to 24h; at least one minute.
 	Retention time.Duration
+	// DeadRetention is how long a dead-lettered key is kept after it was dead-lettered
+	// (by the database clock), listed and ready to be re-driven; then it is deleted
+	// like an expired finished key, and a retry with its key starts a new operation.
+	// Defaults to 90 days; at least one minute. -1 keeps dead-lettered keys forever.
+	DeadRetention time.Duration
+	// ParkedRetention is how long a parked key (one of a client-only flow, such as
+	// idemhttp's middlewares', that its client left unfinished) is kept after its claim;
+	// then it is deleted, and a retry with its key starts a new operation. Defaults to
+	// 30 days; at least one minute. -1 keeps parked keys forever.
+	ParkedRetention time.Duration
 	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000;
 	// 1..100000.
 	CleanupBatch int
@@ -88,6 +102,8 @@ func (c *Config) WithDefaults() *Config {
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.CleanupBatch = cmp.Or(out.CleanupBatch, CleanupBatchDefault)
 	out.CleanupShare = cmp.Or(out.CleanupShare, CleanupShareDefault)
+	out.DeadRetention = cmp.Or(out.DeadRetention, DeadRetentionDefault)
+	out.ParkedRetention = cmp.Or(out.ParkedRetention, ParkedRetentionDefault)
 	return &out
 }
 
@@ -105,6 +121,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("sweeper: MaxAttempts %d is under 1", c.MaxAttempts)
 	case c.Retention < time.Minute:
 		return fmt.Errorf("sweeper: Retention %s is under 1m", c.Retention)
+	case c.DeadRetention != -1 && c.DeadRetention < time.Minute:
+		return fmt.Errorf("sweeper: DeadRetention %s is under 1m; -1 keeps dead-lettered keys forever", c.DeadRetention)
+	case c.ParkedRetention != -1 && c.ParkedRetention < time.Minute:
+		return fmt.Errorf("sweeper: ParkedRetention %s is under 1m; -1 keeps parked keys forever", c.ParkedRetention)
 	case c.CleanupBatch < 1 || c.CleanupBatch > 100000:
 		return fmt.Errorf("sweeper: CleanupBatch %d is outside 1..100000", c.CleanupBatch)
 	case !(c.CleanupShare > 0 && c.CleanupShare <= 1):
@@ -134,6 +154,10 @@ type Stats struct {
 	GivenBack int
 	// Expired is the number of finished keys deleted by retention.
 	Expired int64
+	// ExpiredDead and ExpiredParked are the numbers of dead-lettered and parked keys
+	// deleted at the end of their retention (Config.DeadRetention, ParkedRetention).
+	ExpiredDead   int64
+	ExpiredParked int64
 }
 
 func (s *Stats) add(o maint.Outcome) {
@@ -270,6 +294,11 @@ func (s *Sweeper) run(ctx context.Context, stop <-chan struct{}) {
 			s.cfg.Logger.InfoContext(ctx, "sweeper: expired finished keys",
 				slog.Int64("count", st.Expired), slog.Duration("retention", s.cfg.Retention))
 		}
+		if st.ExpiredDead > 0 || st.ExpiredParked > 0 {
+			s.cfg.Logger.InfoContext(ctx, "sweeper: expired unfinished keys",
+				slog.Int64("dead_lettered", st.ExpiredDead), slog.Duration("dead_retention", s.cfg.DeadRetention),
+				slog.Int64("parked", st.ExpiredParked), slog.Duration("parked_retention", s.cfg.ParkedRetention))
+		}
 		wait := jitter(s.cfg.Interval)
 		if st.Taken >= s.cfg.BatchSize && err == nil {
 			wait = 0 // more is due
@@ -318,9 +347,21 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 		st.Taken = len(taken)
 		errs = append(errs, s.runTaken(ctx, stop, taken, &st)...)
 	}
-	if !stopped(ctx, stop) {
-		n, err := s.cleanup(ctx, stop)
-		st.Expired = n
+	for _, c := range []struct {
+		name      string
+		retention time.Duration
+		expire    func(context.Context, time.Duration, int) (int64, error)
+		count     *int64
+	}{
+		{"finished", s.cfg.Retention, s.engine.ExpireFinished, &st.Expired},
+		{"dead-lettered", s.cfg.DeadRetention, s.engine.ExpireDead, &st.ExpiredDead},
+		{"parked", s.cfg.ParkedRetention, s.engine.ExpireParked, &st.ExpiredParked},
+	} {
+		if stopped(ctx, stop) || c.retention < 0 {
+			continue
+		}
+		n, err := s.cleanup(ctx, stop, c.name, c.retention, c.expire)
+		*c.count = n
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -382,16 +423,18 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*m
 	return errs
 }
 
-// cleanup deletes expired finished keys in batches until one comes back short, resting
-// between full batches so that it spends Config.CleanupShare of its time deleting.
-func (s *Sweeper) cleanup(ctx context.Context, stop <-chan struct{}) (int64, error) {
+// cleanup deletes expired keys of one kind (what's name) with expire in batches until
+// one comes back short, resting between full batches so that it spends
+// Config.CleanupShare of its time deleting.
+func (s *Sweeper) cleanup(ctx context.Context, stop <-chan struct{}, what string, retention time.Duration,
+	expire func(context.Context, time.Duration, int) (int64, error)) (int64, error) {
 	var total int64
 	for !stopped(ctx, stop) {
 		began := time.Now()
-		n, err := s.engine.ExpireFinished(ctx, s.cfg.Retention, s.cfg.CleanupBatch)
+		n, err := expire(ctx, retention, s.cfg.CleanupBatch)
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("expire finished keys: %w", err)
+			return total, fmt.Errorf("expire %s keys: %w", what, err)
 		}
 		if n < int64(s.cfg.CleanupBatch) {
 			break

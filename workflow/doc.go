@@ -64,6 +64,14 @@
 // then per tx phase one commit, the engine's write of the key row pipelined with
 // COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
+// Observing and operating. Hooks observe attempts (AttemptStart, AttemptEnd with the
+// key row's id, attempt number, executor and outcome), phases and key events; several
+// observers combine with JoinHooks (package otelidemflow is one). Each key keeps a
+// bounded history of its attempts (Attempt, Config.History), written by the statements
+// that end them, at no extra round trip or commit. The admin API (ListKeys,
+// InspectKey, Redrive, ReleaseKey, PurgeKey, CountKeys, GaugeKeys) is what
+// cmd/idemflow and docs/OPERATIONS.md are built on.
+//
 // This package imports idemflow's phases and store packages, its internal maint package
 // (it implements the maintenance API the sweeper drives) and internal/phaserun (the
 // engine's side of a phases.Run, kept out of the API a phase function sees),

@@ -34,6 +34,7 @@ const (
 	TxRetriesDefault         = 5
 	BackoffBaseDefault       = time.Second
 	BackoffMaxDefault        = 5 * time.Minute
+	HistoryDefault           = 20
 )
 
 // storedHeadersDefault is never handed out: StoredHeadersDefault returns copies.
@@ -90,7 +91,12 @@ type Config struct {
 	// sweeper of an engine works on the same schema. Defaults to "": the current
 	// schema, unqualified, as the connection's search_path finds it. At most 63 bytes.
 	Schema string
-	// Hooks observe the engine. Optional.
+	// History is how many entries a key's history keeps: one per attempt and per
+	// operator action, the newest kept (see Attempt). Defaults to 20; at most 1000. -1
+	// keeps none. Entries ride in writes the engine sends anyway: no round trip or
+	// commit is added for them.
+	History int
+	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
 	// Logger receives what the engine cannot return, such as a failed release after a
 	// transient failure. Defaults to slog.Default().
@@ -112,6 +118,7 @@ func (c *Config) WithDefaults() *Config {
 	out.TxRetries = cmp.Or(out.TxRetries, TxRetriesDefault)
 	out.BackoffBase = cmp.Or(out.BackoffBase, BackoffBaseDefault)
 	out.BackoffMax = cmp.Or(out.BackoffMax, BackoffMaxDefault)
+	out.History = cmp.Or(out.History, HistoryDefault)
 	if out.StoredHeaders == nil {
 		out.StoredHeaders = StoredHeadersDefault()
 	} else {
@@ -135,6 +142,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: TxRetries %d is negative; -1 disables retries", c.TxRetries)
 	case c.InProgressRetryAfter < RetryAfterLease:
 		return fmt.Errorf("workflow: InProgressRetryAfter %s is negative; for the lease left use RetryAfterLease (-1)", c.InProgressRetryAfter)
+	case c.History < -1 || c.History > 1000:
+		return fmt.Errorf("workflow: History %d is outside 1..1000; -1 keeps none", c.History)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
@@ -143,6 +152,9 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// historyKeep is how many history entries a key keeps: 0 when history is off.
+func (c *Config) historyKeep() int { return max(c.History, 0) }
 
 // txRetries is how many times a tx phase is re-run after a conflict: TxRetries, with
 // -1 (disabled) as 0.
@@ -323,6 +335,62 @@ type answer struct {
 	err   error
 	again bool       // look the key up again
 	found *store.Row // fresh only: answer as this row
+	att   attempted  // what the attempt's end event reports
+}
+
+// attempted is what an attempt learnt of its key, for AttemptEnd.
+type attempted struct {
+	id, origin, rp string
+	attempt        int
+	dead           bool // the attempt dead-lettered the key
+}
+
+// of is what the key row tells.
+func (a attempted) of(row *store.Row) attempted {
+	a.id, a.rp, a.origin = row.ID, row.RecoveryPoint, row.Origin
+	return a
+}
+
+// ran is what the executor of an attempt tells.
+func (a attempted) ran(x *exec) attempted {
+	a.id, a.rp, a.attempt, a.dead = x.fence.ID, x.rp, x.run.Attempt(), x.deadLettered
+	return a
+}
+
+// end reports the end of an attempt to the hooks.
+func (e *Engine) end(ctx context.Context, ev AttemptEvent, a attempted, res *Result, err error) {
+	if e.cfg.Hooks.AttemptEnd == nil {
+		return
+	}
+	ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = a.id, a.attempt, a.rp, a.origin
+	ev.Outcome, ev.Phase, ev.Err = outcomeOf(res, err, a.dead)
+	e.cfg.Hooks.AttemptEnd(ctx, ev)
+}
+
+// outcomeOf is the outcome of an attempt that returned res and err.
+func outcomeOf(res *Result, err error, dead bool) (Outcome, string, error) {
+	var te *TransientError
+	switch {
+	case err == nil && res.Replayed:
+		return OutcomeReplayed, "", nil
+	case err == nil:
+		return OutcomeFinished, "", nil
+	case dead:
+		phase := ""
+		if errors.As(err, &te) {
+			phase = te.Phase
+		}
+		return OutcomeDeadLettered, phase, err
+	case errors.Is(err, ErrInProgress):
+		return OutcomeInProgress, "", err
+	case errors.Is(err, ErrMismatch):
+		return OutcomeMismatch, "", err
+	case errors.Is(err, ErrLeaseLost):
+		return OutcomeLeaseLost, "", err
+	case errors.As(err, &te):
+		return OutcomeReleased, te.Phase, err
+	}
+	return OutcomeFailed, "", err
 }
 
 func answered(res *Result, err error) answer { return answer{res: res, err: err} }
@@ -340,6 +408,14 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	ev := AttemptEvent{Executor: ExecutorClient, Flow: f.Name, Scope: req.Scope, Key: req.Key}
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	a := e.do(ctx, f, req)
+	e.end(ctx, ev, a.att, a.res, a.err)
+	return a.res, a.err
+}
+
+func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
 	fp := Fingerprint(req.Method, req.Route, req.Body)
 	for range maxRaces {
 		row, err := e.lookup(ctx, req.Scope, req.Key)
@@ -347,7 +423,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 		case errors.Is(err, store.ErrNotFound):
 			row, err = nil, nil
 		case err != nil:
-			return nil, err
+			return answered(nil, err)
 		}
 		var a answer
 		if row == nil {
@@ -358,10 +434,10 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 			a = e.existing(ctx, row, &req, fp)
 		}
 		if !a.again {
-			return a.res, a.err
+			return a
 		}
 	}
-	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
+	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
 }
 
 // Resume drives an existing key: it replays a finished key, and takes over and resumes
@@ -375,23 +451,39 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
+	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	a := e.resume(ctx, scope, key)
+	e.end(ctx, ev, a.att, a.res, a.err)
+	return a.res, a.err
+}
+
+func (e *Engine) resume(ctx context.Context, scope, key string) answer {
 	for range maxRaces {
 		row, err := e.lookup(ctx, scope, key)
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+			return answered(nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key))
 		}
 		if err != nil {
-			return nil, err
+			return answered(nil, err)
 		}
 		if a := e.existing(ctx, row, nil, nil); !a.again {
-			return a.res, a.err
+			return a
 		}
 	}
-	return nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)
+	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
 }
 
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
 func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
+	a := e.existingRow(ctx, row, req, fp)
+	if a.att.id == "" {
+		a.att = a.att.of(row)
+	}
+	return a
+}
+
+func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
 	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
 		ev.Kind = KeyMismatch
@@ -433,7 +525,7 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	}
 	started := time.Now()
 	tctx, cancel := e.bounded(ctx)
-	taken, err := e.store.Takeover(tctx, e.pool, row.Fence(), e.cfg.Lease)
+	taken, err := e.store.Takeover(tctx, e.pool, row.Fence(), e.cfg.Lease, e.cfg.historyKeep())
 	cancel()
 	if errors.Is(err, store.ErrNotTaken) {
 		return answer{again: true}
@@ -447,7 +539,9 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 	if err != nil {
 		return answered(nil, err)
 	}
-	return answered(x.drive(ctx, next+1).result())
+	a := answered(x.drive(ctx, next+1).result())
+	a.att = a.att.of(taken).ran(x)
+	return a
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -464,18 +558,22 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	if err != nil {
 		return answered(nil, err)
 	}
+	origin := e.cfg.Hooks.origin(ctx)
 	x := &exec{
-		e:     e,
-		flow:  f,
-		fence: store.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
-		rp:    phases.Started,
+		e:      e,
+		flow:   f,
+		origin: origin,
+		fence:  store.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
+		rp:     phases.Started,
 		// no row yet: stored is set by the first commit
 		claim: &store.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: req.Body,
-			Lease: e.cfg.Lease,
+			Lease: e.cfg.Lease, Origin: origin,
 		},
 		leaseEnd: time.Now().Add(e.cfg.Lease),
+		began:    time.Now(),
+		by:       ExecutorClient,
 	}
 	x.run, _ = phaserun.NewRun[*phases.Run](phaserun.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
@@ -496,7 +594,10 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	case st.kind == stepLost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return answered(st.result())
+	a := answered(st.result())
+	a.att = a.att.ran(x)
+	a.att.origin = x.origin
+	return a
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
@@ -515,6 +616,8 @@ func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exe
 		stored:   row.RecoveryPoint,
 		run:      run,
 		leaseEnd: started.Add(row.LeaseLeft()),
+		began:    started,
+		by:       ExecutorClient,
 	}, nil
 }
 

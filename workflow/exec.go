@@ -39,6 +39,14 @@ type exec struct {
 	// failed attempt that was its maxAttempts-th or later (sweeps set it).
 	maxAttempts  int
 	deadLettered bool // the failure dead-lettered the key
+
+	// For the attempt's history entry: who runs it and since when, the index of the
+	// phase it started at and how many phases it completed; and the origin stored
+	// with a new key.
+	by          Executor
+	began       time.Time
+	start, done int
+	origin      string
 }
 
 // stepKind is how one phase of an attempt ended. It is decided once, as a value, and
@@ -129,7 +137,7 @@ func (x *exec) event(p phases.Phase) PhaseEvent {
 	return PhaseEvent{
 		Flow: x.flow.Name, Phase: p.Name, Kind: p.Kind,
 		Scope: x.fence.Scope, Key: x.fence.Key, ID: x.fence.ID,
-		LockVersion: x.fence.LockVersion, Attempt: x.run.Attempt(),
+		LockVersion: x.fence.LockVersion, Attempt: x.run.Attempt(), Executor: x.by,
 	}
 }
 
@@ -137,6 +145,7 @@ func (x *exec) event(p phases.Phase) PhaseEvent {
 // with: stepFinished, stepLost or stepStop.
 func (x *exec) drive(ctx context.Context, start int) step {
 	last := phases.Started
+	x.start = start
 	for i := start; i < len(x.flow.Phases); i++ {
 		p := x.flow.Phases[i]
 		last = p.Name
@@ -149,6 +158,7 @@ func (x *exec) drive(ctx context.Context, start int) step {
 		if st.kind != stepNext {
 			return st
 		}
+		x.done++
 	}
 	return step{kind: stepStop, err: x.transient(ctx, last, ErrNoResponse, nil)}
 }
@@ -239,6 +249,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		if err != nil {
 			return failed(err)
 		}
+		stored.History = x.history(OutcomeFinished, "", nil)
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		if err := x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored}); err != nil {
 			return failed(err)
@@ -301,6 +312,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 	stored, data, err := x.storable(resp)
 	if err == nil {
+		stored.History = x.history(OutcomeFinished, "", nil)
 		err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	}
 	if err == nil {
@@ -487,9 +499,11 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		switch {
 		case derr != nil:
 		case dead:
-			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error()})
+			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
+				History: x.history(OutcomeDeadLettered, phase, cause)})
 		default:
-			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after})
+			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
+				History: x.history(OutcomeReleased, phase, cause)})
 		}
 		cancel()
 		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}

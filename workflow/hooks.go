@@ -2,9 +2,77 @@ package workflow
 
 import (
 	"context"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/idemflow/idemflow/phases"
 )
+
+// Executor says who runs an attempt on a key.
+type Executor string
+
+// Executors.
+const (
+	// ExecutorClient is an attempt of Do or Resume: a client's request or its retry.
+	ExecutorClient Executor = "client"
+	// ExecutorSweeper is a sweeper's attempt on a key it took over.
+	ExecutorSweeper Executor = "sweeper"
+	// ExecutorOperator is an operator's action through the admin API (ReleaseKey,
+	// Redrive); it runs no phase.
+	ExecutorOperator Executor = "operator"
+)
+
+// Outcome is how an attempt ended.
+type Outcome string
+
+// Outcomes of an attempt (AttemptEvent.Outcome, Attempt.Outcome).
+const (
+	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
+	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
+	OutcomeInProgress   Outcome = "in_progress"   // turned away: another attempt holds the key (409)
+	OutcomeMismatch     Outcome = "mismatch"      // the key was used before for another request (422)
+	OutcomeReleased     Outcome = "released"      // a transient failure; the key was released for a retry
+	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
+	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
+	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
+	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
+	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
+	// crash, a pause, a partition) and its lease ran out.
+	OutcomeAbandoned Outcome = "abandoned"
+	// OutcomeRedriven and OutcomeOperatorReleased are only in a key's history: an
+	// operator re-drove the dead-lettered key, or took its lease away (ReleaseKey).
+	OutcomeRedriven         Outcome = "redriven"
+	OutcomeOperatorReleased Outcome = "operator_released"
+)
+
+// AttemptEvent describes one attempt on a key: a call of Do or Resume, or a sweeper's
+// run of a key it took over. AttemptStart sees what is known before the key is read
+// (for Do and Resume: the executor, scope, key and, for Do, flow); AttemptEnd sees it
+// all.
+type AttemptEvent struct {
+	Executor Executor
+	Flow     string
+	Scope    string
+	Key      string
+	// ID is the key row's identity; empty while unknown, and at the end of an attempt
+	// that never found or made a row (invalid input stops before the event).
+	ID string
+	// Attempt is the key's attempt number (its claim is 1, each takeover adds one);
+	// 0 for an attempt that ran nothing (a replay, a 409, a mismatch).
+	Attempt int
+	// RecoveryPoint is where the key resumes (AttemptStart of a sweep) or stands when
+	// the attempt ends (AttemptEnd).
+	RecoveryPoint string
+	// Origin is what Hooks.Origin returned for the attempt that claimed the key, as
+	// stored with it: set whenever the key row was read (every attempt but a new key's
+	// first).
+	Origin string
+	// Outcome, Phase and Err are set at the end: how the attempt ended, the phase it
+	// failed in (released, dead-lettered, lease lost) and the error returned.
+	Outcome Outcome
+	Phase   string
+	Err     error
+}
 
 // PhaseEvent describes a phase being run.
 type PhaseEvent struct {
@@ -16,7 +84,12 @@ type PhaseEvent struct {
 	ID          string // the key row's identity
 	LockVersion int64
 	Attempt     int
+	Executor    Executor
 }
+
+// DerivedKey is the phase's derived key, as phases.Run.DerivedKey gives it to the
+// phase's function.
+func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
 // KeyEventKind names what happened to a key.
 type KeyEventKind string
@@ -47,7 +120,11 @@ type KeyEvent struct {
 
 // Hooks observe the engine, for logging, metrics, tracing and tests' fault injection.
 // Every field is optional. Hooks run synchronously on the request's goroutine and must
-// be safe for concurrent use.
+// be safe for concurrent use. Several observers combine with JoinHooks.
+//
+// The context a start hook returns is the one the engine passes on: AttemptStart's to
+// everything in the attempt (its phases, key events and AttemptEnd), PhaseStart's to
+// the phase's function and the phase's other hooks.
 type Hooks struct {
 	// ClaimHeld runs when a new key's claim is held in the transaction of its flow's
 	// first tx phase and before that phase's function runs: the claim lock is taken,
@@ -57,6 +134,11 @@ type Hooks struct {
 	// (its claim commits on its own, before PhaseStart of the call). Crash tests stop a
 	// process here (see package idemflowtest).
 	ClaimHeld func(ctx context.Context, ev PhaseEvent)
+	// AttemptStart runs when an attempt starts: at the start of Do (after its input was
+	// validated) and Resume, and of a sweeper's run of a key it took over.
+	AttemptStart func(ctx context.Context, ev AttemptEvent) context.Context
+	// AttemptEnd runs once when that attempt ends, with its outcome.
+	AttemptEnd func(ctx context.Context, ev AttemptEvent)
 	// PhaseStart runs before a phase: for a tx phase before its transaction begins, for
 	// a call phase before the call. The context it returns is used for the phase.
 	PhaseStart func(ctx context.Context, ev PhaseEvent) context.Context
@@ -68,6 +150,114 @@ type Hooks struct {
 	PhaseEnd func(ctx context.Context, ev PhaseEvent, err error)
 	// Key runs after lifecycle events of a key.
 	Key func(ctx context.Context, ev KeyEvent)
+	// Origin returns a short text that identifies the attempt that claims a new key,
+	// such as a W3C traceparent, to be stored with the key (in the write that creates
+	// its row) and handed to every later attempt as AttemptEvent.Origin. It runs once
+	// per new key, with AttemptStart's context. Texts over MaxOriginBytes, or not
+	// UTF-8 without NUL, are not stored.
+	Origin func(ctx context.Context) string
+}
+
+// MaxOriginBytes is the longest origin stored with a key (see Hooks.Origin).
+const MaxOriginBytes = 512
+
+// JoinHooks returns hooks that run each of hs's, in order: start hooks pass the
+// context each returns to the next, and Origin is the first non-empty one's. A field
+// none of hs sets stays nil, so joining costs nothing where nothing observes.
+func JoinHooks(hs ...Hooks) Hooks {
+	return Hooks{
+		AttemptStart: joinStart(hs, func(h *Hooks) func(context.Context, AttemptEvent) context.Context { return h.AttemptStart }),
+		AttemptEnd:   joinEvent(hs, func(h *Hooks) func(context.Context, AttemptEvent) { return h.AttemptEnd }),
+		PhaseStart:   joinStart(hs, func(h *Hooks) func(context.Context, PhaseEvent) context.Context { return h.PhaseStart }),
+		ClaimHeld:    joinEvent(hs, func(h *Hooks) func(context.Context, PhaseEvent) { return h.ClaimHeld }),
+		BeforeCommit: joinEvent(hs, func(h *Hooks) func(context.Context, PhaseEvent) { return h.BeforeCommit }),
+		PhaseEnd:     joinEnd(hs, func(h *Hooks) func(context.Context, PhaseEvent, error) { return h.PhaseEnd }),
+		Key:          joinEvent(hs, func(h *Hooks) func(context.Context, KeyEvent) { return h.Key }),
+		Origin:       joinOrigin(hs),
+	}
+}
+
+// collect returns the hooks get finds set (isSet) in hs.
+func collect[F any](hs []Hooks, get func(*Hooks) F, isSet func(F) bool) []F {
+	var out []F
+	for i := range hs {
+		if f := get(&hs[i]); isSet(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// pick is the joined hook of fs: none (the zero F, a nil func) when fs is empty, the
+// one when there is one, else all, which runs them all.
+func pick[F any](fs []F, all F) F {
+	switch len(fs) {
+	case 0:
+		var none F
+		return none
+	case 1:
+		return fs[0]
+	}
+	return all
+}
+
+func joinEvent[E any](hs []Hooks, get func(*Hooks) func(context.Context, E)) func(context.Context, E) {
+	fs := collect(hs, get, func(f func(context.Context, E)) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E) {
+		for _, f := range fs {
+			f(ctx, ev)
+		}
+	})
+}
+
+func joinEnd[E any](hs []Hooks, get func(*Hooks) func(context.Context, E, error)) func(context.Context, E, error) {
+	fs := collect(hs, get, func(f func(context.Context, E, error)) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E, err error) {
+		for _, f := range fs {
+			f(ctx, ev, err)
+		}
+	})
+}
+
+func joinStart[E any](hs []Hooks, get func(*Hooks) func(context.Context, E) context.Context) func(context.Context, E) context.Context {
+	fs := collect(hs, get, func(f func(context.Context, E) context.Context) bool { return f != nil })
+	return pick(fs, func(ctx context.Context, ev E) context.Context {
+		for _, f := range fs {
+			if c := f(ctx, ev); c != nil {
+				ctx = c
+			}
+		}
+		return ctx
+	})
+}
+
+func joinOrigin(hs []Hooks) func(context.Context) string {
+	fs := collect(hs, func(h *Hooks) func(context.Context) string { return h.Origin },
+		func(f func(context.Context) string) bool { return f != nil })
+	return pick(fs, func(ctx context.Context) string {
+		for _, f := range fs {
+			if s := f(ctx); s != "" {
+				return s
+			}
+		}
+		return ""
+	})
+}
+
+func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {
+	if h.AttemptStart == nil {
+		return ctx
+	}
+	if c := h.AttemptStart(ctx, ev); c != nil {
+		return c
+	}
+	return ctx
+}
+
+func (h *Hooks) attemptEnd(ctx context.Context, ev AttemptEvent) {
+	if h.AttemptEnd != nil {
+		h.AttemptEnd(ctx, ev)
+	}
 }
 
 func (h *Hooks) claimHeld(ctx context.Context, ev PhaseEvent) {
@@ -102,4 +292,16 @@ func (h *Hooks) key(ctx context.Context, ev KeyEvent) {
 	if h.Key != nil {
 		h.Key(ctx, ev)
 	}
+}
+
+// origin is the origin to store with a new key: Origin's, if it can be stored.
+func (h *Hooks) origin(ctx context.Context) string {
+	if h.Origin == nil {
+		return ""
+	}
+	s := h.Origin(ctx)
+	if len(s) > MaxOriginBytes || !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return ""
+	}
+	return s
 }

@@ -77,6 +77,7 @@ func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*ma
 	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
 		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
+		History: e.cfg.historyKeep(),
 	})
 	if err != nil {
 		return nil, err
@@ -129,6 +130,37 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 	if t == nil || t.Row == nil {
 		return maint.Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
+	ev := AttemptEvent{Executor: ExecutorSweeper, Flow: t.Flow, Scope: t.Scope, Key: t.Key, ID: t.ID,
+		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.Row.Origin}
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	rp := t.RecoveryPoint
+	res, err := e.runTaken(ctx, t, opts, &rp)
+	if e.cfg.Hooks.AttemptEnd != nil {
+		ev.RecoveryPoint, ev.Err = rp, res.Err
+		var te *TransientError
+		if errors.As(res.Err, &te) {
+			ev.Phase = te.Phase
+		}
+		switch res.Outcome {
+		case maint.Finished:
+			ev.Outcome = OutcomeFinished
+		case maint.Parked:
+			ev.Outcome = OutcomeParked
+		case maint.LeaseLost:
+			ev.Outcome = OutcomeLeaseLost
+		case maint.DeadLettered:
+			ev.Outcome = OutcomeDeadLettered
+		default:
+			ev.Outcome = OutcomeReleased
+		}
+		e.cfg.Hooks.AttemptEnd(ctx, ev)
+	}
+	return res, err
+}
+
+// runTaken is Run without its hooks. It sets *rp to the key's recovery point as the
+// run left it.
+func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOpts, rp *string) (maint.Result, error) {
 	if opts == nil {
 		opts = &maint.RunOpts{}
 	}
@@ -148,8 +180,10 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
 	}
 	x.maxAttempts = maxAttempts(opts)
+	x.by = ExecutorSweeper
 
 	res, err := x.drive(ctx, next+1).result()
+	*rp = x.rp
 	if err == nil {
 		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
 	}
@@ -175,7 +209,8 @@ func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, m
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts)})
+	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
+		History: e.sweepEntry(t, OutcomeReleased, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -194,7 +229,7 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d})
+	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -211,7 +246,8 @@ func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (mai
 func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error()})
+	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(),
+		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
@@ -220,6 +256,12 @@ func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (m
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
 	return maint.Result{Outcome: maint.DeadLettered, Err: cause}, nil
+}
+
+// sweepEntry is the history entry of a sweep that did not run taken key t.
+func (e *Engine) sweepEntry(t *maint.Taken, outcome Outcome, cause error) store.History {
+	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
+		Error: cut(cause.Error(), maxHistoryError)})
 }
 
 // settleTimeout bounds the statements that record a taken key's fate; they run even
@@ -254,22 +296,15 @@ func (m maintenance) GiveBack(ctx context.Context, t *maint.Taken) error {
 // sweep (or a Resume, or the client's retry) runs it from there. Its last error is
 // kept until the next failure or the finish replaces it.
 //
-// Errors: ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
 // state (nothing changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	if err := ValidateKey(key); err != nil {
+	if err := checkKey(scope, key); err != nil {
 		return err
 	}
-	row, err := e.store.Redrive(ctx, e.pool, scope, key)
+	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 	if errors.Is(err, store.ErrNotFound) {
-		_, lerr := e.store.Lookup(ctx, e.pool, scope, key)
-		switch {
-		case errors.Is(lerr, store.ErrNotFound):
-			return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
-		case lerr != nil:
-			return lerr
-		}
-		return fmt.Errorf("%w: scope %q key %q", ErrNotDeadLettered, scope, key)
+		return e.notIn(ctx, scope, key, ErrNotDeadLettered)
 	}
 	if err != nil {
 		return err
@@ -285,13 +320,48 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 // deleted. A finished key is replayed until it is deleted, so a client can rely on
 // replays for at least retention; a retry after the deletion is a new request.
 func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	e := m.e
+	return m.expire(ctx, "finished", retention, func(ctx context.Context) (int64, error) {
+		return m.e.store.ExpireFinished(ctx, m.e.pool, retention, limit)
+	})
+}
+
+// expire runs one expiry statement of what's keys, bounded like the engine's own
+// statements, after checking its retention.
+func (m maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
 	if retention <= 0 {
-		return 0, fmt.Errorf("workflow: expire finished keys: retention %s is not positive", retention)
+		return 0, fmt.Errorf("workflow: expire %s keys: retention %s is not positive", what, retention)
 	}
-	ctx, cancel := e.bounded(ctx)
+	ctx, cancel := m.e.bounded(ctx)
 	defer cancel()
-	return e.store.ExpireFinished(ctx, e.pool, retention, limit)
+	return run(ctx)
+}
+
+// ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
+// dead-lettered more than retention ago by the database clock, and returns how many.
+// A dead-lettered key is listed and can be re-driven until then.
+func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	return m.expire(ctx, "dead", retention, func(ctx context.Context) (int64, error) {
+		return m.e.store.ExpireDead(ctx, m.e.pool, retention, limit)
+	})
+}
+
+// ExpireParked deletes, in one short statement, up to limit keys of this engine's
+// client-only flows that are in progress without a live lease (parked for their
+// client) and were claimed more than retention ago, and returns how many. Keys of
+// other flows are never deleted by it: a sweeper finishes them or dead-letters them.
+func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	e := m.e
+	e.mu.RLock()
+	var flows []string
+	for name, f := range e.flows {
+		if f.ClientOnly {
+			flows = append(flows, name)
+		}
+	}
+	e.mu.RUnlock()
+	return m.expire(ctx, "parked", retention, func(ctx context.Context) (int64, error) {
+		return e.store.ExpireParked(ctx, e.pool, flows, retention, limit)
+	})
 }
 
 // backoff is how long a key released after its attempts-th attempt waits before it is

@@ -87,6 +87,8 @@ type common struct {
 	lease         time.Duration
 	migrate       bool
 	sweepGrace    time.Duration
+	// hooks are more hooks for the engine: serve's -telemetry.
+	hooks workflow.Hooks
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -159,7 +161,7 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 		e.provider = "http://" + ln.Addr().String()
 		fmt.Printf("provider: in-process at %s\n", e.provider)
 	}
-	cfg := &workflow.Config{Lease: c.lease, Logger: log, Hooks: crashHooks()}
+	cfg := &workflow.Config{Lease: c.lease, Logger: log, Hooks: workflow.JoinHooks(crashHooks(), c.hooks)}
 	engine, err := workflow.New(pool, cfg)
 	if err != nil {
 		return nil, err

@@ -25,15 +25,25 @@ func serve(ctx context.Context, args []string) error {
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
 	var c common
 	c.register(fs)
+	tf := registerTelemetry(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	tel, err := tf.start()
+	if err != nil {
+		return err
+	}
+	defer tel.close() //nolint:errcheck // best effort at exit
+	c.hooks = tel.hooks()
 	log := logger(os.Stderr)
 	e, err := setup(ctx, &c, log)
 	if err != nil {
 		return err
 	}
 	defer e.close()
+	if err := tel.observe(e.engine); err != nil {
+		return err
+	}
 
 	api, err := newAPI(e)
 	if err != nil {

@@ -42,6 +42,12 @@ type Engine interface {
 	// retention ago by the database clock, oldest first, skipping locked rows, and
 	// returns how many: fewer than limit means nothing more is expired for now.
 	ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error)
+	// ExpireDead deletes up to limit dead-lettered keys dead-lettered more than
+	// retention ago, and ExpireParked up to limit parked keys (of a client-only flow
+	// registered on this engine, in progress, not leased) claimed more than retention
+	// ago; each returns how many.
+	ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error)
+	ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error)
 	// Lease is the lease a takeover sets.
 	Lease() time.Duration
 }

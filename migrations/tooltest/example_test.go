@@ -40,11 +40,11 @@ func ExampleToolFS_golangMigrate() {
 	defer m.Close()
 	check(m.Up())
 	v, dirty, err := m.Version()
-	fmt.Println(v, dirty, err)
+	fmt.Println(int(v) == newest(), dirty, err)
 	fmt.Println(adopted(ctx, dsn))
 	// Output:
-	// 2 false <nil>
-	// version 2 <nil>
+	// true false <nil>
+	// adopted at the newest version: true <nil>
 }
 
 func ExampleToolFS_goose() {
@@ -60,11 +60,12 @@ func ExampleToolFS_goose() {
 	check(err)
 	_, err = p.Up(ctx)
 	check(err)
-	fmt.Println(p.GetDBVersion(ctx))
+	v, err := p.GetDBVersion(ctx)
+	fmt.Println(int(v) == newest(), err)
 	fmt.Println(adopted(ctx, dsn))
 	// Output:
-	// 2 <nil>
-	// version 2 <nil>
+	// true <nil>
+	// adopted at the newest version: true <nil>
 }
 
 func ExampleToolFS_tern() {
@@ -80,22 +81,30 @@ func ExampleToolFS_tern() {
 	check(err)
 	check(m.LoadMigrations(fsys))
 	check(m.Migrate(ctx))
-	fmt.Println(m.GetCurrentVersion(ctx))
+	v, err := m.GetCurrentVersion(ctx)
+	fmt.Println(int(v) == newest(), err)
 	fmt.Println(adopted(ctx, dsn))
 	// Output:
-	// 2 <nil>
-	// version 2 <nil>
+	// true <nil>
+	// adopted at the newest version: true <nil>
 }
 
-// adopted runs migrations.Migrate, as the engine's process does at start, and returns
-// the version it records.
+// adopted runs migrations.Migrate, as the engine's process does at start, and says
+// whether the version it then records is the newest.
 func adopted(ctx context.Context, dsn string) string {
 	pool, err := pgxpool.New(ctx, dsn)
 	check(err)
 	defer pool.Close()
 	check(migrations.Migrate(ctx, pool))
 	v, err := migrations.Version(ctx, pool)
-	return fmt.Sprintf("version %d %v", v, err)
+	return fmt.Sprintf("adopted at the newest version: %v %v", v == newest(), err)
+}
+
+// newest is the newest migration's version.
+func newest() int {
+	all, err := migrations.All()
+	check(err)
+	return all[len(all)-1].Version
 }
 
 // emptySchema makes an empty schema on the test server and returns a URL whose

@@ -1,0 +1,28 @@
+// Command idemflow is the operator's tool for idemflow's key table: list keys by
+// status, inspect one with its history, re-drive a dead-lettered key, release a stuck
+// key's lease, purge a finished key, count keys, and migrate the schema.
+//
+//	idemflow -database-url URL [-schema S] keys list [-status in_progress|stuck|dead|finished] [-flow F] [-scope S] [-older-than D] [-limit N] [-after CURSOR] [-json]
+//	idemflow -database-url URL [-schema S] keys show [-json] SCOPE KEY
+//	idemflow -database-url URL [-schema S] keys redrive [-json] SCOPE KEY
+//	idemflow -database-url URL [-schema S] keys release [-json] SCOPE KEY
+//	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
+//	idemflow -database-url URL [-schema S] stats [-json]
+//	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
+//
+// Flags come before positional arguments, at each level. -database-url defaults to
+// $DATABASE_URL. Output is a human table by default; -json prints one JSON object per
+// line for scripts. The objects of keys list, redrive, release and purge have the
+// fields scope, key, id, flow, status, recovery_point, attempts, last_error,
+// created_at, updated_at and finished_at (null until finished); keys show adds the
+// key's request, lease, response status, origin, failed_phase and history (see
+// workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
+// with flow, status and keys; migrate prints version and latest.
+//
+// Exit status: 0 on success, 1 on failure (a missing key among them, with a message
+// that names it), 2 on bad usage.
+//
+// See docs/OPERATIONS.md for when to use which command.
+//
+// This command imports idemflow's workflow and migrations packages.
+package main

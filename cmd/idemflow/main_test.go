@@ -1,0 +1,492 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// bin is the idemflow binary the tests run, built by TestMain.
+var bin string
+
+func TestMain(m *testing.M) {
+	if runHolder() { // this process is a paused key holder, not a test run
+		return
+	}
+	dir, err := os.MkdirTemp("", "idemflow-cli-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "idemflow")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build idemflow: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := idemflowtest.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// bundle is a schema with the test flow's tables, an engine on it and a provider.
+type bundle struct {
+	db       *pgtest.DB
+	provider *idemflowtest.Remote
+	engine   *workflow.Engine
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	db, p := testflow.Start(t)
+	return &bundle{db: db, provider: p, engine: testflow.Engine(t, db.Pool, nil, p, nil)}
+}
+
+// serverURL is the schema's URL without its search_path: the CLI is told the schema
+// with -schema.
+func serverURL(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Del("search_path")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// result is what a run of the binary did.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs the binary on b's schema with args after the connection flags.
+func (b *bundle) cli(t *testing.T, args ...string) result {
+	t.Helper()
+	return runBin(t, append([]string{"-database-url", serverURL(t, b.db), "-schema", b.db.Schema}, args...)...)
+}
+
+func runBin(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL=")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errOut.String()}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		r.code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return r
+}
+
+// ok requires exit status 0.
+func (r result) ok(t *testing.T) result {
+	t.Helper()
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	return r
+}
+
+// lines decodes -json output: one object per line.
+func (r result) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), "line %q", l)
+		out = append(out, m)
+	}
+	return out
+}
+
+// documented are the fields of every key object (cmd/idemflow's doc).
+var documented = []string{"scope", "key", "id", "flow", "status", "recovery_point", "attempts", "last_error", "created_at", "updated_at", "finished_at"}
+
+func fields(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// keysInStates makes acct/done finished, acct/stuck released and due, acct/dead
+// dead-lettered.
+func keysInStates(t *testing.T, b *bundle) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := b.engine.Do(ctx, req("acct", "done", 1))
+	require.NoError(t, err)
+	for _, k := range []string{"dead", "stuck"} {
+		b.provider.FailNext(1)
+		_, err = b.engine.Do(ctx, req("acct", k, 2))
+		require.ErrorIs(t, err, workflow.ErrTransient)
+	}
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET status = 'dead', last_error = 'given up' WHERE idempotency_key = 'dead'`)
+	require.NoError(t, err)
+	testflow.Sweepable(t, b.db.Pool)
+}
+
+func req(scope, key string, amount int) workflow.Request {
+	return workflow.Request{Scope: scope, Key: key, Flow: testflow.Name, Method: "POST", Route: "/charges",
+		Body: fmt.Appendf(nil, `{"amount":%d}`, amount)}
+}
+
+func TestKeysList(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+
+	lines := b.cli(t, "keys", "list", "-json").ok(t).lines(t)
+	require.Len(t, lines, 3)
+	status := map[string]string{}
+	for _, l := range lines {
+		sorted := append([]string(nil), documented...)
+		sort.Strings(sorted)
+		require.Equal(t, sorted, fields(l), "the documented fields, no more")
+		status[l["key"].(string)] = l["status"].(string)
+	}
+	require.Equal(t, map[string]string{"done": "finished", "dead": "dead", "stuck": "stuck"}, status)
+
+	dead := b.cli(t, "keys", "list", "-status", "dead", "-json").ok(t).lines(t)
+	require.Len(t, dead, 1)
+	require.Equal(t, "given up", dead[0]["last_error"])
+	require.Nil(t, dead[0]["finished_at"])
+	require.Len(t, b.cli(t, "keys", "list", "-status", "finished", "-scope", "acct", "-flow", testflow.Name, "-json").ok(t).lines(t), 1)
+	require.Empty(t, b.cli(t, "keys", "list", "-scope", "other", "-json").ok(t).lines(t))
+
+	human := b.cli(t, "keys", "list", "-status", "stuck").ok(t).stdout
+	require.Regexp(t, `(?m)^SCOPE\s+KEY\s+STATUS\s+FLOW\s+RECOVERY POINT\s+ATTEMPTS\s+CREATED\s+LAST ERROR$`, human)
+	require.Regexp(t, `(?m)^acct\s+stuck\s+stuck\s+charge3\s+reserve\s+1\s+\S+\s+.*503`, human)
+	require.NotContains(t, human, "done")
+
+	// Pages: the cursor goes to stderr, the next page follows from it.
+	first := b.cli(t, "keys", "list", "-limit", "2", "-json").ok(t)
+	require.Len(t, first.lines(t), 2)
+	i := strings.Index(first.stderr, "-after ")
+	require.Positive(t, i, first.stderr)
+	cursor := strings.TrimSpace(first.stderr[i+len("-after "):])
+	rest := b.cli(t, "keys", "list", "-limit", "2", "-after", cursor, "-json").ok(t)
+	require.Len(t, rest.lines(t), 1)
+	require.Empty(t, rest.stderr)
+}
+
+func TestKeysShow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+	show := b.cli(t, "keys", "show", "-json", "acct", "stuck").ok(t).lines(t)
+	require.Len(t, show, 1)
+	k := show[0]
+	for _, f := range documented {
+		require.Contains(t, k, f)
+	}
+	require.Equal(t, "stuck", k["status"])
+	require.Equal(t, testflow.Pay, k["failed_phase"])
+	hist := k["history"].([]any)
+	require.Len(t, hist, 1)
+	require.Equal(t, "released", hist[0].(map[string]any)["outcome"])
+	require.Equal(t, "client", hist[0].(map[string]any)["by"])
+
+	human := b.cli(t, "keys", "show", "acct", "stuck").ok(t).stdout
+	require.Regexp(t, `(?m)^status:\s+stuck$`, human)
+	require.Regexp(t, `(?m)^failed phase:\s+pay$`, human)
+	require.Regexp(t, `(?m)^request:\s+POST /charges \{"amount":2\}$`, human)
+	require.Regexp(t, `(?m)^1\s+client\s+\S+\s+started\s+reserve\s+released\s+pay\s+.*503`, human)
+}
+
+func TestKeysActions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+
+	red := b.cli(t, "keys", "redrive", "-json", "acct", "dead").ok(t).lines(t)
+	require.Len(t, red, 1)
+	require.Equal(t, "stuck", red[0]["status"], "re-driven: due at once")
+	require.EqualValues(t, 0, red[0]["attempts"])
+	again := b.cli(t, "keys", "redrive", "acct", "dead")
+	require.Equal(t, 1, again.code)
+	require.Contains(t, again.stderr, "not dead-lettered")
+
+	before := testflow.State(t, b.db.Pool, "acct", "stuck")
+	out := b.cli(t, "keys", "release", "acct", "stuck").ok(t).stdout
+	require.Contains(t, out, `released key "stuck" in scope "acct"`)
+	require.Equal(t, before.LockVersion+1, testflow.State(t, b.db.Pool, "acct", "stuck").LockVersion)
+	notIn := b.cli(t, "keys", "release", "acct", "done")
+	require.Equal(t, 1, notIn.code)
+	require.Contains(t, notIn.stderr, "not in progress")
+
+	notDone := b.cli(t, "keys", "purge", "acct", "stuck")
+	require.Equal(t, 1, notDone.code)
+	require.Contains(t, notDone.stderr, "not finished")
+	purged := b.cli(t, "keys", "purge", "-json", "acct", "done").ok(t).lines(t)
+	require.Equal(t, "done", purged[0]["key"])
+	require.Equal(t, "finished", purged[0]["status"], "as it was")
+	require.Equal(t, "", testflow.KeyRow(t, b.db.Pool, "acct", "done"))
+	require.Contains(t, b.cli(t, "keys", "purge", "acct", "stuck").stderr, "not finished")
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+	var got []string
+	for _, l := range b.cli(t, "stats", "-json").ok(t).lines(t) {
+		require.Equal(t, []string{"flow", "keys", "status"}, fields(l))
+		got = append(got, fmt.Sprintf("%s %s %v", l["flow"], l["status"], l["keys"]))
+	}
+	require.Equal(t, []string{"charge3 dead 1", "charge3 finished 1", "charge3 stuck 1"}, got)
+	human := b.cli(t, "stats").ok(t).stdout
+	require.Regexp(t, `FLOW\s+IN PROGRESS\s+STUCK\s+DEAD\s+FINISHED`, human)
+	require.Regexp(t, `charge3\s+0\s+1\s+1\s+1`, human)
+}
+
+func TestMissingKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, verb := range []string{"show", "redrive", "release", "purge"} {
+		for _, j := range [][]string{nil, {"-json"}} {
+			args := append(append([]string{"keys", verb}, j...), "acct", "nope")
+			r := b.cli(t, args...)
+			require.Equal(t, 1, r.code, verb)
+			require.Equal(t, "idemflow: no key \"nope\" in scope \"acct\"\n", r.stderr, verb)
+			require.Empty(t, r.stdout, verb)
+		}
+	}
+}
+
+func TestBadUsage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+	row := testflow.KeyRow(t, b.db.Pool, "acct", "dead")
+	for name, args := range map[string][]string{
+		"NoCommand":          {},
+		"UnknownCommand":     {"frobnicate"},
+		"KeysAlone":          {"keys"},
+		"UnknownSubcommand":  {"keys", "fix"},
+		"ShowOneArgument":    {"keys", "show", "acct"},
+		"FlagAfterArguments": {"keys", "redrive", "acct", "dead", "-json"},
+		"UnknownFlag":        {"keys", "list", "-colour"},
+		"UnknownStatus":      {"keys", "list", "-status", "stale"},
+		"BadLimit":           {"keys", "list", "-limit", "0"},
+		"BadCursor":          {"keys", "list", "-after", "xyz"},
+		"ListArguments":      {"keys", "list", "acct"},
+		"MigrateWhat":        {"migrate", "sideways"},
+		"StatsArguments":     {"stats", "now"},
+	} {
+		r := b.cli(t, args...)
+		require.Equal(t, 2, r.code, "%s: %s", name, r.stderr)
+		require.Contains(t, r.stderr, "usage: idemflow", name)
+		require.Empty(t, r.stdout, name)
+	}
+	r := runBin(t, "keys", "list")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "-database-url (or $DATABASE_URL) is required")
+	r = runBin(t, "-bogus", "keys", "list")
+	require.Equal(t, 2, r.code)
+	require.Equal(t, row, testflow.KeyRow(t, b.db.Pool, "acct", "dead"), "bad usage changes nothing")
+
+	// A failure that is not the command line's is status 1.
+	r = runBin(t, "-database-url", "postgres://127.0.0.1:1/none?connect_timeout=5", "stats")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "connect")
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	b := &bundle{db: db}
+	require.Equal(t, "schema at version 0 of 3 (3 pending)\n", b.cli(t, "migrate", "status").ok(t).stdout)
+	require.Equal(t, "schema at version 3 of 3 (up to date)\n", b.cli(t, "migrate", "up").ok(t).stdout)
+	require.Equal(t, []map[string]any{{"version": 2.0, "latest": 3.0}}, b.cli(t, "migrate", "-json", "down").ok(t).lines(t))
+	require.Equal(t, []map[string]any{{"version": 3.0, "latest": 3.0}}, b.cli(t, "migrate", "-json", "up").ok(t).lines(t))
+	require.Empty(t, b.cli(t, "keys", "list", "-json").ok(t).lines(t), "the table is there, empty")
+}
+
+// The paused holder: a child process that runs one request of the test flow and stops
+// itself (SIGSTOP) at the start of the call phase, its key row written and its lease
+// live, no transaction open. When continued it carries on and prints how its attempt
+// ended.
+const (
+	envHolderDB       = "IDEMFLOW_CLI_HOLDER_DB_URL"
+	envHolderProvider = "IDEMFLOW_CLI_HOLDER_PROVIDER_URL"
+	envHolderKey      = "IDEMFLOW_CLI_HOLDER_KEY"
+)
+
+func runHolder() bool {
+	dbURL := os.Getenv(envHolderDB)
+	if dbURL == "" {
+		return false
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		fmt.Println("error: " + err.Error())
+		os.Exit(2)
+	}
+	e, err := workflow.New(pool, nil)
+	if err == nil {
+		err = e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envHolderProvider), Before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			if tx == nil && run.Attempt() == 1 {
+				fmt.Println("paused")
+				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			}
+			return nil
+		}}))
+	}
+	if err != nil {
+		fmt.Println("error: " + err.Error())
+		os.Exit(2)
+	}
+	_, err = e.Do(ctx, req("acct", os.Getenv(envHolderKey), 9))
+	switch {
+	case err == nil:
+		fmt.Println("finished")
+	case errors.Is(err, workflow.ErrLeaseLost):
+		fmt.Println("lease_lost")
+	default:
+		fmt.Println("error: " + err.Error())
+	}
+	pool.Close()
+	return true
+}
+
+// holder is a running paused holder.
+type holder struct {
+	cmd   *exec.Cmd
+	lines *bufio.Scanner
+}
+
+func startHolder(t *testing.T, b *bundle, key string) *holder {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envHolderDB+"="+b.db.URL, envHolderProvider+"="+b.provider.URL, envHolderKey+"="+key)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	h := &holder{cmd: cmd, lines: bufio.NewScanner(out)}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	require.True(t, h.lines.Scan())
+	require.Equal(t, "paused", h.lines.Text())
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(cmd.Process.Pid, &ws, syscall.WUNTRACED, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			require.NoError(t, err)
+			break
+		}
+	}
+	require.True(t, ws.Stopped(), "the holder stopped itself (status %v)", ws)
+	return h
+}
+
+// resume continues the holder and returns the line saying how its attempt ended.
+func (h *holder) resume(t *testing.T) string {
+	t.Helper()
+	require.NoError(t, syscall.Kill(h.cmd.Process.Pid, syscall.SIGCONT))
+	require.True(t, h.lines.Scan())
+	ended := h.lines.Text()
+	require.NoError(t, h.cmd.Wait())
+	return ended
+}
+
+// TestReleasePausedHolder: `idemflow keys release` on a key whose holder is paused
+// (SIGSTOP) mid-flow lets a sweeper finish it, and the holder, continued, is fenced: its
+// commit fails and the key has exactly one of each effect. Twice: with the sweep while
+// the holder is still stopped, and with the holder continued before any sweep (then
+// only the lock version bumped by the release fences it).
+func TestReleasePausedHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	sweep := func() {
+		t.Helper()
+		n := sweepOnce(t, b)
+		require.Equal(t, 1, n, "the sweeper finished the key")
+	}
+	for _, c := range []struct {
+		key         string
+		sweepPaused bool
+	}{{"swept-while-paused", true}, {"resumed-before-sweep", false}} {
+		h := startHolder(t, b, c.key)
+		st := testflow.State(t, b.db.Pool, "acct", c.key)
+		require.True(t, st.Leased, "%s: the paused holder's lease is live", c.key)
+		require.Zero(t, sweepOnce(t, b), "%s: a live lease is not swept", c.key)
+
+		r := b.cli(t, "keys", "release", "-json", "acct", c.key).ok(t).lines(t)
+		require.Equal(t, "stuck", r[0]["status"], c.key)
+		require.Equal(t, st.LockVersion+1, testflow.State(t, b.db.Pool, "acct", c.key).LockVersion, c.key)
+
+		if c.sweepPaused {
+			sweep()
+			require.Equal(t, "lease_lost", h.resume(t), "%s: the holder's commit is fenced", c.key)
+		} else {
+			require.Equal(t, "lease_lost", h.resume(t), "%s: the holder's commit is fenced", c.key)
+			require.Equal(t, testflow.Effects{Ledger: 1}, mustEffects(t, b, c.key), c.key)
+			sweep()
+		}
+		testflow.RequireOneEffect(t, b.db.Pool, b.provider, "acct", c.key)
+		res, err := b.engine.Do(ctx, req("acct", c.key, 9))
+		require.NoError(t, err)
+		require.True(t, res.Replayed, c.key)
+		show := b.cli(t, "keys", "show", "-json", "acct", c.key).ok(t).lines(t)[0]
+		var outcomes []string
+		for _, a := range show["history"].([]any) {
+			m := a.(map[string]any)
+			outcomes = append(outcomes, fmt.Sprint(m["by"], " ", m["outcome"]))
+		}
+		require.Equal(t, []string{"operator operator_released", "sweeper finished"}, outcomes, c.key)
+	}
+	require.Equal(t, 2, b.provider.Made(), "one payment per key")
+}
+
+func mustEffects(t *testing.T, b *bundle, key string) testflow.Effects {
+	t.Helper()
+	e, err := testflow.CountEffects(context.Background(), b.db.Pool, "acct", key)
+	require.NoError(t, err)
+	return e
+}
+
+// sweepOnce runs one sweeper pass with no grace and returns how many keys it finished.
+func sweepOnce(t *testing.T, b *bundle) int {
+	t.Helper()
+	s, err := sweeper.New(b.engine, &sweeper.Config{Grace: -1})
+	require.NoError(t, err)
+	st, err := s.RunOnce(context.Background())
+	require.NoError(t, err)
+	return st.Finished
+}

@@ -1,0 +1,369 @@
+package workflow
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// The admin API: what an operator needs to see and settle keys by hand. It needs no
+// flow registered (an engine made only for it, as cmd/idemflow's, works), reads
+// across scopes only to list and count, and changes one key at a time, each statement
+// filtered by the key's scope.
+
+// KeyStatus is a key's status as operators see it.
+type KeyStatus string
+
+// Key statuses.
+const (
+	// KeysInProgress: unfinished and not dead-lettered, stuck keys included. As a list
+	// filter, every such key; as a key's status, one that is not stuck.
+	KeysInProgress KeyStatus = "in_progress"
+	// KeysStuck: in progress, its lease expired or released, and due: a sweeper takes
+	// it at its next pass (once older than its grace period).
+	KeysStuck KeyStatus = "stuck"
+	// KeysDead: dead-lettered, kept with its last error until re-driven (Redrive) or
+	// its retention ends (sweeper.Config.DeadRetention).
+	KeysDead KeyStatus = "dead"
+	// KeysFinished: its response is stored and replayed until retention ends.
+	KeysFinished KeyStatus = "finished"
+)
+
+// Admin events (KeyEvent.Kind).
+const (
+	KeyOperatorReleased KeyEventKind = "operator_released" // ReleaseKey took a key's lease away
+	KeyPurged           KeyEventKind = "purged"            // PurgeKey deleted a finished key
+)
+
+var (
+	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
+	// Nothing was read.
+	ErrUnknownStatus = store.ErrBadStatus
+	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered. Nothing was
+	// changed.
+	ErrNotInProgress = errors.New("key not in progress")
+	// ErrNotFinished: PurgeKey found the key unfinished. Nothing was changed.
+	ErrNotFinished = errors.New("key not finished")
+	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
+	ErrInvalidCursor = errors.New("invalid list cursor")
+)
+
+// Limits of ListOptions.Limit.
+const (
+	ListLimitDefault = 100
+	ListLimitMax     = 10000
+)
+
+// ListOptions select the keys ListKeys returns. The zero value lists every key, the
+// first ListLimitDefault of them.
+type ListOptions struct {
+	// Status keeps only keys of that status; empty keeps all (ordered by claim time,
+	// which no index serves: prefer a status on a large table). Keys in progress and
+	// stuck keys are ordered by when they are due, dead-lettered keys by claim time,
+	// finished keys by finish time, each by an index.
+	Status KeyStatus
+	// Flow and Scope, when not empty, keep only keys of that flow and that scope.
+	Flow  string
+	Scope string
+	// OlderThan keeps only keys claimed at least that long ago, by the database clock.
+	OlderThan time.Duration
+	// Limit is the most keys in the page. Defaults to 100; at most 10000.
+	Limit int
+	// After is KeyPage.Next of the previous page; empty for the first page.
+	After string
+}
+
+// KeyPage is one page of a list.
+type KeyPage struct {
+	Keys []KeySummary
+	// Next is the cursor of the next page (ListOptions.After), empty on the last page.
+	Next string
+}
+
+// KeySummary is a key as a list shows it. Its JSON form is a line of `idemflow keys
+// list -json`.
+type KeySummary struct {
+	Scope         string     `json:"scope"`
+	Key           string     `json:"key"`
+	ID            string     `json:"id"`
+	Flow          string     `json:"flow"`
+	Status        KeyStatus  `json:"status"`
+	RecoveryPoint string     `json:"recovery_point"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+// KeyInfo is one key in full.
+type KeyInfo struct {
+	KeySummary
+	Method string `json:"method"`
+	Route  string `json:"route"`
+	// Request is the stored request body (empty once finished: a finished key keeps
+	// only what a replay needs).
+	Request []byte `json:"request"`
+	// PhaseDataBytes is the size of the phase data carried between phases.
+	PhaseDataBytes int   `json:"phase_data_bytes"`
+	LockVersion    int64 `json:"lock_version"`
+	// LeaseLeft is what remains of the lease by the database clock; 0 when none.
+	LeaseLeft time.Duration `json:"lease_left_ns"`
+	// NextAttemptAt is when a sweeper may take the key (unfinished keys).
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	// ResponseStatus is the stored response's status (finished keys), else 0.
+	ResponseStatus int `json:"response_status"`
+	// Origin is what Hooks.Origin gave when the key was claimed.
+	Origin string `json:"origin"`
+	// FailedPhase is the phase of the newest history entry that names one: where the
+	// last error happened.
+	FailedPhase string `json:"failed_phase"`
+	// History is the key's history, oldest first (see Attempt).
+	History []Attempt `json:"history"`
+}
+
+// KeyCount is how many keys of a flow have a status.
+type KeyCount struct {
+	Flow   string    `json:"flow"`
+	Status KeyStatus `json:"status"`
+	Keys   int64     `json:"keys"`
+}
+
+// KeyGauge is how many unfinished keys a flow has.
+type KeyGauge struct {
+	Flow string
+	// InProgress counts keys in progress, stuck ones included.
+	InProgress int64
+	// Stuck counts keys whose lease expired or was released and that are due.
+	Stuck int64
+	// Dead counts dead-lettered keys.
+	Dead int64
+}
+
+// cursor is what a KeyPage.Next holds.
+type cursor struct {
+	Status KeyStatus `json:"s"`
+	At     time.Time `json:"t"`
+	Scope  string    `json:"c"`
+	Key    string    `json:"k"`
+}
+
+// ListKeys returns a page of keys that match opts, across scopes unless opts.Scope is
+// set. It locks nothing.
+//
+// Errors: ErrUnknownStatus; ErrInvalidScope, ErrInvalidRequest (a flow that is not
+// text) and ErrInvalidCursor for bad options; ErrUnavailable when the database fails.
+func (e *Engine) ListKeys(ctx context.Context, opts ListOptions) (KeyPage, error) {
+	if _, ok := keyStatuses[opts.Status]; !ok && opts.Status != "" {
+		return KeyPage{}, fmt.Errorf("workflow: list keys: %w: %q (want in_progress, stuck, dead or finished)", ErrUnknownStatus, opts.Status)
+	}
+	if opts.Scope != "" && !storableText(opts.Scope) {
+		return KeyPage{}, fmt.Errorf("workflow: list keys: %w: not UTF-8 text without NUL", ErrInvalidScope)
+	}
+	if !storableText(opts.Flow) {
+		return KeyPage{}, fmt.Errorf("workflow: list keys: %w: flow is not UTF-8 text without NUL", ErrInvalidRequest)
+	}
+	limit := opts.Limit
+	if limit == 0 {
+		limit = ListLimitDefault
+	}
+	if limit < 0 || limit > ListLimitMax {
+		return KeyPage{}, fmt.Errorf("workflow: list keys: %w: limit %d is outside 1..%d", ErrInvalidRequest, opts.Limit, ListLimitMax)
+	}
+	q := store.ListKeys{Status: string(opts.Status), Flow: opts.Flow, Scope: opts.Scope, OlderThan: opts.OlderThan, Limit: limit}
+	if opts.After != "" {
+		c, err := decodeCursor(opts.After)
+		if err != nil || c.Status != opts.Status {
+			return KeyPage{}, fmt.Errorf("workflow: list keys: %w", ErrInvalidCursor)
+		}
+		q.After = &store.Cursor{At: c.At, Scope: c.Scope, Key: c.Key}
+	}
+	rows, err := e.store.List(ctx, e.pool, q)
+	if err != nil {
+		return KeyPage{}, err
+	}
+	page := KeyPage{Keys: make([]KeySummary, len(rows))}
+	for i := range rows {
+		page.Keys[i] = summary(&rows[i])
+	}
+	if len(rows) == limit {
+		last := rows[len(rows)-1]
+		page.Next = encodeCursor(cursor{Status: opts.Status, At: last.Order, Scope: last.Scope, Key: last.Key})
+	}
+	return page, nil
+}
+
+var keyStatuses = map[KeyStatus]bool{KeysInProgress: true, KeysStuck: true, KeysDead: true, KeysFinished: true}
+
+func encodeCursor(c cursor) string {
+	b, _ := json.Marshal(c) // a cursor always encodes
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (cursor, error) {
+	var c cursor
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	return c, err
+}
+
+func summary(r *store.KeySummary) KeySummary {
+	k := KeySummary{
+		Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, Status: KeyStatus(r.Status),
+		RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt,
+	}
+	if r.LastError != nil {
+		k.LastError = *r.LastError
+	}
+	return k
+}
+
+// checkKey validates the scope and key of an admin call on one key.
+func checkKey(scope, key string) error {
+	if scope == "" || len(scope) > 255 || !storableText(scope) {
+		return fmt.Errorf("%w: want 1-255 bytes of UTF-8 text without NUL", ErrInvalidScope)
+	}
+	return ValidateKey(key)
+}
+
+// InspectKey returns one key in full: its request, progress, lease, last error with
+// the phase it happened in, timestamps and history.
+//
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrUnavailable.
+func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, error) {
+	if err := checkKey(scope, key); err != nil {
+		return nil, err
+	}
+	d, err := e.store.Show(ctx, e.pool, scope, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	info := &KeyInfo{
+		KeySummary: summary(&d.KeySummary), Method: d.Method, Route: d.Route, Request: d.RequestBody,
+		PhaseDataBytes: d.PhaseDataBytes, LockVersion: d.LockVersion,
+		LeaseLeft: time.Duration(d.LeaseLeftMillis) * time.Millisecond, NextAttemptAt: d.NextAttemptAt,
+		History: []Attempt{},
+	}
+	if d.ResponseStatus != nil {
+		info.ResponseStatus = *d.ResponseStatus
+	}
+	if d.Origin != nil {
+		info.Origin = *d.Origin
+	}
+	if err := json.Unmarshal(d.History, &info.History); err != nil {
+		return nil, fmt.Errorf("workflow: inspect key: decode history: %w", err)
+	}
+	for i := len(info.History) - 1; i >= 0; i-- {
+		if p := info.History[i].Phase; p != "" {
+			info.FailedPhase = p
+			break
+		}
+	}
+	return info, nil
+}
+
+// ReleaseKey takes the lease of a key in progress away from whoever holds it, live or
+// expired, so that a sweeper (or the client's retry) takes it at once: the lease is
+// cleared, the key is due now, and its lock version is bumped, so that the holder,
+// should it be paused rather than dead, can commit nothing more when it resumes (its
+// next commit is fenced; see the DESIGN's invariant 2). An operator's entry goes into
+// the key's history. Use it on a stuck key, or on one whose holder is known to hang;
+// a key's claim that has not committed yet (no row) cannot be released: its holder's
+// connection holds it until the holder ends.
+//
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotInProgress for a finished
+// or dead-lettered key (nothing changes; see Redrive); ErrUnavailable.
+func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
+	if err := checkKey(scope, key); err != nil {
+		return err
+	}
+	_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
+	if errors.Is(err, store.ErrNotFound) {
+		return e.notIn(ctx, scope, key, ErrNotInProgress)
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyOperatorReleased, Scope: scope, Key: key})
+	return nil
+}
+
+// notIn is the error of an admin call that matched no row: ErrNotFound if the key is
+// missing, else wrong.
+func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) error {
+	_, err := e.store.Lookup(ctx, e.pool, scope, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%w: scope %q key %q", wrong, scope, key)
+}
+
+// PurgeKey deletes a finished key before its retention ends.
+//
+// Warning: the key is then forgotten. A retry with the same key is no longer replayed
+// its stored answer: it starts a new operation and runs the flow again, with new
+// derived keys. Purge a key only when its client will never retry it, or when running
+// it again is what is wanted.
+//
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotFinished for a key in
+// progress or dead-lettered (nothing changes); ErrUnavailable.
+func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
+	if err := checkKey(scope, key); err != nil {
+		return err
+	}
+	err := e.store.Purge(ctx, e.pool, scope, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return e.notIn(ctx, scope, key, ErrNotFinished)
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyPurged, Scope: scope, Key: key})
+	return nil
+}
+
+// CountKeys counts every key by flow and status (a stuck key counts as stuck, not in
+// progress), ordered by flow and status. It reads the whole table: for monitoring use
+// GaugeKeys.
+func (e *Engine) CountKeys(ctx context.Context) ([]KeyCount, error) {
+	rows, err := e.store.Counts(ctx, e.pool)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyCount, len(rows))
+	for i, r := range rows {
+		out[i] = KeyCount{Flow: r.Flow, Status: KeyStatus(r.Status), Keys: r.Keys}
+	}
+	return out, nil
+}
+
+// GaugeKeys counts the unfinished keys of each flow that has any: in progress, stuck
+// and dead-lettered, ordered by flow. It is one statement that reads only the indexes
+// of unfinished keys and their rows, so its cost follows the number of unfinished
+// keys, never the finished ones: cheap enough for every collection of a metrics
+// scrape (see package otelidemflow).
+func (e *Engine) GaugeKeys(ctx context.Context) ([]KeyGauge, error) {
+	rows, err := e.store.Gauges(ctx, e.pool)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyGauge, len(rows))
+	for i, r := range rows {
+		out[i] = KeyGauge{Flow: r.Flow, InProgress: r.InProgress, Stuck: r.Stuck, Dead: r.Dead}
+	}
+	return out, nil
+}

@@ -1,0 +1,162 @@
+package workflow_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/maint"
+	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+type ctxKey string
+
+// recorder is one observer: it records attempt ends and phase events, and sees the
+// context values every observer set.
+type recorder struct {
+	name   string
+	mu     sync.Mutex
+	ends   []workflow.AttemptEvent
+	phases []string
+	seen   []string // context values seen at AttemptEnd
+}
+
+func (r *recorder) hooks() workflow.Hooks {
+	return workflow.Hooks{
+		AttemptStart: func(ctx context.Context, ev workflow.AttemptEvent) context.Context {
+			return context.WithValue(ctx, ctxKey(r.name), ev.Key)
+		},
+		AttemptEnd: func(ctx context.Context, ev workflow.AttemptEvent) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.ends = append(r.ends, ev)
+			for _, n := range []string{"a", "b"} {
+				if v, ok := ctx.Value(ctxKey(n)).(string); ok {
+					r.seen = append(r.seen, n+"="+v)
+				}
+			}
+		},
+		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.phases = append(r.phases, string(ev.Executor)+":"+ev.Phase)
+		},
+	}
+}
+
+func (r *recorder) last() workflow.AttemptEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ends[len(r.ends)-1]
+}
+
+func TestHooksJoin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b := &recorder{name: "a"}, &recorder{name: "b"}
+	var derived []string
+	var derivedRun []string
+	hooks := workflow.JoinHooks(a.hooks(), workflow.Hooks{}, b.hooks(), workflow.Hooks{
+		Origin: func(ctx context.Context) string { return "origin-of-" + ctx.Value(ctxKey("a")).(string) },
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
+			if ev.Kind == phases.KindCall {
+				derived = append(derived, ev.DerivedKey())
+			}
+			return ctx
+		},
+	})
+	require.Nil(t, workflow.JoinHooks(workflow.Hooks{}, workflow.Hooks{}).AttemptStart, "nothing set: nothing to call")
+	bd := setup(t, setupOpts{cfg: &workflow.Config{Hooks: hooks}, before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if tx == nil {
+			derivedRun = append(derivedRun, run.DerivedKey())
+		}
+		return nil
+	}})
+	e := bd.engine
+
+	_, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":1}`))
+	require.NoError(t, err)
+	end := a.last()
+	require.Equal(t, b.last(), end, "every observer sees the same event")
+	require.Equal(t, workflow.OutcomeFinished, end.Outcome)
+	require.Equal(t, workflow.ExecutorClient, end.Executor)
+	require.Equal(t, testflow.Name, end.Flow)
+	require.Equal(t, 1, end.Attempt)
+	require.Equal(t, mustID(t, bd, "acct", "k"), end.ID)
+	require.Equal(t, "origin-of-k", end.Origin)
+	require.Equal(t, phases.Finished, end.RecoveryPoint)
+	require.Equal(t, []string{"a=k", "b=k"}, a.seen, "start hooks chain their contexts")
+	require.Equal(t, []string{"client:reserve", "client:pay", "client:settle"}, a.phases)
+	require.Equal(t, derivedRun, derived, "PhaseEvent.DerivedKey is the phase's")
+
+	_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":1}`))
+	require.NoError(t, err)
+	end = a.last()
+	require.Equal(t, workflow.OutcomeReplayed, end.Outcome)
+	require.Equal(t, "origin-of-k", end.Origin)
+	require.Zero(t, end.Attempt, "a replay runs nothing")
+
+	_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":2}`))
+	require.ErrorIs(t, err, workflow.ErrMismatch)
+	require.Equal(t, workflow.OutcomeMismatch, a.last().Outcome)
+
+	bd.provider.FailNext(1)
+	_, err = e.Do(ctx, chargeReq("acct", "t", `{"amount":1}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	end = a.last()
+	require.Equal(t, workflow.OutcomeReleased, end.Outcome)
+	require.Equal(t, testflow.Pay, end.Phase)
+	require.Equal(t, testflow.Reserve, end.RecoveryPoint)
+
+	sweepable(t, bd.db)
+	require.Equal(t, []maint.Outcome{maint.Finished}, sweepOnce(t, e, 0))
+	end = a.last()
+	require.Equal(t, workflow.ExecutorSweeper, end.Executor)
+	require.Equal(t, workflow.OutcomeFinished, end.Outcome)
+	require.Equal(t, 2, end.Attempt)
+	require.Equal(t, "origin-of-t", end.Origin, "a sweep knows who claimed the key")
+	require.Equal(t, "sweeper:settle", a.phases[len(a.phases)-1])
+
+	h := testflow.NewHolder("held")
+	holding := bd.newEngine(t, setupOpts{before: h.Before})
+	done := make(chan error, 1)
+	go func() {
+		_, err := holding.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
+		done <- err
+	}()
+	<-h.Entered
+	_, err = e.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
+	require.ErrorIs(t, err, workflow.ErrInProgress)
+	require.Equal(t, workflow.OutcomeInProgress, a.last().Outcome)
+	h.Let()
+	require.NoError(t, <-done)
+}
+
+// BenchmarkReplayNoHooks measures a replay with no hooks set; with JoinHooks of empty
+// hooks it must cost the same (every field nil). Run with -benchmem.
+func BenchmarkReplayNoHooks(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		hooks workflow.Hooks
+	}{{"none", workflow.Hooks{}}, {"joined-empty", workflow.JoinHooks(workflow.Hooks{}, workflow.Hooks{})}} {
+		b.Run(c.name, func(b *testing.B) {
+			bd := &bundle{}
+			bd.db, bd.provider = testflow.Start(b)
+			e := testflow.Engine(b, bd.db.Pool, &workflow.Config{Hooks: c.hooks}, bd.provider, nil)
+			ctx := context.Background()
+			req := chargeReq("acct", "k", `{"amount":1}`)
+			_, err := e.Do(ctx, req)
+			require.NoError(b, err)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.Do(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
