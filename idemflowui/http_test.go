@@ -51,9 +51,12 @@ func TestReadOnly(t *testing.T) {
 	}
 	for _, path := range []string{"/key/redrive", "/key/release", "/login", "/logout"} {
 		for _, k := range []string{"dead", "stuck"} {
-			p := f.post(t, c, path, withCSRF(url.Values{"scope": {"acct"}, "key": {k}, "token": {token}}, "x"))
-			require.Equal(t, http.StatusForbidden, p.status, path)
-			require.Contains(t, p.body, "read-only", path)
+			for _, tok := range []string{token, ""} { // an empty token is no token
+				p := f.post(t, c, path, withCSRF(url.Values{"scope": {"acct"}, "key": {k}, "token": {tok}}, "x"))
+				require.Equal(t, http.StatusForbidden, p.status, path)
+				require.Contains(t, p.body, `<p id="message">this page is read-only`, path)
+				require.Empty(t, p.header.Values("Set-Cookie"), path)
+			}
 		}
 	}
 	for _, path := range []string{"/login", "/key/confirm?action=redrive&scope=acct&key=dead"} {
