@@ -15,7 +15,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowui"
@@ -179,29 +178,15 @@ func runCrasher() bool {
 	if dbURL == "" {
 		return false
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		fmt.Println("error: " + err.Error())
-		os.Exit(2)
+	hang := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if tx == nil {
+			fmt.Println("in call phase")
+			_, _ = io.ReadAll(os.Stdin) // until killed
+		}
+		return nil
 	}
-	e, err := workflow.New(pool, nil)
-	if err == nil {
-		err = e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envCrashProvider),
-			Before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-				if tx == nil {
-					fmt.Println("in call phase")
-					_, _ = io.ReadAll(os.Stdin) // until killed
-				}
-				return nil
-			}}))
-	}
-	if err != nil {
-		fmt.Println("error: " + err.Error())
-		os.Exit(2)
-	}
-	_, err = e.Do(ctx, req("acct", os.Getenv(envCrashKey), `{"amount":9}`))
-	fmt.Printf("not killed: %v\n", err)
+	err := testflow.RunChild(context.Background(), dbURL, os.Getenv(envCrashProvider), hang, req("acct", os.Getenv(envCrashKey), `{"amount":9}`))
+	fmt.Printf("error: not killed (%v)\n", err)
 	os.Exit(3)
 	return true
 }
