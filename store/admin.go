@@ -49,6 +49,7 @@ type adminStatements struct {
 	list                     map[string][2]string // by status: the first page, a later page
 	show, counts             string
 	gauges                   string
+	outcomes                 string
 	release, purge           string
 	expireDead, expireParked string
 }
@@ -92,6 +93,21 @@ FROM (
 ) k
 GROUP BY flow
 ORDER BY flow`
+	// One arm per partial index: finished keys by finish time, dead-lettered keys by the
+	// time they died (their last update). The window is bounded by statement_timestamp(),
+	// which the planner can use as an index bound; clock_timestamp() it cannot.
+	a.outcomes = `SELECT flow, 'finished', date_bin($2::bigint * interval '1 millisecond', finished_at, timestamptz 'epoch'), count(*)
+FROM idemflow_keys
+WHERE status = 'finished' AND finished_at > statement_timestamp() - $1::bigint * interval '1 millisecond'
+	AND $3 IN ('', 'finished')
+GROUP BY 1, 3
+UNION ALL
+SELECT flow, 'dead', date_bin($2::bigint * interval '1 millisecond', updated_at, timestamptz 'epoch'), count(*)
+FROM idemflow_keys
+WHERE status = 'dead' AND updated_at > statement_timestamp() - $1::bigint * interval '1 millisecond'
+	AND $3 IN ('', 'dead')
+GROUP BY 1, 3
+ORDER BY 3, 1, 2`
 	a.release = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
 	next_attempt_at = clock_timestamp(), updated_at = clock_timestamp(),
@@ -272,6 +288,35 @@ func (s *Store) Gauges(ctx context.Context, db DBTX) ([]Gauge, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gauge keys: %w", Classify(err))
+	}
+	return out, nil
+}
+
+// Outcome is how many keys of a flow ended in one status (finished or dead) in the
+// bucket of time that starts at Start.
+type Outcome struct {
+	Flow, Status string
+	Start        time.Time
+	Keys         int64
+}
+
+// Outcomes counts the keys that finished or were dead-lettered in the last window (by
+// the database clock), by flow and by bucket of that width, buckets aligned on the Unix
+// epoch; status is "" for both, or StatusFinished or StatusDead for one. It reads the
+// partial indexes of finished and of dead-lettered keys over the window only, so its
+// cost follows the keys that ended in the window, never the table.
+func (s *Store) Outcomes(ctx context.Context, db DBTX, window, bucket time.Duration, status string) ([]Outcome, error) {
+	rows, err := db.Query(ctx, s.admin.outcomes, window.Milliseconds(), bucket.Milliseconds(), status)
+	if err != nil {
+		return nil, fmt.Errorf("count outcomes: %w", Classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Outcome, error) {
+		var o Outcome
+		err := r.Scan(&o.Flow, &o.Status, &o.Start, &o.Keys)
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count outcomes: %w", Classify(err))
 	}
 	return out, nil
 }

@@ -370,6 +370,52 @@ func TestCountAndGaugeKeys(t *testing.T) {
 	require.Equal(t, []workflow.KeyGauge{{Flow: testflow.Name, InProgress: 2, Stuck: 1, Dead: 1}}, gauges)
 }
 
+// TestCountOutcomes: finished and dead-lettered keys are counted by flow and bucket in
+// the window, keys that ended before it are not, and bad options are refused.
+func TestCountOutcomes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	adminKeys(t, b)
+	_, err := b.engine.Do(ctx, chargeReq("acct", "old", `{"amount":5}`))
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = finished_at - interval '2 hours' WHERE idempotency_key = 'old'`)
+	require.NoError(t, err)
+
+	got, err := b.engine.CountOutcomes(ctx, workflow.OutcomeOptions{Window: time.Hour, Bucket: time.Hour})
+	require.NoError(t, err)
+	var dead, finished int64
+	for _, o := range got {
+		require.Equal(t, testflow.Name, o.Flow)
+		require.Zero(t, o.Start.UnixNano()%int64(time.Hour), "buckets start on the hour")
+		switch o.Status {
+		case workflow.KeysDead:
+			dead += o.Keys
+		case workflow.KeysFinished:
+			finished += o.Keys
+		}
+	}
+	require.Equal(t, [2]int64{1, 1}, [2]int64{finished, dead}, "acct/done and acct/dead; acct/old ended before the window")
+
+	only, err := b.engine.CountOutcomes(ctx, workflow.OutcomeOptions{Window: 24 * time.Hour, Status: workflow.KeysDead})
+	require.NoError(t, err)
+	require.Len(t, only, 1)
+	require.Equal(t, workflow.KeysDead, only[0].Status)
+
+	require.NoError(t, b.engine.Redrive(ctx, "acct", "dead"))
+	only, err = b.engine.CountOutcomes(ctx, workflow.OutcomeOptions{Window: 24 * time.Hour, Status: workflow.KeysDead})
+	require.NoError(t, err)
+	require.Empty(t, only, "a re-driven key is no longer dead")
+
+	for _, o := range []workflow.OutcomeOptions{
+		{Window: -time.Hour}, {Window: 8 * 24 * time.Hour}, {Bucket: time.Millisecond},
+		{Window: 24 * time.Hour, Bucket: time.Second}, {Status: workflow.KeysStuck},
+	} {
+		_, err := b.engine.CountOutcomes(ctx, o)
+		require.ErrorIs(t, err, workflow.ErrInvalidRequest, "%+v", o)
+	}
+}
+
 // TestRedriveHistory: a re-drive is an operator's entry, and bad input is refused.
 func TestRedriveHistory(t *testing.T) {
 	t.Parallel()

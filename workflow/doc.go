@@ -69,8 +69,8 @@
 // observers combine with JoinHooks (package otelidemflow is one). Each key keeps a
 // bounded history of its attempts (Attempt, Config.History), written by the statements
 // that end them, at no extra round trip or commit. The admin API (ListKeys,
-// InspectKey, Redrive, ReleaseKey, PurgeKey, CountKeys, GaugeKeys) is what
-// cmd/idemflow and docs/OPERATIONS.md are built on.
+// InspectKey, Redrive, ReleaseKey, PurgeKey, CountKeys, GaugeKeys, CountOutcomes) is
+// what cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on.
 //
 // This package imports idemflow's phases and store packages, its internal maint package
 // (it implements the maintenance API the sweeper drives) and internal/phaserun (the

@@ -9,6 +9,7 @@
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
+//	idemflow -database-url URL [-schema S] ui [-addr 127.0.0.1:8081] [-write-token-file FILE]
 //
 // Flags come before positional arguments, at each level. -database-url defaults to
 // $DATABASE_URL. Output is a human table by default; -json prints one JSON object per
@@ -19,10 +20,17 @@
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
 // with flow, status and keys; migrate prints version and latest.
 //
+// ui serves the operator's web page (package idemflowui) on -addr, loopback by
+// default, until SIGINT or SIGTERM; it prints the address it serves on stderr. It is
+// read-only unless given a write token: the contents of -write-token-file (whitespace
+// around it trimmed), or else
+// $IDEMFLOW_UI_WRITE_TOKEN (never a flag's value, which other users can see in the
+// process list).
+//
 // Exit status: 0 on success, 1 on failure (a missing key among them, with a message
 // that names it), 2 on bad usage.
 //
 // See docs/OPERATIONS.md for when to use which command.
 //
-// This command imports idemflow's workflow and migrations packages.
+// This command imports idemflow's workflow, migrations and idemflowui packages.
 package main

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -44,6 +45,7 @@ commands:
   keys purge [-json] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
+  ui [-addr 127.0.0.1:8081] [-write-token-file FILE]
 
 Flags come before positional arguments. -json prints one JSON object per line.
 Exit status: 0 on success, 1 on failure (a missing key included), 2 on bad usage.
@@ -95,6 +97,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		do = c.stats
 	case "migrate":
 		do = c.migrate
+	case "ui":
+		do = c.ui
 	default:
 		return report(stderr, badUsage("unknown command %q", cmd))
 	}

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
@@ -346,27 +345,14 @@ func runHolder() bool {
 	if dbURL == "" {
 		return false
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		fmt.Println("error: " + err.Error())
-		os.Exit(2)
+	pause := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if tx == nil && run.Attempt() == 1 {
+			fmt.Println("paused")
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		}
+		return nil
 	}
-	e, err := workflow.New(pool, nil)
-	if err == nil {
-		err = e.Register(testflow.Flow(testflow.Options{ProviderURL: os.Getenv(envHolderProvider), Before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-			if tx == nil && run.Attempt() == 1 {
-				fmt.Println("paused")
-				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-			}
-			return nil
-		}}))
-	}
-	if err != nil {
-		fmt.Println("error: " + err.Error())
-		os.Exit(2)
-	}
-	_, err = e.Do(ctx, req("acct", os.Getenv(envHolderKey), 9))
+	err := testflow.RunChild(context.Background(), dbURL, os.Getenv(envHolderProvider), pause, req("acct", os.Getenv(envHolderKey), 9))
 	switch {
 	case err == nil:
 		fmt.Println("finished")
@@ -375,7 +361,6 @@ func runHolder() bool {
 	default:
 		fmt.Println("error: " + err.Error())
 	}
-	pool.Close()
 	return true
 }
 

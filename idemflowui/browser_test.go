@@ -1,0 +1,247 @@
+package idemflowui_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/testflow"
+)
+
+// The browser tests drive the pages in headless Chromium (Debian's chromium package)
+// through the DevTools protocol. They skip when no Chromium binary is found, unless
+// IDEMFLOW_REQUIRE_CHROMIUM=1 (as .ci/run sets it), when they fail instead.
+const envRequireChromium = "IDEMFLOW_REQUIRE_CHROMIUM"
+
+// browser is one Chromium for the package's tests, started by the first that needs
+// it; each test gets a tab in a browser context of its own (its own cookies).
+var browser struct {
+	once   sync.Once
+	ctx    context.Context
+	cancel []context.CancelFunc
+	err    error
+}
+
+func chromiumPath() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func startBrowser(path string) {
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.Flag("headless", true),
+		chromedp.Flag("no-sandbox", true), // the tests run as root
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("no-first-run", true),
+		chromedp.Flag("no-default-browser-check", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.WindowSize(1280, 900),
+		chromedp.UserDataDir(""), // set below: a fresh one
+	}
+	dir, err := os.MkdirTemp("", "idemflowui-chromium-")
+	if err != nil {
+		browser.err = err
+		return
+	}
+	opts[len(opts)-1] = chromedp.UserDataDir(dir)
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, bcancel := chromedp.NewContext(actx)
+	browser.ctx, browser.cancel = bctx, []context.CancelFunc{bcancel, acancel, func() { os.RemoveAll(dir) }}
+	browser.err = chromedp.Do(bctx) // starts the browser
+}
+
+func closeBrowser() {
+	for _, c := range browser.cancel {
+		c()
+	}
+}
+
+// tab returns a context for a new tab in a fresh browser context, closed at cleanup.
+func tab(t *testing.T) context.Context {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		if os.Getenv(envRequireChromium) == "1" {
+			t.Fatalf("no Chromium binary found (chromium, chromium-browser, google-chrome) and %s=1", envRequireChromium)
+		}
+		t.Skipf("no Chromium binary found: apt-get install chromium (set %s=1 to fail instead)", envRequireChromium)
+	}
+	browser.once.Do(func() { startBrowser(path) })
+	require.NoError(t, browser.err, "start %s", path)
+	ctx, cancel := chromedp.NewContext(browser.ctx, chromedp.WithNewBrowserContext())
+	// A bound on a hung browser, not a threshold: every step waits on a condition.
+	ctx, cancelT := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(func() { cancelT(); cancel() })
+	return ctx
+}
+
+func text(ctx context.Context, t *testing.T, sel string) string {
+	t.Helper()
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(sel))))
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(t, err)
+	return strings.TrimSpace(s)
+}
+
+// loginIn logs the tab in with the write token through the login page.
+func (f *fixture) loginIn(ctx context.Context, t *testing.T) {
+	t.Helper()
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(f.srv.URL+"/"),
+		chromedp.Click(chromedp.CSS("#login-link")),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#total-stuck")),
+	))
+	require.Equal(t, "writes enabled", text(ctx, t, "#mode"))
+}
+
+// TestBrowserStuckKeyOfACrashedServer: a server SIGKILLed in a key's call phase leaves
+// it in progress; once its lease has run out (by the database clock) the overview
+// counts it stuck and links it; its page shows where it stopped; the operator releases
+// it after a confirmation page, and a sweep finishes it with one effect.
+func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, writable())
+	f.crash(t, "crashed")
+	testflow.Sweepable(t, f.db.Pool) // the dead server's lease has run out
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/")))
+	require.Equal(t, "1", text(ctx, t, "#total-stuck"))
+	require.Equal(t, "crashed", text(ctx, t, "#oldest-stuck-link"))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#oldest-stuck-link"))))
+	require.Equal(t, "crashed", text(ctx, t, "#key"))
+	require.Equal(t, "stuck", text(ctx, t, "#status"))
+	require.Equal(t, testflow.Reserve, text(ctx, t, "#recovery-point"))
+	buttons, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#release, #redrive").length`))
+	require.NoError(t, err)
+	require.Zero(t, buttons, "not logged in: no button")
+
+	f.loginIn(ctx, t)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(f.srv.URL+"/keys?status=stuck"),
+		chromedp.Click(chromedp.CSS(`#keys a.key`)),
+		chromedp.WaitVisible(chromedp.CSS("#release")),
+		chromedp.Click(chromedp.CSS("#release")),
+	))
+	require.Contains(t, text(ctx, t, "#what"), "Releasing takes its lease away")
+	require.Equal(t, 1, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "the confirmation page changes nothing")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
+	require.Contains(t, text(ctx, t, "#flash"), "Released")
+	require.Equal(t, 2, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "released: fenced")
+
+	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
+	require.Equal(t, "finished", text(ctx, t, "#status"))
+	history := text(ctx, t, "#history")
+	require.Contains(t, history, "operator_released")
+	require.Contains(t, history, "had reached reserve")
+	require.Contains(t, history, "by sweeper")
+	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "crashed")
+}
+
+// TestBrowserRedrive: a dead-lettered key is found in the dead list, re-driven after a
+// confirmation page that says what it does, and finished by the next sweep.
+func TestBrowserRedrive(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, writable())
+	f.dead(t, "acct", "dead")
+	f.loginIn(ctx, t)
+	require.Equal(t, "1", text(ctx, t, "#dead-24h"))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(f.srv.URL+"/keys?status=dead"),
+		chromedp.Click(chromedp.CSS(`#keys a.key`)),
+	))
+	require.Equal(t, "dead", text(ctx, t, "#status"))
+	require.Equal(t, testflow.Pay, text(ctx, t, "#failed-phase"))
+	require.Contains(t, text(ctx, t, "#last-error"), "503")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#redrive"))))
+	require.Contains(t, text(ctx, t, "#what"), "Re-driving puts it back in progress")
+	require.Equal(t, "dead", testflow.State(t, f.db.Pool, "acct", "dead").Status, "the confirmation page changes nothing")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
+	require.Contains(t, text(ctx, t, "#flash"), "Re-driven")
+	require.Equal(t, "stuck", text(ctx, t, "#status"), "due at once")
+	require.Equal(t, "0", text(ctx, t, "#attempts"))
+
+	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
+	require.Equal(t, "finished", text(ctx, t, "#status"))
+	require.Contains(t, text(ctx, t, "#history"), "redriven")
+	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "dead")
+}
+
+// TestBrowserScriptInBody: a stored body, a key and an error holding markup are shown
+// as text: no element is made from them and no script runs (the script would set the
+// title and a global).
+func TestBrowserScriptInBody(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, nil)
+	const key = `<i id="k">x</i>`
+	body := `{"amount":7,"note":"<script>document.title='pwned';window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"}`
+	f.released(t, "acct", key, body)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/keys?status=in_progress")))
+	require.Equal(t, key, text(ctx, t, "#keys a.key"))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#keys a.key"))))
+	require.Equal(t, key, text(ctx, t, "#key"))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#show-body"))))
+	require.Equal(t, body, text(ctx, t, "#body"), "the body, as text")
+	title, err := chromedp.Run(ctx, chromedp.Title())
+	require.NoError(t, err)
+	pwned, err := chromedp.Run(ctx, chromedp.Evaluate[string](`typeof window.pwned`))
+	require.NoError(t, err)
+	injected, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("script, img, #k").length`))
+	require.NoError(t, err)
+	require.Equal(t, "Key "+key+" · idemflow", title)
+	require.Equal(t, "undefined", pwned, "no script ran")
+	require.Zero(t, injected, "no element was made from client data")
+}
+
+// TestScreenshots writes the pictures in docs/ that docs/OPERATIONS.md shows. Run it
+// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui
+func TestScreenshots(t *testing.T) {
+	if os.Getenv("IDEMFLOW_SCREENSHOTS") != "docs" {
+		t.Skip("set IDEMFLOW_SCREENSHOTS=docs to write docs/ui-*.png")
+	}
+	ctx := tab(t)
+	f := setup(t, writable())
+	for i, k := range []string{"ch_1001", "ch_1002", "ch_1003", "ch_1004", "ch_1005", "ch_1006"} {
+		f.finished(t, []string{"acct_42", "acct_7"}[i%2], k)
+	}
+	f.dead(t, "acct_42", "ch_0998")
+	f.crash(t, "ch_1007")
+	testflow.Sweepable(t, f.db.Pool)
+	f.loginIn(ctx, t)
+	shot := func(url, name string) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("main"))))
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join("..", "docs", name), png, 0o644))
+	}
+	shot(f.srv.URL+"/", "ui-overview.png")
+	shot(f.srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
+}

@@ -1,0 +1,45 @@
+// Package idemflowui is an operator's web page for idemflow's key table: an overview
+// of unfinished keys and recent outcomes, lists of keys by status, one key with its
+// request, recovery point and history, and (with a write token) the re-drive of a
+// dead-lettered key and the release of a stuck lease. The pages are rendered on the
+// server with html/template; the style sheet is embedded; there is no JavaScript and
+// nothing is loaded from elsewhere, so it works on a closed network.
+//
+// Mount it in an admin server:
+//
+//	ui, err := idemflowui.New(engine, &idemflowui.Options{
+//		Prefix:     "/idemflow",
+//		WriteToken: os.Getenv("IDEMFLOW_UI_WRITE_TOKEN"), // empty: read-only
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	mux.Handle("/idemflow/", ui)
+//
+// or run `idemflow ui -addr 127.0.0.1:8081` (see cmd/idemflow).
+//
+// Security. Without a write token the pages only read: no button is shown and every
+// POST is refused with 403. With one, an operator logs in once with the token and gets
+// an HttpOnly, SameSite=Strict session cookie signed with a secret made when the
+// Handler is (a restart logs everyone out). Every state-changing request is a POST that
+// must carry that cookie and a CSRF token from the page's form (an HMAC of the session
+// under the same secret, compared in constant time), and must not come from another
+// origin (Sec-Fetch-Site and Origin, as net/http's CrossOriginProtection checks them).
+// Every action asks for confirmation on a page of its own that says what it will do.
+// Request bodies, errors, scopes and keys are client-controlled and are always
+// rendered as text by html/template. Every response carries a Content-Security-Policy
+// that allows no script, no frames and forms only to the page's own origin, with
+// X-Content-Type-Options nosniff and Referrer-Policy no-referrer.
+//
+// Bad input in a URL or form (an unknown status, a scope or key that is not valid, a
+// value that is not UTF-8, a malformed cursor or age) is answered 400 with a message
+// and changes nothing.
+//
+// Cost. The pages read through the engine's admin API and only through its indexed
+// statements: GaugeKeys, ListKeys by status, InspectKey and CountOutcomes over a short
+// window. None reads the whole table, so the overview's cost follows the unfinished
+// keys and the keys that ended in the window, not the size of the table (see
+// docs/BENCHMARKS.md).
+//
+// This package imports idemflow's workflow package.
+package idemflowui

@@ -1,0 +1,162 @@
+package idemflowui
+
+import (
+	"cmp"
+	"crypto/rand"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// Defaults and limits of Options.
+const (
+	BodyLimitDefault = 16 << 10
+	BodyLimitMax     = 1 << 20
+	PageSizeDefault  = 50
+	WindowDefault    = time.Hour
+	// WriteTokenMinBytes is the shortest write token New accepts.
+	WriteTokenMinBytes = 16
+	// SessionDefault is how long a login lasts.
+	SessionDefault = 12 * time.Hour
+)
+
+// Options configure a Handler. A nil *Options means all defaults: read-only, mounted
+// at the root.
+type Options struct {
+	// Prefix is the path the handler is mounted at, such as "/idemflow", without a
+	// trailing slash; every link starts with it and the handler strips it from the
+	// requests it serves, so mount it at Prefix+"/". Defaults to "" (the root).
+	Prefix string
+	// WriteToken, when set, lets an operator who logs in with it re-drive dead-lettered
+	// keys and release leases. At least WriteTokenMinBytes bytes. Empty (the default)
+	// makes the pages read-only: no button is shown and every POST is refused (403).
+	WriteToken string
+	// BodyLimit is the most bytes of a stored request body the key page shows, when
+	// the operator asks for it. Defaults to 16 KiB; at most 1 MiB.
+	BodyLimit int
+	// PageSize is how many keys a list page shows. Defaults to 50; at most
+	// workflow.ListLimitMax.
+	PageSize int
+	// Window is how far back the overview counts finished and dead-lettered keys and
+	// draws its chart (twelve bars). Defaults to 1h; at most 24h. The overview's cost
+	// grows with the keys that finished in the window.
+	Window time.Duration
+	// Session is how long a login lasts. Defaults to 12h.
+	Session time.Duration
+	// Logger receives failures answered with 500. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler serves the pages. It is safe for concurrent use.
+type Handler struct {
+	engine *workflow.Engine
+	opts   Options
+	secret []byte // signs sessions and CSRF tokens; made by New
+	pages  map[string]*template.Template
+	mux    *http.ServeMux
+	cop    *http.CrossOriginProtection
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// New returns a handler for engine's key table. opts may be nil.
+//
+// Errors: a prefix that does not start with "/" or ends with one, a write token
+// shorter than WriteTokenMinBytes, or a limit out of range.
+func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
+	if engine == nil {
+		return nil, errors.New("idemflowui: nil engine")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.BodyLimit = cmp.Or(o.BodyLimit, BodyLimitDefault)
+	o.PageSize = cmp.Or(o.PageSize, PageSizeDefault)
+	o.Window = cmp.Or(o.Window, WindowDefault)
+	o.Session = cmp.Or(o.Session, SessionDefault)
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	switch {
+	case o.Prefix != "" && (!strings.HasPrefix(o.Prefix, "/") || strings.HasSuffix(o.Prefix, "/")):
+		return nil, fmt.Errorf("idemflowui: prefix %q must start with / and not end with one", o.Prefix)
+	case o.WriteToken != "" && len(o.WriteToken) < WriteTokenMinBytes:
+		return nil, fmt.Errorf("idemflowui: write token is %d bytes, want at least %d", len(o.WriteToken), WriteTokenMinBytes)
+	case o.BodyLimit < 1 || o.BodyLimit > BodyLimitMax:
+		return nil, fmt.Errorf("idemflowui: body limit %d is outside 1..%d", o.BodyLimit, BodyLimitMax)
+	case o.PageSize < 1 || o.PageSize > workflow.ListLimitMax:
+		return nil, fmt.Errorf("idemflowui: page size %d is outside 1..%d", o.PageSize, workflow.ListLimitMax)
+	case o.Window < time.Minute || o.Window > 24*time.Hour:
+		return nil, fmt.Errorf("idemflowui: window %v is outside 1m..24h", o.Window)
+	case o.Session < time.Minute:
+		return nil, fmt.Errorf("idemflowui: session %v is under a minute", o.Session)
+	}
+	h := &Handler{engine: engine, opts: o, secret: make([]byte, 32), mux: http.NewServeMux(),
+		cop: http.NewCrossOriginProtection()}
+	if _, err := rand.Read(h.secret); err != nil {
+		return nil, fmt.Errorf("idemflowui: secret: %w", err)
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	h.pages = pages
+	h.routes()
+	return h, nil
+}
+
+// routes registers the pages. Paths are without the prefix.
+func (h *Handler) routes() {
+	static, _ := fs.Sub(staticFS, "static") // the embedded folder is always there
+	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	h.mux.HandleFunc("GET /{$}", h.overview)
+	h.mux.HandleFunc("GET /keys", h.list)
+	h.mux.HandleFunc("GET /key", h.key)
+	h.mux.HandleFunc("GET /key/confirm", h.confirm)
+	h.mux.HandleFunc("POST /key/redrive", h.write(h.redrive))
+	h.mux.HandleFunc("POST /key/release", h.write(h.release))
+	h.mux.HandleFunc("GET /login", h.loginPage)
+	h.mux.HandleFunc("POST /login", h.login)
+	h.mux.HandleFunc("POST /logout", h.write(h.logout))
+}
+
+// ServeHTTP serves a page, with the security headers on every answer.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("Cache-Control", "no-store")
+	path := r.URL.Path
+	if h.opts.Prefix != "" {
+		rest, ok := strings.CutPrefix(path, h.opts.Prefix)
+		if !ok || !strings.HasPrefix(rest, "/") {
+			h.fail(w, r, http.StatusNotFound, "no such page")
+			return
+		}
+		r2 := *r
+		u := *r.URL
+		u.Path, u.RawPath = rest, ""
+		r2.URL = &u
+		r = &r2
+	}
+	if r.Method == http.MethodPost {
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// link is the path of a page under the prefix.
+func (h *Handler) link(path string) string { return h.opts.Prefix + path }
