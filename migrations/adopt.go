@@ -35,9 +35,9 @@ var toolTables = []toolTable{
 
 // adopt runs when m's version table records nothing. It returns 0 when the schema has
 // no key table (nothing to adopt). When it has one, it finds the migration tool that
-// made it and records the versions the tool applied, returning the highest; a version
-// newer than this build knows is returned unrecorded (the caller then changes
-// nothing). Anything else is ErrUnknownState.
+// made it and records the versions the tool applied, returning the highest. A tool's
+// version above the newest migration is refused, like anything else it cannot trust,
+// with ErrUnknownState.
 func (m *Migrator) adopt(ctx context.Context, tx pgx.Tx, all []Migration) (int, error) {
 	keys, err := m.exists(ctx, tx, "idemflow_keys")
 	if err != nil {
@@ -82,7 +82,13 @@ func (m *Migrator) adopt(ctx context.Context, tx pgx.Tx, all []Migration) (int, 
 			ErrUnknownState, where, m.table, detail, len(all))
 	}
 	if version > len(all) {
-		return version, nil
+		// A tool's table can also hold the application's own migrations (a timestamp
+		// version, say), so a version above what idemflow has ever shipped says nothing
+		// about the key table: adopting it would skip idemflow's migrations for good.
+		return 0, fmt.Errorf("%w: %s has idemflow_keys and %s, above the newest idemflow migration (%d): "+
+			"that table records other migrations too, or a newer idemflow made it. Call Baseline with the "+
+			"version the key table is at, then call Migrate again; nothing was changed",
+			ErrUnknownState, where, strings.Join(found, ", "), len(all))
 	}
 	for _, mig := range all[:version] {
 		if err := m.record(ctx, tx, mig); err != nil {

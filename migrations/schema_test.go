@@ -86,6 +86,30 @@ func TestUnrecordedSchema(t *testing.T) {
 	require.ErrorContains(t, m.Baseline(ctx, empty.Pool, 1), "no idemflow_keys table")
 }
 
+// TestToolTableOfTheApplication: a tool's version table whose version is above every
+// idemflow migration (the application's own migrations share it) is not adopted: Migrate
+// refuses and changes nothing, instead of taking the key table for the newest and
+// skipping idemflow's migrations for good.
+func TestToolTableOfTheApplication(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewEmpty(t)
+	all, err := migrations.All()
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, all[0].Up) // idemflow's first migration, applied by the tool
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CREATE TABLE schema_migrations (version bigint PRIMARY KEY, dirty boolean NOT NULL);
+		INSERT INTO schema_migrations VALUES (20261201093000, false)`) // and the application's own, later
+	require.NoError(t, err)
+	before := objects(t, db.Pool)
+
+	err = migrations.Migrate(ctx, db.Pool)
+	require.ErrorIs(t, err, migrations.ErrUnknownState)
+	require.ErrorContains(t, err, "above the newest idemflow migration")
+	require.ErrorContains(t, err, "Call Baseline")
+	require.Equal(t, before, objects(t, db.Pool), "nothing was changed")
+}
+
 // TestToolFS: every migration ships in every tool's format, made from the same files.
 func TestToolFS(t *testing.T) {
 	t.Parallel()
