@@ -362,7 +362,7 @@ func cmpOr(s, def string) string {
 // newEngine is the flow's engine on db, with hooks run before the user's.
 func newEngine(c Crash, db *DB, pre workflow.Hooks) (*workflow.Engine, error) {
 	cfg := c.Config.WithDefaults()
-	cfg.Hooks = childproc.Chain(pre, cfg.Hooks)
+	cfg.Hooks = workflow.JoinHooks(pre, cfg.Hooks)
 	e, err := workflow.New(db.Pool, cfg)
 	if err != nil {
 		return nil, err

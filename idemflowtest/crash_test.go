@@ -1,8 +1,10 @@
 package idemflowtest_test
 
 import (
+	"context"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,6 +54,34 @@ func TestInProcessMatrix(t *testing.T) {
 	})
 	require.Empty(t, r.Failures)
 	require.Equal(t, 8*2, r.Cases)
+}
+
+// TestMatrixKeepsTheUsersHooks: the matrix adds its own hooks to the engine's without
+// dropping any of the user's (an observer such as otelidemflow sets them all).
+func TestMatrixKeepsTheUsersHooks(t *testing.T) {
+	t.Parallel()
+	db := idemflowtest.NewDB(t, ledgerSchema)
+	remote := idemflowtest.NewRemote(t, nil)
+	var starts, ends, origins, keys atomic.Int64
+	hooks := workflow.Hooks{
+		AttemptStart: func(ctx context.Context, ev workflow.AttemptEvent) context.Context { starts.Add(1); return ctx },
+		AttemptEnd:   func(ctx context.Context, ev workflow.AttemptEvent) { ends.Add(1) },
+		Origin:       func(ctx context.Context) string { origins.Add(1); return "" },
+		Key:          func(ctx context.Context, ev workflow.KeyEvent) { keys.Add(1) },
+	}
+	r := idemflowtest.RunMatrix(t, idemflowtest.Crash{
+		DB:        db,
+		Flow:      ledgerFlow(db, remote, flowOpts{}),
+		Request:   workflow.Request{Scope: "acct", Key: "k", Body: []byte(`{}`)},
+		Config:    &workflow.Config{Hooks: hooks},
+		Check:     checkLedger(remote, flowOpts{}),
+		InProcess: true,
+	})
+	require.Empty(t, r.Failures)
+	require.Positive(t, starts.Load(), "AttemptStart")
+	require.Positive(t, ends.Load(), "AttemptEnd")
+	require.Positive(t, origins.Load(), "Origin")
+	require.Positive(t, keys.Load(), "Key")
 }
 
 // TestBrokenFlowsAreCaught: the matrix catches a flow that writes outside its phase's

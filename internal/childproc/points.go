@@ -67,7 +67,7 @@ func (ps *Points) phase(phase, at string) {
 
 // Hooks are the engine hooks that reach the points, followed by next's.
 func (ps *Points) Hooks(next workflow.Hooks) workflow.Hooks {
-	return Chain(workflow.Hooks{
+	return workflow.JoinHooks(workflow.Hooks{
 		ClaimHeld: func(ctx context.Context, ev workflow.PhaseEvent) {
 			if ps.point != "" {
 				ps.At(ev.Phase + "/" + AfterClaim)
@@ -105,49 +105,4 @@ func (ps *Points) Hooks(next workflow.Hooks) workflow.Hooks {
 			}
 		},
 	}, next)
-}
-
-// Chain returns hooks that run a's hooks, then b's. A PhaseStart's context is passed on
-// to the next.
-func Chain(a, b workflow.Hooks) workflow.Hooks {
-	return workflow.Hooks{
-		ClaimHeld: func(ctx context.Context, ev workflow.PhaseEvent) {
-			for _, h := range []workflow.Hooks{a, b} {
-				if h.ClaimHeld != nil {
-					h.ClaimHeld(ctx, ev)
-				}
-			}
-		},
-		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
-			for _, h := range []workflow.Hooks{a, b} {
-				if h.PhaseStart != nil {
-					if c := h.PhaseStart(ctx, ev); c != nil {
-						ctx = c
-					}
-				}
-			}
-			return ctx
-		},
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
-			for _, h := range []workflow.Hooks{a, b} {
-				if h.BeforeCommit != nil {
-					h.BeforeCommit(ctx, ev)
-				}
-			}
-		},
-		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
-			for _, h := range []workflow.Hooks{a, b} {
-				if h.PhaseEnd != nil {
-					h.PhaseEnd(ctx, ev, err)
-				}
-			}
-		},
-		Key: func(ctx context.Context, ev workflow.KeyEvent) {
-			for _, h := range []workflow.Hooks{a, b} {
-				if h.Key != nil {
-					h.Key(ctx, ev)
-				}
-			}
-		},
-	}
 }
