@@ -340,20 +340,20 @@ type answer struct {
 
 // attempted is what an attempt learnt of its key, for AttemptEnd.
 type attempted struct {
-	id, origin, rp string
-	attempt        int
-	dead           bool // the attempt dead-lettered the key
+	id, flow, origin, rp string
+	attempt              int
+	dead                 bool // the attempt dead-lettered the key
 }
 
 // of is what the key row tells.
 func (a attempted) of(row *store.Row) attempted {
-	a.id, a.rp, a.origin = row.ID, row.RecoveryPoint, row.Origin
+	a.id, a.flow, a.rp, a.origin = row.ID, row.Flow, row.RecoveryPoint, row.Origin
 	return a
 }
 
 // ran is what the executor of an attempt tells.
 func (a attempted) ran(x *exec) attempted {
-	a.id, a.rp, a.attempt, a.dead = x.fence.ID, x.rp, x.run.Attempt(), x.deadLettered
+	a.id, a.flow, a.rp, a.attempt, a.dead = x.fence.ID, x.flow.Name, x.rp, x.run.Attempt(), x.deadLettered
 	return a
 }
 
@@ -363,6 +363,9 @@ func (e *Engine) end(ctx context.Context, ev AttemptEvent, a attempted, res *Res
 		return
 	}
 	ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = a.id, a.attempt, a.rp, a.origin
+	if ev.Flow == "" { // Resume learns the flow from the key row
+		ev.Flow = a.flow
+	}
 	ev.Outcome, ev.Phase, ev.Err = outcomeOf(res, err, a.dead)
 	e.cfg.Hooks.AttemptEnd(ctx, ev)
 }

@@ -100,6 +100,12 @@ func TestHooksJoin(t *testing.T) {
 	require.Equal(t, "origin-of-k", end.Origin)
 	require.Zero(t, end.Attempt, "a replay runs nothing")
 
+	_, err = e.Resume(ctx, "acct", "k")
+	require.NoError(t, err)
+	end = a.last()
+	require.Equal(t, workflow.OutcomeReplayed, end.Outcome)
+	require.Equal(t, testflow.Name, end.Flow, "Resume learns the flow from the key")
+
 	_, err = e.Do(ctx, chargeReq("acct", "k", `{"amount":2}`))
 	require.ErrorIs(t, err, workflow.ErrMismatch)
 	require.Equal(t, workflow.OutcomeMismatch, a.last().Outcome)

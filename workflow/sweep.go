@@ -153,6 +153,9 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		default:
 			ev.Outcome = OutcomeReleased
 		}
+		if err != nil { // the key's fate was not recorded: nothing was released
+			ev.Outcome, ev.Err = OutcomeFailed, err
+		}
 		e.cfg.Hooks.AttemptEnd(ctx, ev)
 	}
 	return res, err
