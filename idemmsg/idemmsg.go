@@ -100,7 +100,8 @@ type Decision struct {
 //	ErrTransient (*TransientError)                  Retry      its RetryAfter
 //	ErrUnavailable, ErrConflict, ErrLeaseLost,      Retry      RetryDelayDefault
 //	ErrUnknownFlow, ErrUnknownRecoveryPoint,
-//	a context's error, any other error
+//	ErrMisconfigured, a context's error,
+//	any other error
 //	ErrMismatch, ErrInvalidKey, ErrInvalidScope,    Terminate  -
 //	ErrInvalidRequest, ErrBodyTooLarge,
 //	ErrNeedsClient, ErrDeadLettered
@@ -108,6 +109,9 @@ type Decision struct {
 // An unregistered flow or recovery point is retried, not terminated: nothing was
 // written, and it is what a delivery meets while a deployment rolls out; bound
 // redeliveries in the broker (JetStream's MaxDeliver) to catch a real mistake.
+// ErrMisconfigured (the pgx settings do not fit a pooler) is retried for the same
+// reason: retrying does not help until the setting is fixed, but terminating would lose
+// the message, and nothing of it was written.
 func Decide(res *workflow.Result, err error) Decision {
 	if err == nil {
 		return Decision{Action: Ack, Result: res}

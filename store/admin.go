@@ -303,9 +303,11 @@ type Outcome struct {
 
 // Outcomes counts the keys that finished or were dead-lettered in the last window (by
 // the database clock), by flow and by bucket of that width, buckets aligned on the Unix
-// epoch; status is "" for both, or StatusFinished or StatusDead for one. It reads the
-// partial indexes of finished and of dead-lettered keys over the window only, so its
-// cost follows the keys that ended in the window, never the table.
+// epoch; status is "" for both, or StatusFinished or StatusDead for one. Finished keys
+// are read from their partial index over the window only; dead-lettered keys from
+// theirs, which is ordered by creation, so that arm reads every dead key (at most
+// sweeper.Config.DeadRetention's worth) and keeps those that died in the window. Its
+// cost follows the keys that ended in the window plus the dead ones, never the table.
 func (s *Store) Outcomes(ctx context.Context, db DBTX, window, bucket time.Duration, status string) ([]Outcome, error) {
 	rows, err := db.Query(ctx, s.admin.outcomes, window.Milliseconds(), bucket.Milliseconds(), status)
 	if err != nil {

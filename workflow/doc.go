@@ -56,8 +56,9 @@
 // otherwise.
 //
 // The transaction a tx phase gets is also a pgx.Tx (see phases.DBTX and the pgxTx
-// example): Begin opens a savepoint, which costs no extra round trip when it is the
-// phase's first statement; Commit and Rollback of the phase's own transaction are
+// example): Begin opens a savepoint, which rides in the round trip of the phase's BEGIN
+// when it is the phase's first statement, except in a new key's first tx phase, whose
+// transaction the claim has already begun (there it is a round trip of its own); Commit and Rollback of the phase's own transaction are
 // refused with phases.ErrTxManaged and fail the phase.
 //
 // Cost of a fresh request: one round trip to look the key up and one for the claim,
