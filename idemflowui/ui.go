@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,6 +54,14 @@ type Options struct {
 	Session time.Duration
 	// Logger receives failures answered with 500. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hosts, when set, are the only Host header values (host:port, as a browser sends
+	// them) the handler answers; any other is refused with 403 before anything is read.
+	// Reading the pages needs no login, so a page on loopback must refuse other hosts:
+	// otherwise a web page the operator visits can rebind its own name to 127.0.0.1
+	// and read keys and request bodies (DNS rebinding). `idemflow ui` sets them for a
+	// loopback address; a team that mounts the handler behind its own authentication
+	// may leave them empty.
+	Hosts []string
 }
 
 // Handler serves the pages. It is safe for concurrent use.
@@ -88,6 +97,11 @@ func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 	o.Window = cmp.Or(o.Window, WindowDefault)
 	o.Session = cmp.Or(o.Session, SessionDefault)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
+	hosts := make([]string, len(o.Hosts))
+	for i, host := range o.Hosts {
+		hosts[i] = strings.ToLower(host)
+	}
+	o.Hosts = hosts
 	switch {
 	case o.Prefix != "" && (!strings.HasPrefix(o.Prefix, "/") || strings.HasSuffix(o.Prefix, "/")):
 		return nil, fmt.Errorf("idemflowui: prefix %q must start with / and not end with one", o.Prefix)
@@ -139,6 +153,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Referrer-Policy", "no-referrer")
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("Cache-Control", "no-store")
+	if len(h.opts.Hosts) > 0 && !slices.Contains(h.opts.Hosts, strings.ToLower(r.Host)) {
+		http.Error(w, "idemflow ui: not served under this host", http.StatusForbidden)
+		return
+	}
 	path := r.URL.Path
 	if h.opts.Prefix != "" {
 		rest, ok := strings.CutPrefix(path, h.opts.Prefix)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,12 +37,16 @@ func (c *cli) ui(ctx context.Context, args []string) error {
 			return fmt.Errorf("ui: write token file %s is empty", *tokenFile)
 		}
 	}
-	h, err := idemflowui.New(c.engine, &idemflowui.Options{WriteToken: token})
-	if err != nil {
-		return badUsage("ui: %v", err)
+	if _, err := idemflowui.New(c.engine, &idemflowui.Options{WriteToken: token}); err != nil {
+		return badUsage("ui: %v", err) // before listening: bad usage changes nothing
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
+		return fmt.Errorf("ui: %w", err)
+	}
+	h, err := idemflowui.New(c.engine, &idemflowui.Options{WriteToken: token, Hosts: loopbackHosts(ln.Addr())})
+	if err != nil {
+		ln.Close()
 		return fmt.Errorf("ui: %w", err)
 	}
 	mode := "read-only"
@@ -67,4 +72,16 @@ func (c *cli) ui(ctx context.Context, args []string) error {
 		return fmt.Errorf("ui: %w", err)
 	}
 	return nil
+}
+
+// loopbackHosts are the Host headers a browser sends to a page listening on addr, when
+// addr is a loopback address: the pages answer only those (see idemflowui.Options.Hosts).
+// For any other address it is nil, and the operator's network decides who can reach it.
+func loopbackHosts(addr net.Addr) []string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !tcp.IP.IsLoopback() {
+		return nil
+	}
+	port := strconv.Itoa(tcp.Port)
+	return []string{net.JoinHostPort(tcp.IP.String(), port), net.JoinHostPort("localhost", port)}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,14 @@ func status(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
+// portOf is the port of a URL's host.
+func portOf(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := neturl.Parse(raw)
+	require.NoError(t, err)
+	return u.Port()
+}
+
 // TestUI: `idemflow ui` serves the page on the loopback address it was given, is
 // read-only without a token, offers the login with one (from a file or the
 // environment), and exits 0 on SIGTERM.
@@ -58,6 +67,23 @@ func TestUI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status(t, url+"/"))
 	require.Equal(t, http.StatusOK, status(t, url+"/key?scope=acct&key=dead"))
 	require.Equal(t, http.StatusForbidden, status(t, url+"/login"), "read-only")
+	// A page of another site that rebinds its name to 127.0.0.1 sends its own Host.
+	for host, want := range map[string]int{
+		"rebound.example:" + portOf(t, url): http.StatusForbidden,
+		"localhost:" + portOf(t, url):       http.StatusOK,
+	} {
+		req, err := http.NewRequest(http.MethodGet, url+"/key?scope=acct&key=dead", nil)
+		require.NoError(t, err)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, want, resp.StatusCode, host)
+		if want == http.StatusForbidden {
+			require.NotContains(t, string(body), "dead", "nothing of the key is shown under %s", host)
+		}
+	}
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "exit 0")
 
