@@ -135,11 +135,19 @@ type label struct {
 	Text string
 }
 
+// epochBucket is the start of the bucket holding t, buckets aligned on the Unix epoch as
+// the database's date_bin aligns them (time.Truncate aligns on Go's zero time, which
+// agrees only for buckets that divide a day).
+func epochBucket(t time.Time, bucket time.Duration) time.Time {
+	since := time.Duration(t.UnixNano())
+	return time.Unix(0, int64(since-since%bucket)).In(t.Location())
+}
+
 // newChart lays the outcomes out in buckets from the one holding now-window to the
 // one holding now.
 func newChart(outcomes []workflow.OutcomeCount, now time.Time, window, bucket time.Duration) chart {
-	first := now.Add(-window).Truncate(bucket)
-	n := int(now.Truncate(bucket).Sub(first)/bucket) + 1
+	first := epochBucket(now.Add(-window), bucket)
+	n := int(epochBucket(now, bucket).Sub(first)/bucket) + 1
 	fin, dead := make([]int64, n), make([]int64, n)
 	for _, o := range outcomes {
 		i := int(o.Start.Sub(first) / bucket)
