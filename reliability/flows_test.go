@@ -36,25 +36,29 @@ CREATE TABLE orders (
 	auth_id    text   NOT NULL,
 	capture_id text,
 	status     text   NOT NULL DEFAULT 'authorized'
-);`
+);
+` + ledgerSchema
 )
 
 // flowPhases is each flow's phase order, for the audit of recovery points.
 var flowPhases = map[string][]string{
 	chargeflow.FlowName: {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
 	twoCallFlow:         {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
+	ledgerFlow:          {phaseDebit, phaseNotify, phasePost},
 }
 
 // flowCalls names each flow's call phases.
 var flowCalls = map[string][]string{
 	chargeflow.FlowName: {chargeflow.PhaseProvider},
 	twoCallFlow:         {phaseAuthorize, phaseCapture},
+	ledgerFlow:          {phaseNotify},
 }
 
 // effectCounts counts each key's effect rows, per flow: the charges row, the order row.
 var effectCounts = map[string]string{
 	chargeflow.FlowName: `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
 	twoCallFlow:         `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
+	ledgerFlow:          `SELECT scope, idem_key, count(*) FROM ledger GROUP BY 1, 2`,
 }
 
 var (
@@ -182,10 +186,16 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 }
 
 // registerFlows registers both flows on e, calling the provider at base, with first
-// (if not nil) as the prologue of each flow's first phase when that is a tx phase.
-func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue) error {
+// (if not nil) as the prologue of each flow's first phase when that is a tx phase, and
+// the ledger flow too when side is not nil.
+func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun) error {
 	if err := e.Register(withFirstTxPrologue(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), first)); err != nil {
 		return err
+	}
+	if side != nil {
+		if err := e.Register(withFirstTxPrologue(newLedgerFlow(side, base, client), first)); err != nil {
+			return err
+		}
 	}
 	return e.Register(withFirstTxPrologue(newTwoCallFlow(base, client), first))
 }
@@ -219,6 +229,9 @@ func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
 // request builds the request of key i of flow.
 func request(scope, key, flow string, amount int64) workflow.Request {
 	switch flow {
+	case ledgerFlow:
+		return workflow.Request{Scope: scope, Key: key, Flow: ledgerFlow, Method: http.MethodPost, Route: ledgerRoute,
+			Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
 	case twoCallFlow:
 		return workflow.Request{Scope: scope, Key: key, Flow: twoCallFlow, Method: http.MethodPost, Route: twoCallRoute,
 			Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
@@ -246,6 +259,12 @@ func paymentsNamed(flow string, status int, body []byte) (map[string]string, err
 			return nil, err
 		}
 		out[phaseAuthorize], out[phaseCapture] = a.AuthID, a.CaptureID
+	case ledgerFlow:
+		var a ledgerAnswer
+		if err := json.Unmarshal(body, &a); err != nil {
+			return nil, err
+		}
+		out[phaseNotify] = a.NoticeID
 	case chargeflow.FlowName:
 		var c chargeflow.Charge
 		if err := json.Unmarshal(body, &c); err != nil {

@@ -110,6 +110,7 @@ func (l *load) retry(ctx context.Context, req workflow.Request, attemptTimeout t
 		l.maxDo = max(l.maxDo, took)
 		l.mu.Unlock()
 		a := fromDo(res, err, "engine")
+		a.Start = start
 		l.env.answers.record(req.Scope, req.Key, a)
 		if !a.Retryable {
 			l.finals.Add(1)
