@@ -59,7 +59,7 @@ var sweepCrashPoints = map[string][]string{
 // Backs invariants 1 (one effect), 3 (same answer), 5 and 6 (resume and liveness).
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	trials := tier(1, 4)
+	trials := scale(1, 4, 10)
 	for _, flow := range []string{chargeflow.FlowName, twoCallFlow, ledgerFlow} {
 		t.Run(flow, func(t *testing.T) {
 			t.Parallel()

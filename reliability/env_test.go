@@ -24,15 +24,28 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// long reports whether the long tier runs (IDEMFLOW_LONG=1).
-func long() bool { return os.Getenv("IDEMFLOW_LONG") == "1" }
+// long reports whether the long tier runs (IDEMFLOW_LONG=1); the nightly tier is a
+// long tier too.
+func long() bool { return os.Getenv("IDEMFLOW_LONG") == "1" || nightly() }
 
-// tier picks the quick or the long figure.
+// nightly reports whether the nightly tier runs (IDEMFLOW_NIGHTLY=1): every experiment
+// at scale.
+func nightly() bool { return os.Getenv("IDEMFLOW_NIGHTLY") == "1" }
+
+// tier picks the quick or the long figure (the long one also in the nightly tier).
 func tier(quick, full int) int {
 	if long() {
 		return full
 	}
 	return quick
+}
+
+// scale picks the quick, the long or the nightly figure.
+func scale(quick, full, night int) int {
+	if nightly() {
+		return night
+	}
+	return tier(quick, full)
 }
 
 // env is one experiment's world: a schema with the key table, the effect tables and the

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -217,4 +219,95 @@ func (e *env) checkHistory(t testing.TB, r *report, keys map[[2]string]*keyRow) 
 	}
 	r.History = &h
 	t.Logf("history: %s", h)
+}
+
+// TestZombieInProcess pauses an executor of this process in the two-call flow right
+// before the commit of reserve (its transaction open, the order row written), moves the
+// database clock past its lease, lets a second executor take the key over, commit
+// reserve and stop before its capture call, and then lets the first one go: its commit
+// must be fenced off (it answers 409, commits nothing), and the second finishes the
+// key. The history checker sees every commit of both executors, so an engine whose
+// fence let the zombie commit shows reserve committed twice. Backs invariants 2 and 1.
+func TestZombieInProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := newEnv(t, pgtest.New(t))
+	type gate struct {
+		key     string
+		reached chan struct{}
+		release chan struct{}
+	}
+	var mu sync.Mutex
+	var zombieGate, ownerGate *gate
+	hold := func(g **gate, phase string) func(ev workflow.PhaseEvent) {
+		return func(ev workflow.PhaseEvent) {
+			mu.Lock()
+			cur := *g
+			if cur == nil || ev.Phase != phase || ev.Key != cur.key {
+				mu.Unlock()
+				return
+			}
+			*g = nil // once a trial
+			mu.Unlock()
+			close(cur.reached)
+			<-cur.release
+		}
+	}
+	holdZombie, holdOwner := hold(&zombieGate, phaseReserve), hold(&ownerGate, phaseCapture)
+	zombie := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
+		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { holdZombie(ev) },
+	}})
+	owner := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context { holdOwner(ev); return ctx },
+	}})
+	await := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(time.Minute):
+			t.Fatalf("not within a minute: %s", what)
+		}
+	}
+	var keys [][2]string
+	paused, fenced := 0, 0
+	for trial := range scale(2, 20, 200) {
+		key := fmt.Sprintf("zombie-inproc|%d", trial)
+		req := request("acct", key, twoCallFlow, int64(500+trial))
+		keys = append(keys, [2]string{"acct", key})
+		zg := &gate{key: key, reached: make(chan struct{}), release: make(chan struct{})}
+		og := &gate{key: key, reached: make(chan struct{}), release: make(chan struct{})}
+		mu.Lock()
+		zombieGate, ownerGate = zg, og
+		mu.Unlock()
+		zdone := make(chan error, 1)
+		go func() { _, err := env.do(ctx, zombie, req); zdone <- err }()
+		await(zg.reached, key+": the zombie reached reserve's commit")
+		paused++
+		env.expireLease(t, "acct", key)
+		odone := make(chan error, 1)
+		go func() { _, err := env.do(ctx, owner, req); odone <- err }()
+		await(og.reached, key+": the new owner committed reserve and reached capture")
+		close(zg.release)
+		var zerr error
+		select {
+		case zerr = <-zdone:
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: the zombie did not return", key)
+		}
+		if errors.Is(zerr, workflow.ErrLeaseLost) || errors.Is(zerr, workflow.ErrInProgress) {
+			fenced++
+		}
+		close(og.release)
+		select {
+		case err := <-odone:
+			_ = err // judged by the checker, with the zombie's answer
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: the new owner did not return", key)
+		}
+	}
+	r := env.check(t, checkOpts{keys: keys})
+	require.Positive(t, paused)
+	require.Equal(t, paused, fenced, "every zombie was fenced off")
+	t.Logf("zombie in process: trials=%d paused=%d fenced=%d duplicates=%d unfinished=%d %s",
+		len(keys), paused, fenced, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished, r.History)
 }

@@ -147,7 +147,7 @@ func TestCrashMatrixHTTP(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	healthy := env.startServer(t)
-	trials := tier(1, 4)
+	trials := scale(1, 4, 10)
 	var keys [][2]string
 	crashes, byRetry, bySweeper := 0, 0, 0
 	amount := int64(1000)

@@ -39,7 +39,8 @@ type loadOpts struct {
 	drainTimeout time.Duration
 }
 
-// startLoad starts o.workers workers on en, alternating the two flows.
+// startLoad starts o.workers workers on en, alternating the flows (the ledger flow
+// too if the env has side channels).
 func (e *env) startLoad(en *workflow.Engine, o loadOpts) *load {
 	if o.attemptTimeout == 0 {
 		o.attemptTimeout = 10 * time.Second
@@ -50,10 +51,11 @@ func (e *env) startLoad(en *workflow.Engine, o loadOpts) *load {
 	l := &load{env: e, en: en, stop: make(chan struct{})}
 	for w := range o.workers {
 		l.wg.Go(func() {
-			flow := chargeflow.FlowName
-			if w%2 == 1 {
-				flow = twoCallFlow
+			flows := []string{chargeflow.FlowName, twoCallFlow}
+			if e.side != nil {
+				flows = append(flows, ledgerFlow)
 			}
+			flow := flows[w%len(flows)]
 			for i := 0; ; i++ {
 				select {
 				case <-l.stop:

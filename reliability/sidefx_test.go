@@ -457,7 +457,7 @@ func TestSideEffects(t *testing.T) {
 			}
 		},
 	}})
-	n, dups := tier(16, 1500), 6
+	n, dups := scale(16, 200, 1500), 6
 	var keys [][2]string
 	var errs []error
 	var mu sync.Mutex
