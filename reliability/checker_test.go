@@ -64,6 +64,9 @@ type checkOpts struct {
 	keys [][2]string
 	// allowDead accepts dead-lettered keys (the experiment forced them).
 	allowDead bool
+	// redrove are keys an operator re-drove after they were dead-lettered: a client's
+	// dead-letter answer (500) from before is accepted for them.
+	redrove map[[2]string]bool
 	// side tunes the side-effect check (envs made withSide).
 	side sideOpts
 }
@@ -231,6 +234,7 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			}
 			switch {
 			case a.Status == 500 && o.allowDead && k != nil && k.status == "dead":
+			case a.Dead && o.redrove[sk]:
 			case k == nil || k.status != "finished":
 				r.BadAnswers++
 				r.violate("key %s/%s: client got final answer %d (%s via %s) but the key is not finished", sk[0], sk[1], a.Status, a.Err, a.Via)

@@ -263,6 +263,7 @@ type answer struct {
 	Replayed  bool
 	Retryable bool   // a 409, a 5xx or no answer: the client must retry
 	Err       string // the error, if any
+	Dead      bool   // the key was dead-lettered (a 500)
 	// Start is when the operation began, in this process (zero for a child's).
 	Start time.Time `json:"-"`
 }
@@ -321,7 +322,7 @@ func fromDo(res *workflow.Result, err error, via string) answer {
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		a.Status, a.Retryable = http.StatusServiceUnavailable, true
 	case errors.Is(err, workflow.ErrDeadLettered):
-		a.Status = http.StatusInternalServerError
+		a.Status, a.Dead = http.StatusInternalServerError, true
 	default:
 		a.Status = -1 // not an answer a client may get: the checker reports it
 	}

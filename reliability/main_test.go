@@ -9,8 +9,10 @@ import (
 
 func TestMain(m *testing.M) {
 	code := idemflowtest.Run(m)
-	if chargesDir != "" {
-		_ = os.RemoveAll(chargesDir)
+	for _, dir := range []string{chargesDir, cliDir} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
