@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -37,14 +38,16 @@ CREATE TABLE orders (
 	capture_id text,
 	status     text   NOT NULL DEFAULT 'authorized'
 );
-` + ledgerSchema
+` + ledgerSchema + mwSchema
 )
 
 // flowPhases is each flow's phase order, for the audit of recovery points.
 var flowPhases = map[string][]string{
-	chargeflow.FlowName: {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
-	twoCallFlow:         {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
-	ledgerFlow:          {phaseDebit, phaseNotify, phasePost},
+	chargeflow.FlowName:       {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
+	twoCallFlow:               {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
+	ledgerFlow:                {phaseDebit, phaseNotify, phasePost},
+	idemhttp.MiddlewareFlow:   {"handle"},
+	idemhttp.TxMiddlewareFlow: {"handle"},
 }
 
 // flowCalls names each flow's call phases.
@@ -56,9 +59,11 @@ var flowCalls = map[string][]string{
 
 // effectCounts counts each key's effect rows, per flow: the charges row, the order row.
 var effectCounts = map[string]string{
-	chargeflow.FlowName: `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
-	twoCallFlow:         `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
-	ledgerFlow:          `SELECT scope, idem_key, count(*) FROM ledger GROUP BY 1, 2`,
+	chargeflow.FlowName:       `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
+	twoCallFlow:               `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
+	ledgerFlow:                `SELECT scope, idem_key, count(*) FROM ledger GROUP BY 1, 2`,
+	idemhttp.MiddlewareFlow:   `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'plain' GROUP BY 1, 2`,
+	idemhttp.TxMiddlewareFlow: `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'tx' GROUP BY 1, 2`,
 }
 
 var (

@@ -112,12 +112,19 @@ func (e *env) startServer(t testing.TB, env ...string) *server {
 // post sends a charge request to s and records the answer.
 func (e *env) post(t testing.TB, client *http.Client, s *server, req workflow.Request) answer {
 	t.Helper()
-	hr, err := http.NewRequest(http.MethodPost, s.url+req.Route, bytes.NewReader(req.Body))
+	return e.postTo(t, client, s.url, req)
+}
+
+// postTo sends req to the server at base and records the answer.
+func (e *env) postTo(t testing.TB, client *http.Client, base string, req workflow.Request) answer {
+	t.Helper()
+	start := time.Now()
+	hr, err := http.NewRequest(http.MethodPost, base+req.Route, bytes.NewReader(req.Body))
 	require.NoError(t, err)
 	hr.Header.Set("Authorization", "Bearer "+req.Scope)
 	hr.Header.Set("Idempotency-Key", req.Key)
 	hr.Header.Set("Content-Type", "application/json")
-	a := answer{Via: "http"}
+	a := answer{Via: "http", Start: start}
 	resp, err := client.Do(hr)
 	if err != nil {
 		a.Retryable, a.Err = true, err.Error()
