@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/examples/payouts/payout"
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
@@ -38,7 +39,7 @@ CREATE TABLE orders (
 	capture_id text,
 	status     text   NOT NULL DEFAULT 'authorized'
 );
-` + ledgerSchema + mwSchema
+` + ledgerSchema + mwSchema + payout.Schema
 )
 
 // flowPhases is each flow's phase order, for the audit of recovery points.
@@ -46,6 +47,7 @@ var flowPhases = map[string][]string{
 	chargeflow.FlowName:       {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
 	twoCallFlow:               {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
 	ledgerFlow:                {phaseDebit, phaseNotify, phasePost},
+	payout.FlowName:           {payout.PhaseRecord, payout.PhaseTransfer, payout.PhaseSettle},
 	idemhttp.MiddlewareFlow:   {"handle"},
 	idemhttp.TxMiddlewareFlow: {"handle"},
 }
@@ -61,7 +63,8 @@ var flowCalls = map[string][]string{
 var effectCounts = map[string]string{
 	chargeflow.FlowName:       `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
 	twoCallFlow:               `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
-	ledgerFlow:                `SELECT scope, idem_key, count(*) FROM ledger GROUP BY 1, 2`,
+	ledgerFlow:                `SELECT scope, idem_key, count(*) FROM side_ledger GROUP BY 1, 2`,
+	payout.FlowName:           `SELECT 'payouts', payout_id, count(*) FROM ledger GROUP BY 2`,
 	idemhttp.MiddlewareFlow:   `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'plain' GROUP BY 1, 2`,
 	idemhttp.TxMiddlewareFlow: `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'tx' GROUP BY 1, 2`,
 }

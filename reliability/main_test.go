@@ -9,7 +9,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := idemflowtest.Run(m)
-	for _, dir := range []string{chargesDir, cliDir} {
+	for _, dir := range []string{chargesDir, cliDir, payoutsDir} {
 		if dir != "" {
 			_ = os.RemoveAll(dir)
 		}

@@ -59,7 +59,7 @@ const (
 	ledgerRoute = "/v1/ledger"
 	// ledgerSchema is part of every env's effect tables.
 	ledgerSchema = `CREATE SEQUENCE rel_side_seq;
-CREATE TABLE ledger (
+CREATE TABLE side_ledger (
 	id        bigserial PRIMARY KEY,
 	scope     text   NOT NULL,
 	idem_key  text   NOT NULL,
@@ -165,7 +165,7 @@ func newLedgerFlow(s *sideRun, base string, client *http.Client) phases.Flow {
 				return nil, err
 			}
 			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO ledger (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`,
+			if err := tx.QueryRow(ctx, `INSERT INTO side_ledger (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`,
 				run.Scope(), run.Key(), amount).Scan(&id); err != nil {
 				return nil, err
 			}
@@ -211,7 +211,7 @@ func newLedgerFlow(s *sideRun, base string, client *http.Client) phases.Flow {
 				return nil, err
 			}
 			var amount int64
-			if err := tx.QueryRow(ctx, `UPDATE ledger SET status = 'posted', notice_id = $2 WHERE id = $1 AND scope = $3 RETURNING amount`,
+			if err := tx.QueryRow(ctx, `UPDATE side_ledger SET status = 'posted', notice_id = $2 WHERE id = $1 AND scope = $3 RETURNING amount`,
 				id, notice, run.Scope()).Scan(&amount); err != nil {
 				return nil, err
 			}
