@@ -67,11 +67,17 @@ func (s *server) output() string {
 // sweeper (the experiments sweep from the test process), with extra environment.
 func (e *env) startServer(t testing.TB, env ...string) *server {
 	t.Helper()
+	return e.startServerWith(t, nil, env...)
+}
+
+// startServerWith is startServer with more flags, which override the defaults.
+func (e *env) startServerWith(t testing.TB, flags []string, env ...string) *server {
+	t.Helper()
 	bin, err := chargesBinary()
 	require.NoError(t, err)
 	s := &server{done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "serve", "-addr", "127.0.0.1:0", "-database-url", e.db.URL,
-		"-provider-url", e.provider.URL, "-sweeper=false")
+	s.cmd = exec.Command(bin, append([]string{"serve", "-addr", "127.0.0.1:0", "-database-url", e.db.URL,
+		"-provider-url", e.provider.URL, "-sweeper=false"}, flags...)...)
 	s.cmd.Env = append(os.Environ(), env...)
 	s.cmd.Stderr = s
 	stdout, err := s.cmd.StdoutPipe()
