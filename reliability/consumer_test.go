@@ -121,6 +121,9 @@ func (c *consumerSlot) run(args []string) {
 			c.starts++
 			c.mu.Unlock()
 			_ = cmd.Wait()
+			c.mu.Lock()
+			c.cmd = nil // reaped: its pid is no longer ours to signal
+			c.mu.Unlock()
 			pause(nil, 20*time.Millisecond, 0) // before starting it again
 		}
 	})
@@ -130,7 +133,7 @@ func (c *consumerSlot) run(args []string) {
 func (c *consumerSlot) kill() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cmd == nil || c.cmd.Process == nil || c.cmd.ProcessState != nil {
+	if c.cmd == nil {
 		return false
 	}
 	return syscall.Kill(c.cmd.Process.Pid, syscall.SIGKILL) == nil
