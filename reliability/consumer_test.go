@@ -189,7 +189,7 @@ func TestConsumerFaults(t *testing.T) {
 	// Payouts are published in rounds; between two rounds a consumer is SIGKILLed or
 	// the broker restarted. A publish that fails (the broker is down) is sent again
 	// under its message id.
-	n, rounds := scale(40, 400, 3000), scale(4, 40, 300)
+	n, rounds := scale(40, 400, 2000), scale(4, 40, 200)
 	var keys [][2]string
 	kills, restarts := 0, 0
 	for i := range n {

@@ -148,7 +148,7 @@ func TestMiddlewareFaults(t *testing.T) {
 		})
 	}
 	terminated, armed := 0, 0
-	until := time.Now().Add(time.Duration(scale(3, 20, 240)) * time.Second)
+	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	for time.Now().Before(until) {
 		pause(nil, 20*time.Millisecond, 120*time.Millisecond)
 		switch {

@@ -76,7 +76,7 @@ func TestModel(t *testing.T) {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
 			t.Parallel()
 			t.Logf("seed %d: replay with IDEMFLOW_SEED=%d go test -run 'TestModel' ./reliability/", seed, seed)
-			runModel(t, seed, scale(40, 300, 60), scale(8, 40, 10))
+			runModel(t, seed, scale(40, 300, 50), scale(8, 40, 8))
 		})
 	}
 }

@@ -140,7 +140,7 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 			}
 		}
 	}
-	deadline := time.Now().Add(time.Duration(scale(3, 20, 300)) * time.Second)
+	deadline := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
 		pause(nil, 10*time.Millisecond, 60*time.Millisecond)
 		switch i % 5 {

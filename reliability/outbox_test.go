@@ -70,7 +70,7 @@ func TestOutboxUnderKills(t *testing.T) {
 		})
 	}
 	kills := 0
-	until := time.Now().Add(time.Duration(scale(3, 20, 240)) * time.Second)
+	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	for time.Now().Before(until) {
 		pause(nil, 200*time.Millisecond, 600*time.Millisecond)
 		i := rand.IntN(2)
