@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -26,23 +25,8 @@ import (
 // machine's shared server is never touched).
 const natsServerBinary = "/usr/sbin/nats-server"
 
-// payoutsDir holds the payouts binary; TestMain removes it.
-var payoutsDir string
-
 // payoutsBinary builds examples/payouts once per test run.
-var payoutsBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "reliability-payouts-")
-	if err != nil {
-		return "", err
-	}
-	payoutsDir = dir
-	bin := filepath.Join(dir, "payouts")
-	out, err := exec.Command("go", "build", "-o", bin, "../examples/payouts").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build examples/payouts: %w\n%s", err, out)
-	}
-	return bin, nil
-})
+var payoutsBinary = buildOnce("../examples/payouts")
 
 // natsServer is a NATS server with JetStream of one test's own, on a port and a store
 // directory that survive its restarts.

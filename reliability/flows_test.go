@@ -90,29 +90,46 @@ type orderAnswer struct {
 	Amount    int64  `json:"amount"`
 }
 
+// providerRefused is a provider's answer other than 201.
+type providerRefused struct {
+	status int
+	body   []byte
+}
+
+func (e *providerRefused) Error() string {
+	return fmt.Sprintf("provider answered %d: %s", e.status, e.body)
+}
+
+// providerCall asks the provider at url for a payment of amount under the
+// idempotency key and returns its id. An answer other than 201 is a
+// *providerRefused, wrapped to be retried a second later.
+func providerCall(ctx context.Context, client *http.Client, url, key string, amount int64) (string, error) {
+	body, _ := json.Marshal(map[string]int64{"amount": amount})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		return "", phases.RetryLater(&providerRefused{status: resp.StatusCode, body: b}, time.Second)
+	}
+	var out struct{ ID string }
+	if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
+		return "", fmt.Errorf("unreadable provider answer %q", b)
+	}
+	return out.ID, nil
+}
+
 // newTwoCallFlow returns the two-call flow on the provider at base.
 func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 	call := func(ctx context.Context, path, key string, amount int64) (string, error) {
-		body, _ := json.Marshal(map[string]int64{"amount": amount})
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
-		if err != nil {
-			return "", err
-		}
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusCreated {
-			return "", phases.RetryLater(fmt.Errorf("provider answered %d: %s", resp.StatusCode, b), time.Second)
-		}
-		var out struct{ ID string }
-		if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
-			return "", fmt.Errorf("unreadable provider answer %q", b)
-		}
-		return out.ID, nil
+		return providerCall(ctx, client, base+path, key, amount)
 	}
 	parse := func(run *phases.Run) (orderRequest, error) {
 		var r orderRequest

@@ -24,23 +24,35 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// chargesDir holds the charges binary; TestMain removes it.
-var chargesDir string
+// builtDirs hold the binaries built by buildOnce; TestMain removes them.
+var (
+	builtMu   sync.Mutex
+	builtDirs []string
+)
+
+// buildOnce returns a function that builds the command in pkg (a path relative to
+// this package) the first time it is called, and returns the binary's path.
+func buildOnce(pkg string) func() (string, error) {
+	return sync.OnceValues(func() (string, error) {
+		name := filepath.Base(pkg)
+		dir, err := os.MkdirTemp("", "reliability-"+name+"-")
+		if err != nil {
+			return "", err
+		}
+		builtMu.Lock()
+		builtDirs = append(builtDirs, dir)
+		builtMu.Unlock()
+		bin := filepath.Join(dir, name)
+		out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("build %s: %w\n%s", pkg, err, out)
+		}
+		return bin, nil
+	})
+}
 
 // chargesBinary builds examples/charges once per test run.
-var chargesBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "reliability-charges-")
-	if err != nil {
-		return "", err
-	}
-	chargesDir = dir
-	bin := filepath.Join(dir, "charges")
-	out, err := exec.Command("go", "build", "-o", bin, "../examples/charges").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build examples/charges: %w\n%s", err, out)
-	}
-	return bin, nil
-})
+var chargesBinary = buildOnce("../examples/charges")
 
 // server is a running `charges serve`.
 type server struct {

@@ -177,3 +177,56 @@ func pause(stop <-chan struct{}, lo, hi time.Duration) bool {
 		return true
 	}
 }
+
+// patients are patient clients: workers that each send new keys one after the other
+// and ask again, with a back-off, until they get a final answer or three minutes
+// have passed.
+type patients struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	keys [][2]string
+	errs []error
+}
+
+// startPatients starts workers clients of scope acct; ask sends one attempt for key i
+// of worker w (named prefix-w<w>-<i>) and reports whether its answer was final.
+func startPatients(workers int, prefix string, ask func(w, i int, key string) bool) *patients {
+	p := &patients{stop: make(chan struct{})}
+	for w := range workers {
+		p.wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("%s-w%d-%d", prefix, w, i)
+				p.mu.Lock()
+				p.keys = append(p.keys, [2]string{"acct", key})
+				p.mu.Unlock()
+				deadline := time.Now().Add(3 * time.Minute)
+				for wait := 20 * time.Millisecond; !ask(w, i, key); wait = min(wait*2, 200*time.Millisecond) {
+					if time.Now().After(deadline) {
+						p.mu.Lock()
+						p.errs = append(p.errs, fmt.Errorf("key %s: no final answer in 3 minutes", key))
+						p.mu.Unlock()
+						break
+					}
+					pause(nil, wait, 0) // the client's back-off
+				}
+			}
+		})
+	}
+	return p
+}
+
+// finish stops new keys, waits until every client's last key has its answer, and
+// returns the keys sent and the clients' errors.
+func (p *patients) finish() ([][2]string, []error) {
+	close(p.stop)
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.keys, p.errs
+}

@@ -9,10 +9,10 @@ import (
 
 func TestMain(m *testing.M) {
 	code := idemflowtest.Run(m)
-	for _, dir := range []string{chargesDir, cliDir, payoutsDir} {
-		if dir != "" {
-			_ = os.RemoveAll(dir)
-		}
+	builtMu.Lock()
+	for _, dir := range builtDirs {
+		_ = os.RemoveAll(dir)
 	}
+	builtMu.Unlock()
 	os.Exit(code)
 }

@@ -107,46 +107,14 @@ func TestMiddlewareFaults(t *testing.T) {
 	srv, runs := env.mwServer(t, en)
 	client := &http.Client{Timeout: 10 * time.Second}
 
-	var mu sync.Mutex
-	var keys [][2]string
-	var errs []error
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("mw-w%d-%d", w, i)
-				route := mwPlainRoute
-				if (w+i)%2 == 1 {
-					route = mwTxRoute
-				}
-				amount := 1 + rand.IntN(10000)
-				req := workflow.Request{Scope: "acct", Key: key, Route: route, Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
-				mu.Lock()
-				keys = append(keys, [2]string{"acct", key})
-				mu.Unlock()
-				deadline := time.Now().Add(2 * time.Minute)
-				for wait := 20 * time.Millisecond; ; wait = min(wait*2, 200*time.Millisecond) {
-					a := env.postTo(t, client, srv.URL, req)
-					if !a.Retryable {
-						break
-					}
-					if time.Now().After(deadline) {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("key %s: no final answer in 2 minutes; last %d %s", key, a.Status, a.Err))
-						mu.Unlock()
-						break
-					}
-					pause(nil, wait, 0) // the client's back-off
-				}
-			}
-		})
-	}
+	clients := startPatients(4, "mw", func(w, i int, key string) bool {
+		route := mwPlainRoute
+		if (w+i)%2 == 1 {
+			route = mwTxRoute
+		}
+		body := fmt.Sprintf(`{"amount":%d}`, 1+(w*7919+i*104729)%10000)
+		return !env.postTo(t, client, srv.URL, workflow.Request{Scope: "acct", Key: key, Route: route, Body: []byte(body)}).Retryable
+	})
 	terminated, armed := 0, 0
 	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	for time.Now().Before(until) {
@@ -161,8 +129,7 @@ func TestMiddlewareFaults(t *testing.T) {
 			armed++
 		}
 	}
-	close(stop)
-	wg.Wait()
+	keys, errs := clients.finish()
 	proxy.Heal()
 	r := env.check(t, checkOpts{keys: keys})
 	require.Empty(t, errs)

@@ -3,11 +3,7 @@ package reliability
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -21,23 +17,8 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// cliDir holds the idemflow CLI binary; TestMain removes it.
-var cliDir string
-
 // cliBinary builds cmd/idemflow once per test run.
-var cliBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "reliability-cli-")
-	if err != nil {
-		return "", err
-	}
-	cliDir = dir
-	bin := filepath.Join(dir, "idemflow")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/idemflow").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build cmd/idemflow: %w\n%s", err, out)
-	}
-	return bin, nil
-})
+var cliBinary = buildOnce("../cmd/idemflow")
 
 // TestOperatorsRaceSweepers runs patient clients of the three flows on an engine
 // whose leases the database clock keeps moving into the past while attempts run, with
@@ -67,47 +48,18 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	var keys [][2]string
 	redrove := map[[2]string]bool{}
-	stop := make(chan struct{})
-	var clients sync.WaitGroup
-	var clientErrs []error
 	flows := []string{chargeflow.FlowName, twoCallFlow, ledgerFlow}
-	for w := range 4 {
-		clients.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("operator-w%d-%d", w, i)
-				req := request("acct", key, flows[(w+i)%len(flows)], int64(1+rand.IntN(10000)))
-				mu.Lock()
-				keys = append(keys, [2]string{"acct", key})
-				mu.Unlock()
-				// A dead-lettered key's 500 sends its client away until the operator
-				// re-drives it: it asks again, patiently.
-				rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-				for {
-					a, err := env.retryUntilFinal(rctx, en, req, 10*time.Second)
-					if err != nil {
-						mu.Lock()
-						clientErrs = append(clientErrs, err)
-						mu.Unlock()
-						break
-					}
-					if !a.Dead {
-						break
-					}
-					if !pause(nil, 50*time.Millisecond, 100*time.Millisecond) || rctx.Err() != nil {
-						break
-					}
-				}
-				cancel()
-			}
-		})
-	}
+	// A dead-lettered key's 500 sends its client away until the operator re-drives
+	// it: it asks again, patiently, like any answer that is not final.
+	clients := startPatients(4, "operator", func(w, i int, key string) bool {
+		req := request("acct", key, flows[(w+i)%len(flows)], int64(1+(w*7919+i*104729)%10000))
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		res, err := env.do(actx, en, req)
+		a := fromDo(res, err, "engine")
+		return !a.Retryable && !a.Dead
+	})
 
 	randomKey := func(status string) (string, bool) {
 		var key string
@@ -170,10 +122,11 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 	}
 	// The end: no more failures; re-drive what is dead until the clients have their
 	// answers.
-	close(stop)
 	env.provider.FailNext(0)
 	done := make(chan struct{})
-	go func() { clients.Wait(); close(done) }()
+	var keys [][2]string
+	var clientErrs []error
+	go func() { keys, clientErrs = clients.finish(); close(done) }()
 	for finished := false; !finished; {
 		select {
 		case <-done:

@@ -2,7 +2,6 @@ package reliability
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -36,39 +35,10 @@ func TestOutboxUnderKills(t *testing.T) {
 		return servers[rand.IntN(len(servers))].url
 	}
 	client := &http.Client{Timeout: 10 * time.Second}
-	var keys [][2]string
-	var errs []error
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("outbox-w%d-%d", w, i)
-				req := request("acct", key, chargeflow.FlowName, int64(1+rand.IntN(10000)))
-				mu.Lock()
-				keys = append(keys, [2]string{"acct", key})
-				mu.Unlock()
-				deadline := time.Now().Add(2 * time.Minute)
-				for wait := 20 * time.Millisecond; ; wait = min(wait*2, 200*time.Millisecond) {
-					if !env.postTo(t, client, pick(), req).Retryable {
-						break
-					}
-					if time.Now().After(deadline) {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("key %s: no final answer in 2 minutes", key))
-						mu.Unlock()
-						break
-					}
-					pause(nil, wait, 0) // the client's back-off
-				}
-			}
-		})
-	}
+	clients := startPatients(4, "outbox", func(w, i int, key string) bool {
+		req := request("acct", key, chargeflow.FlowName, int64(1+(w*7919+i*104729)%10000))
+		return !env.postTo(t, client, pick(), req).Retryable
+	})
 	kills := 0
 	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	for time.Now().Before(until) {
@@ -85,8 +55,7 @@ func TestOutboxUnderKills(t *testing.T) {
 		servers[i] = next
 		mu.Unlock()
 	}
-	close(stop)
-	wg.Wait()
+	keys, errs := clients.finish()
 	waitUntil(t, 2*time.Minute, "the servers' sweepers finished every key", func() bool {
 		var left int
 		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE status <> 'finished'`).Scan(&left))

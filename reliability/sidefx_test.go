@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -176,27 +175,15 @@ func newLedgerFlow(s *sideRun, base string, client *http.Client) phases.Flow {
 			if err != nil {
 				return nil, err
 			}
-			body, _ := json.Marshal(map[string]int64{"amount": amount})
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/authorize", bytes.NewReader(body))
-			if err != nil {
-				return nil, err
-			}
-			req.Header.Set("Idempotency-Key", run.DerivedKey())
-			resp, err := client.Do(req)
-			if err != nil {
-				return nil, err
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusCreated {
+			id, err := providerCall(ctx, client, base+"/v1/authorize", run.DerivedKey(), amount)
+			if refused := (*providerRefused)(nil); errors.As(err, &refused) {
 				// A 5xx answer of the phase: passed on to the client, never stored.
 				return &phases.Response{Status: http.StatusServiceUnavailable, Body: []byte(`{"error":"notice service unavailable"}`)}, nil
 			}
-			var out struct{ ID string }
-			if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
-				return nil, fmt.Errorf("unreadable provider answer %q", b)
+			if err != nil {
+				return nil, err
 			}
-			return nil, noticeID.Set(run, out.ID)
+			return nil, noticeID.Set(run, id)
 		}),
 		phases.Tx(phasePost, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			id, err := orderID.Get(run)
