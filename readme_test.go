@@ -137,7 +137,27 @@ func consume(engine *workflow.Engine, payoutID string, msg jetstream.Msg) idemms
 }
 
 // The snippets are compiled, not run: they need a database and a provider.
-var _ = []any{chargesService, refunds, consume}
+// ownSchema is the README's schema snippet: idemflow's objects in a schema of their own.
+func ownSchema() error {
+	m, err := migrations.NewMigrator(&migrations.Config{Schema: "idemflow"})
+	if err != nil {
+		return err
+	}
+	if err := m.Migrate(ctx, pool); err != nil { // creates the schema if need be
+		return err
+	}
+	engine, err := workflow.New(pool, &workflow.Config{Schema: "idemflow"})
+	if err != nil {
+		return err
+	}
+	sw, err := sweeper.New(engine, nil) // on its engine's schema
+	if err != nil {
+		return err
+	}
+	return sw.Start(ctx)
+}
+
+var _ = []any{chargesService, refunds, consume, ownSchema}
 
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 

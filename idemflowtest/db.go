@@ -67,14 +67,18 @@ func (db *DB) NewPool(t testing.TB) *pgxpool.Pool {
 }
 
 // Run runs the tests of a package as Main does and returns the exit code, for a
-// TestMain that has more to do before it exits.
-func Run(m *testing.M) int {
+// TestMain that has more to do before it exits. The cleanup functions run after the
+// tests and before the leak check, for what the package's tests share (a browser, say).
+func Run(m *testing.M, cleanup ...func()) int {
 	if child != nil { // a crash matrix's child: it ends at its boundary
 		return m.Run()
 	}
 	childproc.RunIfChild()
 	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
 	code := pgtest.Main(m)
+	for _, c := range cleanup {
+		c()
+	}
 	if code == 0 {
 		// Keep-alive connections of http.DefaultClient (a fake remote's callers) are
 		// idle, not leaked.

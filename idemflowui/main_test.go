@@ -30,9 +30,7 @@ func TestMain(m *testing.M) {
 	if runCrasher() { // this process is a server that is about to be killed, not a test run
 		return
 	}
-	code := idemflowtest.Run(m)
-	closeBrowser()
-	os.Exit(code)
+	os.Exit(idemflowtest.Run(m, closeBrowser))
 }
 
 // token is the write token of the fixtures that allow writes.

@@ -1,10 +1,10 @@
 // Package migrations holds idemflow's SQL schema as numbered, embedded migration files
 // and a small migrator that applies them.
 //
-// The files are named NNN_name.up.sql and NNN_name.down.sql, the form that
-// golang-migrate, goose (with its sql annotations added by hand) and most other tools
-// read as they are, so a team that already runs a migration tool can apply them with it
-// instead of calling Migrate.
+// The files are named NNN_name.up.sql and NNN_name.down.sql. A team that already runs a
+// migration tool applies them with it instead of calling Migrate: ToolFS writes them in
+// the layout of golang-migrate, goose or tern, made from the same files, so every
+// migration ships in every format.
 //
 // Usage:
 //
@@ -13,9 +13,17 @@
 //	}
 //
 // Tables are created in the current schema (the first entry of the connection's
-// search_path). Migrate is safe to call from many processes at once: it serialises them
-// with a transaction-scoped advisory lock and applies every pending file in one
-// transaction, so a process that crashes midway leaves nothing half-applied.
+// search_path), or in the schema a Migrator is given (Config.Schema), which the engine
+// then names in every statement (workflow.Config.Schema). Migrate is safe to call from
+// many processes at once: it serialises them with a transaction-scoped advisory lock
+// and applies every pending file in one transaction, so a process that crashes midway
+// leaves nothing half-applied. It uses no session state, so it works behind a pooler in
+// transaction mode.
+//
+// A schema that a tool migrated from ToolFS's files is adopted by Migrate: it reads the
+// tool's version table, records the versions applied there in its own, and applies the
+// rest. A key table that nothing accounts for is refused with ErrUnknownState, changing
+// nothing; Baseline records its version.
 //
 // This package imports none of idemflow's other packages.
 package migrations

@@ -9,12 +9,19 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
 //go:embed *.sql
 var files embed.FS
+
+// simple sends the migrator's statements with the simple protocol, whatever the pool's
+// query exec mode: a migration runs once, and so it works behind a pooler that keeps no
+// prepared statements (pgbouncer in transaction mode) even in pgx's default mode.
+// Statements without arguments go that way anyway.
+const simple = pgx.QueryExecModeSimpleProtocol
 
 // VersionTable is the table in which Migrate records applied versions.
 const VersionTable = "idemflow_schema_migrations"
@@ -91,21 +98,87 @@ func load(fsys fs.FS) ([]Migration, error) {
 	return out, nil
 }
 
+// Config configures a Migrator. The zero value (or a nil *Config) is the current schema.
+type Config struct {
+	// Schema is the PostgreSQL schema that holds idemflow's objects: the key table, its
+	// function and the version table. Migrate creates it if it does not exist and runs
+	// the files with the transaction's search_path set to it (SET LOCAL, so nothing
+	// outlives the transaction, behind a pooler too). Defaults to "": the current
+	// schema (the first entry of the connection's search_path). At most 63 bytes.
+	Schema string
+}
+
+// Migrator applies the migrations in one schema. It is safe for concurrent use.
+type Migrator struct {
+	schema  string // "" for the current schema
+	table   string // the version table, qualified when schema is set
+	lockKey string // an SQL expression naming the schema for the migration lock
+}
+
+// NewMigrator returns a Migrator for cfg's schema; cfg may be nil. It fails on a schema
+// name PostgreSQL cannot hold (longer than 63 bytes, a NUL byte).
+func NewMigrator(cfg *Config) (*Migrator, error) {
+	var schema string
+	if cfg != nil {
+		schema = cfg.Schema
+	}
+	switch {
+	case len(schema) > 63:
+		return nil, fmt.Errorf("migrations: schema name %q is longer than 63 bytes", schema)
+	case strings.IndexByte(schema, 0) >= 0:
+		return nil, fmt.Errorf("migrations: schema name %q contains a NUL byte", schema)
+	}
+	if schema == "" {
+		return &Migrator{table: VersionTable, lockKey: "current_schema()"}, nil
+	}
+	return &Migrator{
+		schema:  schema,
+		table:   pgx.Identifier{schema, VersionTable}.Sanitize(),
+		lockKey: quoteLiteral(schema),
+	}, nil
+}
+
+// currentSchema is the migrator of the current schema, behind the package's functions.
+var currentSchema = &Migrator{table: VersionTable, lockKey: "current_schema()"}
+
 // Migrate applies every pending migration, in order, in one transaction. Concurrent
 // callers on the same schema wait for each other on a transaction-scoped advisory lock;
 // the later ones find nothing to do. A database already at a newer version than this
 // build knows is left alone, so an older binary can still start during a rolling deploy.
-func Migrate(ctx context.Context, db Beginner) error {
+// A schema that a migration tool migrated from the files of ToolFS is adopted (see
+// Migrator.Migrate). It works in the current schema; for another, use a Migrator.
+func Migrate(ctx context.Context, db Beginner) error { return currentSchema.Migrate(ctx, db) }
+
+// MigrateTo is Migrator.MigrateTo in the current schema.
+func MigrateTo(ctx context.Context, db Beginner, version int) error {
+	return currentSchema.MigrateTo(ctx, db, version)
+}
+
+// Version is Migrator.Version in the current schema.
+func Version(ctx context.Context, db Beginner) (int, error) { return currentSchema.Version(ctx, db) }
+
+// Migrate applies every pending migration, in order, in one transaction, as the
+// package's Migrate does, in m's schema.
+//
+// A schema whose key table exists but whose version table records nothing was made by
+// something else. If one migration tool's version table is there (golang-migrate's
+// schema_migrations, goose's goose_db_version or tern's schema_version, in the same
+// schema) and says which of these migrations it applied, clean, Migrate adopts the
+// schema: it records those versions as applied (a baseline) and applies the rest.
+// Otherwise it refuses with an error wrapping ErrUnknownState that says what to do, and
+// changes nothing.
+func (m *Migrator) Migrate(ctx context.Context, db Beginner) error {
 	all, err := All()
 	if err != nil {
 		return err
 	}
-	return apply(ctx, db, all, len(all))
+	return m.apply(ctx, db, all, len(all))
 }
 
-// MigrateTo moves the schema to the given version, applying up or down files as needed.
-// Version 0 removes everything idemflow created except the version table.
-func MigrateTo(ctx context.Context, db Beginner, version int) error {
+// MigrateTo moves m's schema to the given version, applying up or down files as
+// needed. Version 0 removes everything idemflow created except the version table (and
+// the schema).
+func (m *Migrator) MigrateTo(ctx context.Context, db Beginner, version int) error {
 	all, err := All()
 	if err != nil {
 		return err
@@ -113,66 +186,96 @@ func MigrateTo(ctx context.Context, db Beginner, version int) error {
 	if version < 0 || version > len(all) {
 		return fmt.Errorf("migrations: unknown version %d (known: 0..%d)", version, len(all))
 	}
-	return apply(ctx, db, all, version)
+	return m.apply(ctx, db, all, version)
 }
 
-// Version reports the highest applied version, or 0 when none is.
-func Version(ctx context.Context, db Beginner) (int, error) {
+// Version reports the highest version recorded in m's schema, or 0 when none is.
+func (m *Migrator) Version(ctx context.Context, db Beginner) (int, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("migrations: begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass('`+VersionTable+`') IS NOT NULL`).Scan(&exists); err != nil {
+	exists, err := m.exists(ctx, tx, VersionTable)
+	if err != nil {
 		return 0, fmt.Errorf("migrations: find version table: %w", err)
 	}
 	if !exists {
 		return 0, nil
 	}
-	return current(ctx, tx)
+	return m.current(ctx, tx)
 }
 
-func apply(ctx context.Context, db Beginner, all []Migration, target int) error {
+// exists reports whether m's schema holds a table (or view) named name.
+func (m *Migrator) exists(ctx context.Context, tx pgx.Tx, name string) (bool, error) {
+	ident := name
+	if m.schema != "" {
+		ident = pgx.Identifier{m.schema, name}.Sanitize()
+	}
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT to_regclass(`+quoteLiteral(ident)+`) IS NOT NULL`, simple).Scan(&ok)
+	return ok, err
+}
+
+// begin starts the transaction a migration runs in, takes the schema's lock, makes sure
+// the version table exists and reads the version it records. The caller rolls tx back
+// unless it commits; on an error tx is rolled back already.
+func (m *Migrator) begin(ctx context.Context, db Beginner) (_ pgx.Tx, cur int, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrations: begin: %w", err)
+		return nil, 0, fmt.Errorf("migrations: begin: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(ctx)
+		}
+	}()
+	if err := m.lock(ctx, tx); err != nil {
+		return nil, 0, err
+	}
+	if err := m.ensureTable(ctx, tx); err != nil {
+		return nil, 0, err
+	}
+	cur, err = m.current(ctx, tx)
+	if err != nil {
+		return nil, 0, err
+	}
+	return tx, cur, nil
+}
 
-	// One lock per schema: processes migrating different schemas don't wait for each other.
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idemflow.migrate:' || current_schema(), 0))`); err != nil {
-		return fmt.Errorf("migrations: lock: %w", err)
-	}
-	if err := ensureTable(ctx, tx); err != nil {
-		return err
-	}
-	cur, err := current(ctx, tx)
+func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, target int) error {
+	tx, cur, err := m.begin(ctx, db)
 	if err != nil {
 		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if cur == 0 {
+		if cur, err = m.adopt(ctx, tx, all); err != nil {
+			return err
+		}
 	}
 	if cur > len(all) && target == len(all) {
 		return nil // a newer build migrated this schema; nothing of ours to do
 	}
 	for v := cur + 1; v <= target; v++ {
-		m := all[v-1]
-		if _, err := tx.Exec(ctx, m.Up); err != nil {
-			return fmt.Errorf("migrations: apply %03d_%s: %w", m.Version, m.Name, err)
+		mig := all[v-1]
+		if _, err := tx.Exec(ctx, mig.Up); err != nil {
+			return fmt.Errorf("migrations: apply %03d_%s: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+VersionTable+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			return fmt.Errorf("migrations: record %03d: %w", m.Version, err)
+		if err := m.record(ctx, tx, mig); err != nil {
+			return err
 		}
 	}
 	for v := cur; v > target; v-- {
 		if v > len(all) {
 			return fmt.Errorf("migrations: database is at version %d, newer than this build (%d)", cur, len(all))
 		}
-		m := all[v-1]
-		if _, err := tx.Exec(ctx, m.Down); err != nil {
-			return fmt.Errorf("migrations: revert %03d_%s: %w", m.Version, m.Name, err)
+		mig := all[v-1]
+		if _, err := tx.Exec(ctx, mig.Down); err != nil {
+			return fmt.Errorf("migrations: revert %03d_%s: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+VersionTable+` WHERE version = $1`, m.Version); err != nil {
-			return fmt.Errorf("migrations: unrecord %03d: %w", m.Version, err)
+		if _, err := tx.Exec(ctx, `DELETE FROM `+m.table+` WHERE version = $1`, simple, mig.Version); err != nil {
+			return fmt.Errorf("migrations: unrecord %03d: %w", mig.Version, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -181,8 +284,31 @@ func apply(ctx context.Context, db Beginner, all []Migration, target int) error 
 	return nil
 }
 
-func ensureTable(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+VersionTable+` (
+// lock takes the schema's migration lock for tx and, for a named schema, creates it if
+// need be and makes it tx's search_path, for the files' unqualified names. One lock per
+// schema: processes migrating different schemas don't wait for each other.
+func (m *Migrator) lock(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idemflow.migrate:' || `+m.lockKey+`, 0))`); err != nil {
+		return fmt.Errorf("migrations: lock: %w", err)
+	}
+	if m.schema != "" {
+		quoted := pgx.Identifier{m.schema}.Sanitize()
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoted+`; SET LOCAL search_path TO `+quoted); err != nil {
+			return fmt.Errorf("migrations: schema %s: %w", quoted, err)
+		}
+	}
+	return nil
+}
+
+func (m *Migrator) record(ctx context.Context, tx pgx.Tx, mig Migration) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+m.table+` (version, name) VALUES ($1, $2)`, simple, mig.Version, mig.Name); err != nil {
+		return fmt.Errorf("migrations: record %03d: %w", mig.Version, err)
+	}
+	return nil
+}
+
+func (m *Migrator) ensureTable(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.table+` (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now()
@@ -193,10 +319,13 @@ func ensureTable(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-func current(ctx context.Context, tx pgx.Tx) (int, error) {
+func (m *Migrator) current(ctx context.Context, tx pgx.Tx) (int, error) {
 	var v int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+VersionTable).Scan(&v); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+m.table, simple).Scan(&v); err != nil {
 		return 0, fmt.Errorf("migrations: read version: %w", err)
 	}
 	return v, nil
 }
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

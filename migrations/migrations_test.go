@@ -335,23 +335,27 @@ func versionRows(t *testing.T, pool *pgxpool.Pool) []string {
 }
 
 // objects lists the tables, indexes, sequences, views and functions in the current schema.
-func objects(t *testing.T, pool *pgxpool.Pool) []string {
+func objects(t *testing.T, pool *pgxpool.Pool) []string { return objectsIn(t, pool, "") }
+
+// objectsIn is objects in schema ("" for the current one).
+func objectsIn(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 	t.Helper()
 	rows, err := pool.Query(t.Context(), `
+		WITH s AS (SELECT coalesce(quote_ident(nullif($1, '')), current_schema())::regnamespace AS ns)
 		SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence'
 		                      WHEN 'v' THEN 'view' ELSE 'relation ' || c.relkind::text END || ' ' || c.relname
 		FROM pg_class c
-		WHERE c.relnamespace = current_schema()::regnamespace
+		WHERE c.relnamespace = (SELECT ns FROM s)
 		UNION ALL
 		SELECT 'function ' || p.oid::regprocedure::text
 		FROM pg_proc p
-		WHERE p.pronamespace = current_schema()::regnamespace
+		WHERE p.pronamespace = (SELECT ns FROM s)
 		UNION ALL
 		SELECT 'type ' || ty.typname
 		FROM pg_type ty
-		WHERE ty.typnamespace = current_schema()::regnamespace AND ty.typtype IN ('e', 'd', 'c')
+		WHERE ty.typnamespace = (SELECT ns FROM s) AND ty.typtype IN ('e', 'd', 'c')
 		  AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = ty.typrelid AND c.relkind <> 'c')
-		ORDER BY 1`)
+		ORDER BY 1`, schema)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string

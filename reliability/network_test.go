@@ -31,10 +31,9 @@ func attemptBound(deadline time.Duration) time.Duration { return deadline + 25*t
 func TestNetworkFaults(t *testing.T) {
 	t.Parallel()
 	type fault struct {
-		name   string
-		chaos  func(p *faultproxy.Proxy, stop <-chan struct{}) // runs until stop
-		fired  func(p *faultproxy.Proxy) int64
-		rounds int
+		name  string
+		chaos func(p *faultproxy.Proxy, stop <-chan struct{}) // runs until stop
+		fired func(p *faultproxy.Proxy) int64
 	}
 	faults := []fault{
 		{

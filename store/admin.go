@@ -43,7 +43,8 @@ const summaryColumns = `scope, idempotency_key, id::text, flow,
 	recovery_point, attempts, last_error, created_at, updated_at, finished_at`
 
 // adminStatements are the texts of the operators' statements and of the expiry of
-// unfinished keys (retention.go), built once by New.
+// unfinished keys (retention.go), built once by New or NewInSchema, qualified like
+// statements (see qualify).
 type adminStatements struct {
 	list                     map[string][2]string // by status: the first page, a later page
 	show, counts             string
@@ -53,7 +54,7 @@ type adminStatements struct {
 	expireDead, expireParked string
 }
 
-func newAdminStatements() adminStatements {
+func newAdminStatements(schema string) adminStatements {
 	a := adminStatements{list: map[string][2]string{}, expireDead: sqlExpireDead, expireParked: sqlExpireParked}
 	for status, s := range listStatus {
 		base := `SELECT ` + summaryColumns + `, ` + s.order + `
@@ -116,6 +117,14 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
 RETURNING lock_version`
 	a.purge = `DELETE FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
+	// Every text above, qualified; TestStatementsInSchema fails on one left out.
+	q := func(sql string) string { return qualify(sql, schema) }
+	for status, texts := range a.list {
+		a.list[status] = [2]string{q(texts[0]), q(texts[1])}
+	}
+	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
+	a.release, a.purge = q(a.release), q(a.purge)
+	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
 	return a
 }
 

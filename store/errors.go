@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -33,6 +34,17 @@ var (
 	// ErrUnavailable: the database could not be reached or the connection broke. If the
 	// statement was a COMMIT, its outcome is unknown unless ErrNotSent is also matched.
 	ErrUnavailable = errors.New("database unavailable")
+	// ErrMisconfigured: the server refused a statement in a way only the connection's
+	// settings cause: a prepared statement that already exists (42P05) or does not
+	// exist (26000, or 08P01 about one) on the server connection. That is pgx's
+	// default query exec mode, which keeps named prepared statements per connection,
+	// behind a pooler in transaction mode that does not keep them (pgbouncer before
+	// 1.21, or with max_prepared_statements = 0). Retrying does not help; the message
+	// names the fix.
+	ErrMisconfigured = errors.New("connection misconfigured: prepared statements do not survive between transactions " +
+		"(a pooler in transaction mode, such as pgbouncer, is in between); set default_query_exec_mode=cache_describe " +
+		"(or exec) on the pgx pool's connection string or ConnConfig.DefaultQueryExecMode, " +
+		"or run pgbouncer 1.21 or later with max_prepared_statements > 0")
 	// ErrNotSent: the failed request never reached the server (always with
 	// ErrUnavailable); nothing it carried took effect.
 	ErrNotSent = errors.New("request not sent")
@@ -67,7 +79,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, errInvalid} {
+	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, errInvalid} {
 		if errors.Is(err, ours) {
 			return err
 		}
@@ -79,6 +91,9 @@ func Classify(err error) error {
 			return fmt.Errorf("%w: %w", ErrConflict, err)
 		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":
 			return fmt.Errorf("%w: %w", errInvalid, err)
+		case pgErr.Code == "42P05" || pgErr.Code == "26000" ||
+			pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "prepared statement"):
+			return fmt.Errorf("%w: %w", ErrMisconfigured, err)
 		case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"):
 			// connection exceptions and operator intervention (shutdown, terminated backend)
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

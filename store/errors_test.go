@@ -30,6 +30,10 @@ func TestClassify(t *testing.T) {
 		{"ConnectionFailure", pg("08006"), store.ErrUnavailable},
 		{"UnexpectedEOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), store.ErrUnavailable},
 		{"ClosedConn", fmt.Errorf("write: %w", net.ErrClosed), store.ErrUnavailable},
+		{"PreparedStatementExists", pg("42P05"), store.ErrMisconfigured},
+		{"PreparedStatementMissing", pg("26000"), store.ErrMisconfigured},
+		{"PreparedStatementBindMismatch", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "08P01",
+			Message: `bind message supplies 1 parameters, but prepared statement "stmtcache_1" requires 2`}), store.ErrMisconfigured},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

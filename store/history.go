@@ -1,5 +1,7 @@
 package store
 
+import "encoding/json"
+
 // A key's history: a jsonb array of entries, one per attempt (and per operator
 // action), oldest first, bounded to the newest few. Entries are appended by the
 // statements that already end an attempt (finish, release, dead-letter, park), and by a
@@ -19,12 +21,13 @@ type History struct {
 	Keep int
 }
 
-// args are the statement arguments of h: the entry (NULL for none) and the bound.
+// args are the statement arguments of h: the entry (NULL for none), as JSON text in
+// every query exec mode (see sql.go), and the bound.
 func (h History) args() (any, int) {
 	if h.Keep <= 0 || len(h.Entry) == 0 {
 		return nil, 0
 	}
-	return h.Entry, h.Keep
+	return json.RawMessage(h.Entry), h.Keep
 }
 
 // historyAppend is the history column with the entry $e (a JSON object, or NULL for

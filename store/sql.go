@@ -1,9 +1,18 @@
 package store
 
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // All of idemflow's SQL on the key table, in one place for review. Every statement
 // filters by scope. Lease arithmetic uses the database clock (clock_timestamp(), so a
 // long transaction does not shorten the lease it sets); durations arrive as
-// milliseconds.
+// milliseconds. jsonb values (phase data, response headers) are sent as json.RawMessage,
+// which pgx encodes as JSON text in every query exec mode (a []byte would go as bytea
+// where pgx does not ask the server for the parameters' types: the exec and
+// simple_protocol modes) and which costs no copy.
 
 // statements are the texts of the statements a Store sends, built once by New.
 type statements struct {
@@ -14,16 +23,38 @@ type statements struct {
 	takeDue, giveBack, park, deadLetter, redrive, expire string
 }
 
-// newStatements returns the statements on the key table, idemflow_keys.
-func newStatements() statements {
+// newStatements returns the statements on the key table: idemflow_keys in the current
+// schema when schema is "", or in schema, named by every statement (see qualify).
+func newStatements(schema string) statements {
+	q := func(sql string) string { return qualify(sql, schema) }
 	return statements{
-		lookup: sqlLookup, claimLock: sqlClaimLock,
-		insertKey: sqlInsertKey, insertFinished: sqlInsertFinished,
-		claimInsertKey: sqlClaimInsertKey, claimInsertFinished: sqlClaimInsertFinished,
-		advance: sqlAdvance, finish: sqlFinish, release: sqlRelease, takeover: sqlTakeover,
-		takeDue: sqlTakeDue, giveBack: sqlGiveBack, park: sqlPark, deadLetter: sqlDeadLetter,
-		redrive: sqlRedrive, expire: sqlExpireFinished,
+		lookup: q(sqlLookup), claimLock: q(sqlClaimLock),
+		insertKey: q(sqlInsertKey), insertFinished: q(sqlInsertFinished),
+		claimInsertKey: q(sqlClaimInsertKey), claimInsertFinished: q(sqlClaimInsertFinished),
+		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
+		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
+		redrive: q(sqlRedrive), expire: q(sqlExpireFinished),
 	}
+}
+
+// keyTable is the key table's name as the statements below write it.
+const keyTable = "idemflow_keys"
+
+// qualify returns sql with every mention of the key table qualified by schema: the
+// claim lock's 'idemflow_keys'::regclass literal becomes the qualified name as a
+// string literal, and every other idemflow_keys the quoted schema and the table. With
+// schema "" it returns sql unchanged, so the default store sends the texts above byte
+// for byte. Nothing else in the statements contains the table's name (a test checks
+// that the qualified texts name no other).
+func qualify(sql, schema string) string {
+	if schema == "" {
+		return sql
+	}
+	name := pgx.Identifier{schema, keyTable}.Sanitize()
+	literal := "'" + strings.ReplaceAll(name, "'", "''") + "'"
+	sql = strings.ReplaceAll(sql, "'"+keyTable+"'", "\x00")
+	sql = strings.ReplaceAll(sql, keyTable, name)
+	return strings.ReplaceAll(sql, "\x00", literal)
 }
 
 // rowColumns are the columns of Row, computed from a key row, in the order scanOne

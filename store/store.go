@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,15 +133,39 @@ type Release struct {
 }
 
 // Store sends idemflow's statements on the key table. It holds their texts, built once
-// by New, so that what varies between stores (a schema, later) is applied once rather
-// than on every call. The zero Store is not usable.
+// by New or NewInSchema, so that what varies between stores (the schema) is applied
+// once rather than on every call. The zero Store is not usable.
 type Store struct {
 	sql   statements
 	admin adminStatements
 }
 
-// New returns a Store of the statements in sql.go.
-func New() *Store { return &Store{sql: newStatements(), admin: newAdminStatements()} }
+// New returns a Store of the statements in sql.go, on the key table of the current
+// schema (the first schema of the connection's search_path that exists).
+func New() *Store { return &Store{sql: newStatements(""), admin: newAdminStatements("")} }
+
+// NewInSchema returns a Store whose statements name the key table in schema, quoted,
+// whatever the connection's search_path. An empty schema is New's current schema. It
+// fails on a name PostgreSQL cannot hold: longer than 63 bytes or with a NUL byte.
+func NewInSchema(schema string) (*Store, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema)}, nil
+}
+
+// ValidateSchema reports whether schema can name a PostgreSQL schema as it is: at most
+// 63 bytes (PostgreSQL would silently cut a longer name) and no NUL byte. The empty
+// name, meaning the current schema, is valid.
+func ValidateSchema(schema string) error {
+	switch {
+	case len(schema) > 63:
+		return fmt.Errorf("schema name %q is longer than 63 bytes", schema)
+	case strings.IndexByte(schema, 0) >= 0:
+		return fmt.Errorf("schema name %q contains a NUL byte", schema)
+	}
+	return nil
+}
 
 // Lookup returns the key row, or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
@@ -200,7 +226,7 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 // found no row. Read its result with ReadInsert.
 func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
 	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, data, c.Lease.Milliseconds(), c.origin())
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
 }
 
 // QueueInsertFinished is QueueInsertKey for a key row that is already finished with
@@ -208,7 +234,7 @@ func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data
 func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
 	e, _ := resp.History.args()
 	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, resp.Headers, resp.Body, e, c.origin())
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
 }
 
 // ReadInsert reads the result of QueueInsertKey or QueueInsertFinished: nil, or
@@ -226,7 +252,7 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
 	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, data, c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
 }
 
 // QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp,
@@ -234,7 +260,7 @@ func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, da
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
 	e, _ := resp.History.args()
 	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, resp.Headers, resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
@@ -265,7 +291,7 @@ func insertErr(err error) error {
 // match, the statement raises and the transaction aborts. Read its result with
 // ReadFenced.
 func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
-	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, a.Data, a.Lease.Milliseconds())
+	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds())
 }
 
 // QueueFinish adds to b the fenced update that stores the response, appends
@@ -273,7 +299,7 @@ func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
 // raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	e, keep := resp.History.args()
-	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, resp.Headers, resp.Body, e, keep)
+	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
 }
 
 // ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
@@ -290,7 +316,7 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 // is due again after r.RetryIn. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
 	e, keep := r.History.args()
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, r.Data, truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep)
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep)
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}

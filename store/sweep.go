@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -110,7 +111,7 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
 // or deleted since).
 func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) error {
 	e, keep := d.History.args()
-	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, d.Data, truncate(d.LastError, 2000), d.Stored, e, keep)
+	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, json.RawMessage(d.Data), truncate(d.LastError, 2000), d.Stored, e, keep)
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}

@@ -45,6 +45,10 @@
 // Clients should not retry a request with the same key after the retention window.
 // Keys in progress and dead-lettered keys are never expired.
 //
+// A sweeper works on its engine's key table: in the schema of the engine's
+// workflow.Config.Schema, so it has no schema setting of its own and cannot disagree
+// with the engine about where the keys are.
+//
 // # Events
 //
 // Per-key events go through the engine's workflow.Hooks.Key: KeySwept when a sweeper

@@ -31,6 +31,12 @@
 // idemhttp.Middleware and idemhttp.TxMiddleware for any plain handler); this package
 // has no net/http code and does not import it.
 //
+// Deployment. The engine holds no session state and works in every pgx query exec
+// mode; behind a pooler in transaction mode that keeps no prepared statements
+// (pgbouncer before 1.21), give the pool default_query_exec_mode=cache_describe, or
+// its statements fail with ErrMisconfigured, whose message says so. Config.Schema puts
+// the key table in a named schema that every statement names, without search_path.
+//
 // Client-only flows. A flow marked phases.Flow.ClientOnly (idemhttp's middlewares'
 // flows) is registered by the names and kinds of its phases; each attempt brings the
 // functions in Request.ClientPhases, closing over what only it has. Such a key is run

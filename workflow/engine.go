@@ -85,6 +85,12 @@ type Config struct {
 	// used as it is; RetryAfterLease (-1) means the time left on the holder's lease.
 	// Always at least 1s and at most the lease left.
 	InProgressRetryAfter time.Duration
+	// Schema is the PostgreSQL schema of idemflow's key table, as migrations.Config's
+	// Schema put it there. Every statement names it, quoted, so the connection's
+	// search_path does not matter (poolers such as pgbouncer refuse to set one). The
+	// sweeper of an engine works on the same schema. Defaults to "": the current
+	// schema, unqualified, as the connection's search_path finds it. At most 63 bytes.
+	Schema string
 	// History is how many entries a key's history keeps: one per attempt and per
 	// operator action, the newest kept (see Attempt). Defaults to 20; at most 1000. -1
 	// keeps none. Entries ride in writes the engine sends anyway: no round trip or
@@ -141,6 +147,9 @@ func (c *Config) validate() error {
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
+	if err := store.ValidateSchema(c.Schema); err != nil {
+		return fmt.Errorf("workflow: Schema: %w", err)
+	}
 	return nil
 }
 
@@ -187,7 +196,11 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	return &Engine{pool: pool, store: store.New(), cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
+	st, err := store.NewInSchema(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: Schema: %w", err)
+	}
+	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.

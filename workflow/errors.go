@@ -73,6 +73,12 @@ var (
 	ErrLeaseLost = store.ErrLeaseLost
 	// ErrNotFound: Resume or Redrive found no key row.
 	ErrNotFound = store.ErrNotFound
+	// ErrMisconfigured: the connection's settings do not fit what is between the
+	// engine and Postgres: pgx's default query exec mode behind a pooler in
+	// transaction mode that keeps no prepared statements. The message names the fix
+	// (default_query_exec_mode=cache_describe); retrying does not help. The HTTP layer
+	// answers it 500, not 503.
+	ErrMisconfigured = store.ErrMisconfigured
 )
 
 // InProgressError is returned while another attempt holds a key's lease.

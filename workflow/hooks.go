@@ -254,12 +254,6 @@ func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Conte
 	return ctx
 }
 
-func (h *Hooks) attemptEnd(ctx context.Context, ev AttemptEvent) {
-	if h.AttemptEnd != nil {
-		h.AttemptEnd(ctx, ev)
-	}
-}
-
 func (h *Hooks) claimHeld(ctx context.Context, ev PhaseEvent) {
 	if h.ClaimHeld != nil {
 		h.ClaimHeld(ctx, ev)

@@ -65,6 +65,7 @@ type cli struct {
 	out, errOut io.Writer
 	pool        *pgxpool.Pool
 	engine      *workflow.Engine
+	migrator    *migrations.Migrator
 }
 
 // run runs the command line args and returns the exit status.
@@ -135,12 +136,12 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "idemflow-cli"
 	}
-	if schema != "" {
-		// The one place the schema is applied. Until the engine's statements are
-		// schema-qualified (a Schema option on workflow.Config), the connection's
-		// search_path names the key table's schema; with that option this becomes
-		// workflow.Config{Schema: schema} below, and the line goes.
-		cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	// The schema is named by every statement of the engine and the migrator, not set
+	// as the connection's search_path, so the CLI also works through a pooler that
+	// refuses one (pgbouncer).
+	m, err := migrations.NewMigrator(&migrations.Config{Schema: schema})
+	if err != nil {
+		return badUsage("-schema: %v", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -154,12 +155,12 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 		}
 		return fmt.Errorf("connect: %w", err)
 	}
-	e, err := workflow.New(pool, &workflow.Config{Logger: slog.New(slog.NewTextHandler(c.errOut, nil))})
+	e, err := workflow.New(pool, &workflow.Config{Schema: schema, Logger: slog.New(slog.NewTextHandler(c.errOut, nil))})
 	if err != nil {
 		pool.Close()
 		return err
 	}
-	c.pool, c.engine = pool, e
+	c.pool, c.engine, c.migrator = pool, e, m
 	return nil
 }
 
@@ -390,11 +391,11 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	}
 	switch fs.Arg(0) {
 	case "up":
-		err = migrations.Migrate(ctx, c.pool)
+		err = c.migrator.Migrate(ctx, c.pool)
 	case "down":
 		var v int
-		if v, err = migrations.Version(ctx, c.pool); err == nil && v > 0 {
-			err = migrations.MigrateTo(ctx, c.pool, v-1)
+		if v, err = c.migrator.Version(ctx, c.pool); err == nil && v > 0 {
+			err = c.migrator.MigrateTo(ctx, c.pool, v-1)
 		}
 	case "status":
 	default:
@@ -403,7 +404,7 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	v, err := migrations.Version(ctx, c.pool)
+	v, err := c.migrator.Version(ctx, c.pool)
 	if err != nil {
 		return err
 	}

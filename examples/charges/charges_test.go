@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/internal/pgtest"
 )
 
 var binary string // the charges binary, built once
@@ -129,9 +130,20 @@ type stack struct {
 	server   *process
 }
 
-func newStack(t *testing.T, providerArgs ...string) *stack {
+// backend makes a stack's database: a schema straight on Postgres, or a database of its
+// own through pgbouncer.
+type backend func(testing.TB) *idemflowtest.DB
+
+func direct(t testing.TB) *idemflowtest.DB { return idemflowtest.NewDB(t) }
+
+func throughPgbouncer(t testing.TB) *idemflowtest.DB {
+	p := pgtest.NewPooled(t).DB
+	return &idemflowtest.DB{Pool: p.Pool, URL: p.URL, Schema: p.Schema}
+}
+
+func newStack(t *testing.T, db backend, providerArgs ...string) *stack {
 	t.Helper()
-	s := &stack{db: idemflowtest.NewDB(t)}
+	s := &stack{db: db(t)}
 	s.provider = run(t, nil, append([]string{"provider", "-addr", "127.0.0.1:0"}, providerArgs...)...)
 	s.server = s.serve(t, nil)
 	return s
@@ -252,9 +264,11 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 const body = `{"amount":1299,"currency":"usd","source":"tok_visa"}`
 
-func TestCharges(t *testing.T) {
+func TestCharges(t *testing.T) { testCharges(t, direct) }
+
+func testCharges(t *testing.T, db backend) {
 	t.Parallel()
-	s := newStack(t)
+	s := newStack(t, db)
 	api := s.server.url
 
 	t.Run("SequentialDuplicate", func(t *testing.T) {
@@ -386,9 +400,11 @@ func TestCharges(t *testing.T) {
 	})
 }
 
-func TestProviderOutageThenSuccess(t *testing.T) {
+func TestProviderOutageThenSuccess(t *testing.T) { testProviderOutageThenSuccess(t, direct) }
+
+func testProviderOutageThenSuccess(t *testing.T, db backend) {
 	t.Parallel()
-	s := newStack(t)
+	s := newStack(t, db)
 	addr := strings.TrimPrefix(s.provider.url, "http://")
 	s.provider.signal(syscall.SIGKILL)
 	s.provider.exitCode()
@@ -407,9 +423,11 @@ func TestProviderOutageThenSuccess(t *testing.T) {
 	require.Equal(t, 1, s.stats(t).Payments)
 }
 
-func TestServerKilledMidCall(t *testing.T) {
+func TestServerKilledMidCall(t *testing.T) { testServerKilledMidCall(t, direct) }
+
+func testServerKilledMidCall(t *testing.T, db backend) {
 	t.Parallel()
-	s := newStack(t, "-latency", "1s")
+	s := newStack(t, db, "-latency", "1s")
 	sent := make(chan error, 1)
 	go func() {
 		_, err := tryPost(s.server.url, "acct", "midcall", body)
@@ -429,11 +447,15 @@ func TestServerKilledMidCall(t *testing.T) {
 }
 
 func TestCrashAfterEachPhaseFinishedByWorker(t *testing.T) {
+	testCrashAfterEachPhaseFinishedByWorker(t, direct)
+}
+
+func testCrashAfterEachPhaseFinishedByWorker(t *testing.T, db backend) {
 	t.Parallel()
 	for _, phase := range []string{chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize} {
 		t.Run(phase, func(t *testing.T) {
 			t.Parallel()
-			s := newStack(t)
+			s := newStack(t, db)
 			doomed := s.serve(t, []string{"CHARGES_CRASH_AFTER=" + phase})
 			_, err := tryPost(doomed.url, "acct", "crash", body)
 			require.Error(t, err, "the server died before answering")
@@ -453,4 +475,29 @@ func TestCrashAfterEachPhaseFinishedByWorker(t *testing.T) {
 			require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
 		})
 	}
+}
+
+// TestThroughPgbouncer runs the acceptance cases and the demo with every server and
+// worker behind pgbouncer in transaction mode, in the query exec mode the README
+// documents for it.
+func TestThroughPgbouncer(t *testing.T) {
+	t.Parallel()
+	pgtest.RequirePgbouncer(t)
+	t.Run("Charges", func(t *testing.T) { testCharges(t, throughPgbouncer) })
+	t.Run("ProviderOutageThenSuccess", func(t *testing.T) { testProviderOutageThenSuccess(t, throughPgbouncer) })
+	t.Run("ServerKilledMidCall", func(t *testing.T) { testServerKilledMidCall(t, throughPgbouncer) })
+	t.Run("CrashAfterEachPhaseFinishedByWorker", func(t *testing.T) {
+		testCrashAfterEachPhaseFinishedByWorker(t, throughPgbouncer)
+	})
+	t.Run("ReceiptOutbox", func(t *testing.T) { testReceiptOutbox(t, throughPgbouncer) })
+	t.Run("Demo", func(t *testing.T) {
+		t.Parallel()
+		p, err := pgtest.SharedPgbouncer(context.Background())
+		require.NoError(t, err)
+		cmd := exec.Command(binary, "demo")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+p.URLFor("postgres", pgtest.PooledExecMode))
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "the demo through pgbouncer:\n%s", out)
+		require.Contains(t, string(out), "steps behaved")
+	})
 }

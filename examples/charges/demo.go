@@ -22,6 +22,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/internal/pgtest"
@@ -59,11 +60,11 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	} else {
 		d.say("  database: $DATABASE_URL")
 	}
-	dbURL, dropSchema, err := freshSchema(ctx, base)
+	dbURL, dropDatabase, err := freshDatabase(ctx, base)
 	if err != nil {
 		return err
 	}
-	defer dropSchema()
+	defer dropDatabase()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -440,35 +441,56 @@ func providerPayments(ctx context.Context, base string) (int, error) {
 	return st.Payments, nil
 }
 
-// freshSchema creates a schema of its own on the server at base and returns a URL
-// whose search_path is that schema, and a function that drops it.
-func freshSchema(ctx context.Context, base string) (string, func(), error) {
+// freshDatabase creates a database of its own on the server at base and returns a URL
+// for it (base's, with the database's name), and a function that drops it. A database
+// rather than a schema, so that the demo also runs behind a pooler that refuses the
+// search_path a schema would need (pgbouncer). Where base's user may not create
+// databases, it falls back to a schema of its own.
+func freshDatabase(ctx context.Context, base string) (string, func(), error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	schema := "charges_demo_" + hex.EncodeToString(b[:])
+	name := "charges_demo_" + hex.EncodeToString(b[:])
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", nil, fmt.Errorf("DATABASE_URL must be a postgres:// URL")
+	}
 	pool, err := pgxpool.New(ctx, base)
 	if err != nil {
 		return "", nil, err
 	}
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	var pgErr *pgconn.PgError
+	_, err = pool.Exec(ctx, "CREATE DATABASE "+name)
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient privilege
+		return freshSchema(ctx, pool, base, name)
+	case err != nil:
+		pool.Close()
+		return "", nil, fmt.Errorf("create demo database: %w", err)
+	}
+	u.Path = "/" + name
+	return u.String(), dropper(pool, "DROP DATABASE "+name+" WITH (FORCE)"), nil
+}
+
+// dropper returns a function that runs drop on pool, best effort, and closes pool.
+func dropper(pool *pgxpool.Pool, drop string) func() {
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, drop)
+		pool.Close()
+	}
+}
+
+// freshSchema creates the schema name on pool's database and returns a URL whose
+// search_path is that schema, and a function that drops it.
+func freshSchema(ctx context.Context, pool *pgxpool.Pool, base, name string) (string, func(), error) {
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
 		pool.Close()
 		return "", nil, fmt.Errorf("create demo schema: %w", err)
 	}
-	drop := func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = pool.Exec(dctx, "DROP SCHEMA "+schema+" CASCADE")
-		pool.Close()
-	}
-	return withSearchPath(base, schema), drop, nil
-}
-
-func withSearchPath(conn, schema string) string {
-	if u, err := url.Parse(conn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	return conn + " search_path=" + schema
+	u, _ := url.Parse(base) // parsed by the caller
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	return u.String(), dropper(pool, "DROP SCHEMA "+name+" CASCADE"), nil
 }

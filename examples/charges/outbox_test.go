@@ -52,9 +52,11 @@ func (s *stack) receipts(t *testing.T, charge string) int {
 	return s.count(t, `SELECT count(*) FROM river_job WHERE kind = 'receipt' AND args->>'charge_id' = $1`, charge)
 }
 
-func TestReceiptOutbox(t *testing.T) {
+func TestReceiptOutbox(t *testing.T) { testReceiptOutbox(t, direct) }
+
+func testReceiptOutbox(t *testing.T, db backend) {
 	t.Parallel()
-	s := newStack(t)
+	s := newStack(t, db)
 	m := newMail(t)
 	s.worker(t, m)
 
@@ -86,7 +88,7 @@ func TestReceiptOutboxServerKilledAroundFinalize(t *testing.T) {
 	for _, point := range []string{"before-commit", "after-commit"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
-			s := newStack(t)
+			s := newStack(t, direct)
 			doomed := s.serve(t, []string{"CHARGES_KILL_AT=finalize/" + point})
 			_, err := tryPost(doomed.url, "acct", "outbox", body)
 			require.Error(t, err, "the server died before answering")

@@ -88,6 +88,7 @@ func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('charges.migrate:' || current_schema(), 0))`); err != nil {
 				return err
 			}
+			//lint:ignore SA1019 one migration per transaction (MaxSteps 1), under the lock: not the batching the deprecation warns of
 			res, err := m.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
 			if err != nil {
 				return err

@@ -13,7 +13,7 @@ import (
 // /metrics endpoint shows the engine's attempts by outcome.
 func TestServeTelemetry(t *testing.T) {
 	t.Parallel()
-	s := newStack(t)
+	s := newStack(t, direct)
 	observed := s.serve(t, nil, "-telemetry", "prometheus", "-metrics-addr", "127.0.0.1:0")
 	first := post(t, observed.url, "acct_tel", "k1", body)
 	require.Equal(t, http.StatusCreated, first.status)

@@ -104,26 +104,10 @@ func (d *Dedicated) start(ctx context.Context) error {
 		args = append(args, "-c", s)
 	}
 	cmd := exec.Command(filepath.Join(d.binDir, "postgres"), args...)
-	cmd.Dir = d.dir
-	cmd.Env = childEnv()
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
 	cmd.SysProcAttr = serverProcAttr(d.owner)
-	exited, err := startLocked(cmd)
+	l, err := runReady(ctx, cmd, d.dir, logFile, logPath, d.URL, "dedicated postgres", d.port)
 	if err != nil {
-		_ = logFile.Close()
-		return fmt.Errorf("pgtest: start %s/postgres: %w", d.binDir, err)
-	}
-	l := &localServer{dir: d.dir, cmd: cmd, exited: exited, log: logFile}
-	if err := waitReady(ctx, d.URL, exited, StartTimeoutDefault); err != nil {
-		stopErr := l.stopProcess()
-		_ = logFile.Close()
-		logTail := tailFile(logPath)
-		if errors.Is(err, errExited) && containsBindFailure(logTail) {
-			err = fmt.Errorf("%w: %w", errPortTaken, err)
-		}
-		return errors.Join(fmt.Errorf("pgtest: dedicated postgres on port %d did not start: %w\n--- end of its log ---\n%s",
-			d.port, err, logTail), stopErr)
+		return err
 	}
 	d.mu.Lock()
 	d.cur = l

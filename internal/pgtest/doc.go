@@ -40,6 +40,13 @@
 //		os.Exit(code)
 //	}
 //
+// Tests of what runs behind a connection pooler use a database of their own
+// (NewDatabase), since pgbouncer refuses the search_path a schema per test needs, and
+// NewPooled reaches it through a throwaway pgbouncer in transaction mode
+// (StartPgbouncer, shared by the process like the server and stopped by Main), in
+// PooledExecMode. Without a pgbouncer binary such tests skip (RequirePgbouncer), unless
+// PGTEST_REQUIRE_PGBOUNCER is set, as in CI: then they fail.
+//
 // A program such as the demo calls Start and Stop itself. A throwaway server is stopped
 // by Stop or Main; if the process dies first, Linux delivers SIGQUIT to the server (an
 // immediate shutdown) and only its temporary directory is left behind.

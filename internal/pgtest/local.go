@@ -198,29 +198,11 @@ func runPostgres(ctx context.Context, binDir, dir, data string, owner *osUser, e
 		args = append(args, "-c", s)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "postgres"), args...)
-	cmd.Dir = dir
-	cmd.Env = childEnv()
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
 	cmd.SysProcAttr = serverProcAttr(owner)
-	exited, err := startLocked(cmd)
-	if err != nil {
-		_ = logFile.Close()
-		return nil, fmt.Errorf("pgtest: start %s/postgres: %w", binDir, err)
-	}
-	l := &localServer{dir: dir, cmd: cmd, exited: exited, log: logFile}
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	if err := waitReady(ctx, url, exited, StartTimeoutDefault); err != nil {
-		stopErr := l.stopProcess()
-		_ = logFile.Close()
-		logTail := tailFile(logPath)
-		if errors.Is(err, errExited) && strings.Contains(logTail, "could not bind") {
-			err = fmt.Errorf("%w: %w", errPortTaken, err)
-		}
-		return nil, errors.Join(
-			fmt.Errorf("pgtest: %s/postgres on port %d did not start: %w\n--- end of its log ---\n%s",
-				binDir, port, err, logTail),
-			stopErr)
+	l, err := runReady(ctx, cmd, dir, logFile, logPath, url, binDir+"/postgres", port)
+	if err != nil {
+		return nil, err
 	}
 	return &Server{URL: url, stop: l.stop}, nil
 }

@@ -29,10 +29,16 @@ var shared struct {
 }
 
 // Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
-// server if a test started it, and returns the exit code for os.Exit. A failure to stop
+// pgbouncer and server if a test started them, and returns the exit code for os.Exit. A failure to stop
 // the server is printed and turns a passing run into a failing one.
 func Main(m *testing.M) int {
 	code := m.Run()
+	if err := stopSharedPgbouncer(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: stop shared pgbouncer: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	shared.mu.Lock()
 	srv := shared.srv
 	shared.srv, shared.err = nil, nil
@@ -100,30 +106,39 @@ func New(t testing.TB) *DB {
 // NewEmpty is New without the migrations: an empty schema and a pool on it.
 func NewEmpty(t testing.TB) *DB {
 	t.Helper()
+	schema := "t_" + randomHex(8)
+	quoted := pgx.Identifier{schema}.Sanitize()
+	// A transaction left open on the schema's tables would block the drop: give up with
+	// an error rather than hang.
+	srv := createForTest(t, "schema "+schema, "CREATE SCHEMA "+quoted,
+		"SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS "+quoted+" CASCADE")
+	db := &DB{URL: withSearchPath(srv.URL, schema), Schema: schema}
+	db.Pool = db.NewPool(t)
+	return db
+}
+
+// createForTest runs create on the shared server, failing t if there is no server or
+// create fails, and registers drop to run when t ends. Registered before the pool's
+// cleanup, it runs after the pool is closed. It returns the server.
+func createForTest(t testing.TB, what, create, drop string) *Server {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := Shared(ctx)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	schema := "t_" + randomHex(8)
-	quoted := pgx.Identifier{schema}.Sanitize()
-	if err := srv.exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
-		t.Fatalf("pgtest: create schema %s: %v", schema, err)
+	if err := srv.exec(ctx, create); err != nil {
+		t.Fatalf("pgtest: create %s: %v", what, err)
 	}
-	// Registered before the pool's cleanup, so it runs after the pool is closed.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		// A transaction left open on the schema's tables would block the drop: give up
-		// with an error rather than hang.
-		if err := srv.exec(ctx, "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS "+quoted+" CASCADE"); err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		if err := srv.exec(ctx, drop); err != nil {
+			t.Errorf("pgtest: drop %s: %v", what, err)
 		}
 	})
-	db := &DB{URL: withSearchPath(srv.URL, schema), Schema: schema}
-	db.Pool = db.NewPool(t)
-	return db
+	return srv
 }
 
 // NewPool opens another, independent pool on the same schema, closed when the test ends.

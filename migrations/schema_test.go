@@ -1,0 +1,133 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/migrations"
+)
+
+// TestMigrateInSchema migrates a named schema through a pool whose search_path is
+// another: everything lands in the named schema, nothing in the pool's.
+func TestMigrateInSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewEmpty(t)
+	schema := db.Schema + ` "idem"`
+	t.Cleanup(func() {
+		_, err := db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(t, err)
+	})
+	m, err := migrations.NewMigrator(&migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	all, err := migrations.All()
+	require.NoError(t, err)
+
+	require.NoError(t, m.Migrate(ctx, db.Pool), "creates the schema")
+	require.NoError(t, m.Migrate(ctx, db.Pool), "and is a no-op the second time")
+	v, err := m.Version(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, len(all), v)
+	up := objectsIn(t, db.Pool, schema)
+	require.Contains(t, up, "table idemflow_keys")
+	require.Contains(t, up, "table "+migrations.VersionTable)
+	require.Empty(t, objects(t, db.Pool), "nothing in the pool's own schema")
+	v, err = migrations.Version(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Zero(t, v, "the current schema's version is its own")
+
+	require.NoError(t, m.MigrateTo(ctx, db.Pool, 0))
+	require.Equal(t, []string{"index " + migrations.VersionTable + "_pkey", "table " + migrations.VersionTable},
+		objectsIn(t, db.Pool, schema))
+	require.NoError(t, m.Migrate(ctx, db.Pool))
+	require.Equal(t, up, objectsIn(t, db.Pool, schema))
+}
+
+// TestUnrecordedSchema: a key table that no version table accounts for is refused,
+// changing nothing, until Baseline records its version.
+func TestUnrecordedSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewEmpty(t)
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for _, m := range all { // applied by hand, as a tool idemflow does not know would
+		_, err := db.Pool.Exec(ctx, m.Up)
+		require.NoError(t, err)
+	}
+	before := objects(t, db.Pool)
+
+	err = migrations.Migrate(ctx, db.Pool)
+	require.ErrorIs(t, err, migrations.ErrUnknownState)
+	require.ErrorContains(t, err, "call Baseline")
+	require.ErrorContains(t, err, "nothing was changed")
+	require.Equal(t, before, objects(t, db.Pool), "a refused Migrate creates not even its version table")
+
+	m, err := migrations.NewMigrator(nil)
+	require.NoError(t, err)
+	require.Error(t, m.Baseline(ctx, db.Pool, 0))
+	require.Error(t, m.Baseline(ctx, db.Pool, len(all)+1))
+	require.Equal(t, before, objects(t, db.Pool))
+	require.NoError(t, m.Baseline(ctx, db.Pool, len(all)))
+	require.Error(t, m.Baseline(ctx, db.Pool, len(all)), "a recorded schema is not baselined again")
+	require.NoError(t, migrations.Migrate(ctx, db.Pool))
+	v, err := migrations.Version(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, len(all), v)
+
+	empty := pgtest.NewEmpty(t)
+	require.ErrorContains(t, m.Baseline(ctx, empty.Pool, 1), "no idemflow_keys table")
+}
+
+// TestToolFS: every migration ships in every tool's format, made from the same files.
+func TestToolFS(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for _, tool := range migrations.Tools() {
+		fsys, err := migrations.ToolFS(tool)
+		require.NoError(t, err, tool)
+		names, err := fs.Glob(fsys, "*")
+		require.NoError(t, err)
+		perMigration := 1
+		if tool == migrations.GolangMigrate {
+			perMigration = 2
+		}
+		require.Len(t, names, perMigration*len(all), "%s: one file set per migration: %v", tool, names)
+		for _, m := range all {
+			base := fmt.Sprintf("%03d_%s", m.Version, m.Name)
+			read := func(name string) string {
+				b, err := fs.ReadFile(fsys, name)
+				require.NoError(t, err, "%s lacks %s", tool, name)
+				return string(b)
+			}
+			switch tool {
+			case migrations.GolangMigrate:
+				require.Equal(t, m.Up, read(base+".up.sql"))
+				require.Equal(t, m.Down, read(base+".down.sql"))
+			case migrations.Goose:
+				f := read(base + ".sql")
+				up, down, ok := strings.Cut(f, "-- +goose Down\n")
+				require.True(t, ok)
+				require.Contains(t, up, "-- +goose Up\n-- +goose StatementBegin\n"+m.Up)
+				require.Contains(t, down, "-- +goose StatementBegin\n"+m.Down)
+			case migrations.Tern:
+				up, down, ok := strings.Cut(read(base+".sql"), "\n---- create above / drop below ----\n")
+				require.True(t, ok)
+				require.Equal(t, m.Up, up)
+				require.Equal(t, m.Down, down)
+			default:
+				t.Fatalf("no check for tool %s", tool)
+			}
+		}
+	}
+	_, err = migrations.ToolFS("flyway")
+	require.ErrorContains(t, err, "unknown tool")
+}
