@@ -79,6 +79,11 @@ func newEnv(t testing.TB, db *pgtest.DB) *env {
 		client:  &http.Client{Transport: tr, Timeout: 10 * time.Second},
 		appName: "rel_" + db.Schema,
 	}
+	if db.Schema == "public" { // a database of its own (pgtest.NewDatabase): name the env by it
+		cc, err := pgx.ParseConfig(db.URL)
+		require.NoError(t, err)
+		e.appName = "rel_" + cc.Database
+	}
 	e.answers.observe = e.observe
 	return e
 }

@@ -227,7 +227,7 @@ func (e *env) withSide(t testing.TB) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := "rel_side_" + strings.TrimPrefix(e.db.Schema, "t_")
+	name := "rel_side_" + strings.TrimPrefix(e.appName, "rel_t_") // unique per env, whatever its schema
 	_, err := e.db.Pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	require.NoError(t, err)
 	admin := e.db.Pool
