@@ -230,3 +230,14 @@ func (p *patients) finish() ([][2]string, []error) {
 	defer p.mu.Unlock()
 	return p.keys, p.errs
 }
+
+// chaosRounds reports whether a chaos loop goes on: until its time is up and every
+// kind of fault it injects has fired at least once (fired), but never past two
+// minutes more, after which the experiment's own assertions report what did not fire.
+func chaosRounds(until time.Time, fired func() bool) func() bool {
+	limit := until.Add(2 * time.Minute)
+	return func() bool {
+		now := time.Now()
+		return now.Before(until) || !fired() && now.Before(limit)
+	}
+}

@@ -117,7 +117,8 @@ func TestMiddlewareFaults(t *testing.T) {
 	})
 	terminated, armed := 0, 0
 	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
-	for time.Now().Before(until) {
+	more := chaosRounds(until, func() bool { return terminated > 0 && proxy.Dropped() > 0 })
+	for more() {
 		pause(nil, 20*time.Millisecond, 120*time.Millisecond)
 		switch {
 		case rand.IntN(2) == 0:

@@ -93,7 +93,10 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
-	for i := 0; time.Now().Before(deadline); i++ {
+	more := chaosRounds(deadline, func() bool {
+		return moved > 0 && releasedAPI > 0 && releasedCLI > 0 && redrivenAPI+redrivenCLI > 0
+	})
+	for i := 0; more(); i++ {
 		pause(nil, 10*time.Millisecond, 60*time.Millisecond)
 		switch i % 5 {
 		case 0: // the database clock moves past every lease, while attempts run

@@ -65,7 +65,8 @@ func TestPgbouncerFaults(t *testing.T) {
 	l := env.startLoad(en, loadOpts{workers: tier(4, 8), prefix: "pgbouncer", attemptTimeout: 5 * time.Second})
 	terminated, restarts := 0, 0
 	until := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
-	for i := 0; time.Now().Before(until); i++ {
+	more := chaosRounds(until, func() bool { return terminated > 0 && restarts > 0 })
+	for i := 0; more(); i++ {
 		pause(nil, 30*time.Millisecond, 150*time.Millisecond)
 		if i%15 == 7 {
 			mu.Lock()
