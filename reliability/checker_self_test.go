@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -77,4 +78,59 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	require.Positive(t, r.OrphanPayment, "a payment of no key")
 	require.Positive(t, r.BadAnswers, "a forged answer")
 	require.GreaterOrEqual(t, r.Unfinished, 2, "the stuck key and the key never claimed")
+}
+
+// TestSideAndHistoryCheckersCatchViolations breaks what the side-effect check and the
+// history checker guard, on purpose: side records of a transaction that did not own
+// the key, of one that rolled back, a second committed run of a phase, a record no
+// HTTP post matches; a second fresh answer that differs, a 422 for an identical
+// request, a replayed 5xx, and a tx phase committed twice. Each must be reported.
+func TestSideAndHistoryCheckersCatchViolations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := newEnv(t, pgtest.New(t)).withSide(t)
+	en := env.engine(env.pool(poolOpts{}), nil)
+	req := request("acct", "l", ledgerFlow, 100)
+	_, err := env.do(ctx, en, req)
+	require.NoError(t, err)
+	c0 := &captureTB{TB: t}
+	clean := env.check(c0, checkOpts{keys: [][2]string{{"acct", "l"}}, side: sideOpts{noRollbacks: true}})
+	require.Empty(t, clean.Violations)
+
+	var rowID string
+	require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT id::text FROM idemflow_keys WHERE idempotency_key = 'l'`).Scan(&rowID))
+	var committed, aborted int64
+	require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT txid_current()`).Scan(&committed))
+	tx, err := env.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&aborted))
+	require.NoError(t, tx.Rollback(ctx))
+	// A committed second run of debit, by a transaction that did not own the key and
+	// posted nothing; a run of post that rolled back.
+	_, err = env.side.pool.Exec(ctx, `INSERT INTO rel_side (seq, scope, idem_key, row_id, phase, attempt, txid, pid, owner, lock_seen)
+		VALUES (1001, 'acct', 'l', $1, 'debit', 2, $2, 0, false, true), (1002, 'acct', 'l', $1, 'post', 2, $3, 0, true, false)`, rowID, committed, aborted)
+	require.NoError(t, err)
+	// Answers: a second fresh answer that differs, a 422, a replayed 503.
+	env.answers.record("acct", "l", answer{Via: "test", Status: 201, Body: []byte(`{"forged":true}`)})
+	env.answers.record("acct", "l", answer{Via: "test", Status: 422, Body: []byte(`{}`)})
+	env.answers.record("acct", "l", answer{Via: "test", Status: 503, Replayed: true, Retryable: true})
+	// A tx phase committed twice.
+	env.history.commits[[2]string{"acct", "l"}] = append(env.history.commits[[2]string{"acct", "l"}], commitRec{Phase: phaseDebit, LockVersion: 7})
+
+	c := &captureTB{TB: t}
+	r := env.check(c, checkOpts{keys: [][2]string{{"acct", "l"}}, side: sideOpts{noRollbacks: true}})
+	all := strings.Join(r.Violations, "\n")
+	for _, want := range []string{
+		"made by a transaction that did not own the key",
+		"attempt's transaction rolled back) with no fault injected",
+		"phase debit committed its side effects 2 times, want 1",
+		"never reached the HTTP side channel",
+		"history: key acct/l: two fresh answers",
+		"history: key acct/l: two different answers",
+		"history: key acct/l: 422 for an identical request",
+		"history: key acct/l: a 503 was replayed",
+		"history: key acct/l: phase debit committed twice",
+	} {
+		require.Contains(t, all, want)
+	}
 }

@@ -64,6 +64,11 @@ type checkOpts struct {
 	keys [][2]string
 	// allowDead accepts dead-lettered keys (the experiment forced them).
 	allowDead bool
+	// redrove are keys an operator re-drove after they were dead-lettered: a client's
+	// dead-letter answer (500) from before is accepted for them.
+	redrove map[[2]string]bool
+	// side tunes the side-effect check (envs made withSide).
+	side sideOpts
 }
 
 // report is what the checker found.
@@ -73,6 +78,8 @@ type report struct {
 	Payments, DuplicatePayments, OrphanPayment int
 	Answers, Retryable, BadAnswers             int
 	AuditRows, AuditViolations                 int
+	Side                                       *sideReport
+	History                                    *historyReport
 	Violations                                 []string
 }
 
@@ -227,6 +234,7 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			}
 			switch {
 			case a.Status == 500 && o.allowDead && k != nil && k.status == "dead":
+			case a.Dead && o.redrove[sk]:
 			case k == nil || k.status != "finished":
 				r.BadAnswers++
 				r.violate("key %s/%s: client got final answer %d (%s via %s) but the key is not finished", sk[0], sk[1], a.Status, a.Err, a.Via)
@@ -239,18 +247,6 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 
 	// Audit: nothing went backwards, a finished row never changed, only finished rows
 	// were deleted, a row's identity never changed.
-	rank := func(flow, rp string) int {
-		switch rp {
-		case phases.Started:
-			return 0
-		case phases.Finished:
-			return 1000
-		}
-		if i := slices.Index(flowPhases[flow], rp); i >= 0 {
-			return i + 1
-		}
-		return -1
-	}
 	flowOf := map[[2]string]string{}
 	for sk, k := range keys {
 		flowOf[sk] = k.flow
@@ -304,9 +300,28 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 	}
 	require.NoError(t, arows.Err())
 
+	if e.side != nil {
+		e.checkSide(ctx, t, r, keys, o.side)
+	}
+	e.checkHistory(t, r, keys)
+
 	t.Logf("invariants: %s", r.summary())
 	if len(r.Violations) > 0 {
 		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
 	}
 	return r
+}
+
+// rank orders a flow's recovery points: started, its phases, finished.
+func rank(flow, rp string) int {
+	switch rp {
+	case phases.Started:
+		return 0
+	case phases.Finished:
+		return 1000
+	}
+	if i := slices.Index(flowPhases[flow], rp); i >= 0 {
+		return i + 1
+	}
+	return -1
 }

@@ -42,6 +42,8 @@ type childConfig struct {
 	Nth    int
 	// Requests are run one after the other by mode do.
 	Requests []workflow.Request
+	// Side are the ledger flow's side channels, if the env has them.
+	Side *sideCfg `json:",omitempty"`
 }
 
 // childLine is one line a child prints on stdout.
@@ -85,7 +87,13 @@ func runChild() {
 	if err != nil {
 		childproc.Fail("engine", err)
 	}
-	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}, nil); err != nil {
+	var side *sideRun
+	if cfg.Side != nil {
+		if side, err = openSide(ctx, *cfg.Side); err != nil {
+			childproc.Fail("side channels", err)
+		}
+	}
+	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}, nil, side); err != nil {
 		childproc.Fail("register", err)
 	}
 	switch cfg.Mode {
@@ -138,6 +146,9 @@ func (e *env) startChild(t testing.TB, cfg childConfig) *child {
 	}
 	cfg.ProviderURL = e.provider.URL
 	cfg.AppName = e.childApp()
+	if e.side != nil {
+		cfg.Side = &e.side.cfg
+	}
 	raw, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	return &child{childproc.Start(t, "^$", childproc.Program("reliability"), envChild+"="+string(raw))}

@@ -45,7 +45,7 @@ func TestClaimHolderPaused(t *testing.T) {
 	var keys [][2]string
 	paused, busy := 0, 0
 	var slowest time.Duration
-	for trial := range tier(1, 4) {
+	for trial := range scale(1, 4, 10) {
 		key := fmt.Sprintf("claim-paused|%d", trial)
 		req := request("acct", key, chargeflow.FlowName, int64(300+trial))
 		keys = append(keys, [2]string{"acct", key})
@@ -186,7 +186,7 @@ func TestClaimBackendTerminated(t *testing.T) {
 	var keys [][2]string
 	terminated := 0
 	for _, point := range []string{"after-claim", "before-commit"} {
-		for trial := range tier(2, 10) {
+		for trial := range scale(2, 10, 50) {
 			key := fmt.Sprintf("claim-terminated|%s|%d", point, trial)
 			req := request("acct", key, chargeflow.FlowName, int64(400+trial))
 			keys = append(keys, [2]string{"acct", key})

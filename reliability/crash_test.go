@@ -37,6 +37,11 @@ var crashPoints = map[string][]string{
 		"capture/before-call", "capture/after-call",
 		"settle/before-commit", "settle/after-commit",
 	},
+	ledgerFlow: {
+		"debit/after-claim", "debit/before-commit", "claimed", "debit/after-commit",
+		"notify/before-call", "notify/after-call",
+		"post/before-commit", "post/after-commit",
+	},
 }
 
 // sweepCrashPoints are the points a sweeper can reach on a key released at its first
@@ -45,20 +50,24 @@ var crashPoints = map[string][]string{
 var sweepCrashPoints = map[string][]string{
 	chargeflow.FlowName: {"swept", "provider_charge/before-call", "provider_charge/after-call", "finalize/before-commit", "finalize/after-commit"},
 	twoCallFlow:         {"swept", "authorize/before-call", "authorize/after-call", "reserve/before-commit", "reserve/after-commit", "capture/before-call", "capture/after-call", "settle/before-commit", "settle/after-commit"},
+	ledgerFlow:          {"swept", "notify/before-call", "notify/after-call", "post/before-commit", "post/after-commit"},
 }
 
-// TestCrashMatrix kills a real process (SIGKILL) at every boundary of both flows,
+// TestCrashMatrix kills a real process (SIGKILL) at every boundary of the three flows,
 // several times each, and finishes every key three ways: by the client's retry, by a
 // sweeper, and by a sweeper after another sweeper process was killed at the point.
 // Backs invariants 1 (one effect), 3 (same answer), 5 and 6 (resume and liveness).
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	trials := tier(1, 4)
-	for _, flow := range []string{chargeflow.FlowName, twoCallFlow} {
+	trials := scale(1, 4, 10)
+	for _, flow := range []string{chargeflow.FlowName, twoCallFlow, ledgerFlow} {
 		t.Run(flow, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			env := newEnv(t, pgtest.New(t))
+			if flow == ledgerFlow {
+				env.withSide(t) // effects a rollback cannot undo, seen from outside
+			}
 			en := env.engine(env.pool(poolOpts{}), nil)
 			sw := env.sweeper(en, nil)
 			var keys [][2]string

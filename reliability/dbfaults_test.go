@@ -24,7 +24,7 @@ import (
 // the key, never redone or lost.
 func TestDatabaseFaults(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, pgtest.New(t))
+	env := newEnv(t, pgtest.New(t)).withSide(t)
 	proxy := env.proxy()
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 	en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: 2 * time.Second}), cfg)
@@ -40,13 +40,14 @@ func TestDatabaseFaults(t *testing.T) {
 	probeConfig.TLSConfig, probeConfig.Fallbacks = nil, nil
 
 	ctx := context.Background()
-	events := tier(40, 400)
+	events := scale(40, 400, 3000)
 	terminated, armedAcks := 0, 0
 	stop := make(chan struct{})
-	refuseAt := events / 2
+	// One refusal window half way (every 500 events in the nightly tier).
+	refuseEvery := scale(events/2, events/2, 500)
 	for i := range events {
 		require.True(t, pause(stop, 20*time.Millisecond, 120*time.Millisecond))
-		if i == refuseAt {
+		if i > 0 && i%refuseEvery == 0 {
 			// The database refuses connections for a while, and every connection the
 			// engine had is cut: nothing gets through until it accepts again.
 			proxy.Refuse(true)

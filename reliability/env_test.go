@@ -24,15 +24,28 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// long reports whether the long tier runs (IDEMFLOW_LONG=1).
-func long() bool { return os.Getenv("IDEMFLOW_LONG") == "1" }
+// long reports whether the long tier runs (IDEMFLOW_LONG=1); the nightly tier is a
+// long tier too.
+func long() bool { return os.Getenv("IDEMFLOW_LONG") == "1" || nightly() }
 
-// tier picks the quick or the long figure.
+// nightly reports whether the nightly tier runs (IDEMFLOW_NIGHTLY=1): every experiment
+// at scale.
+func nightly() bool { return os.Getenv("IDEMFLOW_NIGHTLY") == "1" }
+
+// tier picks the quick or the long figure (the long one also in the nightly tier).
 func tier(quick, full int) int {
 	if long() {
 		return full
 	}
 	return quick
+}
+
+// scale picks the quick, the long or the nightly figure.
+func scale(quick, full, night int) int {
+	if nightly() {
+		return night
+	}
+	return tier(quick, full)
 }
 
 // env is one experiment's world: a schema with the key table, the effect tables and the
@@ -44,6 +57,9 @@ type env struct {
 	answers  *answers
 	client   *http.Client // the flows' client to the provider, in this process
 	appName  string       // application_name of the engine pools this env opens
+	side     *sideEnv     // the side channels of the ledger flow (withSide), or nil
+	sideRun  *sideRun     // this process's handle on them
+	history  *history     // every client operation and every committed tx phase
 }
 
 // newEnv prepares db (a fresh migrated schema) for an experiment.
@@ -58,11 +74,18 @@ func newEnv(t testing.TB, db *pgtest.DB) *env {
 	p := newProvider(t)
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{
-		t: t, db: db, provider: p, answers: newAnswers(),
+	e := &env{
+		t: t, db: db, provider: p, answers: newAnswers(), history: newHistory(),
 		client:  &http.Client{Transport: tr, Timeout: 10 * time.Second},
 		appName: "rel_" + db.Schema,
 	}
+	if db.Schema == "public" { // a database of its own (pgtest.NewDatabase): name the env by it
+		cc, err := pgx.ParseConfig(db.URL)
+		require.NoError(t, err)
+		e.appName = "rel_" + cc.Database
+	}
+	e.answers.observe = e.observe
+	return e
 }
 
 // poolOpts shape an engine pool.
@@ -133,13 +156,14 @@ func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txProlo
 	if cfg != nil {
 		c = *cfg
 	}
+	c.Hooks = e.historyHooks(c.Hooks)
 	if c.Logger == nil {
 		// The experiments provoke the failures the engine logs; the checker judges.
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	en, err := workflow.New(pool, &c)
 	require.NoError(e.t, err)
-	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client, first))
+	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client, first, e.sideRun))
 	return en
 }
 
@@ -160,8 +184,11 @@ func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeper.Sweeper
 
 // do runs one attempt and records the answer.
 func (e *env) do(ctx context.Context, en *workflow.Engine, req workflow.Request) (*workflow.Result, error) {
+	start := time.Now()
 	res, err := en.Do(ctx, req)
-	e.answers.record(req.Scope, req.Key, fromDo(res, err, "engine"))
+	a := fromDo(res, err, "engine")
+	a.Start = start
+	e.answers.record(req.Scope, req.Key, a)
 	return res, err
 }
 
@@ -241,12 +268,17 @@ type answer struct {
 	Replayed  bool
 	Retryable bool   // a 409, a 5xx or no answer: the client must retry
 	Err       string // the error, if any
+	Dead      bool   // the key was dead-lettered (a 500)
+	// Start is when the operation began, in this process (zero for a child's).
+	Start time.Time `json:"-"`
 }
 
 // answers are all the answers clients got, by key.
 type answers struct {
 	mu    sync.Mutex
 	byKey map[[2]string][]answer
+	// observe, if set, also gets every answer (the history checker's record).
+	observe func(scope, key string, a answer)
 }
 
 func newAnswers() *answers { return &answers{byKey: map[[2]string][]answer{}} }
@@ -256,6 +288,11 @@ func (a *answers) record(scope, key string, ans answer) {
 	defer a.mu.Unlock()
 	k := [2]string{scope, key}
 	a.byKey[k] = append(a.byKey[k], ans)
+	if a.observe != nil {
+		a.mu.Unlock()
+		a.observe(scope, key, ans)
+		a.mu.Lock()
+	}
 }
 
 func (a *answers) all() map[[2]string][]answer {
@@ -290,7 +327,7 @@ func fromDo(res *workflow.Result, err error, via string) answer {
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		a.Status, a.Retryable = http.StatusServiceUnavailable, true
 	case errors.Is(err, workflow.ErrDeadLettered):
-		a.Status = http.StatusInternalServerError
+		a.Status, a.Dead = http.StatusInternalServerError, true
 	default:
 		a.Status = -1 // not an answer a client may get: the checker reports it
 	}
@@ -304,9 +341,11 @@ func (e *env) retryUntilFinal(ctx context.Context, en *workflow.Engine, req work
 	pause := 20 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		start := time.Now()
 		res, err := en.Do(actx, req)
 		cancel()
 		a := fromDo(res, err, "engine")
+		a.Start = start
 		if ctx.Err() != nil && a.Retryable {
 			return a, fmt.Errorf("key %s/%s: no final answer before the deadline; last: %s", req.Scope, req.Key, a.Err)
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/examples/payouts/payout"
+	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
@@ -36,25 +38,35 @@ CREATE TABLE orders (
 	auth_id    text   NOT NULL,
 	capture_id text,
 	status     text   NOT NULL DEFAULT 'authorized'
-);`
+);
+` + ledgerSchema + mwSchema + payout.Schema
 )
 
 // flowPhases is each flow's phase order, for the audit of recovery points.
 var flowPhases = map[string][]string{
-	chargeflow.FlowName: {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
-	twoCallFlow:         {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
+	chargeflow.FlowName:       {chargeflow.PhaseCreate, chargeflow.PhaseProvider, chargeflow.PhaseFinalize},
+	twoCallFlow:               {phaseAuthorize, phaseReserve, phaseCapture, phaseSettle},
+	ledgerFlow:                {phaseDebit, phaseNotify, phasePost},
+	payout.FlowName:           {payout.PhaseRecord, payout.PhaseTransfer, payout.PhaseSettle},
+	idemhttp.MiddlewareFlow:   {"handle"},
+	idemhttp.TxMiddlewareFlow: {"handle"},
 }
 
 // flowCalls names each flow's call phases.
 var flowCalls = map[string][]string{
 	chargeflow.FlowName: {chargeflow.PhaseProvider},
 	twoCallFlow:         {phaseAuthorize, phaseCapture},
+	ledgerFlow:          {phaseNotify},
 }
 
 // effectCounts counts each key's effect rows, per flow: the charges row, the order row.
 var effectCounts = map[string]string{
-	chargeflow.FlowName: `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
-	twoCallFlow:         `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
+	chargeflow.FlowName:       `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
+	twoCallFlow:               `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
+	ledgerFlow:                `SELECT scope, idem_key, count(*) FROM side_ledger GROUP BY 1, 2`,
+	payout.FlowName:           `SELECT 'payouts', payout_id, count(*) FROM ledger GROUP BY 2`,
+	idemhttp.MiddlewareFlow:   `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'plain' GROUP BY 1, 2`,
+	idemhttp.TxMiddlewareFlow: `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'tx' GROUP BY 1, 2`,
 }
 
 var (
@@ -78,29 +90,46 @@ type orderAnswer struct {
 	Amount    int64  `json:"amount"`
 }
 
+// providerRefused is a provider's answer other than 201.
+type providerRefused struct {
+	status int
+	body   []byte
+}
+
+func (e *providerRefused) Error() string {
+	return fmt.Sprintf("provider answered %d: %s", e.status, e.body)
+}
+
+// providerCall asks the provider at url for a payment of amount under the
+// idempotency key and returns its id. An answer other than 201 is a
+// *providerRefused, wrapped to be retried a second later.
+func providerCall(ctx context.Context, client *http.Client, url, key string, amount int64) (string, error) {
+	body, _ := json.Marshal(map[string]int64{"amount": amount})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		return "", phases.RetryLater(&providerRefused{status: resp.StatusCode, body: b}, time.Second)
+	}
+	var out struct{ ID string }
+	if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
+		return "", fmt.Errorf("unreadable provider answer %q", b)
+	}
+	return out.ID, nil
+}
+
 // newTwoCallFlow returns the two-call flow on the provider at base.
 func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 	call := func(ctx context.Context, path, key string, amount int64) (string, error) {
-		body, _ := json.Marshal(map[string]int64{"amount": amount})
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
-		if err != nil {
-			return "", err
-		}
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusCreated {
-			return "", phases.RetryLater(fmt.Errorf("provider answered %d: %s", resp.StatusCode, b), time.Second)
-		}
-		var out struct{ ID string }
-		if err := json.Unmarshal(b, &out); err != nil || out.ID == "" {
-			return "", fmt.Errorf("unreadable provider answer %q", b)
-		}
-		return out.ID, nil
+		return providerCall(ctx, client, base+path, key, amount)
 	}
 	parse := func(run *phases.Run) (orderRequest, error) {
 		var r orderRequest
@@ -182,10 +211,16 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 }
 
 // registerFlows registers both flows on e, calling the provider at base, with first
-// (if not nil) as the prologue of each flow's first phase when that is a tx phase.
-func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue) error {
+// (if not nil) as the prologue of each flow's first phase when that is a tx phase, and
+// the ledger flow too when side is not nil.
+func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun) error {
 	if err := e.Register(withFirstTxPrologue(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), first)); err != nil {
 		return err
+	}
+	if side != nil {
+		if err := e.Register(withFirstTxPrologue(newLedgerFlow(side, base, client), first)); err != nil {
+			return err
+		}
 	}
 	return e.Register(withFirstTxPrologue(newTwoCallFlow(base, client), first))
 }
@@ -219,6 +254,9 @@ func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
 // request builds the request of key i of flow.
 func request(scope, key, flow string, amount int64) workflow.Request {
 	switch flow {
+	case ledgerFlow:
+		return workflow.Request{Scope: scope, Key: key, Flow: ledgerFlow, Method: http.MethodPost, Route: ledgerRoute,
+			Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
 	case twoCallFlow:
 		return workflow.Request{Scope: scope, Key: key, Flow: twoCallFlow, Method: http.MethodPost, Route: twoCallRoute,
 			Body: []byte(fmt.Sprintf(`{"amount":%d}`, amount))}
@@ -246,6 +284,12 @@ func paymentsNamed(flow string, status int, body []byte) (map[string]string, err
 			return nil, err
 		}
 		out[phaseAuthorize], out[phaseCapture] = a.AuthID, a.CaptureID
+	case ledgerFlow:
+		var a ledgerAnswer
+		if err := json.Unmarshal(body, &a); err != nil {
+			return nil, err
+		}
+		out[phaseNotify] = a.NoticeID
 	case chargeflow.FlowName:
 		var c chargeflow.Charge
 		if err := json.Unmarshal(body, &c); err != nil {

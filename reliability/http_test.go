@@ -24,23 +24,35 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// chargesDir holds the charges binary; TestMain removes it.
-var chargesDir string
+// builtDirs hold the binaries built by buildOnce; TestMain removes them.
+var (
+	builtMu   sync.Mutex
+	builtDirs []string
+)
+
+// buildOnce returns a function that builds the command in pkg (a path relative to
+// this package) the first time it is called, and returns the binary's path.
+func buildOnce(pkg string) func() (string, error) {
+	return sync.OnceValues(func() (string, error) {
+		name := filepath.Base(pkg)
+		dir, err := os.MkdirTemp("", "reliability-"+name+"-")
+		if err != nil {
+			return "", err
+		}
+		builtMu.Lock()
+		builtDirs = append(builtDirs, dir)
+		builtMu.Unlock()
+		bin := filepath.Join(dir, name)
+		out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("build %s: %w\n%s", pkg, err, out)
+		}
+		return bin, nil
+	})
+}
 
 // chargesBinary builds examples/charges once per test run.
-var chargesBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "reliability-charges-")
-	if err != nil {
-		return "", err
-	}
-	chargesDir = dir
-	bin := filepath.Join(dir, "charges")
-	out, err := exec.Command("go", "build", "-o", bin, "../examples/charges").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build examples/charges: %w\n%s", err, out)
-	}
-	return bin, nil
-})
+var chargesBinary = buildOnce("../examples/charges")
 
 // server is a running `charges serve`.
 type server struct {
@@ -67,11 +79,17 @@ func (s *server) output() string {
 // sweeper (the experiments sweep from the test process), with extra environment.
 func (e *env) startServer(t testing.TB, env ...string) *server {
 	t.Helper()
+	return e.startServerWith(t, nil, env...)
+}
+
+// startServerWith is startServer with more flags, which override the defaults.
+func (e *env) startServerWith(t testing.TB, flags []string, env ...string) *server {
+	t.Helper()
 	bin, err := chargesBinary()
 	require.NoError(t, err)
 	s := &server{done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "serve", "-addr", "127.0.0.1:0", "-database-url", e.db.URL,
-		"-provider-url", e.provider.URL, "-sweeper=false")
+	s.cmd = exec.Command(bin, append([]string{"serve", "-addr", "127.0.0.1:0", "-database-url", e.db.URL,
+		"-provider-url", e.provider.URL, "-sweeper=false"}, flags...)...)
 	s.cmd.Env = append(os.Environ(), env...)
 	s.cmd.Stderr = s
 	stdout, err := s.cmd.StdoutPipe()
@@ -112,12 +130,19 @@ func (e *env) startServer(t testing.TB, env ...string) *server {
 // post sends a charge request to s and records the answer.
 func (e *env) post(t testing.TB, client *http.Client, s *server, req workflow.Request) answer {
 	t.Helper()
-	hr, err := http.NewRequest(http.MethodPost, s.url+req.Route, bytes.NewReader(req.Body))
+	return e.postTo(t, client, s.url, req)
+}
+
+// postTo sends req to the server at base and records the answer.
+func (e *env) postTo(t testing.TB, client *http.Client, base string, req workflow.Request) answer {
+	t.Helper()
+	start := time.Now()
+	hr, err := http.NewRequest(http.MethodPost, base+req.Route, bytes.NewReader(req.Body))
 	require.NoError(t, err)
 	hr.Header.Set("Authorization", "Bearer "+req.Scope)
 	hr.Header.Set("Idempotency-Key", req.Key)
 	hr.Header.Set("Content-Type", "application/json")
-	a := answer{Via: "http"}
+	a := answer{Via: "http", Start: start}
 	resp, err := client.Do(hr)
 	if err != nil {
 		a.Retryable, a.Err = true, err.Error()
@@ -147,7 +172,7 @@ func TestCrashMatrixHTTP(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	healthy := env.startServer(t)
-	trials := tier(1, 4)
+	trials := scale(1, 4, 10)
 	var keys [][2]string
 	crashes, byRetry, bySweeper := 0, 0, 0
 	amount := int64(1000)

@@ -39,7 +39,8 @@ type loadOpts struct {
 	drainTimeout time.Duration
 }
 
-// startLoad starts o.workers workers on en, alternating the two flows.
+// startLoad starts o.workers workers on en, alternating the flows (the ledger flow
+// too if the env has side channels).
 func (e *env) startLoad(en *workflow.Engine, o loadOpts) *load {
 	if o.attemptTimeout == 0 {
 		o.attemptTimeout = 10 * time.Second
@@ -50,10 +51,11 @@ func (e *env) startLoad(en *workflow.Engine, o loadOpts) *load {
 	l := &load{env: e, en: en, stop: make(chan struct{})}
 	for w := range o.workers {
 		l.wg.Go(func() {
-			flow := chargeflow.FlowName
-			if w%2 == 1 {
-				flow = twoCallFlow
+			flows := []string{chargeflow.FlowName, twoCallFlow}
+			if e.side != nil {
+				flows = append(flows, ledgerFlow)
 			}
+			flow := flows[w%len(flows)]
 			for i := 0; ; i++ {
 				select {
 				case <-l.stop:
@@ -110,6 +112,7 @@ func (l *load) retry(ctx context.Context, req workflow.Request, attemptTimeout t
 		l.maxDo = max(l.maxDo, took)
 		l.mu.Unlock()
 		a := fromDo(res, err, "engine")
+		a.Start = start
 		l.env.answers.record(req.Scope, req.Key, a)
 		if !a.Retryable {
 			l.finals.Add(1)
@@ -172,5 +175,69 @@ func pause(stop <-chan struct{}, lo, hi time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// patients are patient clients: workers that each send new keys one after the other
+// and ask again, with a back-off, until they get a final answer or three minutes
+// have passed.
+type patients struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	keys [][2]string
+	errs []error
+}
+
+// startPatients starts workers clients of scope acct; ask sends one attempt for key i
+// of worker w (named prefix-w<w>-<i>) and reports whether its answer was final.
+func startPatients(workers int, prefix string, ask func(w, i int, key string) bool) *patients {
+	p := &patients{stop: make(chan struct{})}
+	for w := range workers {
+		p.wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("%s-w%d-%d", prefix, w, i)
+				p.mu.Lock()
+				p.keys = append(p.keys, [2]string{"acct", key})
+				p.mu.Unlock()
+				deadline := time.Now().Add(3 * time.Minute)
+				for wait := 20 * time.Millisecond; !ask(w, i, key); wait = min(wait*2, 200*time.Millisecond) {
+					if time.Now().After(deadline) {
+						p.mu.Lock()
+						p.errs = append(p.errs, fmt.Errorf("key %s: no final answer in 3 minutes", key))
+						p.mu.Unlock()
+						break
+					}
+					pause(nil, wait, 0) // the client's back-off
+				}
+			}
+		})
+	}
+	return p
+}
+
+// finish stops new keys, waits until every client's last key has its answer, and
+// returns the keys sent and the clients' errors.
+func (p *patients) finish() ([][2]string, []error) {
+	close(p.stop)
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.keys, p.errs
+}
+
+// chaosRounds reports whether a chaos loop goes on: until its time is up and every
+// kind of fault it injects has fired at least once (fired), but never past two
+// minutes more, after which the experiment's own assertions report what did not fire.
+func chaosRounds(until time.Time, fired func() bool) func() bool {
+	limit := until.Add(2 * time.Minute)
+	return func() bool {
+		now := time.Now()
+		return now.Before(until) || !fired() && now.Before(limit)
 	}
 }

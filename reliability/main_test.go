@@ -9,8 +9,10 @@ import (
 
 func TestMain(m *testing.M) {
 	code := idemflowtest.Run(m)
-	if chargesDir != "" {
-		_ = os.RemoveAll(chargesDir)
+	builtMu.Lock()
+	for _, dir := range builtDirs {
+		_ = os.RemoveAll(dir)
 	}
+	builtMu.Unlock()
 	os.Exit(code)
 }

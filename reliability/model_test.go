@@ -68,7 +68,7 @@ func TestModel(t *testing.T) {
 		require.NoError(t, err, "IDEMFLOW_SEED")
 		seeds = []uint64{seed}
 	} else {
-		for range tier(1, 4) {
+		for range scale(1, 4, 500) {
 			seeds = append(seeds, rand.Uint64())
 		}
 	}
@@ -76,7 +76,7 @@ func TestModel(t *testing.T) {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
 			t.Parallel()
 			t.Logf("seed %d: replay with IDEMFLOW_SEED=%d go test -run 'TestModel' ./reliability/", seed, seed)
-			runModel(t, seed, tier(40, 300), tier(8, 40))
+			runModel(t, seed, scale(40, 300, 50), scale(8, 40, 8))
 		})
 	}
 }

@@ -78,7 +78,7 @@ func TestNetworkFaults(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
-			env := newEnv(t, pgtest.New(t))
+			env := newEnv(t, pgtest.New(t)).withSide(t)
 			proxy := env.proxy()
 			cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 			en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: time.Second, params: map[string]string{
@@ -90,7 +90,7 @@ func TestNetworkFaults(t *testing.T) {
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() { defer close(done); f.chaos(proxy, stop) }()
-			pause(nil, time.Duration(tier(2, 20))*time.Second, 0)
+			pause(nil, time.Duration(scale(2, 20, 150))*time.Second, 0)
 			close(stop)
 			<-done
 			proxy.Heal()
@@ -126,7 +126,7 @@ func TestStatementTimeout(t *testing.T) {
 	en := env.engine(env.pool(poolOpts{params: map[string]string{"statement_timeout": "200ms"}}), cfg)
 	sw := env.sweeper(en, &sweeper.Config{Interval: 100 * time.Millisecond})
 	require.NoError(t, sw.Start(context.Background()))
-	n := tier(6, 40)
+	n := scale(6, 40, 100)
 	var keys [][2]string
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -21,7 +21,7 @@ import (
 func TestDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	srv, db := pgtest.NewDedicated(t)
-	env := newEnv(t, db)
+	env := newEnv(t, db).withSide(t)
 	// A short lease: a commit whose outcome the crash made unknown keeps its key leased
 	// until the lease ends.
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
@@ -30,7 +30,7 @@ func TestDatabaseRestart(t *testing.T) {
 	require.NoError(t, sw.Start(context.Background()))
 	l := env.startLoad(en, loadOpts{workers: tier(4, 8), prefix: "restart", attemptTimeout: 5 * time.Second})
 
-	restarts := tier(2, 25)
+	restarts := scale(2, 25, 150)
 	var worstRestart time.Duration
 	stop := make(chan struct{})
 	for range restarts {

@@ -78,7 +78,7 @@ func TestZombies(t *testing.T) {
 				if zc.flow != flow {
 					continue
 				}
-				for trial := range tier(1, 3) {
+				for trial := range scale(1, 3, 8) {
 					amount++
 					if amount%7 == 0 {
 						amount++ // keep to paid charges: the zombie must reach every point
