@@ -121,7 +121,7 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	for status, texts := range a.list {
 		a.list[status] = [2]string{q(texts[0]), q(texts[1])}
 	}
-	a.show, a.counts, a.gauges = q(a.show), q(a.counts), q(a.gauges)
+	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
 	return a
