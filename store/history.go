@@ -34,7 +34,7 @@ func (h History) args() (any, int) {
 // none) appended, stamped "at" with the database time, keeping the newest $keep.
 func historyAppend(e, keep string) string {
 	return `CASE WHEN $` + e + `::jsonb IS NULL THEN history ELSE ` +
-		historyKeep(`history || ($`+e+`::jsonb || jsonb_build_object('at', clock_timestamp()))`, keep) + ` END`
+		historyKeep(`history || ($`+e+`::jsonb || jsonb_build_object('at', statement_timestamp()))`, keep) + ` END`
 }
 
 // historyKeep is the history array h cut to its newest $keep entries.
@@ -45,7 +45,7 @@ func historyKeep(h, keep string) string {
 // historyFirst is the history of a new row: the one entry $e, or none.
 func historyFirst(e string) string {
 	return `CASE WHEN $` + e + `::jsonb IS NULL THEN '[]'::jsonb ELSE
-		jsonb_build_array($` + e + `::jsonb || jsonb_build_object('at', clock_timestamp())) END`
+		jsonb_build_array($` + e + `::jsonb || jsonb_build_object('at', statement_timestamp())) END`
 }
 
 // historyNote is the history with the entry the SQL expression entry builds (from the
@@ -57,7 +57,7 @@ func historyNote(entry, keep, when string) string {
 		cond += ` AND ` + when
 	}
 	return `CASE WHEN ` + cond + ` THEN ` +
-		historyKeep(`history || (`+entry+` || jsonb_build_object('at', clock_timestamp()))`, keep) + ` ELSE history END`
+		historyKeep(`history || (`+entry+` || jsonb_build_object('at', statement_timestamp()))`, keep) + ` ELSE history END`
 }
 
 // historyAbandoned is, for a takeover, the history with the attempt before it recorded

@@ -136,8 +136,10 @@ type Release struct {
 // by New or NewInSchema, so that what varies between stores (the schema) is applied
 // once rather than on every call. The zero Store is not usable.
 type Store struct {
-	sql   statements
-	admin adminStatements
+	sql    statements
+	admin  adminStatements
+	scan   Scan
+	learnt scanState
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current

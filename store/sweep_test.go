@@ -48,11 +48,12 @@ func takenKeys(rows []*store.Row) []string {
 	return keys
 }
 
-func TestTakeDue(t *testing.T) {
+func TestTakeDue(t *testing.T) { forEachScan(t, testTakeDue) }
+
+func testTakeDue(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{
 		"released": {released},
 		"expired":  {expired},
@@ -93,11 +94,12 @@ func TestTakeDue(t *testing.T) {
 	require.Equal(t, []string{"fresh", "other"}, takenKeys(taken), "no grace, both flows")
 }
 
-func TestTakeDueOrderAndLimit(t *testing.T) {
+func TestTakeDueOrderAndLimit(t *testing.T) { forEachScan(t, testTakeDueOrderAndLimit) }
+
+func testTakeDueOrderAndLimit(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{
 		"a": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '3 seconds' WHERE idempotency_key = $1`},
 		"b": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '2 seconds' WHERE idempotency_key = $1`},
@@ -114,11 +116,12 @@ func TestTakeDueOrderAndLimit(t *testing.T) {
 
 // A row someone holds locked is skipped, not waited for: another sweeper taking it, or
 // a request committing its finish.
-func TestTakeDueSkipsLockedRows(t *testing.T) {
+func TestTakeDueSkipsLockedRows(t *testing.T) { forEachScan(t, testTakeDueSkipsLockedRows) }
+
+func testTakeDueSkipsLockedRows(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"held": {released}, "free": {released}})
 
 	tx, err := db.Pool.Begin(ctx)
@@ -138,11 +141,12 @@ func TestTakeDueSkipsLockedRows(t *testing.T) {
 	require.Equal(t, []string{"held"}, takenKeys(taken), "taken once the lock is gone")
 }
 
-func TestGiveBackDeadLetterRedrive(t *testing.T) {
+func TestGiveBackDeadLetterRedrive(t *testing.T) { forEachScan(t, testGiveBackDeadLetterRedrive) }
+
+func testGiveBackDeadLetterRedrive(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"k": {released}})
 	q := store.TakeDue{Limit: 1, Lease: time.Minute, Flows: []string{"f"}}
 	taken, err := st.TakeDue(ctx, db.Pool, q)
@@ -192,11 +196,12 @@ func TestGiveBackDeadLetterRedrive(t *testing.T) {
 	require.Len(t, taken, 1, "due at once")
 }
 
-func TestExpireFinished(t *testing.T) {
+func TestExpireFinished(t *testing.T) { forEachScan(t, testExpireFinished) }
+
+func testExpireFinished(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	finish := func(ago string) string {
 		return `UPDATE idemflow_keys SET status = 'finished', recovery_point = 'finished', locked_until = NULL,
 			response_status = 200, response_headers = '{}', response_body = '',
@@ -235,11 +240,12 @@ func TestExpireFinished(t *testing.T) {
 	require.Zero(t, n)
 }
 
-func TestPark(t *testing.T) {
+func TestPark(t *testing.T) { forEachScan(t, testPark) }
+
+func testPark(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"k": {released}})
 	q := store.TakeDue{Limit: 1, Lease: time.Minute, Flows: []string{"f"}}
 	taken, err := st.TakeDue(ctx, db.Pool, q)
@@ -259,4 +265,15 @@ func TestPark(t *testing.T) {
 	require.Empty(t, none, "not due for an hour")
 	_, err = st.Takeover(ctx, db.Pool, row.Fence(), time.Minute, 0)
 	require.NoError(t, err, "a client's retry takes it over at once")
+}
+
+// forEachScan runs f, in parallel, on a Store of each scan: the single statements of
+// plain PostgreSQL and the per-key statements of Citus.
+func forEachScan(t *testing.T, f func(t *testing.T, st *store.Store)) {
+	t.Parallel()
+	for name, scan := range map[string]store.Scan{"Single": store.ScanSingle, "PerKey": store.ScanPerKey} {
+		st, err := store.NewWith(store.Options{Scan: scan})
+		require.NoError(t, err)
+		t.Run(name, func(t *testing.T) { f(t, st) })
+	}
 }

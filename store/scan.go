@@ -1,0 +1,243 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Scan is how a Store's sweeps and expiries find and change keys across scopes.
+type Scan string
+
+const (
+	// ScanAuto is ScanPerKey when the database has the citus extension, ScanSingle
+	// otherwise, asked once per Store on its first sweep or expiry.
+	ScanAuto Scan = ""
+	// ScanSingle takes over or deletes a batch of keys in one statement that locks its
+	// candidates with FOR UPDATE SKIP LOCKED and matches them by ctid: the cheapest
+	// form on plain PostgreSQL, refused by Citus on a distributed table.
+	ScanSingle Scan = "single"
+	// ScanPerKey reads a batch of candidates across scopes without locking anything,
+	// then takes over or deletes each by its primary key in a statement of its own (a
+	// single-shard statement on Citus) that skips a row locked by anyone else and
+	// re-checks every guard. The statements of one batch go in one round trip.
+	ScanPerKey Scan = "per_key"
+)
+
+// Options configure a Store made by NewWith.
+type Options struct {
+	// Schema names the key table's schema, as NewInSchema. Empty: the current schema.
+	Schema string
+	// Scan is how sweeps and expiries work. Defaults to ScanAuto.
+	Scan Scan
+}
+
+// NewWith returns a Store with opts. It fails on a schema NewInSchema refuses and on
+// an unknown Scan.
+func NewWith(opts Options) (*Store, error) {
+	switch opts.Scan {
+	case ScanAuto, ScanSingle, ScanPerKey:
+	default:
+		return nil, fmt.Errorf("unknown scan %q (want %q, %q or empty)", opts.Scan, ScanSingle, ScanPerKey)
+	}
+	s, err := NewInSchema(opts.Schema)
+	if err != nil {
+		return nil, err
+	}
+	s.scan = opts.Scan
+	return s, nil
+}
+
+// scanState is what a Store with ScanAuto learnt: 0 not asked yet, else a scan mode.
+type scanState struct{ perKey atomic.Int32 }
+
+// The statements of ScanPerKey. A scan reads candidates across scopes, oldest first,
+// without a lock (a multi-shard SELECT on Citus); each per-key statement names its key
+// by scope and key, takes the row only if no one else holds it (the EXISTS of
+// lockedByNoOne, with FOR UPDATE SKIP LOCKED) and re-checks the candidate's guard on
+// the newest row version. A candidate that changed after the scan is skipped.
+
+// lockedByNoOne is true, and locks the key row $1, $2 for the statement's
+// transaction, unless another transaction holds it.
+const lockedByNoOne = `EXISTS (SELECT 1 FROM idemflow_keys l
+		WHERE l.scope = $1 AND l.idempotency_key = $2 FOR UPDATE SKIP LOCKED)`
+
+// dueGuard matches a key a sweeper may take: unfinished, lease expired or released, due.
+const dueGuard = `status = 'in_progress'
+	AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
+
+// sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3: scope, key,
+// lock version.
+const sqlScanDue = `SELECT scope, idempotency_key, lock_version
+FROM idemflow_keys
+WHERE ` + dueGuard + `
+	AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
+	AND flow = ANY($3::text[])
+ORDER BY next_attempt_at
+LIMIT $1`
+
+// sqlTakeKey takes over the due key $1, $2 if its lock version is still $3, as
+// sqlTakeDue does for a batch: a lease of $4 ms, history kept $5.
+var sqlTakeKey = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
+	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
+WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3
+	AND ` + dueGuard + `
+	AND ` + lockedByNoOne + `
+RETURNING ` + leasedColumns("4")
+
+// sqlScanFinished lists up to $2 finished keys whose finish is more than $1 ms old.
+const sqlScanFinished = `SELECT scope, idempotency_key, lock_version
+FROM idemflow_keys
+WHERE status = 'finished'
+	AND finished_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
+ORDER BY finished_at
+LIMIT $2`
+
+// sqlExpireFinishedKey deletes the key $1, $2 if it finished more than $3 ms ago.
+const sqlExpireFinishedKey = `DELETE FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2
+	AND status = 'finished'
+	AND finished_at < statement_timestamp() - $3::bigint * interval '1 millisecond'
+	AND ` + lockedByNoOne
+
+// sqlScanDead lists up to $2 keys dead-lettered more than $1 ms ago.
+const sqlScanDead = `SELECT scope, idempotency_key, lock_version
+FROM idemflow_keys
+WHERE status = 'dead'
+	AND updated_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
+ORDER BY created_at
+LIMIT $2`
+
+// sqlExpireDeadKey deletes the key $1, $2 if it was dead-lettered more than $3 ms ago.
+const sqlExpireDeadKey = `DELETE FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2
+	AND status = 'dead'
+	AND updated_at < statement_timestamp() - $3::bigint * interval '1 millisecond'
+	AND ` + lockedByNoOne
+
+// parkedGuard matches a parked key claimed more than $3 ms ago.
+const parkedGuard = `status = 'in_progress'
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+	AND created_at < statement_timestamp() - $3::bigint * interval '1 millisecond'`
+
+// sqlScanParked lists up to $2 keys of the client-only flows $1 parked since their
+// claim more than $3 ms ago.
+const sqlScanParked = `SELECT scope, idempotency_key, lock_version
+FROM idemflow_keys
+WHERE flow = ANY($1::text[]) AND ` + parkedGuard + `
+ORDER BY next_attempt_at
+LIMIT $2`
+
+// sqlExpireParkedKey deletes the key $1, $2 if it is still parked and claimed more
+// than $3 ms ago.
+const sqlExpireParkedKey = `DELETE FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2 AND ` + parkedGuard + `
+	AND ` + lockedByNoOne
+
+// perKey reports whether s scans per key, asking db once for ScanAuto.
+func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
+	switch s.scan {
+	case ScanSingle:
+		return false, nil
+	case ScanPerKey:
+		return true, nil
+	}
+	switch s.learnt.perKey.Load() {
+	case 1:
+		return false, nil
+	case 2:
+		return true, nil
+	}
+	var citus bool
+	rows, err := db.Query(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`)
+	if err == nil {
+		citus, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	}
+	if err != nil {
+		return false, fmt.Errorf("detect citus: %w", Classify(err))
+	}
+	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[citus])
+	return citus, nil
+}
+
+// candidate is a key a scan found: its scope, key and lock version.
+type candidate struct {
+	scope, key string
+	version    int64
+}
+
+// scanKeys runs the scan sql with args and returns its candidates.
+func scanKeys(ctx context.Context, db DBTX, sql string, args ...any) ([]candidate, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, Classify(err)
+	}
+	var out []candidate
+	var c candidate
+	_, err = pgx.ForEachRow(rows, []any{&c.scope, &c.key, &c.version}, func() error {
+		out = append(out, c)
+		return nil
+	})
+	return out, Classify(err)
+}
+
+// expireKeys deletes, per key and in one round trip, the candidates of the scan sql
+// (args) with the per-key delete del, whose arguments are the key's scope and key and
+// then olderThan in ms, and returns how many it deleted.
+func expireKeys(ctx context.Context, db DBTX, scan, del string, olderThan int64, args ...any) (int64, error) {
+	cands, err := scanKeys(ctx, db, scan, args...)
+	if err != nil || len(cands) == 0 {
+		return 0, err
+	}
+	b := &pgx.Batch{}
+	for _, c := range cands {
+		b.Queue(del, c.scope, c.key, olderThan)
+	}
+	var n int64
+	err = each(ctx, db, b, func(rows pgx.Rows) error {
+		rows.Close()
+		n += rows.CommandTag().RowsAffected()
+		return rows.Err()
+	})
+	return n, err
+}
+
+// batcher sends a batch in one round trip; a pool, a connection and a transaction can.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// each runs the statements of b, in one round trip when db can, else one by one, and
+// hands each one's rows to read, in order. It stops at the first error, translated.
+func each(ctx context.Context, db DBTX, b *pgx.Batch, read func(pgx.Rows) error) error {
+	bt, ok := db.(batcher)
+	if !ok {
+		for _, q := range b.QueuedQueries {
+			rows, err := db.Query(ctx, q.SQL, q.Arguments...)
+			if err == nil {
+				err = read(rows)
+			}
+			if err != nil {
+				return Classify(err)
+			}
+		}
+		return nil
+	}
+	br := bt.SendBatch(ctx, b)
+	defer br.Close()
+	for range b.QueuedQueries {
+		rows, err := br.Query()
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
+			return Classify(err)
+		}
+	}
+	return Classify(br.Close())
+}
