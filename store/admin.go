@@ -113,8 +113,8 @@ ORDER BY 3, 1, 2`
 	a.release = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
 	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
-	history = ` + historyNote(`jsonb_build_object('by', 'operator', 'outcome', 'operator_released', 'attempt', attempts,
-		'reached', recovery_point, 'lease_live', coalesce(locked_until > statement_timestamp(), false))`, "3", "") + `
+	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
+		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
 RETURNING lock_version`
 	a.purge = `DELETE FROM idemflow_keys
