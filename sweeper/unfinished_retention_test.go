@@ -53,7 +53,7 @@ func TestDeadRetention(t *testing.T) {
 	age(t, b, "redriven", "91 days")
 	require.NoError(t, b.engine.Redrive(ctx, "acct", "redriven"))
 	age(t, b, "redriven", "91 days")
-	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() + interval '1 hour' WHERE idempotency_key = 'redriven'`)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() + interval '1 hour' WHERE idempotency_key = 'redriven'`)
 	require.NoError(t, err)
 	age(t, b, "young", "89 days")
 	require.ElementsMatch(t, []string{"old", "young"}, listed(t, b, workflow.KeysDead), "visible until their end")

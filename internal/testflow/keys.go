@@ -85,9 +85,9 @@ func Sweepable(t testing.TB, db DB) {
 	t.Helper()
 	_, err := db.Exec(context.Background(), `
 		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - interval '1 hour',
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		SET created_at = statement_timestamp() - interval '1 hour',
+			next_attempt_at = statement_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END
 		WHERE status = 'in_progress'`)
 	require.NoError(t, err)
 }
