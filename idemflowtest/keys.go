@@ -108,9 +108,11 @@ func RequireDeadLettered(t testing.TB, db Querier, scope, key string) Key {
 }
 
 // expireSQL moves the lease, backoff and grace period of unfinished keys into the past.
+// A lease is moved to a constant long past: Citus refuses the clock inside a CASE in an
+// UPDATE on a distributed table.
 const expireSQL = `
 	UPDATE idemflow_keys
-	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END,
+	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
 		next_attempt_at = statement_timestamp() - interval '1 millisecond',
 		created_at = least(created_at, statement_timestamp() - interval '1 hour')
 	WHERE status = 'in_progress'`

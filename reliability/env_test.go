@@ -170,7 +170,7 @@ func (e *env) do(ctx context.Context, en *workflow.Engine, req workflow.Request)
 func (e *env) expireLease(t testing.TB, scope, key string) {
 	t.Helper()
 	_, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END,
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
 			next_attempt_at = statement_timestamp() - interval '1 millisecond'
 		WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'`, scope, key)
 	require.NoError(t, err)
@@ -180,7 +180,7 @@ func (e *env) expireLease(t testing.TB, scope, key string) {
 func (e *env) expireAll(t testing.TB) int64 {
 	t.Helper()
 	tag, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END,
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
 			next_attempt_at = statement_timestamp() - interval '1 millisecond'
 		WHERE status = 'in_progress'`)
 	require.NoError(t, err)

@@ -198,7 +198,7 @@ func makeDue(t *testing.T, db *pgtest.DB, key string) {
 		UPDATE idemflow_keys
 		SET created_at = statement_timestamp() - interval '1 hour',
 			next_attempt_at = statement_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END
 		WHERE scope = 'acct' AND idempotency_key = $1`, key)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "no key %q", key)

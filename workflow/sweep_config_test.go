@@ -27,7 +27,7 @@ func released(t *testing.T, db *pgtest.DB, age string) {
 		UPDATE idemflow_keys
 		SET created_at = statement_timestamp() - $1::interval,
 			next_attempt_at = statement_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE statement_timestamp() - interval '1 millisecond' END
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END
 		WHERE status = 'in_progress'`, age)
 	require.NoError(t, err)
 }
