@@ -50,22 +50,9 @@ func (s *Store) ExpireDead(ctx context.Context, db DBTX, olderThan time.Duration
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire dead keys: limit %d is not positive", limit)
 	}
-	perKey, err := s.perKey(ctx, db)
-	if err != nil {
-		return 0, fmt.Errorf("expire dead keys: %w", err)
-	}
-	if perKey {
-		n, err := expireKeys(ctx, db, s.admin.scanDead, s.admin.expireDeadKey, olderThan.Milliseconds(), olderThan.Milliseconds(), limit)
-		if err != nil {
-			return n, fmt.Errorf("expire dead keys: %w", err)
-		}
-		return n, nil
-	}
-	tag, err := db.Exec(ctx, s.admin.expireDead, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("expire dead keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "dead", single: s.admin.expireDead, scan: s.admin.scanDead, del: s.admin.expireDeadKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
 }
 
 // ExpireParked deletes, in one short statement, up to limit keys of flows (the
@@ -78,20 +65,7 @@ func (s *Store) ExpireParked(ctx context.Context, db DBTX, flows []string, older
 	if len(flows) == 0 {
 		return 0, nil
 	}
-	perKey, err := s.perKey(ctx, db)
-	if err != nil {
-		return 0, fmt.Errorf("expire parked keys: %w", err)
-	}
-	if perKey {
-		n, err := expireKeys(ctx, db, s.admin.scanParked, s.admin.expireParkedKey, olderThan.Milliseconds(), flows, limit, olderThan.Milliseconds())
-		if err != nil {
-			return n, fmt.Errorf("expire parked keys: %w", err)
-		}
-		return n, nil
-	}
-	tag, err := db.Exec(ctx, s.admin.expireParked, olderThan.Milliseconds(), limit, flows)
-	if err != nil {
-		return 0, fmt.Errorf("expire parked keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "parked", single: s.admin.expireParked, scan: s.admin.scanParked, del: s.admin.expireParkedKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit, flows}, []any{flows, limit, ms})
 }

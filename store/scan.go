@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Scan is how a Store's sweeps and expiries find and change keys across scopes.
@@ -90,35 +91,30 @@ WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3
 	AND ` + lockedByNoOne + `
 RETURNING ` + leasedColumns("4")
 
-// sqlScanFinished lists up to $2 finished keys whose finish is more than $1 ms old.
-const sqlScanFinished = `SELECT scope, idempotency_key, lock_version
+// expiryOf returns the scan of up to $2 keys of status whose column is more than $1
+// ms old, ordered by order, and the per-key delete of the key $1, $2 if it still is
+// (more than $3 ms old).
+func expiryOf(status, column, order string) (scan, del string) {
+	guard := `status = '` + status + `'
+	AND ` + column + ` < statement_timestamp() - $%d::bigint * interval '1 millisecond'`
+	scan = `SELECT scope, idempotency_key, lock_version
 FROM idemflow_keys
-WHERE status = 'finished'
-	AND finished_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
-ORDER BY finished_at
+WHERE ` + fmt.Sprintf(guard, 1) + `
+ORDER BY ` + order + `
 LIMIT $2`
-
-// sqlExpireFinishedKey deletes the key $1, $2 if it finished more than $3 ms ago.
-const sqlExpireFinishedKey = `DELETE FROM idemflow_keys
+	del = `DELETE FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2
-	AND status = 'finished'
-	AND finished_at < statement_timestamp() - $3::bigint * interval '1 millisecond'
+	AND ` + fmt.Sprintf(guard, 3) + `
 	AND ` + lockedByNoOne
+	return scan, del
+}
 
-// sqlScanDead lists up to $2 keys dead-lettered more than $1 ms ago.
-const sqlScanDead = `SELECT scope, idempotency_key, lock_version
-FROM idemflow_keys
-WHERE status = 'dead'
-	AND updated_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
-ORDER BY created_at
-LIMIT $2`
-
-// sqlExpireDeadKey deletes the key $1, $2 if it was dead-lettered more than $3 ms ago.
-const sqlExpireDeadKey = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2
-	AND status = 'dead'
-	AND updated_at < statement_timestamp() - $3::bigint * interval '1 millisecond'
-	AND ` + lockedByNoOne
+// The expiries of finished keys by finish, and of dead-lettered keys by the time
+// they were dead-lettered (their last change).
+var (
+	sqlScanFinished, sqlExpireFinishedKey = expiryOf("finished", "finished_at", "finished_at")
+	sqlScanDead, sqlExpireDeadKey         = expiryOf("dead", "updated_at", "created_at")
+)
 
 // parkedGuard matches a parked key claimed more than $3 ms ago.
 const parkedGuard = `status = 'in_progress'
@@ -163,6 +159,34 @@ func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
 	}
 	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[citus])
 	return citus, nil
+}
+
+// expiry is one kind of key that retention deletes: what (for messages), its single
+// statement (ScanSingle) and its scan and per-key delete (ScanPerKey).
+type expiry struct {
+	what              string
+	single, scan, del string
+}
+
+// expire deletes up to a batch of x's keys more than olderThan ms old, as s scans:
+// single runs with singleArgs, scan with scanArgs. It returns how many it deleted.
+func (s *Store) expire(ctx context.Context, db DBTX, x expiry, olderThan int64, singleArgs, scanArgs []any) (int64, error) {
+	perKey, err := s.perKey(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("expire %s keys: %w", x.what, err)
+	}
+	var n int64
+	if perKey {
+		n, err = expireKeys(ctx, db, x.scan, x.del, olderThan, scanArgs...)
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = db.Exec(ctx, x.single, singleArgs...)
+		n, err = tag.RowsAffected(), Classify(err)
+	}
+	if err != nil {
+		return n, fmt.Errorf("expire %s keys: %w", x.what, err)
+	}
+	return n, nil
 }
 
 // candidate is a key a scan found: its scope, key and lock version.

@@ -186,20 +186,7 @@ func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Dura
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
-	perKey, err := s.perKey(ctx, db)
-	if err != nil {
-		return 0, fmt.Errorf("expire finished keys: %w", err)
-	}
-	if perKey {
-		n, err := expireKeys(ctx, db, s.sql.scanFinished, s.sql.expireFinishedKey, olderThan.Milliseconds(), olderThan.Milliseconds(), limit)
-		if err != nil {
-			return n, fmt.Errorf("expire finished keys: %w", err)
-		}
-		return n, nil
-	}
-	tag, err := db.Exec(ctx, s.sql.expire, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("expire finished keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "finished", single: s.sql.expire, scan: s.sql.scanFinished, del: s.sql.expireFinishedKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
 }
