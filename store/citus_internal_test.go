@@ -90,7 +90,9 @@ func citusViolations(name, sql string, vol map[string]byte) []string {
 	if !slices.Contains(crossScope, name) && !slices.Contains(noTable, name) && !strings.HasPrefix(name, "list ") {
 		insert := strings.HasPrefix(strings.TrimSpace(lower), "insert into") &&
 			strings.Contains(lower, "(scope, idempotency_key") && regexp.MustCompile(`(values \(|select )\$1, \$2,`).MatchString(lower)
-		if !insert && !strings.Contains(lower, "scope = $1 and idempotency_key = $2") {
+		byKey := strings.Contains(lower, "scope = $1 and idempotency_key = $2") ||
+			strings.Contains(lower, "scope = $1 and idempotency_key = any($2::text[])")
+		if !insert && !byKey {
 			bad = append(bad, "does not name its key by scope ($1) and key ($2)")
 		}
 	}

@@ -55,10 +55,11 @@ func NewWith(opts Options) (*Store, error) {
 type scanState struct{ perKey atomic.Int32 }
 
 // The statements of ScanPerKey. A scan reads candidates across scopes, oldest first,
-// without a lock (a multi-shard SELECT on Citus); each per-key statement names its key
-// by scope and key, takes the row only if no one else holds it (the EXISTS of
-// lockedByNoOne, with FOR UPDATE SKIP LOCKED) and re-checks the candidate's guard on
-// the newest row version. A candidate that changed after the scan is skipped.
+// without a lock (a multi-shard SELECT on Citus); each takeover names its key by scope
+// and key, and each delete its keys by scope and a list of keys: one shard. They take
+// a row only if no one else holds it (FOR UPDATE SKIP LOCKED) and re-check the
+// candidate's guard on the newest row version. A candidate that changed after the
+// scan is skipped.
 
 // lockedByNoOne is true, and locks the key row $1, $2 for the statement's
 // transaction, unless another transaction holds it.
@@ -102,11 +103,22 @@ FROM idemflow_keys
 WHERE ` + fmt.Sprintf(guard, 1) + `
 ORDER BY ` + order + `
 LIMIT $2`
-	del = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2
-	AND ` + fmt.Sprintf(guard, 3) + `
-	AND ` + lockedByNoOne
-	return scan, del
+	return scan, deleteOfScope(fmt.Sprintf(guard, 3))
+}
+
+// deleteOfScope is the delete of the keys $2 (an array) of the scope $1 that still
+// match guard and that no one else holds: the guard is re-checked on the newest row
+// version by FOR UPDATE, and a row another transaction holds is skipped. One scope
+// is one shard on Citus.
+func deleteOfScope(guard string) string {
+	return `WITH c AS (
+	SELECT idempotency_key FROM idemflow_keys
+	WHERE scope = $1 AND idempotency_key = ANY($2::text[])
+		AND ` + guard + `
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idemflow_keys k USING c
+WHERE k.scope = $1 AND k.idempotency_key = c.idempotency_key`
 }
 
 // The expiries of finished keys by finish, and of dead-lettered keys by the time
@@ -129,11 +141,9 @@ WHERE flow = ANY($1::text[]) AND ` + parkedGuard + `
 ORDER BY next_attempt_at
 LIMIT $2`
 
-// sqlExpireParkedKey deletes the key $1, $2 if it is still parked and claimed more
+// sqlExpireParkedKey deletes the keys $2 of the scope $1 still parked and claimed more
 // than $3 ms ago.
-const sqlExpireParkedKey = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2 AND ` + parkedGuard + `
-	AND ` + lockedByNoOne
+var sqlExpireParkedKey = deleteOfScope(parkedGuard)
 
 // perKey reports whether s scans per key, asking db once for ScanAuto.
 func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
@@ -210,17 +220,25 @@ func scanKeys(ctx context.Context, db DBTX, sql string, args ...any) ([]candidat
 	return out, Classify(err)
 }
 
-// expireKeys deletes, per key and in one round trip, the candidates of the scan sql
-// (args) with the per-key delete del, whose arguments are the key's scope and key and
-// then olderThan in ms, and returns how many it deleted.
+// expireKeys deletes the candidates of the scan sql (args) with the delete del (see
+// deleteOfScope), one statement per scope, all in one round trip, and returns how
+// many it deleted. del's arguments are a scope, its keys and olderThan in ms.
 func expireKeys(ctx context.Context, db DBTX, scan, del string, olderThan int64, args ...any) (int64, error) {
 	cands, err := scanKeys(ctx, db, scan, args...)
 	if err != nil || len(cands) == 0 {
 		return 0, err
 	}
-	b := &pgx.Batch{}
+	var scopes []string
+	keys := map[string][]string{}
 	for _, c := range cands {
-		b.Queue(del, c.scope, c.key, olderThan)
+		if _, ok := keys[c.scope]; !ok {
+			scopes = append(scopes, c.scope)
+		}
+		keys[c.scope] = append(keys[c.scope], c.key)
+	}
+	b := &pgx.Batch{}
+	for _, scope := range scopes {
+		b.Queue(del, scope, keys[scope], olderThan)
 	}
 	var n int64
 	err = each(ctx, db, b, func(rows pgx.Rows) error {
