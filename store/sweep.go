@@ -84,35 +84,44 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	return out, nil
 }
 
-// takeDuePerKey is TakeDue for ScanPerKey: a scan for candidates, then one takeover
-// statement per candidate, all in one round trip. A candidate another sweeper took (or
-// a request holds, or that finished) since the scan is not taken.
+// scanSpread is how many candidates a per-key sweep scans for each key it may take.
+// Sweepers that scan at once read the same oldest candidates; one that finds the first
+// ones taken by another goes on to the next, so that they share the work rather than
+// race for the same keys and come back empty.
+const scanSpread = 4
+
+// takeDuePerKey is TakeDue for ScanPerKey: a scan for up to scanSpread×q.Limit
+// candidates, oldest due first, then takeover statements for the first q.Limit of
+// them in one round trip, and again with the next ones for those that were not taken
+// (another sweeper took them, a request holds them, or they finished since the scan),
+// until q.Limit are taken or the candidates run out.
 func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
-	cands, err := scanKeys(ctx, db, s.sql.scanDue, q.Limit, q.Grace.Milliseconds(), q.Flows)
+	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: scan: %w", err)
 	}
 	out := []*Row{}
-	if len(cands) == 0 {
-		return out, nil
-	}
-	b := &pgx.Batch{}
-	for _, c := range cands {
-		b.Queue(s.sql.takeKey, c.scope, c.key, c.version, q.Lease.Milliseconds(), max(q.History, 0))
-	}
-	err = each(ctx, db, b, func(rows pgx.Rows) error {
-		row, err := scanOne(rows, "take key", ErrNotTaken)
-		switch {
-		case errors.Is(err, ErrNotTaken):
-			return nil
-		case err == nil:
-			out = append(out, row)
+	for len(cands) > 0 && len(out) < q.Limit {
+		n := min(q.Limit-len(out), len(cands))
+		b := &pgx.Batch{}
+		for _, c := range cands[:n] {
+			b.Queue(s.sql.takeKey, c.scope, c.key, c.version, q.Lease.Milliseconds(), max(q.History, 0))
 		}
-		return err
-	})
-	if err != nil {
-		// What was taken before the error, if it stayed taken, is left to its lease.
-		return nil, fmt.Errorf("take due keys: %w", err)
+		cands = cands[n:]
+		err = each(ctx, db, b, func(rows pgx.Rows) error {
+			row, err := scanOne(rows, "take key", ErrNotTaken)
+			switch {
+			case errors.Is(err, ErrNotTaken):
+				return nil
+			case err == nil:
+				out = append(out, row)
+			}
+			return err
+		})
+		if err != nil {
+			// What was taken before the error, if it stayed taken, is left to its lease.
+			return nil, fmt.Errorf("take due keys: %w", err)
+		}
 	}
 	return out, nil
 }
