@@ -347,7 +347,7 @@ type sampler struct {
 }
 
 const sqlActivity = `
-SELECT pid, state, coalesce(extract(epoch FROM clock_timestamp() - state_change), 0)::float8,
+SELECT pid, state, coalesce(extract(epoch FROM statement_timestamp() - state_change), 0)::float8,
 	coalesce(wait_event_type, ''), coalesce(wait_event, ''), application_name
 FROM pg_stat_activity
 WHERE datname = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()

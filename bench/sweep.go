@@ -315,8 +315,8 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	// database clock.
 	if err := e.waitFor(ctx, time.Minute, func() (bool, error) {
 		var n, notDue int
-		err := e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE next_attempt_at > clock_timestamp()
-				OR locked_until > clock_timestamp() OR recovery_point <> $2 OR status <> 'in_progress')
+		err := e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE next_attempt_at > statement_timestamp()
+				OR locked_until > statement_timestamp() OR recovery_point <> $2 OR status <> 'in_progress')
 			FROM idemflow_keys WHERE scope = ANY($1)`, sc, "create_charge").Scan(&n, &notDue)
 		if err == nil && n != res.Keys {
 			err = fmt.Errorf("%w: %d stuck keys made, want %d", errInvariant, n, res.Keys)

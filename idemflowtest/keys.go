@@ -45,7 +45,7 @@ func LookupKey(t testing.TB, db Querier, scope, key string) (Key, bool) {
 	var lastError *string
 	err := db.QueryRow(context.Background(), `
 		SELECT id::text, flow, status, recovery_point, lock_version,
-			coalesce(locked_until > clock_timestamp(), false), attempts, last_error,
+			coalesce(locked_until > statement_timestamp(), false), attempts, last_error,
 			response_status, response_headers::text::bytea, response_body
 		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
 		Scan(&k.ID, &k.Flow, &k.Status, &k.RecoveryPoint, &k.LockVersion, &k.Leased, &k.Attempts, &lastError,
@@ -108,11 +108,13 @@ func RequireDeadLettered(t testing.TB, db Querier, scope, key string) Key {
 }
 
 // expireSQL moves the lease, backoff and grace period of unfinished keys into the past.
+// A lease is moved to a constant long past: Citus refuses the clock inside a CASE in an
+// UPDATE on a distributed table.
 const expireSQL = `
 	UPDATE idemflow_keys
-	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
-		next_attempt_at = clock_timestamp() - interval '1 millisecond',
-		created_at = least(created_at, clock_timestamp() - interval '1 hour')
+	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
+		next_attempt_at = statement_timestamp() - interval '1 millisecond',
+		created_at = least(created_at, statement_timestamp() - interval '1 hour')
 	WHERE status = 'in_progress'`
 
 // ExpireLease moves an unfinished key's lease, its backoff and its grace period into the

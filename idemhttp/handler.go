@@ -169,7 +169,9 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     database; nothing was stored and a retry resumes the work. A 5xx response of the
 //     flow is passed on as it is, with Retry-After added if it has none.
 //   - 500 server-error or response-too-large: anything else, such as a response too
-//     large to store (never truncated). The cause is logged, not sent.
+//     large to store (never truncated) or a statement the database refuses for good
+//     (workflow.ErrRefused: never a 503, since a retry would be refused the same way).
+//     The cause is logged, not sent.
 //
 // Errors: the configuration is invalid (Scope is nil, Retention under a minute),
 // workflow.ErrUnknownFlow, or the flow is client-only (phases.Flow.ClientOnly), like

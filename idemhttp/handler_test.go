@@ -527,6 +527,27 @@ func TestHandlerTransientFailure(t *testing.T) {
 	require.Equal(t, 1, b.provider.Made())
 }
 
+// A statement the database refuses for good (an undefined function here; on Citus, a
+// statement it cannot run on one shard) is a 500, not a 503 to retry, and the key is
+// dead-lettered with it: later attempts get 410.
+func TestHandlerRefusedIsNotRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() != testflow.Settle {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `SELECT idemflow_no_such_function()`)
+		return err
+	}})
+	srv, _ := flowServer(t, b, nil)
+	r := mustSend(t, srv, "POST", "/charges", keyed("acct", "k"), `{"amount":3}`)
+	requireProblem(t, r, http.StatusInternalServerError)
+	require.Empty(t, r.header.Get("Retry-After"))
+	require.Equal(t, "dead", state(t, b.db, "acct", "k").Status)
+	again := mustSend(t, srv, "POST", "/charges", keyed("acct", "k"), `{"amount":3}`)
+	requireProblem(t, again, http.StatusGone)
+}
+
 func TestHandlerPassesFiveHundredOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})

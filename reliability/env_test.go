@@ -197,8 +197,8 @@ func (e *env) do(ctx context.Context, en *workflow.Engine, req workflow.Request)
 func (e *env) expireLease(t testing.TB, scope, key string) {
 	t.Helper()
 	_, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
-			next_attempt_at = clock_timestamp() - interval '1 millisecond'
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
+			next_attempt_at = statement_timestamp() - interval '1 millisecond'
 		WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'`, scope, key)
 	require.NoError(t, err)
 }
@@ -207,8 +207,8 @@ func (e *env) expireLease(t testing.TB, scope, key string) {
 func (e *env) expireAll(t testing.TB) int64 {
 	t.Helper()
 	tag, err := e.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
-		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END,
-			next_attempt_at = clock_timestamp() - interval '1 millisecond'
+		SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
+			next_attempt_at = statement_timestamp() - interval '1 millisecond'
 		WHERE status = 'in_progress'`)
 	require.NoError(t, err)
 	return tag.RowsAffected()
@@ -228,7 +228,7 @@ func (e *env) state(t testing.TB, scope, key string) keyState {
 	t.Helper()
 	var s keyState
 	err := e.db.Pool.QueryRow(context.Background(), `SELECT status, recovery_point, lock_version,
-			coalesce(locked_until > clock_timestamp(), false), next_attempt_at <= clock_timestamp()
+			coalesce(locked_until > statement_timestamp(), false), next_attempt_at <= statement_timestamp()
 		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
 		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Due)
 	if errors.Is(err, pgx.ErrNoRows) {

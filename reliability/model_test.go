@@ -434,7 +434,7 @@ func (m *modelRun) arm() {
 // flow asks for a retry after 1s of real time, the model moves time only on purpose.
 func (m *modelRun) hold(k *mkey) {
 	m.t.Helper()
-	_, err := m.env.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() + interval '1 hour'
+	_, err := m.env.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() + interval '1 hour'
 		WHERE scope = 'acct' AND idempotency_key = $1 AND status = 'in_progress' AND locked_until IS NULL`, k.req.Key)
 	if err != nil {
 		m.failf("hold: %v", err)

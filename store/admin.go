@@ -24,8 +24,8 @@ const (
 )
 
 // stuckCond matches the rows of StatusStuck.
-const stuckCond = `status = 'in_progress' AND next_attempt_at <= clock_timestamp()
-	AND (locked_until IS NULL OR locked_until <= clock_timestamp())`
+const stuckCond = `status = 'in_progress' AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
 
 // listStatus is, for each status a list can ask for ("" for every key), which rows
 // match and which column orders them: one that an index of that status orders.
@@ -52,6 +52,8 @@ type adminStatements struct {
 	outcomes                 string
 	release, purge           string
 	expireDead, expireParked string
+	// ScanPerKey's (scan.go).
+	scanDead, expireDeadKey, scanParked, expireParkedKey string
 }
 
 func newAdminStatements(schema string) adminStatements {
@@ -61,7 +63,7 @@ func newAdminStatements(schema string) adminStatements {
 FROM idemflow_keys
 WHERE ` + s.where + `
 	AND ($1 = '' OR flow = $1) AND ($2 = '' OR scope = $2)
-	AND created_at <= clock_timestamp() - $3::bigint * interval '1 millisecond'`
+	AND created_at <= statement_timestamp() - $3::bigint * interval '1 millisecond'`
 		tail := `
 ORDER BY ` + s.order + `, scope, idempotency_key
 LIMIT $4`
@@ -72,8 +74,8 @@ LIMIT $4`
 		}
 	}
 	a.show = `SELECT ` + summaryColumns + `, method, route, request_body, octet_length(phase_data::text),
-	lock_version, CASE WHEN locked_until > clock_timestamp()
-		THEN ceil(extract(epoch FROM locked_until - clock_timestamp()) * 1000)::bigint ELSE 0 END,
+	lock_version, CASE WHEN locked_until > statement_timestamp()
+		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint ELSE 0 END,
 	next_attempt_at, response_status::int, origin, history
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
@@ -95,7 +97,7 @@ GROUP BY flow
 ORDER BY flow`
 	// One arm per partial index: finished keys by finish time, dead-lettered keys by the
 	// time they died (their last update). The window is bounded by statement_timestamp(),
-	// which the planner can use as an index bound; clock_timestamp() it cannot.
+	// which the planner can use as an index bound, as every statement here now does.
 	a.outcomes = `SELECT flow, 'finished', date_bin($2::bigint * interval '1 millisecond', finished_at, timestamptz 'epoch'), count(*)
 FROM idemflow_keys
 WHERE status = 'finished' AND finished_at > statement_timestamp() - $1::bigint * interval '1 millisecond'
@@ -110,9 +112,9 @@ GROUP BY 1, 3
 ORDER BY 3, 1, 2`
 	a.release = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
-	next_attempt_at = clock_timestamp(), updated_at = clock_timestamp(),
-	history = ` + historyNote(`jsonb_build_object('by', 'operator', 'outcome', 'operator_released', 'attempt', attempts,
-		'reached', recovery_point, 'lease_live', coalesce(locked_until > clock_timestamp(), false))`, "3", "") + `
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
+	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
+		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
 RETURNING lock_version`
 	a.purge = `DELETE FROM idemflow_keys
@@ -125,6 +127,8 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
+	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
+	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)
 	return a
 }
 

@@ -45,6 +45,12 @@ var (
 		"(a pooler in transaction mode, such as pgbouncer, is in between); set default_query_exec_mode=cache_describe " +
 		"(or exec) on the pgx pool's connection string or ConnConfig.DefaultQueryExecMode, " +
 		"or run pgbouncer 1.21 or later with max_prepared_statements > 0")
+	// ErrRefused: the server refused a statement in a way that retrying cannot change
+	// (see Classify for the SQLSTATEs): a feature it does not support (0A000, which
+	// Citus answers for a statement it cannot run on a distributed table), a syntax
+	// error, an object that does not exist or may not be used (class 42), a schema or
+	// database that does not exist (3F000, 3D000). The wrapped error says which.
+	ErrRefused = errors.New("statement refused by the database, permanently (a retry would be refused the same way)")
 	// ErrNotSent: the failed request never reached the server (always with
 	// ErrUnavailable); nothing it carried took effect.
 	ErrNotSent = errors.New("request not sent")
@@ -79,7 +85,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, errInvalid} {
+	for _, ours := range []error{ErrNotFound, ErrLeaseLost, ErrNotTaken, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused, errInvalid} {
 		if errors.Is(err, ours) {
 			return err
 		}
@@ -94,6 +100,8 @@ func Classify(err error) error {
 		case pgErr.Code == "42P05" || pgErr.Code == "26000" ||
 			pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "prepared statement"):
 			return fmt.Errorf("%w: %w", ErrMisconfigured, err)
+		case refused(pgErr.Code):
+			return fmt.Errorf("%w: %w", ErrRefused, err)
 		case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"):
 			// connection exceptions and operator intervention (shutdown, terminated backend)
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -115,6 +123,25 @@ func Classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+// refused reports whether SQLSTATE code is a permanent refusal (ErrRefused): class 0A
+// (feature not supported), class 42 (syntax error or access rule violation) but
+// 42P05 (a prepared statement that exists: ErrMisconfigured, checked first), 3F000
+// (invalid schema name) and 3D000 (invalid catalog name). Errors a retry can clear
+// are not among them: serialization failures and deadlocks (class 40), lock and
+// statement timeouts (55P03, 57014), a read-only transaction on a standby that may be
+// promoted (25006), too many connections (53300), and Citus's internal errors
+// (XX000), which it raises for transient faults between nodes too.
+func refused(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch class := code[:2]; {
+	case class == "0A", class == "42":
+		return true
+	}
+	return code == "3F000" || code == "3D000"
 }
 
 func isNetwork(err error) bool {

@@ -32,6 +32,12 @@ func TestClassify(t *testing.T) {
 		{"ClosedConn", fmt.Errorf("write: %w", net.ErrClosed), store.ErrUnavailable},
 		{"PreparedStatementExists", pg("42P05"), store.ErrMisconfigured},
 		{"PreparedStatementMissing", pg("26000"), store.ErrMisconfigured},
+		{"FeatureNotSupported", pg("0A000"), store.ErrRefused}, // Citus: not a router query
+		{"SyntaxError", pg("42601"), store.ErrRefused},
+		{"UndefinedTable", pg("42P01"), store.ErrRefused},
+		{"UndefinedFunction", pg("42883"), store.ErrRefused},
+		{"InsufficientPrivilege", pg("42501"), store.ErrRefused},
+		{"InvalidSchemaName", pg("3F000"), store.ErrRefused},
 		{"PreparedStatementBindMismatch", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "08P01",
 			Message: `bind message supplies 1 parameters, but prepared statement "stmtcache_1" requires 2`}), store.ErrMisconfigured},
 	}
@@ -43,7 +49,8 @@ func TestClassify(t *testing.T) {
 		})
 	}
 	t.Run("OthersUnchanged", func(t *testing.T) {
-		for _, err := range []error{pg("23505"), errors.New("plain"), context.Canceled} {
+		// read-only standby, lock timeout, Citus's internal errors: a retry may pass
+		for _, err := range []error{pg("23505"), pg("25006"), pg("55P03"), pg("XX000"), errors.New("plain"), context.Canceled} {
 			require.Equal(t, err, store.Classify(err))
 		}
 		require.NoError(t, store.Classify(nil))

@@ -18,12 +18,12 @@ WHERE ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'dead'
-			AND updated_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+			AND updated_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
 		ORDER BY created_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED))
 	AND status = 'dead'
-	AND updated_at < clock_timestamp() - $1::bigint * interval '1 millisecond'`
+	AND updated_at < statement_timestamp() - $1::bigint * interval '1 millisecond'`
 
 // sqlExpireParked deletes up to $2 keys of the client-only flows $3 that are in
 // progress with no live lease and were claimed more than $1 ms ago: parked keys whose
@@ -34,14 +34,14 @@ WHERE ctid = ANY(ARRAY(
 		FROM idemflow_keys
 		WHERE status = 'in_progress'
 			AND flow = ANY($3::text[])
-			AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-			AND created_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+			AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+			AND created_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
 		ORDER BY next_attempt_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED))
 	AND status = 'in_progress'
-	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-	AND created_at < clock_timestamp() - $1::bigint * interval '1 millisecond'`
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+	AND created_at < statement_timestamp() - $1::bigint * interval '1 millisecond'`
 
 // ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
 // dead-lettered more than olderThan ago (by the database clock), oldest first,
@@ -50,11 +50,9 @@ func (s *Store) ExpireDead(ctx context.Context, db DBTX, olderThan time.Duration
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire dead keys: limit %d is not positive", limit)
 	}
-	tag, err := db.Exec(ctx, s.admin.expireDead, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("expire dead keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "dead", single: s.admin.expireDead, scan: s.admin.scanDead, del: s.admin.expireDeadKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
 }
 
 // ExpireParked deletes, in one short statement, up to limit keys of flows (the
@@ -67,9 +65,7 @@ func (s *Store) ExpireParked(ctx context.Context, db DBTX, flows []string, older
 	if len(flows) == 0 {
 		return 0, nil
 	}
-	tag, err := db.Exec(ctx, s.admin.expireParked, olderThan.Milliseconds(), limit, flows)
-	if err != nil {
-		return 0, fmt.Errorf("expire parked keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "parked", single: s.admin.expireParked, scan: s.admin.scanParked, del: s.admin.expireParkedKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit, flows}, []any{flows, limit, ms})
 }

@@ -6,10 +6,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// All of idemflow's SQL on the key table, in one place for review. Every statement
-// filters by scope. Lease arithmetic uses the database clock (clock_timestamp(), so a
-// long transaction does not shorten the lease it sets); durations arrive as
-// milliseconds. jsonb values (phase data, response headers) are sent as json.RawMessage,
+// All of idemflow's SQL on the key table, in one place for review. Every statement on
+// one key filters by scope. Lease arithmetic uses the database clock, read with
+// statement_timestamp() (the start of the statement, not of its transaction, so a long
+// transaction does not shorten the lease it sets); durations arrive as milliseconds.
+//
+// Every statement here must also run as a single-shard (router) statement when the key
+// table is distributed by scope on Citus (see citus.go for the rules, which a test
+// checks): no volatile function such as statement_timestamp() in an UPDATE, only immutable
+// expressions in a RETURNING list, and no ctid. The single-statement sweeps of plain
+// PostgreSQL (takeDue, expire) break the last rule; a Store for Citus never sends them
+// and scans then acts per key instead (scan.go). jsonb values (phase data, response headers) are sent as json.RawMessage,
 // which pgx encodes as JSON text in every query exec mode (a []byte would go as bytea
 // where pgx does not ask the server for the parameters' types: the exec and
 // simple_protocol modes) and which costs no copy.
@@ -21,6 +28,8 @@ type statements struct {
 	claimInsertKey, claimInsertFinished                  string
 	advance, finish, release, takeover                   string
 	takeDue, giveBack, park, deadLetter, redrive, expire string
+	// ScanPerKey's (scan.go).
+	scanDue, takeKey, scanFinished, expireFinishedKey string
 }
 
 // newStatements returns the statements on the key table: idemflow_keys in the current
@@ -34,6 +43,7 @@ func newStatements(schema string) statements {
 		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
 		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
 		redrive: q(sqlRedrive), expire: q(sqlExpireFinished),
+		scanDue: q(sqlScanDue), takeKey: q(sqlTakeKey), scanFinished: q(sqlScanFinished), expireFinishedKey: q(sqlExpireFinishedKey),
 	}
 }
 
@@ -57,16 +67,36 @@ func qualify(sql, schema string) string {
 	return strings.ReplaceAll(sql, "\x00", literal)
 }
 
-// rowColumns are the columns of Row, computed from a key row, in the order scanOne
-// reads them (and named as Row's db tags, for the sweeper's lists).
-const rowColumns = `
+// keyColumns are the columns of Row stored on a key row, in the order scanOne reads
+// them (and named as Row's db tags, for the sweeper's lists).
+const keyColumns = `
 	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin,
-	coalesce(locked_until > clock_timestamp(), false) AS lease_live,
-	CASE WHEN locked_until > clock_timestamp()
-		THEN ceil(extract(epoch FROM locked_until - clock_timestamp()) * 1000)::bigint
-		ELSE 0 END AS lease_left_ms,
+	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin`
+
+// responseColumns are the stored response's columns of Row, read after the lease's.
+const responseColumns = `
 	response_status::int AS response_status, response_headers, response_body`
+
+// rowColumns are the columns of Row for a SELECT: the lease's computed from
+// locked_until by the database clock.
+const rowColumns = keyColumns + `,
+	coalesce(locked_until > statement_timestamp(), false) AS lease_live,
+	CASE WHEN locked_until > statement_timestamp()
+		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint
+		ELSE 0 END AS lease_left_ms,` + responseColumns
+
+// leasedColumns are the columns of Row for the RETURNING list of a statement that has
+// just set a lease of $n ms: the lease's are that argument, an immutable expression
+// (Citus refuses any other in a RETURNING list).
+func leasedColumns(n string) string {
+	return keyColumns + `,
+	$` + n + `::bigint > 0 AS lease_live, $` + n + `::bigint AS lease_left_ms,` + responseColumns
+}
+
+// releasedColumns are the columns of Row for the RETURNING list of a statement that
+// has just cleared the lease.
+const releasedColumns = keyColumns + `,
+	false AS lease_live, 0::bigint AS lease_left_ms,` + responseColumns
 
 // sqlLookup reads one key row: the replay path's only statement.
 const sqlLookup = `SELECT ` + rowColumns + `
@@ -100,13 +130,13 @@ const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerpr
 // keyValues are the values of a new, unfinished key row: recovery point $9, phase data
 // $10, a lease of $11 ms, origin $12.
 const keyValues = `$1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10,
-	clock_timestamp() + $11::bigint * interval '1 millisecond', $12`
+	statement_timestamp() + $11::bigint * interval '1 millisecond', $12`
 
 // finishedValues are the values of a new key row that is already finished with its
 // response ($8-$10), its attempt's history entry $11 (see historyFirst) and origin
 // $12. Like a finished row, it keeps no request body or phase data.
 var finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
-	'finished', $8, $9, $10, clock_timestamp(), ` + historyFirst("11") + `, $12`
+	'finished', $8, $9, $10, statement_timestamp(), ` + historyFirst("11") + `, $12`
 
 const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at, history, origin`
 
@@ -141,8 +171,8 @@ const fence = `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_ve
 const sqlAdvance = `WITH u AS (
 	UPDATE idemflow_keys
 	SET recovery_point = $5, phase_data = $6,
-		locked_until = clock_timestamp() + $7::bigint * interval '1 millisecond',
-		updated_at = clock_timestamp()
+		locked_until = statement_timestamp() + $7::bigint * interval '1 millisecond',
+		updated_at = statement_timestamp()
 	WHERE ` + fence + `
 	RETURNING 1
 )
@@ -156,7 +186,7 @@ var sqlFinish = `WITH u AS (
 	SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
 		response_status = $5, response_headers = $6, response_body = $7,
 		locked_until = NULL, last_error = NULL, history = ` + historyAppend("8", "9") + `,
-		finished_at = clock_timestamp(), updated_at = clock_timestamp()
+		finished_at = statement_timestamp(), updated_at = statement_timestamp()
 	WHERE ` + fence + `
 	RETURNING 1
 )
@@ -169,8 +199,8 @@ SELECT 1/count(*)::int FROM u`
 // $11.
 var sqlRelease = `UPDATE idemflow_keys
 SET recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("10", "11") + `,
-	next_attempt_at = clock_timestamp() + $8::bigint * interval '1 millisecond',
-	locked_until = NULL, updated_at = clock_timestamp()
+	next_attempt_at = statement_timestamp() + $8::bigint * interval '1 millisecond',
+	locked_until = NULL, updated_at = statement_timestamp()
 WHERE ` + fence + ` AND recovery_point = $9`
 
 // sqlTakeover takes an expired or released lease, bumping the lock version. An
@@ -178,11 +208,11 @@ WHERE ` + fence + ` AND recovery_point = $9`
 // kept $6).
 var sqlTakeover = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("6") + `,
-	locked_until = clock_timestamp() + $5::bigint * interval '1 millisecond',
-	updated_at = clock_timestamp()
+	locked_until = statement_timestamp() + $5::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
 WHERE ` + fence + `
-	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-RETURNING ` + rowColumns + ``
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+RETURNING ` + leasedColumns("5")
 
 // The sweeper's and retention's statements. They select across scopes (that is their
 // job), from a candidate list locked with FOR UPDATE SKIP LOCKED in the same statement,
@@ -202,30 +232,30 @@ RETURNING ` + rowColumns + ``
 // records an expired lease's attempt as abandoned (history kept $5).
 var sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
-	locked_until = clock_timestamp() + $3::bigint * interval '1 millisecond',
-	updated_at = clock_timestamp()
+	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
 WHERE ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'in_progress'
-			AND next_attempt_at <= clock_timestamp()
-			AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-			AND created_at <= clock_timestamp() - $2::bigint * interval '1 millisecond'
+			AND next_attempt_at <= statement_timestamp()
+			AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+			AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
 			AND flow = ANY($4::text[])
 		ORDER BY next_attempt_at
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))
 	AND status = 'in_progress'
-	AND next_attempt_at <= clock_timestamp()
-	AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-RETURNING ` + rowColumns + ``
+	AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+RETURNING ` + leasedColumns("3")
 
 // sqlGiveBack gives back a key taken over but never run: the lease is cleared and the
 // attempt the takeover counted is uncounted, once (a key without a lease is not
 // matched). next_attempt_at is unchanged, so the key stays due. The lock version stays
 // bumped.
 const sqlGiveBack = `UPDATE idemflow_keys
-SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = clock_timestamp()
+SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = statement_timestamp()
 WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlPark parks a key that only its client can finish: the lease is cleared, the
@@ -233,8 +263,8 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 // key not due again for $6 ms. The lock version stays bumped. History entry $7, kept $8.
 var sqlPark = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5, history = ` + historyAppend("7", "8") + `,
-	next_attempt_at = clock_timestamp() + $6::bigint * interval '1 millisecond',
-	updated_at = clock_timestamp()
+	next_attempt_at = statement_timestamp() + $6::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
 WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
@@ -242,7 +272,7 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 // History entry $9, kept $10.
 var sqlDeadLetter = `UPDATE idemflow_keys
 SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("9", "10") + `,
-	locked_until = NULL, updated_at = clock_timestamp()
+	locked_until = NULL, updated_at = statement_timestamp()
 WHERE ` + fence + ` AND recovery_point = $8`
 
 // sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due
@@ -250,9 +280,9 @@ WHERE ` + fence + ` AND recovery_point = $8`
 // is kept until the next failure or the finish replaces it. History entry $3, kept $4.
 var sqlRedrive = `UPDATE idemflow_keys
 SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
-	locked_until = NULL, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
-RETURNING ` + rowColumns + ``
+RETURNING ` + releasedColumns
 
 // sqlExpireFinished deletes up to $2 finished keys whose finish is more than $1 ms old,
 // oldest first, skipping rows someone else has locked. Unfinished and dead keys are
@@ -262,7 +292,7 @@ WHERE ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'finished'
-			AND finished_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+			AND finished_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
 		ORDER BY finished_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED))

@@ -136,8 +136,10 @@ type Release struct {
 // by New or NewInSchema, so that what varies between stores (the schema) is applied
 // once rather than on every call. The zero Store is not usable.
 type Store struct {
-	sql   statements
-	admin adminStatements
+	sql    statements
+	admin  adminStatements
+	scan   Scan
+	learnt scanState
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current
@@ -280,7 +282,10 @@ func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
 
 func insertErr(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation {
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUniqueViolation ||
+		// Citus sends the claim's INSERT ... SELECT through the coordinator and raises a
+		// shard's unique violation as an internal error.
+		pgErr.Code == "XX000" && strings.HasPrefix(pgErr.Message, "duplicate key value violates unique constraint")) {
 		return fmt.Errorf("insert key: %w: %w", ErrClaimExists, err)
 	}
 	return fmt.Errorf("insert key: %w", Classify(err))

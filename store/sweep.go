@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgx/v5"
 )
 
 // TakeDue selects the keys a sweeper takes over.
@@ -50,18 +52,26 @@ type DeadLetter struct {
 	History History
 }
 
-// TakeDue takes over, in one short statement, up to q.Limit unfinished keys whose
-// lease expired or was released, that are due (next_attempt_at) and older than
-// q.Grace, of a flow in q.Flows, oldest due first. Each is returned with its lock
-// version and attempt count bumped and a fresh lease. Keys locked by another
-// transaction are skipped, not waited for, so concurrent sweepers take disjoint sets
-// and live traffic is never blocked. It returns an empty slice when nothing is due.
+// TakeDue takes over, in one short statement (with ScanPerKey: a scan and a statement
+// per key, in two round trips), up to q.Limit unfinished keys whose lease expired or
+// was released, that are due (next_attempt_at) and older than q.Grace, of a flow in
+// q.Flows, oldest due first. Each is returned with its lock version and attempt count
+// bumped and a fresh lease. Keys locked by another transaction are skipped, not waited
+// for, so concurrent sweepers take disjoint sets and live traffic is never blocked. It
+// returns an empty slice when nothing is due.
 func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("take due keys: limit %d is not positive", q.Limit)
 	}
 	if len(q.Flows) == 0 {
 		return []*Row{}, nil
+	}
+	perKey, err := s.perKey(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("take due keys: %w", err)
+	}
+	if perKey {
+		return s.takeDuePerKey(ctx, db, q)
 	}
 	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0))
 	if err != nil {
@@ -70,6 +80,48 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	out := []*Row{}
 	if err := pgxscan.ScanAll(&out, rows); err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
+	}
+	return out, nil
+}
+
+// scanSpread is how many candidates a per-key sweep scans for each key it may take.
+// Sweepers that scan at once read the same oldest candidates; one that finds the first
+// ones taken by another goes on to the next, so that they share the work rather than
+// race for the same keys and come back empty.
+const scanSpread = 4
+
+// takeDuePerKey is TakeDue for ScanPerKey: a scan for up to scanSpread×q.Limit
+// candidates, oldest due first, then takeover statements for the first q.Limit of
+// them in one round trip, and again with the next ones for those that were not taken
+// (another sweeper took them, a request holds them, or they finished since the scan),
+// until q.Limit are taken or the candidates run out.
+func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
+	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows)
+	if err != nil {
+		return nil, fmt.Errorf("take due keys: scan: %w", err)
+	}
+	out := []*Row{}
+	for len(cands) > 0 && len(out) < q.Limit {
+		n := min(q.Limit-len(out), len(cands))
+		b := &pgx.Batch{}
+		for _, c := range cands[:n] {
+			b.Queue(s.sql.takeKey, c.scope, c.key, c.version, q.Lease.Milliseconds(), max(q.History, 0))
+		}
+		cands = cands[n:]
+		err = each(ctx, db, b, func(rows pgx.Rows) error {
+			row, err := scanOne(rows, "take key", ErrNotTaken)
+			switch {
+			case errors.Is(err, ErrNotTaken):
+				return nil
+			case err == nil:
+				out = append(out, row)
+			}
+			return err
+		})
+		if err != nil {
+			// What was taken before the error, if it stayed taken, is left to its lease.
+			return nil, fmt.Errorf("take due keys: %w", err)
+		}
 	}
 	return out, nil
 }
@@ -143,9 +195,7 @@ func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Dura
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
-	tag, err := db.Exec(ctx, s.sql.expire, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("expire finished keys: %w", Classify(err))
-	}
-	return tag.RowsAffected(), nil
+	ms := olderThan.Milliseconds()
+	x := expiry{what: "finished", single: s.sql.expire, scan: s.sql.scanFinished, del: s.sql.expireFinishedKey}
+	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
 }

@@ -24,7 +24,7 @@ func sweepRows(t *testing.T, db *pgtest.DB, rows map[string][]string) map[string
 	for key, stmts := range rows {
 		i++
 		out[key] = claimNow(t, db, claim("s", key, fmt.Sprintf("00000000-0000-4000-8000-%012d", i)))
-		_, err := db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '1 hour' WHERE idempotency_key = $1`, key)
+		_, err := db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = statement_timestamp() - interval '1 hour' WHERE idempotency_key = $1`, key)
 		require.NoError(t, err)
 		for _, sql := range stmts {
 			_, err := db.Pool.Exec(ctx, sql, key)
@@ -35,8 +35,8 @@ func sweepRows(t *testing.T, db *pgtest.DB, rows map[string][]string) map[string
 }
 
 const (
-	released = `UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '1 second' WHERE idempotency_key = $1`
-	expired  = `UPDATE idemflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond' WHERE idempotency_key = $1`
+	released = `UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = statement_timestamp() - interval '1 second' WHERE idempotency_key = $1`
+	expired  = `UPDATE idemflow_keys SET locked_until = statement_timestamp() - interval '1 millisecond' WHERE idempotency_key = $1`
 )
 
 func takenKeys(rows []*store.Row) []string {
@@ -48,21 +48,22 @@ func takenKeys(rows []*store.Row) []string {
 	return keys
 }
 
-func TestTakeDue(t *testing.T) {
+func TestTakeDue(t *testing.T) { forEachScan(t, testTakeDue) }
+
+func testTakeDue(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{
 		"released": {released},
 		"expired":  {expired},
-		"fresh":    {released, `UPDATE idemflow_keys SET created_at = clock_timestamp() WHERE idempotency_key = $1`},
+		"fresh":    {released, `UPDATE idemflow_keys SET created_at = statement_timestamp() WHERE idempotency_key = $1`},
 		"live":     {},
-		"later":    {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() + interval '1 minute' WHERE idempotency_key = $1`},
+		"later":    {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = statement_timestamp() + interval '1 minute' WHERE idempotency_key = $1`},
 		"other":    {released, `UPDATE idemflow_keys SET flow = 'g' WHERE idempotency_key = $1`},
 		"dead":     {released, `UPDATE idemflow_keys SET status = 'dead' WHERE idempotency_key = $1`},
 		"finished": {`UPDATE idemflow_keys SET status = 'finished', recovery_point = 'finished', locked_until = NULL,
-			response_status = 200, response_headers = '{}', response_body = '', finished_at = clock_timestamp() WHERE idempotency_key = $1`},
+			response_status = 200, response_headers = '{}', response_body = '', finished_at = statement_timestamp() WHERE idempotency_key = $1`},
 	})
 
 	_, err := st.TakeDue(ctx, db.Pool, store.TakeDue{Limit: 0, Flows: []string{"f"}})
@@ -93,15 +94,16 @@ func TestTakeDue(t *testing.T) {
 	require.Equal(t, []string{"fresh", "other"}, takenKeys(taken), "no grace, both flows")
 }
 
-func TestTakeDueOrderAndLimit(t *testing.T) {
+func TestTakeDueOrderAndLimit(t *testing.T) { forEachScan(t, testTakeDueOrderAndLimit) }
+
+func testTakeDueOrderAndLimit(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{
-		"a": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '3 seconds' WHERE idempotency_key = $1`},
-		"b": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '2 seconds' WHERE idempotency_key = $1`},
-		"c": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = clock_timestamp() - interval '1 second' WHERE idempotency_key = $1`},
+		"a": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = statement_timestamp() - interval '3 seconds' WHERE idempotency_key = $1`},
+		"b": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = statement_timestamp() - interval '2 seconds' WHERE idempotency_key = $1`},
+		"c": {`UPDATE idemflow_keys SET locked_until = NULL, next_attempt_at = statement_timestamp() - interval '1 second' WHERE idempotency_key = $1`},
 	})
 	q := store.TakeDue{Limit: 2, Lease: time.Minute, Flows: []string{"f"}}
 	taken, err := st.TakeDue(ctx, db.Pool, q)
@@ -114,11 +116,12 @@ func TestTakeDueOrderAndLimit(t *testing.T) {
 
 // A row someone holds locked is skipped, not waited for: another sweeper taking it, or
 // a request committing its finish.
-func TestTakeDueSkipsLockedRows(t *testing.T) {
+func TestTakeDueSkipsLockedRows(t *testing.T) { forEachScan(t, testTakeDueSkipsLockedRows) }
+
+func testTakeDueSkipsLockedRows(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"held": {released}, "free": {released}})
 
 	tx, err := db.Pool.Begin(ctx)
@@ -138,11 +141,12 @@ func TestTakeDueSkipsLockedRows(t *testing.T) {
 	require.Equal(t, []string{"held"}, takenKeys(taken), "taken once the lock is gone")
 }
 
-func TestGiveBackDeadLetterRedrive(t *testing.T) {
+func TestGiveBackDeadLetterRedrive(t *testing.T) { forEachScan(t, testGiveBackDeadLetterRedrive) }
+
+func testGiveBackDeadLetterRedrive(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"k": {released}})
 	q := store.TakeDue{Limit: 1, Lease: time.Minute, Flows: []string{"f"}}
 	taken, err := st.TakeDue(ctx, db.Pool, q)
@@ -192,23 +196,24 @@ func TestGiveBackDeadLetterRedrive(t *testing.T) {
 	require.Len(t, taken, 1, "due at once")
 }
 
-func TestExpireFinished(t *testing.T) {
+func TestExpireFinished(t *testing.T) { forEachScan(t, testExpireFinished) }
+
+func testExpireFinished(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	finish := func(ago string) string {
 		return `UPDATE idemflow_keys SET status = 'finished', recovery_point = 'finished', locked_until = NULL,
 			response_status = 200, response_headers = '{}', response_body = '',
-			finished_at = clock_timestamp() - interval '` + ago + `' WHERE idempotency_key = $1`
+			finished_at = statement_timestamp() - interval '` + ago + `' WHERE idempotency_key = $1`
 	}
 	sweepRows(t, db, map[string][]string{
 		"old1":    {finish("3 hours")},
 		"old2":    {finish("2 hours")},
 		"old3":    {finish("61 minutes")},
 		"recent":  {finish("59 minutes")},
-		"running": {`UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '10 days' WHERE idempotency_key = $1`},
-		"dead":    {released, `UPDATE idemflow_keys SET status = 'dead', created_at = clock_timestamp() - interval '10 days' WHERE idempotency_key = $1`},
+		"running": {`UPDATE idemflow_keys SET created_at = statement_timestamp() - interval '10 days' WHERE idempotency_key = $1`},
+		"dead":    {released, `UPDATE idemflow_keys SET status = 'dead', created_at = statement_timestamp() - interval '10 days' WHERE idempotency_key = $1`},
 	})
 	_, err := st.ExpireFinished(ctx, db.Pool, time.Hour, 0)
 	require.Error(t, err)
@@ -235,11 +240,12 @@ func TestExpireFinished(t *testing.T) {
 	require.Zero(t, n)
 }
 
-func TestPark(t *testing.T) {
+func TestPark(t *testing.T) { forEachScan(t, testPark) }
+
+func testPark(t *testing.T, st *store.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	st := store.New()
 	sweepRows(t, db, map[string][]string{"k": {released}})
 	q := store.TakeDue{Limit: 1, Lease: time.Minute, Flows: []string{"f"}}
 	taken, err := st.TakeDue(ctx, db.Pool, q)
@@ -259,4 +265,20 @@ func TestPark(t *testing.T) {
 	require.Empty(t, none, "not due for an hour")
 	_, err = st.Takeover(ctx, db.Pool, row.Fence(), time.Minute, 0)
 	require.NoError(t, err, "a client's retry takes it over at once")
+}
+
+// forEachScan runs f, in parallel, on a Store of each scan: the single statements of
+// plain PostgreSQL and the per-key statements of Citus.
+func forEachScan(t *testing.T, f func(t *testing.T, st *store.Store)) {
+	t.Parallel()
+	for name, scan := range map[string]store.Scan{"Single": store.ScanSingle, "PerKey": store.ScanPerKey} {
+		st, err := store.NewWith(store.Options{Scan: scan})
+		require.NoError(t, err)
+		t.Run(name, func(t *testing.T) {
+			if scan == store.ScanSingle && pgtest.CitusMode() {
+				t.Skip("skipped: Citus refuses the single statements (ctid) on a distributed key table")
+			}
+			f(t, st)
+		})
+	}
 }

@@ -62,7 +62,7 @@ func TestNoGraceSurvivesASecondPass(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	b.stuck(t, chargeReq("k"), testflow.Pay)
-	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() - interval '1 millisecond'`)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() - interval '1 millisecond'`)
 	require.NoError(t, err)
 
 	stats, err := b.newSweeper(t, (&sweeper.Config{Grace: -1}).WithDefaults()).RunOnce(ctx)

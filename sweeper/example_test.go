@@ -51,7 +51,7 @@ func Example() {
 
 	// The client never retries. Once the key's backoff has passed (moved here by the
 	// database clock rather than waited for), a sweeper pass finishes it.
-	if _, err := pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp()`); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp()`); err != nil {
 		fmt.Println(err)
 		return
 	}

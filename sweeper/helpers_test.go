@@ -196,9 +196,9 @@ func makeDue(t *testing.T, db *pgtest.DB, key string) {
 	t.Helper()
 	tag, err := db.Pool.Exec(context.Background(), `
 		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - interval '1 hour',
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		SET created_at = statement_timestamp() - interval '1 hour',
+			next_attempt_at = statement_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END
 		WHERE scope = 'acct' AND idempotency_key = $1`, key)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "no key %q", key)
@@ -232,7 +232,7 @@ func state(t *testing.T, db *pgtest.DB, key string) keyState {
 	var s keyState
 	err := db.Pool.QueryRow(context.Background(), `
 		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL,
-			next_attempt_at <= clock_timestamp(), attempts, coalesce(last_error, ''),
+			next_attempt_at <= statement_timestamp(), attempts, coalesce(last_error, ''),
 			(extract(epoch FROM next_attempt_at - updated_at) * 1000)::bigint
 		FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1`, key).
 		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Due, &s.Attempts, &s.LastError, &s.BackoffMillis)

@@ -162,7 +162,7 @@ func TestRunOnceAfterCrash(t *testing.T) {
 			require.Equal(t, 1, b.provider.Made())
 
 			s := b.newSweeper(t, nil)
-			_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '1 hour'`)
+			_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = statement_timestamp() - interval '1 hour'`)
 			require.NoError(t, err)
 			before := keyRow(t, b.db, "k")
 			stats, err := s.RunOnce(ctx)
@@ -211,8 +211,8 @@ func TestManySweeperProcesses(t *testing.T) {
 		require.NoError(t, err)
 	}
 	b.fail.setAll(nil)
-	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '1 hour',
-		next_attempt_at = clock_timestamp() - interval '1 millisecond'`)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = statement_timestamp() - interval '1 hour',
+		next_attempt_at = statement_timestamp() - interval '1 millisecond'`)
 	require.NoError(t, err)
 	var atReserve, atPay int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE recovery_point = 'reserve'),
@@ -292,7 +292,7 @@ func TestZombieSweeper(t *testing.T) {
 	require.Equal(t, 1, b.provider.Made(), "the zombie paid")
 
 	// Its lease runs out (by the database clock) while it is paused.
-	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond'`)
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = statement_timestamp() - interval '1 millisecond'`)
 	require.NoError(t, err)
 	stats, err := b.newSweeper(t, nil).RunOnce(ctx)
 	require.NoError(t, err)

@@ -27,15 +27,15 @@ func TestRetention(t *testing.T) {
 	b.stuck(t, chargeReq("unfinished"), testflow.Pay)
 	b.stuck(t, chargeReq("dead"), testflow.Pay)
 	_, err := b.db.Pool.Exec(ctx, `
-		UPDATE idemflow_keys SET created_at = clock_timestamp() - interval '30 days',
-			updated_at = clock_timestamp() - interval '30 days',
-			next_attempt_at = clock_timestamp() + interval '1 hour'
+		UPDATE idemflow_keys SET created_at = statement_timestamp() - interval '30 days',
+			updated_at = statement_timestamp() - interval '30 days',
+			next_attempt_at = statement_timestamp() + interval '1 hour'
 		WHERE idempotency_key IN ('unfinished', 'dead');
 		UPDATE idemflow_keys SET status = 'dead' WHERE idempotency_key = 'dead';
-		UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '24 hours 1 minute',
-			created_at = clock_timestamp() - interval '25 hours'
+		UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '24 hours 1 minute',
+			created_at = statement_timestamp() - interval '25 hours'
 		WHERE idempotency_key = 'expired';
-		UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '23 hours 59 minutes'
+		UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '23 hours 59 minutes'
 		WHERE idempotency_key = 'live'`)
 	require.NoError(t, err)
 	kept := map[string]string{}
@@ -90,7 +90,7 @@ func TestRetentionBacklogWhileServing(t *testing.T) {
 			'finished', 'finished', 1, NULL, 201, '{}', '{"ok":true}',
 			c.now - interval '3 days', c.now - interval '3 days',
 			c.now - interval '2 days' - g * interval '1 millisecond'
-		FROM generate_series(1, %d) g, (SELECT sha256('request') AS fp, clock_timestamp() AS now) c`, backlog))
+		FROM generate_series(1, %d) g, (SELECT sha256('request') AS fp, statement_timestamp() AS now) c`, backlog))
 	require.NoError(t, err)
 	_, err = b.db.Pool.Exec(ctx, `ANALYZE idemflow_keys`)
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestCleanupRestsBetweenFullBatches(t *testing.T) {
 		require.Equal(t, 201, res.Response.Status)
 	}
 	expire := func() {
-		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '2 days'`)
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '2 days'`)
 		require.NoError(t, err)
 	}
 	expire()

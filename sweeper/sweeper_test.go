@@ -116,7 +116,7 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOpts{})
 		b.stuck(t, chargeReq("k"), testflow.Pay)
-		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() - interval '1 millisecond'`)
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() - interval '1 millisecond'`)
 		require.NoError(t, err)
 		before := keyRow(t, b.db, "k")
 
@@ -136,7 +136,7 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		b := setup(t, setupOpts{})
 		b.stuck(t, chargeReq("k"), testflow.Pay)
 		makeDue(t, b.db, "k")
-		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = clock_timestamp() + interval '1 hour'`)
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = statement_timestamp() + interval '1 hour'`)
 		require.NoError(t, err)
 		before := keyRow(t, b.db, "k")
 
@@ -151,7 +151,7 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		b := setup(t, setupOpts{})
 		b.stuck(t, chargeReq("k"), testflow.Pay)
 		makeDue(t, b.db, "k")
-		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() + interval '1 minute'`)
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() + interval '1 minute'`)
 		require.NoError(t, err)
 		before := keyRow(t, b.db, "k")
 

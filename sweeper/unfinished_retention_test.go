@@ -16,11 +16,11 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// age moves a key's claim and last change back by interval, by the database clock.
+// age sets a key's claim and last change to interval ago, by the database clock.
 func age(t *testing.T, b *bundle, key, interval string) {
 	t.Helper()
 	tag, err := b.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
-		SET created_at = created_at - $2::interval, updated_at = updated_at - $2::interval
+		SET created_at = statement_timestamp() - $2::interval, updated_at = statement_timestamp() - $2::interval
 		WHERE scope = 'acct' AND idempotency_key = $1`, key, interval)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
@@ -53,7 +53,7 @@ func TestDeadRetention(t *testing.T) {
 	age(t, b, "redriven", "91 days")
 	require.NoError(t, b.engine.Redrive(ctx, "acct", "redriven"))
 	age(t, b, "redriven", "91 days")
-	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = clock_timestamp() + interval '1 hour' WHERE idempotency_key = 'redriven'`)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() + interval '1 hour' WHERE idempotency_key = 'redriven'`)
 	require.NoError(t, err)
 	age(t, b, "young", "89 days")
 	require.ElementsMatch(t, []string{"old", "young"}, listed(t, b, workflow.KeysDead), "visible until their end")

@@ -379,7 +379,7 @@ func TestCountOutcomes(t *testing.T) {
 	adminKeys(t, b)
 	_, err := b.engine.Do(ctx, chargeReq("acct", "old", `{"amount":5}`))
 	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = finished_at - interval '2 hours' WHERE idempotency_key = 'old'`)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '2 hours' WHERE idempotency_key = 'old'`)
 	require.NoError(t, err)
 
 	got, err := b.engine.CountOutcomes(ctx, workflow.OutcomeOptions{Window: time.Hour, Bucket: time.Hour})

@@ -122,7 +122,7 @@ func TestDatabaseGoneMidPhase(t *testing.T) {
 			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() WHERE $1::int > 0`, 1).Scan(&pid); err != nil {
 				return err
 			}
-			if _, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			if _, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `SELECT 1 WHERE $1::int > 0`, 1)

@@ -91,6 +91,13 @@ type Config struct {
 	// sweeper of an engine works on the same schema. Defaults to "": the current
 	// schema, unqualified, as the connection's search_path finds it. At most 63 bytes.
 	Schema string
+	// Scan is how the engine's sweeps and expiries find keys across scopes: ScanSingle
+	// takes or deletes a batch in one statement (the cheapest on plain PostgreSQL),
+	// ScanPerKey reads candidates without a lock and then takes or deletes each by its
+	// key in a single-shard statement (what Citus needs for a distributed key table).
+	// Defaults to ScanAuto: ScanPerKey when the database has the citus extension,
+	// asked once, on the first sweep.
+	Scan Scan
 	// History is how many entries a key's history keeps: one per attempt and per
 	// operator action, the newest kept (see Attempt). Defaults to 20; at most 1000. -1
 	// keeps none. Entries ride in writes the engine sends anyway: no round trip or
@@ -150,6 +157,11 @@ func (c *Config) validate() error {
 	if err := store.ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("workflow: Schema: %w", err)
 	}
+	switch c.Scan {
+	case ScanAuto, ScanSingle, ScanPerKey:
+	default:
+		return fmt.Errorf("workflow: Scan %q is not %q, %q or empty", c.Scan, ScanSingle, ScanPerKey)
+	}
 	return nil
 }
 
@@ -166,6 +178,17 @@ type Pool interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
+
+// Scan is how sweeps and expiries find keys across scopes (Config.Scan): an alias of
+// the store's, so that nobody imports store to choose one.
+type Scan = store.Scan
+
+// The scans of Config.Scan.
+const (
+	ScanAuto   = store.ScanAuto
+	ScanSingle = store.ScanSingle
+	ScanPerKey = store.ScanPerKey
+)
 
 // Engine runs flows under idempotency keys. It is safe for concurrent use.
 type Engine struct {
@@ -196,9 +219,9 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	st, err := store.NewInSchema(c.Schema)
+	st, err := store.NewWith(store.Options{Schema: c.Schema, Scan: c.Scan})
 	if err != nil {
-		return nil, fmt.Errorf("workflow: Schema: %w", err)
+		return nil, fmt.Errorf("workflow: %w", err)
 	}
 	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
 }

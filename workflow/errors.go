@@ -79,6 +79,14 @@ var (
 	// (default_query_exec_mode=cache_describe); retrying does not help. The HTTP layer
 	// answers it 500, not 503.
 	ErrMisconfigured = store.ErrMisconfigured
+	// ErrRefused: the database refused one of the engine's statements, or a tx
+	// phase's, for good: a feature it does not support (SQLSTATE 0A000, as Citus
+	// answers a statement it cannot run on one shard), a syntax error, an undefined or
+	// forbidden object (class 42), a missing schema or database. It is never a
+	// *TransientError: a retry would be refused the same way. A key whose row exists
+	// is dead-lettered with the refusal as its last error, so no sweeper retries it;
+	// re-drive it once the cause is fixed. The HTTP layer answers it 500.
+	ErrRefused = store.ErrRefused
 )
 
 // InProgressError is returned while another attempt holds a key's lease.

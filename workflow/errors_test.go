@@ -25,6 +25,7 @@ func TestErrorsAreAliases(t *testing.T) {
 		"Conflict":    {workflow.ErrConflict, store.ErrConflict},
 		"LeaseLost":   {workflow.ErrLeaseLost, store.ErrLeaseLost},
 		"NotFound":    {workflow.ErrNotFound, store.ErrNotFound},
+		"Refused":     {workflow.ErrRefused, store.ErrRefused},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -66,6 +67,35 @@ func TestErrorsMatchThroughTheEngine(t *testing.T) {
 		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 		require.ErrorIs(t, err, workflow.ErrTransient)
 		require.ErrorIs(t, err, workflow.ErrConflict)
+	})
+
+	// A statement the database refuses for good (here an undefined function, 42883; on
+	// Citus a statement it cannot run on one shard, 0A000) is not transient: the key is
+	// dead-lettered with the refusal, and no sweep takes it again.
+	t.Run("Refused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{
+			before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+				if run.Phase() != testflow.Settle {
+					return nil
+				}
+				_, err := tx.Exec(ctx, `SELECT idemflow_no_such_function()`)
+				return err
+			},
+		})
+		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
+		require.ErrorIs(t, err, workflow.ErrRefused)
+		var te *workflow.TransientError
+		require.False(t, errors.As(err, &te), "a refusal is not transient: %v", err)
+		require.ErrorContains(t, err, "permanently")
+		st := testflow.State(t, b.db.Pool, "acct", "k")
+		require.Equal(t, store.StatusDead, st.Status)
+		require.NotNil(t, st.LastError)
+		require.Contains(t, *st.LastError, "refused")
+		sweepable(t, b.db)
+		taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: -1})
+		require.NoError(t, err)
+		require.Empty(t, taken)
 	})
 
 	t.Run("NotFound", func(t *testing.T) {

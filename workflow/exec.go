@@ -479,7 +479,8 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 }
 
 // transient releases the key after a failure worth retrying, keeping what is durable,
-// and returns the *TransientError for the caller.
+// and returns the *TransientError for the caller. A permanent refusal (ErrRefused)
+// dead-letters a key whose row exists instead, and comes back as it is.
 func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) error {
 	after := time.Duration(0)
 	var te *phases.RetryError
@@ -493,7 +494,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		return cause
 	}
 	if x.claim == nil { // the key row exists: release it, or give up on it
-		dead := errors.Is(cause, ErrUnstorable) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
+		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		data, derr := phaserun.Data(x.run)
 		switch {
@@ -520,6 +521,9 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		default:
 			x.e.cfg.Hooks.key(ctx, ev)
 		}
+	}
+	if errors.Is(cause, ErrRefused) {
+		return cause // permanent: not a *TransientError, whatever became of the key
 	}
 	if x.deadLettered && errors.Is(cause, ErrUnstorable) {
 		return fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered

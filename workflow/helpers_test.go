@@ -60,7 +60,7 @@ func countKeys(t *testing.T, db *pgtest.DB) int { return testflow.CountKeys(t, d
 func expireLease(t *testing.T, db *pgtest.DB, scope, key string) {
 	t.Helper()
 	tag, err := db.Pool.Exec(context.Background(),
-		`UPDATE idemflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond'
+		`UPDATE idemflow_keys SET locked_until = statement_timestamp() - interval '1 millisecond'
 		 WHERE scope = $1 AND idempotency_key = $2 AND locked_until IS NOT NULL`, scope, key)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "key %s/%s has no lease to expire", scope, key)

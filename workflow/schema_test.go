@@ -89,7 +89,7 @@ func TestSchemas(t *testing.T) {
 		_, err := b.Do(ctx, chargeReq("acct", "stuck", `{"amount":4}`))
 		require.ErrorIs(t, err, workflow.ErrTransient)
 		_, err = db.Pool.Exec(ctx, `UPDATE `+pgx.Identifier{schemaB, "idemflow_keys"}.Sanitize()+`
-			SET created_at = clock_timestamp() - interval '1 hour', next_attempt_at = clock_timestamp() - interval '1 millisecond'
+			SET created_at = statement_timestamp() - interval '1 hour', next_attempt_at = statement_timestamp() - interval '1 millisecond'
 			WHERE status = 'in_progress'`)
 		require.NoError(t, err)
 		sweepA, err := sweeper.New(a, &sweeper.Config{Grace: -1})

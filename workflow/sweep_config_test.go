@@ -25,9 +25,9 @@ func released(t *testing.T, db *pgtest.DB, age string) {
 	t.Helper()
 	_, err := db.Pool.Exec(context.Background(), `
 		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - $1::interval,
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		SET created_at = statement_timestamp() - $1::interval,
+			next_attempt_at = statement_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END
 		WHERE status = 'in_progress'`, age)
 	require.NoError(t, err)
 }

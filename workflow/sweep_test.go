@@ -175,7 +175,7 @@ func TestRedriveAndExpireValidate(t *testing.T) {
 	n, err := maint.Of(b.engine).ExpireFinished(ctx, time.Hour, 10)
 	require.NoError(t, err)
 	require.Zero(t, n, "the key finished just now")
-	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = clock_timestamp() - interval '61 minutes'`)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '61 minutes'`)
 	require.NoError(t, err)
 	n, err = maint.Of(b.engine).ExpireFinished(ctx, time.Hour, 10)
 	require.NoError(t, err)

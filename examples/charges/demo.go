@@ -33,6 +33,7 @@ import (
 func demo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	verbose := fs.Bool("v", false, "print the child processes' logs")
+	distributed := fs.Bool("distribute", false, "DATABASE_URL is a Citus coordinator: distribute the tables (serve and worker -distribute), in a schema of the demo's own")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	} else {
 		d.say("  database: $DATABASE_URL")
 	}
-	dbURL, dropDatabase, err := freshDatabase(ctx, base)
+	dbURL, dropDatabase, err := freshDatabase(ctx, base, *distributed)
 	if err != nil {
 		return err
 	}
@@ -78,6 +79,10 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	providerAddr := strings.TrimPrefix(provider.url, "http://")
 	common := []string{"-database-url", dbURL, "-provider-url", provider.url, "-lease", "2s"}
+	if *distributed {
+		common = append(common, "-distribute")
+		d.say("  tables: charges distributed by account, idemflow_keys by scope, colocated (Citus)")
+	}
 	server, err := d.start(ctx, "server", nil, append([]string{"serve", "-addr", "127.0.0.1:0", "-sweeper=false"}, common...)...)
 	if err != nil {
 		return err
@@ -176,7 +181,26 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		err == nil && up.status == 201 && rows == 1 && payments == 1)
 	d.say("   -> %s %s", up, up.body)
 
+	if *distributed {
+		d.checkColocated(ctx)
+	}
 	return d.summary()
+}
+
+// checkColocated checks, on Citus, that charges and idemflow's keys are distributed
+// tables in one colocation group, and that the demo's charges landed on their shards.
+func (d *demoRun) checkColocated(ctx context.Context) {
+	d.say("\n7. On Citus: where the tables are")
+	var tables, groups, shards int
+	err := d.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT colocationid),
+			(SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'charges'::regclass)
+		FROM pg_dist_partition WHERE logicalrelid IN ('charges'::regclass, 'idemflow_keys'::regclass)`).Scan(&tables, &groups, &shards)
+	got := fmt.Sprintf("%d distributed, %d colocation group, %d shards each", tables, groups, shards)
+	if err != nil {
+		got = err.Error()
+	}
+	d.check("distributed, colocated", "2 distributed, 1 colocation group", got, err == nil && tables == 2 && groups == 1)
+	d.say("   -> %s", got)
 }
 
 type demoRun struct {
@@ -445,8 +469,9 @@ func providerPayments(ctx context.Context, base string) (int, error) {
 // for it (base's, with the database's name), and a function that drops it. A database
 // rather than a schema, so that the demo also runs behind a pooler that refuses the
 // search_path a schema would need (pgbouncer). Where base's user may not create
-// databases, it falls back to a schema of its own.
-func freshDatabase(ctx context.Context, base string) (string, func(), error) {
+// databases, or inSchema asks (on Citus, whose workers a new database would not
+// reach), it makes a schema of its own instead.
+func freshDatabase(ctx context.Context, base string, inSchema bool) (string, func(), error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "charges_demo_" + hex.EncodeToString(b[:])
@@ -457,6 +482,9 @@ func freshDatabase(ctx context.Context, base string) (string, func(), error) {
 	pool, err := pgxpool.New(ctx, base)
 	if err != nil {
 		return "", nil, err
+	}
+	if inSchema {
+		return freshSchema(ctx, pool, base, name)
 	}
 	var pgErr *pgconn.PgError
 	_, err = pool.Exec(ctx, "CREATE DATABASE "+name)

@@ -86,6 +86,7 @@ type common struct {
 	sweepInterval time.Duration
 	lease         time.Duration
 	migrate       bool
+	distribute    bool
 	sweepGrace    time.Duration
 	// hooks are more hooks for the engine: serve's -telemetry.
 	hooks workflow.Hooks
@@ -97,6 +98,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Second, "how often the sweeper looks for stuck charges")
 	fs.DurationVar(&c.lease, "lease", 30*time.Second, "how long an executor owns a key before another may take over")
 	fs.BoolVar(&c.migrate, "migrate", true, "apply migrations at start (safe when several processes start at once)")
+	fs.BoolVar(&c.distribute, "distribute", false, "on Citus: distribute charges by account and idemflow's keys by scope, colocated, after migrating (safe when several processes start at once)")
 	fs.DurationVar(&c.sweepGrace, "sweep-grace", 0, "how old a stuck charge must be before the sweeper takes it (0: the sweeper default)")
 }
 
@@ -149,6 +151,11 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 			return nil, err
 		}
 	}
+	if c.distribute {
+		if err := distribute(ctx, pool); err != nil {
+			return nil, err
+		}
+	}
 	e.provider = c.providerURL
 	if e.provider == "" {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -195,6 +202,20 @@ func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	return migrateRiver(ctx, pool)
+}
+
+// distribute makes charges and idemflow's keys Citus distributed tables, by account
+// and scope, colocated: a charge and its key row live on one shard, so every phase's
+// transaction stays on one node. Already distributed tables are left as they are.
+func distribute(ctx context.Context, pool *pgxpool.Pool) error {
+	err := migrations.Distribute(ctx, pool, &migrations.DistributeOptions{
+		ColocateWith: chargeflow.Table,
+		Tables:       []migrations.Table{{Name: chargeflow.Table, Column: chargeflow.DistributionColumn}},
+	})
+	if err != nil {
+		return fmt.Errorf("-distribute: %w", err)
+	}
+	return nil
 }
 
 // crashHooks implement the CHARGES_CRASH_AFTER failpoint: the process exits at once,

@@ -47,7 +47,11 @@ func Example(ctx context.Context) (*pgxpool.Pool, func(), error) {
 		drop()
 		return nil, nil, err
 	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
+	err = migrations.Migrate(ctx, pool)
+	if err == nil && CitusMode() {
+		err = migrations.Distribute(ctx, pool, nil)
+	}
+	if err != nil {
 		pool.Close()
 		drop()
 		return nil, nil, err

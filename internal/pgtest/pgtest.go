@@ -67,7 +67,7 @@ func Shared(ctx context.Context) (*Server, error) {
 	if shared.err != nil {
 		return nil, shared.err
 	}
-	srv, err := Start(ctx)
+	srv, err := startShared(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			shared.err = err
@@ -76,6 +76,19 @@ func Shared(ctx context.Context) (*Server, error) {
 	}
 	shared.srv = srv
 	return srv, nil
+}
+
+// startShared starts the shared server: a Citus cluster's coordinator when EnvCitus
+// asks for one (and TEST_DATABASE_URL does not name a server), else Start's server.
+func startShared(ctx context.Context) (*Server, error) {
+	if !CitusMode() || os.Getenv(EnvDatabaseURL) != "" {
+		return Start(ctx)
+	}
+	c, err := StartCitus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.asServer(), nil
 }
 
 // DB is a fresh schema on the shared server, dropped when the test that made it ends.
@@ -90,7 +103,7 @@ type DB struct {
 }
 
 // New creates a uniquely named schema on the shared server, applies migrations.Migrate
-// in it and opens a pool on it. When the test ends the pool is closed and the schema
+// in it (and, when EnvCitus is set, migrations.Distribute) and opens a pool on it. When the test ends the pool is closed and the schema
 // dropped with everything in it. It fails the test if there is no server.
 func New(t testing.TB) *DB {
 	t.Helper()
@@ -99,6 +112,9 @@ func New(t testing.TB) *DB {
 	defer cancel()
 	if err := migrations.Migrate(ctx, db.Pool); err != nil {
 		t.Fatalf("pgtest: migrate schema %s: %v", db.Schema, err)
+	}
+	if err := distributeForTest(ctx, db); err != nil {
+		t.Fatalf("pgtest: distribute the key table of schema %s: %v", db.Schema, err)
 	}
 	return db
 }

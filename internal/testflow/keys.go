@@ -80,14 +80,15 @@ func RequireOneEffect(t testing.TB, db DB, p *idemflowtest.Remote, scope, key st
 }
 
 // Sweepable moves every unfinished key's claim, backoff and lease into the past, so
-// that a sweep may take it: the database-clock equivalent of waiting.
+// that a sweep may take it: the database-clock equivalent of waiting. A lease is moved
+// to a constant long past (Citus refuses the clock inside a CASE in an UPDATE).
 func Sweepable(t testing.TB, db DB) {
 	t.Helper()
 	_, err := db.Exec(context.Background(), `
 		UPDATE idemflow_keys
-		SET created_at = clock_timestamp() - interval '1 hour',
-			next_attempt_at = clock_timestamp() - interval '1 millisecond',
-			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE clock_timestamp() - interval '1 millisecond' END
+		SET created_at = statement_timestamp() - interval '1 hour',
+			next_attempt_at = statement_timestamp() - interval '1 millisecond',
+			locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END
 		WHERE status = 'in_progress'`)
 	require.NoError(t, err)
 }

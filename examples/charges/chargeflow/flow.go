@@ -26,9 +26,12 @@ const (
 )
 
 // Schema creates the example's charges table in the current schema; it is idempotent.
+// The account is in the primary key, so that the table can be distributed by account
+// on Citus, colocated with idemflow's keys (whose scope is the account): see
+// DistributionColumn.
 const Schema = `
 CREATE TABLE IF NOT EXISTS charges (
-	id                  text        PRIMARY KEY DEFAULT 'ch_' || replace(gen_random_uuid()::text, '-', ''),
+	id                  text        NOT NULL DEFAULT 'ch_' || replace(gen_random_uuid()::text, '-', ''),
 	account_id          text        NOT NULL,
 	idempotency_key     text        NOT NULL,
 	amount              bigint      NOT NULL CHECK (amount > 0),
@@ -36,9 +39,17 @@ CREATE TABLE IF NOT EXISTS charges (
 	source              text        NOT NULL CHECK (source <> ''),
 	status              text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'succeeded', 'failed')),
 	provider_payment_id text,
-	created_at          timestamptz NOT NULL DEFAULT now()
+	created_at          timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (account_id, id)
 );
 CREATE INDEX IF NOT EXISTS charges_account_idx ON charges (account_id, created_at);`
+
+// Table and DistributionColumn name the charges table and the column it is
+// distributed by on Citus: the account, which the API uses as the idempotency scope.
+const (
+	Table              = "charges"
+	DistributionColumn = "account_id"
+)
 
 // Request is the body of POST /v1/charges.
 type Request struct {

@@ -1,0 +1,125 @@
+package migrations
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoCitus: Distribute was asked to distribute a table on a database without the
+// citus extension.
+var ErrNoCitus = errors.New("migrations: the database has no citus extension " +
+	"(distributing needs Citus: CREATE EXTENSION citus on every node, then add the workers)")
+
+// KeyTableDistributionColumn is the column the key table is distributed by.
+const KeyTableDistributionColumn = "scope"
+
+// DistributeOptions adjust Distribute.
+type DistributeOptions struct {
+	// ColocateWith names a distributed table to put the key table's shards beside, as
+	// create_distributed_table's colocate_with: the application's table whose rows a
+	// key guards (charges, say), distributed by the same text value the engine uses as
+	// the scope. A name without a schema is resolved by the connection's search_path.
+	// Defaults to "": Citus's default group for a text column, which colocates the key
+	// table with every other table distributed by a text column with the default shard
+	// count.
+	ColocateWith string
+	// Tables are the application's tables to distribute in the same transaction, in
+	// order, before the key table: each is colocated with ColocateWith (the table
+	// ColocateWith names itself with Citus's default group). One already distributed
+	// is left as it is.
+	Tables []Table
+}
+
+// Table is an application's table for Distribute.
+type Table struct {
+	// Name is the table's name, as create_distributed_table reads it (resolved by the
+	// connection's search_path unless qualified).
+	Name string
+	// Column is its distribution column: the value the engine uses as the scope.
+	Column string
+}
+
+// Distribute makes the key table of the current schema a Citus distributed table,
+// distributed by scope; see Migrator.Distribute.
+func Distribute(ctx context.Context, db Beginner, opts *DistributeOptions) error {
+	return currentSchema.Distribute(ctx, db, opts)
+}
+
+// Distribute makes m's key table a distributed table on Citus, sharded by scope
+// (create_distributed_table) and colocated as opts says (nil: the defaults). Migrate
+// first: the table must exist. A table already distributed is left as it is, so many
+// processes may call Distribute at once at start-up: they wait for each other on the
+// migration lock, and the later ones find nothing to do. It fails with an error
+// wrapping ErrNoCitus when the database has no citus extension, changing nothing.
+//
+// Every statement the engine sends on one key then runs on the one shard that holds
+// the key's scope. The application's tables that a flow's phases write must be
+// distributed by the same value (the scope) and colocated with the key table, with
+// that column in every primary key and unique constraint, so that a tx phase's
+// writes and the key row's commit in one shard's transaction.
+func (m *Migrator) Distribute(ctx context.Context, db Beginner, opts *DistributeOptions) error {
+	if opts == nil {
+		opts = &DistributeOptions{}
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrations: distribute: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	if err := m.lock(ctx, tx); err != nil {
+		return err
+	}
+	var citus bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`, simple).Scan(&citus); err != nil {
+		return fmt.Errorf("migrations: distribute: %w", err)
+	}
+	if !citus {
+		return ErrNoCitus
+	}
+	table := keyTable
+	if m.schema != "" {
+		table = pgx.Identifier{m.schema, keyTable}.Sanitize()
+	}
+	colocate := cmp.Or(opts.ColocateWith, "default")
+	for _, t := range opts.Tables {
+		with := colocate
+		if t.Name == opts.ColocateWith {
+			with = "default"
+		}
+		if err := distribute(ctx, tx, t.Name, t.Column, with); err != nil {
+			return err
+		}
+	}
+	if err := distribute(ctx, tx, table, KeyTableDistributionColumn, colocate); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrations: distribute: commit: %w", err)
+	}
+	return nil
+}
+
+// keyTable is the key table's name in its schema.
+const keyTable = "idemflow_keys"
+
+// distribute distributes table (an SQL name) by column, colocated with colocate,
+// unless it is already distributed. It fails when the table does not exist.
+func distribute(ctx context.Context, tx pgx.Tx, table, column, colocate string) error {
+	var done bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = `+quoteLiteral(table)+`::regclass)`, simple).Scan(&done)
+	if err != nil {
+		return fmt.Errorf("migrations: distribute: is %s distributed (it must exist: run Migrate first): %w", table, err)
+	}
+	if done {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `SELECT create_distributed_table(`+quoteLiteral(table)+`, `+quoteLiteral(column)+
+		`, colocate_with => `+quoteLiteral(colocate)+`)`, simple); err != nil {
+		return fmt.Errorf("migrations: distribute %s by %s (colocated with %s): %w", table, column, colocate, err)
+	}
+	return nil
+}
