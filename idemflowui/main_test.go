@@ -209,6 +209,6 @@ func (f *fixture) crash(t *testing.T, key string) {
 	require.Error(t, err, "killed")
 	_ = stdin.Close()
 	st := testflow.State(t, f.db.Pool, "acct", key)
-	require.Equal(t, testflow.KeyState{Status: "in_progress", RecoveryPoint: testflow.Reserve, LockVersion: 1, Leased: true, Attempts: 1}, st,
+	require.Equal(t, testflow.KeyState{Status: "in_progress", RecoveryPoint: testflow.Reserve, LockVersion: 1, HasLease: true, Attempts: 1}, st,
 		"the dead server left its key at reserve with a live lease")
 }

@@ -171,7 +171,7 @@ func TestHandlerInformationalIsNotFinal(t *testing.T) {
 				requireProblem(t, serve(h, req), http.StatusInternalServerError)
 				st := state(t, b.db, acct, "k")
 				require.Equal(t, "in_progress", st.Status, "a 1xx is never stored")
-				require.False(t, st.Leased, "the key is released")
+				require.False(t, st.HasLease, "the key is released")
 				require.EqualValues(t, attempt, runs.Load(), "the retry runs the flow again: nothing was replayed")
 			}
 		})

@@ -518,7 +518,7 @@ func TestHandlerTransientFailure(t *testing.T) {
 	require.NotContains(t, string(r.body), "provider", "the cause is not sent")
 	st := state(t, b.db, "acct", "k")
 	require.Equal(t, "in_progress", st.Status, "a transient failure is never stored")
-	require.False(t, st.Leased, "the key is released")
+	require.False(t, st.HasLease, "the key is released")
 
 	again := mustSend(t, srv, "POST", "/charges", keyed("acct", "k"), `{"amount":3}`)
 	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
@@ -785,7 +785,7 @@ func TestMiddlewareFiveHundredIsNotStored(t *testing.T) {
 	requireRetryAfter(t, r)
 	st := state(t, b.db, "acct", "k")
 	require.Equal(t, "in_progress", st.Status, "a 5xx is never stored")
-	require.False(t, st.Leased, "the key is released")
+	require.False(t, st.HasLease, "the key is released")
 
 	f, ok := b.engine.Flow(idemhttp.MiddlewareFlow)
 	require.True(t, ok)
@@ -882,7 +882,7 @@ func TestMiddlewareResponseTooLarge(t *testing.T) {
 	require.ErrorIs(t, writeErr.Load().(error), workflow.ErrResponseTooLarge, "the handler's write fails")
 	st := state(t, b.db, "acct", "k")
 	require.Equal(t, "dead", st.Status, "the handler ran: the key is dead-lettered, not released")
-	require.False(t, st.Leased)
+	require.False(t, st.HasLease)
 
 	r = mustSend(t, srv, "POST", "/v1/things/x", keyed("acct", "k"), `{}`)
 	requireProblem(t, r, http.StatusGone)

@@ -60,7 +60,7 @@ func TestMiddlewareUnstorableAnswerIsFinal(t *testing.T) {
 
 			st := state(t, b.db, acct, "k")
 			require.Equal(t, "dead", st.Status, "the key is dead-lettered, not released")
-			require.False(t, st.Leased)
+			require.False(t, st.HasLease)
 			require.NotNil(t, st.LastError)
 			require.Contains(t, *st.LastError, tc.lastErr)
 			require.Contains(t, *st.LastError, "the handler ran")

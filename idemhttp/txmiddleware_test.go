@@ -103,7 +103,7 @@ func TestTxMiddleware(t *testing.T) {
 		st := state(t, b.db, "acct_commit", "commit-k")
 		require.Equal(t, "finished", st.Status)
 		require.Equal(t, phases.Finished, st.RecoveryPoint)
-		require.False(t, st.Leased)
+		require.False(t, st.HasLease)
 
 		for range 2 {
 			again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)

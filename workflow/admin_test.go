@@ -288,12 +288,12 @@ func TestReleaseKey(t *testing.T) {
 	}()
 	<-h.Entered
 	before := state(t, b.db, "acct", "k")
-	require.True(t, before.Leased)
+	require.True(t, before.HasLease)
 	require.Empty(t, sweepOnce(t, b.engine, 0), "a live lease is not swept")
 
 	require.NoError(t, b.engine.ReleaseKey(ctx, "acct", "k"))
 	after := state(t, b.db, "acct", "k")
-	require.False(t, after.Leased)
+	require.False(t, after.HasLease)
 	require.Equal(t, before.LockVersion+1, after.LockVersion, "the holder is fenced")
 	p, err := b.engine.ListKeys(ctx, workflow.ListOptions{Status: workflow.KeysStuck})
 	require.NoError(t, err)

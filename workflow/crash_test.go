@@ -135,7 +135,7 @@ func TestDatabaseGoneMidPhase(t *testing.T) {
 	require.True(t, killed.Load())
 	st := state(t, b.db, "acct", "k")
 	require.Equal(t, testflow.Pay, st.RecoveryPoint, "released with the call's result")
-	require.False(t, st.Leased)
+	require.False(t, st.HasLease)
 
 	res, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
 	require.NoError(t, err)

@@ -43,7 +43,7 @@ func TestDo(t *testing.T) {
 		require.Equal(t, 1, b.provider.Made())
 		st := state(t, b.db, "acct_1", "k1")
 		require.Equal(t, "finished", st.Status)
-		require.False(t, st.Leased)
+		require.False(t, st.HasLease)
 	})
 
 	t.Run("ReorderedJSONIsTheSameRequest", func(t *testing.T) {
@@ -282,7 +282,7 @@ func TestTransientCallFailure(t *testing.T) {
 	st := state(t, b.db, "acct", "k")
 	require.Equal(t, "in_progress", st.Status)
 	require.Equal(t, testflow.Reserve, st.RecoveryPoint, "the recovery point is kept")
-	require.False(t, st.Leased, "the key is released")
+	require.False(t, st.HasLease, "the key is released")
 	require.NotNil(t, st.LastError)
 	require.Contains(t, *st.LastError, "503")
 	var stored int
@@ -689,7 +689,7 @@ func TestCallPhaseResponseTooLarge(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	st := state(t, db, "s", "k")
 	require.Equal(t, "in_progress", st.Status)
-	require.False(t, st.Leased, "the key is released for the next attempt")
+	require.False(t, st.HasLease, "the key is released for the next attempt")
 	require.Equal(t, "first", st.RecoveryPoint)
 }
 

@@ -59,7 +59,7 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 	require.Equal(t, before.Attempts+1, tk.Attempts)
 	require.Greater(t, tk.LeaseLeft(), 20*time.Second)
 	require.Len(t, swept, 1)
-	require.True(t, state(t, b.db, "acct", "k").Leased)
+	require.True(t, state(t, b.db, "acct", "k").HasLease)
 
 	again, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 	// Given back: released, the attempt uncounted, still due.
 	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, tk))
 	st := state(t, b.db, "acct", "k")
-	require.False(t, st.Leased)
+	require.False(t, st.HasLease)
 	require.Equal(t, before.Attempts, st.Attempts)
 	require.Equal(t, tk.LockVersion, st.LockVersion)
 	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, tk), "a second give-back finds the key released and is a no-op")
@@ -142,7 +142,7 @@ func TestRunTakenResponseTooLarge(t *testing.T) {
 	require.Equal(t, maint.Released, out.Outcome)
 	require.ErrorIs(t, out.Err, workflow.ErrResponseTooLarge)
 	st := state(t, b.db, "acct", "big")
-	require.False(t, st.Leased)
+	require.False(t, st.HasLease)
 	require.Equal(t, "start", st.RecoveryPoint)
 	require.NotNil(t, st.LastError)
 	require.Contains(t, *st.LastError, "too large")

@@ -429,7 +429,7 @@ func TestReleasePausedHolder(t *testing.T) {
 	}{{"swept-while-paused", true}, {"resumed-before-sweep", false}} {
 		h := startHolder(t, b, c.key)
 		st := testflow.State(t, b.db.Pool, "acct", c.key)
-		require.True(t, st.Leased, "%s: the paused holder's lease is live", c.key)
+		require.True(t, st.HasLease, "%s: the paused holder's lease is live", c.key)
 		require.Zero(t, sweepOnce(t, b), "%s: a live lease is not swept", c.key)
 
 		r := b.cli(t, "keys", "release", "-json", "acct", c.key).ok(t).lines(t)

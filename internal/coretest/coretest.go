@@ -130,7 +130,7 @@ func transientThenResume(t *testing.T, c *kit) {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	st := testflow.State(t, c.DB, "acct", "k")
 	require.Equal(t, testflow.Reserve, st.RecoveryPoint)
-	require.False(t, st.Leased, "released after a transient failure")
+	require.False(t, st.HasLease, "released after a transient failure")
 	res, err := c.engine.Do(c.ctx, req("k", `{"amount":500}`))
 	require.NoError(t, err)
 	require.False(t, res.Replayed)

@@ -48,7 +48,7 @@ type KeyState struct {
 	Status        string
 	RecoveryPoint string
 	LockVersion   int64
-	Leased        bool
+	HasLease      bool // locked_until is set, live or not
 	Attempts      int
 	LastError     *string
 }
@@ -60,7 +60,7 @@ func State(t testing.TB, db DB, scope, key string) KeyState {
 	err := db.QueryRow(context.Background(), `
 		SELECT status, recovery_point, lock_version, locked_until IS NOT NULL, attempts, last_error
 		FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`, scope, key).
-		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.Leased, &s.Attempts, &s.LastError)
+		Scan(&s.Status, &s.RecoveryPoint, &s.LockVersion, &s.HasLease, &s.Attempts, &s.LastError)
 	require.NoError(t, err)
 	return s
 }
