@@ -20,6 +20,12 @@
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
 // with flow, status and keys; migrate prints version and latest.
 //
+// Client text (scopes, keys, bodies, errors, history) is never printed raw: in tables
+// every non-printable rune is escaped as strconv.Quote writes it (\x1b, \u009b, \n)
+// and every invalid UTF-8 byte as \xNN, quotes and backslashes left as they are; in
+// -json output the same runes are \uXXXX escapes that decode to the stored text.
+// Error messages are escaped the same way.
+//
 // ui serves the operator's web page (package idemflowui) on -addr, loopback by
 // default, until SIGINT or SIGTERM; it prints the address it serves on stderr. It is
 // read-only unless given a write token: the contents of -write-token-file (whitespace
@@ -28,7 +34,8 @@
 // process list).
 //
 // Exit status: 0 on success, 1 on failure (a missing key among them, with a message
-// that names it), 2 on bad usage.
+// that names it), 2 on bad usage (a negative -older-than or a -limit outside 1..10000
+// among them, with a message that names the flag; nothing is read or changed).
 //
 // See docs/OPERATIONS.md for when to use which command.
 //
