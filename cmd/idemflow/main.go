@@ -45,7 +45,7 @@ commands:
   keys purge [-json] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
-  ui [-addr 127.0.0.1:8081] [-write-token-file FILE]
+  ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 
 Flags come before positional arguments. -json prints one JSON object per line.
 Exit status: 0 on success, 1 on failure (a missing key included), 2 on bad usage.
