@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -53,7 +54,9 @@ func (c *cli) ui(ctx context.Context, args []string) error {
 			"set -allow-host NAME (the names operators type in the browser) or -read-token-file FILE (or $%s) so that reading needs a login, "+
 			"or listen on loopback (-addr 127.0.0.1:8081)", *addr, envReadToken)
 	}
-	opts := &idemflowui.Options{WriteToken: write, ReadToken: read, Hosts: hosts}
+	// The text handler quotes any value holding a control character (strconv.Quote).
+	logger := slog.New(slog.NewTextHandler(c.errOut, nil))
+	opts := &idemflowui.Options{WriteToken: write, ReadToken: read, Hosts: hosts, Logger: logger}
 	h, err := idemflowui.New(c.engine, opts)
 	if err != nil {
 		return badUsage("ui: %v", err) // before listening: bad usage changes nothing
@@ -66,7 +69,7 @@ func (c *cli) ui(ctx context.Context, args []string) error {
 		ln.Close() // "localhost" resolved to an address that is not loopback
 		return badUsage("ui: -addr %s listens on %s, which is not loopback: set -allow-host NAME or -read-token-file FILE", *addr, ln.Addr())
 	}
-	fmt.Fprintf(c.errOut, "idemflow ui: serving http://%s/ (%s)\n", ln.Addr(), mode(opts))
+	fmt.Fprintf(c.errOut, "idemflow ui: serving http://%s/ (%s)\n", ln.Addr(), escape(mode(opts)))
 	return serve(ctx, ln, h)
 }
 
