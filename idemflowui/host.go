@@ -15,6 +15,10 @@ import (
 // site's name in its Host header. So the handler answers only Host headers that no
 // other site can own: the name localhost, an IP literal equal to the address the
 // request came in on (net/http's LocalAddrContextKey), and the names in Options.Hosts.
+// Names under .localhost are not answered unless listed: browsers resolve them to
+// loopback themselves, but other resolvers may ask DNS. The port of localhost, of an IP
+// literal and of a name listed without one is not checked (a tunnel or a proxy may
+// change it), and checking it would not stop a rebound name, which can use any port.
 
 // AnyHost, as an entry of Options.Hosts, turns the Host check off.
 const AnyHost = "*"
