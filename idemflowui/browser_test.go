@@ -2,6 +2,9 @@ package idemflowui_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowui"
 	"github.com/idemflow/idemflow/internal/testflow"
 )
 
@@ -54,6 +58,8 @@ func startBrowser(path string) {
 		chromedp.Flag("disable-extensions", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("hide-scrollbars", true),
+		// rebound.test stands for a site whose name an attacker has rebound to 127.0.0.1.
+		chromedp.Flag("host-resolver-rules", "MAP rebound.test 127.0.0.1"),
 		chromedp.WindowSize(1280, 900),
 		chromedp.UserDataDir(""), // set below: a fresh one
 	}
@@ -218,6 +224,98 @@ func TestBrowserScriptInBody(t *testing.T) {
 	require.Equal(t, "Key "+key+" · idemflow", title)
 	require.Equal(t, "undefined", pwned, "no script ran")
 	require.Zero(t, injected, "no element was made from client data")
+}
+
+// TestBrowserRebinding: a page loaded under a name rebound to the page's address
+// (Chromium resolves rebound.test to 127.0.0.1) gets 403 and nothing of the keys; the
+// same page under localhost and 127.0.0.1 shows the key.
+func TestBrowserRebinding(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, nil)
+	f.released(t, "acct", "secret-key", `{"amount":4242}`)
+	port := portOf(t, f.srv.URL)
+	page := "/key?scope=acct&key=secret-key&body=1"
+	for _, host := range []string{"127.0.0.1", "localhost"} {
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("http://"+host+":"+port+page)))
+		require.Equal(t, `{"amount":4242}`, text(ctx, t, "#body"), host)
+	}
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("http://rebound.test:"+port+page)))
+	body := text(ctx, t, "body")
+	require.Contains(t, body, "not served under this host name")
+	require.NotContains(t, body, "4242")
+	require.NotContains(t, body, "secret-key")
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[int64](`performance.getEntriesByType("navigation")[0].responseStatus`))
+	require.NoError(t, err)
+	require.EqualValues(t, http.StatusForbidden, status)
+}
+
+// cookieTap serves h and keeps the last session cookie it set, as someone who copied
+// it would.
+type cookieTap struct {
+	h    http.Handler
+	last chan string
+}
+
+func (c *cookieTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.h.ServeHTTP(w, r)
+	for _, v := range w.Header().Values("Set-Cookie") {
+		if ck, err := http.ParseSetCookie(v); err == nil && ck.Name == "idemflow_session" && ck.Value != "" {
+			select {
+			case <-c.last:
+			default:
+			}
+			c.last <- ck.Value
+		}
+	}
+}
+
+// TestBrowserLogout: with a read token, the browser is shown the login form, logs in
+// with the read token, reads, and logs out with the page's button; the cookie it had,
+// replayed, then reads nothing and writes nothing. A write login works the same way.
+func TestBrowserLogout(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	const readToken = "browser-read-token-0123456789"
+	f := setup(t, nil)
+	f.dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, f.db.Pool, "acct", "dead")
+	h, err := idemflowui.New(f.engine, &idemflowui.Options{WriteToken: token, ReadToken: readToken})
+	require.NoError(t, err)
+	tap := &cookieTap{h: h, last: make(chan string, 1)}
+	f.srv = httptest.NewServer(tap)
+	t.Cleanup(f.srv.Close)
+
+	for _, tok := range []string{readToken, token} {
+		require.NoError(t, chromedp.Do(ctx,
+			chromedp.Navigate(f.srv.URL+"/key?scope=acct&key=dead"),
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), tok),
+			chromedp.Click(chromedp.CSS("#login")),
+			chromedp.WaitVisible(chromedp.CSS("#total-dead")),
+		))
+		cookie := <-tap.last
+		wantMode := map[string]string{readToken: "read-only", token: "writes enabled"}[tok]
+		require.Equal(t, wantMode, text(ctx, t, "#mode"))
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/key?scope=acct&key=dead")))
+		require.Equal(t, "dead", text(ctx, t, "#status"))
+		require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#token"))))
+
+		for _, path := range []string{"/", "/key?scope=acct&key=dead&body=1"} {
+			r, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+			require.NoError(t, err)
+			r.AddCookie(&http.Cookie{Name: "idemflow_session", Value: cookie})
+			p := do(t, client(t), r)
+			require.Equal(t, http.StatusUnauthorized, p.status, "%s with the cookie of a logged-out session", path)
+			require.NotContains(t, p.body, "amount")
+		}
+		r, err := http.NewRequest(http.MethodPost, f.srv.URL+"/key/redrive", strings.NewReader(url.Values{"scope": {"acct"}, "key": {"dead"}}.Encode()))
+		require.NoError(t, err)
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.AddCookie(&http.Cookie{Name: "idemflow_session", Value: cookie})
+		require.Equal(t, http.StatusUnauthorized, do(t, client(t), r).status)
+		require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "nothing changed")
+	}
 }
 
 // TestScreenshots writes the pictures in docs/ that docs/OPERATIONS.md shows. Run it

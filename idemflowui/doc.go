@@ -18,12 +18,19 @@
 //
 // or run `idemflow ui -addr 127.0.0.1:8081` (see cmd/idemflow).
 //
-// Security. Without a write token the pages only read: no button is shown and every
-// POST is refused with 403. With one, an operator logs in once with the token and gets
-// an HttpOnly, SameSite=Strict session cookie signed with a secret made when the
-// Handler is (a restart logs everyone out). Every state-changing request is a POST that
-// must carry that cookie and a CSRF token from the page's form (an HMAC of the session
-// under the same secret, compared in constant time), and must not come from another
+// Security. Every request is refused (403) before anything is read unless its Host
+// header is localhost, an IP literal of the address the request came in on, or a name
+// in Options.Hosts: a page the operator visits cannot rebind its own name to the
+// listener's address and read the keys (DNS rebinding). Without a write token the pages
+// only read: no button is shown and every POST is refused with 403. With one, an
+// operator logs in once with the token and gets an HttpOnly, SameSite=Strict cookie
+// holding a random session id; the handler keeps its sessions in memory, so logging
+// out ends the session on the server (the old cookie and its CSRF token stop working)
+// and a restart logs everyone out. With a read token (Options.ReadToken) every page
+// needs a login, with the read token (a session that only reads) or the write token.
+// Every state-changing request is a POST that must carry a write session's cookie and
+// a CSRF token from the page's form (an HMAC of the session id under a secret made
+// when the Handler is, compared in constant time), and must not come from another
 // origin (Sec-Fetch-Site and Origin, as net/http's CrossOriginProtection checks them).
 // Every action asks for confirmation on a page of its own that says what it will do.
 // Request bodies, errors, scopes and keys are client-controlled and are always

@@ -21,17 +21,18 @@ type base struct {
 	Prefix   string
 	Writable bool   // started with a write token
 	Session  string // the operator's session, "" when not logged in
+	Write    bool   // the session may change keys (a login with the write token)
 	CSRF     string
 	Nav      string // the status of the list page shown, for the navigation
 }
 
 func (h *Handler) base(r *http.Request, title string) base {
-	s := h.session(r)
-	return base{Title: title, Prefix: h.opts.Prefix, Writable: h.opts.WriteToken != "", Session: s, CSRF: h.csrf(s)}
+	s, write := h.session(r)
+	return base{Title: title, Prefix: h.opts.Prefix, Writable: h.opts.WriteToken != "", Session: s, Write: write, CSRF: h.csrf(s)}
 }
 
 // CanWrite says whether the page shows buttons that change keys.
-func (b base) CanWrite() bool { return b.Session != "" }
+func (b base) CanWrite() bool { return b.Session != "" && b.Write }
 
 type errorData struct {
 	base

@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +22,7 @@ const (
 	BodyLimitMax     = 1 << 20
 	PageSizeDefault  = 50
 	WindowDefault    = time.Hour
-	// WriteTokenMinBytes is the shortest write token New accepts.
+	// WriteTokenMinBytes is the shortest write or read token New accepts.
 	WriteTokenMinBytes = 16
 	// SessionDefault is how long a login lasts.
 	SessionDefault = 12 * time.Hour
@@ -54,24 +53,32 @@ type Options struct {
 	Session time.Duration
 	// Logger receives failures answered with 500. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hosts, when set, are the only Host header values (host:port, as a browser sends
-	// them) the handler answers; any other is refused with 403 before anything is read.
-	// Reading the pages needs no login, so a page on loopback must refuse other hosts:
-	// otherwise a web page the operator visits can rebind its own name to 127.0.0.1
-	// and read keys and request bodies (DNS rebinding). `idemflow ui` sets them for a
-	// loopback address; a team that mounts the handler behind its own authentication
-	// may leave them empty.
+	// ReadToken, when set, makes every page need a login, with this token (a session
+	// that only reads) or the write token; without a session a page answers 401 with
+	// the login form and nothing of the key table. At least WriteTokenMinBytes bytes,
+	// and not the write token. Empty (the default): reading needs no login.
+	ReadToken string
+	// Hosts are the names the handler answers besides the ones it always answers: the
+	// Host header localhost and an IP literal equal to the address the request came in
+	// on (so http://127.0.0.1:8081/ and http://10.0.0.5:8081/ work on the listener of
+	// that address). Any other Host is refused with 403 before anything is read: a web
+	// page the operator visits could otherwise rebind its own name to the listener's
+	// address and read keys and request bodies (DNS rebinding). An entry is a name
+	// (any port, such as "ops.example.com") or a name:port as a browser sends it, case
+	// insensitive. Behind a reverse proxy, list the names the proxy passes on. AnyHost
+	// ("*") turns the check off: only for a handler behind authentication of your own.
 	Hosts []string
 }
 
 // Handler serves the pages. It is safe for concurrent use.
 type Handler struct {
-	engine *workflow.Engine
-	opts   Options
-	secret []byte // signs sessions and CSRF tokens; made by New
-	pages  map[string]*template.Template
-	mux    *http.ServeMux
-	cop    *http.CrossOriginProtection
+	engine   *workflow.Engine
+	opts     Options
+	secret   []byte // signs sessions and CSRF tokens; made by New
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+	cop      *http.CrossOriginProtection
+	sessions sessions
 }
 
 //go:embed templates/*.html
@@ -82,8 +89,9 @@ var staticFS embed.FS
 
 // New returns a handler for engine's key table. opts may be nil.
 //
-// Errors: a prefix that does not start with "/" or ends with one, a write token
-// shorter than WriteTokenMinBytes, or a limit out of range.
+// Errors: a prefix that does not start with "/" or ends with one, a write or read token
+// shorter than WriteTokenMinBytes, a read token equal to the write token, a malformed
+// entry of Hosts, or a limit out of range.
 func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 	if engine == nil {
 		return nil, errors.New("idemflowui: nil engine")
@@ -97,9 +105,9 @@ func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 	o.Window = cmp.Or(o.Window, WindowDefault)
 	o.Session = cmp.Or(o.Session, SessionDefault)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
-	hosts := make([]string, len(o.Hosts))
-	for i, host := range o.Hosts {
-		hosts[i] = strings.ToLower(host)
+	hosts, err := checkHosts(o.Hosts)
+	if err != nil {
+		return nil, err
 	}
 	o.Hosts = hosts
 	switch {
@@ -107,6 +115,10 @@ func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 		return nil, fmt.Errorf("idemflowui: prefix %q must start with / and not end with one", o.Prefix)
 	case o.WriteToken != "" && len(o.WriteToken) < WriteTokenMinBytes:
 		return nil, fmt.Errorf("idemflowui: write token is %d bytes, want at least %d", len(o.WriteToken), WriteTokenMinBytes)
+	case o.ReadToken != "" && len(o.ReadToken) < WriteTokenMinBytes:
+		return nil, fmt.Errorf("idemflowui: read token is %d bytes, want at least %d", len(o.ReadToken), WriteTokenMinBytes)
+	case o.ReadToken != "" && o.ReadToken == o.WriteToken:
+		return nil, errors.New("idemflowui: the read token is the write token: give a read token of its own, or none")
 	case o.BodyLimit < 1 || o.BodyLimit > BodyLimitMax:
 		return nil, fmt.Errorf("idemflowui: body limit %d is outside 1..%d", o.BodyLimit, BodyLimitMax)
 	case o.PageSize < 1 || o.PageSize > workflow.ListLimitMax:
@@ -117,7 +129,7 @@ func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 		return nil, fmt.Errorf("idemflowui: session %v is under a minute", o.Session)
 	}
 	h := &Handler{engine: engine, opts: o, secret: make([]byte, 32), mux: http.NewServeMux(),
-		cop: http.NewCrossOriginProtection()}
+		cop: http.NewCrossOriginProtection(), sessions: sessions{byID: map[string]session{}}}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("idemflowui: secret: %w", err)
 	}
@@ -142,7 +154,7 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("POST /key/release", h.write(h.release))
 	h.mux.HandleFunc("GET /login", h.loginPage)
 	h.mux.HandleFunc("POST /login", h.login)
-	h.mux.HandleFunc("POST /logout", h.write(h.logout))
+	h.mux.HandleFunc("POST /logout", h.logout)
 }
 
 // ServeHTTP serves a page, with the security headers on every answer.
@@ -153,8 +165,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Referrer-Policy", "no-referrer")
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("Cache-Control", "no-store")
-	if len(h.opts.Hosts) > 0 && !slices.Contains(h.opts.Hosts, strings.ToLower(r.Host)) {
-		http.Error(w, "idemflow ui: not served under this host", http.StatusForbidden)
+	if !h.hostAllowed(r) {
+		http.Error(w, "idemflow ui: not served under this host name; the operator can allow it (idemflowui.Options.Hosts, idemflow ui -allow-host)", http.StatusForbidden)
 		return
 	}
 	path := r.URL.Path
@@ -172,6 +184,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method == http.MethodPost {
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	}
+	if h.opts.ReadToken != "" && r.URL.Path != "/login" && !strings.HasPrefix(r.URL.Path, "/static/") {
+		if s, _ := h.session(r); s == "" {
+			h.needLogin(w, r)
+			return
+		}
 	}
 	h.mux.ServeHTTP(w, r)
 }

@@ -9,7 +9,7 @@
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
-//	idemflow -database-url URL [-schema S] ui [-addr 127.0.0.1:8081] [-write-token-file FILE]
+//	idemflow -database-url URL [-schema S] ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 //
 // Flags come before positional arguments, at each level. -database-url defaults to
 // $DATABASE_URL. Output is a human table by default; -json prints one JSON object per
@@ -20,15 +20,28 @@
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
 // with flow, status and keys; migrate prints version and latest.
 //
+// Client text (scopes, keys, bodies, errors, history) is never printed raw: in tables
+// every non-printable rune is escaped as strconv.Quote writes it (\x1b, \u009b, \n)
+// and every invalid UTF-8 byte as \xNN, quotes and backslashes left as they are; in
+// -json output the same runes are \uXXXX escapes that decode to the stored text.
+// Error messages are escaped the same way.
+//
 // ui serves the operator's web page (package idemflowui) on -addr, loopback by
 // default, until SIGINT or SIGTERM; it prints the address it serves on stderr. It is
 // read-only unless given a write token: the contents of -write-token-file (whitespace
-// around it trimmed), or else
-// $IDEMFLOW_UI_WRITE_TOKEN (never a flag's value, which other users can see in the
-// process list).
+// around it trimmed), or else $IDEMFLOW_UI_WRITE_TOKEN (never a flag's value, which
+// other users can see in the process list). A read token (-read-token-file, or else
+// $IDEMFLOW_UI_READ_TOKEN) makes every page need a login. The page answers only the
+// Host headers localhost, an IP literal of the address a request came in on, and the
+// names given with -allow-host (repeated or comma-separated), on every listener, so
+// that no other site can rebind its name to the page's address and read it. On an
+// address other machines can reach (":8081", "0.0.0.0:8081", a non-loopback IP or a
+// host name) ui refuses to start, with exit status 2, unless given -allow-host or a
+// read token.
 //
 // Exit status: 0 on success, 1 on failure (a missing key among them, with a message
-// that names it), 2 on bad usage.
+// that names it), 2 on bad usage (a negative -older-than or a -limit outside 1..10000
+// among them, with a message that names the flag; nothing is read or changed).
 //
 // See docs/OPERATIONS.md for when to use which command.
 //

@@ -45,7 +45,7 @@ commands:
   keys purge [-json] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
-  ui [-addr 127.0.0.1:8081] [-write-token-file FILE]
+  ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 
 Flags come before positional arguments. -json prints one JSON object per line.
 Exit status: 0 on success, 1 on failure (a missing key included), 2 on bad usage.
@@ -109,7 +109,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return report(stderr, do(ctx, rest))
 }
 
-// report prints err and returns the exit status it means.
+// report prints err, escaped (it may quote client text), and returns the exit status
+// it means.
 func report(stderr io.Writer, err error) int {
 	var ue *usageError
 	switch {
@@ -119,10 +120,10 @@ func report(stderr io.Writer, err error) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "idemflow: %v\n\n%s", err, usage)
+		fmt.Fprintf(stderr, "idemflow: %s\n\n%s", escape(err.Error()), usage)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "idemflow: %v\n", err)
+	fmt.Fprintf(stderr, "idemflow: %s\n", escape(err.Error()))
 	return exitFail
 }
 
@@ -219,6 +220,9 @@ func (c *cli) list(ctx context.Context, args []string) error {
 	if o.Limit < 1 || o.Limit > workflow.ListLimitMax {
 		return badUsage("keys list: -limit %d is outside 1..%d", o.Limit, workflow.ListLimitMax)
 	}
+	if o.OlderThan < 0 {
+		return badUsage("keys list: -older-than %v is negative: want a duration such as 10m or 2h (0: any age)", o.OlderThan)
+	}
 	page, err := c.engine.ListKeys(ctx, o)
 	switch {
 	case errors.Is(err, workflow.ErrUnknownStatus):
@@ -238,15 +242,15 @@ func (c *cli) list(ctx context.Context, args []string) error {
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "SCOPE\tKEY\tSTATUS\tFLOW\tRECOVERY POINT\tATTEMPTS\tCREATED\tLAST ERROR")
 		for _, k := range page.Keys {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.Scope, k.Key, k.Status, k.Flow, k.RecoveryPoint,
-				k.Attempts, stamp(k.CreatedAt), oneLine(k.LastError, 60))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", escape(k.Scope), escape(k.Key), escape(string(k.Status)),
+				escape(k.Flow), escape(k.RecoveryPoint), k.Attempts, stamp(k.CreatedAt), oneLine(k.LastError, 60))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 	if page.Next != "" {
-		fmt.Fprintf(c.errOut, "idemflow: more keys: add -after %s\n", page.Next)
+		fmt.Fprintf(c.errOut, "idemflow: more keys: add -after %s\n", escape(page.Next))
 	}
 	return nil
 }
@@ -269,13 +273,13 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		{"status", string(info.Status)}, {"recovery point", info.RecoveryPoint},
 		{"attempts", fmt.Sprint(info.Attempts)}, {"lock version", fmt.Sprint(info.LockVersion)},
 		{"lease left", info.LeaseLeft.String()}, {"next attempt", stamp(info.NextAttemptAt)},
-		{"request", info.Method + " " + info.Route + " " + oneLine(string(info.Request), 200)},
+		{"request", oneLine(info.Method, 20) + " " + oneLine(info.Route, 100) + " " + oneLine(string(info.Request), 200)},
 		{"phase data", fmt.Sprintf("%d bytes", info.PhaseDataBytes)},
 		{"last error", info.LastError}, {"failed phase", info.FailedPhase},
 		{"response status", fmt.Sprint(info.ResponseStatus)}, {"origin", info.Origin},
 		{"created", stamp(info.CreatedAt)}, {"updated", stamp(info.UpdatedAt)}, {"finished", stampPtr(info.FinishedAt)},
 	} {
-		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], escape(kv[1]))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -288,8 +292,8 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		if a.Reached != "" {
 			from = "reached " + a.Reached
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, a.By, stamp(a.At), from,
-			strings.Join(a.Phases, ","), a.Outcome, a.Phase, oneLine(a.Error, 60))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, escape(string(a.By)), stamp(a.At), escape(from),
+			escape(strings.Join(a.Phases, ",")), escape(string(a.Outcome)), escape(a.Phase), oneLine(a.Error, 60))
 	}
 	return tw.Flush()
 }
@@ -341,7 +345,8 @@ func (c *cli) act(ctx context.Context, verb string, args []string) error {
 		return c.json(after.KeySummary)
 	}
 	past := map[string]string{"redrive": "re-drove", "release": "released", "purge": "purged"}[verb]
-	_, err = fmt.Fprintf(c.out, "%s key %q in scope %q (%s at %s, lock version %d)\n", past, key, scope, after.Status, after.RecoveryPoint, after.LockVersion)
+	_, err = fmt.Fprintf(c.out, "%s key %q in scope %q (%s at %s, lock version %d)\n", past, key, scope,
+		escape(string(after.Status)), escape(after.RecoveryPoint), after.LockVersion)
 	return err
 }
 
@@ -375,7 +380,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	fmt.Fprintln(tw, "FLOW\tIN PROGRESS\tSTUCK\tDEAD\tFINISHED\t")
 	for _, f := range flowsSeen {
 		m := byFlow[f]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t\n", f, m[workflow.KeysInProgress], m[workflow.KeysStuck], m[workflow.KeysDead], m[workflow.KeysFinished])
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t\n", escape(f), m[workflow.KeysInProgress], m[workflow.KeysStuck], m[workflow.KeysDead], m[workflow.KeysFinished])
 	}
 	return tw.Flush()
 }
@@ -419,13 +424,13 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	return err
 }
 
-// json prints v as one line of JSON.
+// json prints v as one line of JSON, with no raw control character (see escapeJSON).
 func (c *cli) json(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(c.out, "%s\n", b)
+	_, err = fmt.Fprintf(c.out, "%s\n", escapeJSON(b))
 	return err
 }
 
@@ -443,9 +448,10 @@ func stampPtr(t *time.Time) string {
 	return stamp(*t)
 }
 
-// oneLine is s on one line, cut to n runes.
+// oneLine is s on one line (runs of white space made one space), escaped (see
+// escape), cut to n runes.
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = escape(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -474,4 +475,102 @@ func sweepOnce(t *testing.T, b *bundle) int {
 	st, err := s.RunOnce(context.Background())
 	require.NoError(t, err)
 	return st.Finished
+}
+
+// hostile is client text that would move the cursor, clear the screen or recolour the
+// terminal if printed raw: ESC sequences, a 7-bit and an 8-bit CSI (U+009B), NEL
+// (U+0085), DEL, a carriage return, a tab and a newline.
+const hostile = "\x1b[2J\x1b[31mred\u009b1;1H\u0085x\x7f\r\t\ny\x07"
+
+// requireNoControl fails when out holds a control character other than a newline, or
+// is not UTF-8 (a raw byte 0x80..0x9F is a C1 control to some terminals).
+func requireNoControl(t *testing.T, name, out string) {
+	t.Helper()
+	require.True(t, utf8.ValidString(out), "%s: not UTF-8: %q", name, out)
+	for _, r := range out {
+		if r != '\n' && (r < 0x20 || r >= 0x7f && r <= 0x9f) {
+			require.Failf(t, "raw control character", "%s printed %U: %q", name, r, out)
+		}
+	}
+}
+
+// TestNoRawClientText: a key row written by another tool (or before the edge refused
+// control characters) with control characters in its scope, key, flow, recovery
+// point, request, last error, origin and history is printed by every command with
+// those characters escaped, on stdout and stderr, as a table and as JSON, and the JSON
+// still decodes to the stored text.
+func TestNoRawClientText(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+	// acct/dead gets a scope and key the engine would refuse today (it can be listed,
+	// not shown: InspectKey checks the key); acct/stuck keeps its name and gets
+	// everything else.
+	scope, key := "ac"+hostile, "k"+hostile
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys SET scope = $1, idempotency_key = $2,
+		flow = $3, last_error = $3 WHERE idempotency_key = 'dead'`, scope, key, "f"+hostile)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys SET
+		flow = $1, recovery_point = $1, last_error = $1, origin = $1, method = $1, route = $1, request_body = $2,
+		history = jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', $1::text, 'phase', $1::text,
+			'error', $1::text, 'by', $1::text, 'from', $1::text, 'phases', jsonb_build_array($1::text)))
+		WHERE idempotency_key = 'stuck'`, "f"+hostile, []byte("{\x1b[2J\x9b\xff\xc2\x85"+hostile+"}"))
+	require.NoError(t, err)
+	for name, args := range map[string][]string{
+		"List":         {"keys", "list"},
+		"ListJSON":     {"keys", "list", "-json"},
+		"ListDead":     {"keys", "list", "-status", "dead", "-limit", "1"},
+		"Show":         {"keys", "show", "acct", "stuck"},
+		"ShowJSON":     {"keys", "show", "-json", "acct", "stuck"},
+		"ShowHostile":  {"keys", "show", scope, key},
+		"Stats":        {"stats"},
+		"StatsJSON":    {"stats", "-json"},
+		"Redrive":      {"keys", "redrive", "acct", "stuck"},
+		"Purge":        {"keys", "purge", "acct", "stuck"},
+		"Missing":      {"keys", "show", scope, "nope"},
+		"UnknownCmd":   {"keys", hostile},
+		"UnknownState": {"keys", "list", "-status", hostile},
+		"BadFlag":      {"keys", "list", "-" + hostile},
+	} {
+		r := b.cli(t, args...)
+		requireNoControl(t, name+" stdout", r.stdout)
+		requireNoControl(t, name+" stderr", r.stderr)
+	}
+	show := b.cli(t, "keys", "show", "-json", "acct", "stuck").ok(t).lines(t)
+	require.Equal(t, "f"+hostile, show[0]["last_error"], "JSON escapes, it does not change the text")
+	require.Equal(t, "f"+hostile, show[0]["history"].([]any)[0].(map[string]any)["error"])
+	released := b.cli(t, "keys", "release", "acct", "stuck").ok(t)
+	requireNoControl(t, "Release", released.stdout)
+	require.Contains(t, released.stdout, `(stuck at f\x1b[2J\x1b[31mred\u009b1;1H\u0085x\x7f\r\t\ny\a, lock`)
+	list := b.cli(t, "keys", "list", "-json", "-status", "dead").ok(t).lines(t)
+	require.Equal(t, key, list[0]["key"])
+	require.Equal(t, scope, list[0]["scope"])
+	human := b.cli(t, "keys", "list", "-status", "dead").ok(t).stdout
+	require.Contains(t, human, `ac\x1b[2J\x1b[31mred\u009b1;1H\u0085x\x7f\r\t\ny\a`, "scope, escaped as Go does")
+	require.Regexp(t, `(?m)^ac\S+\s+k\S+\s+dead\s`, human, "one line, columns intact")
+}
+
+// TestNonsenseFlags: a negative duration or a count out of range is refused with a
+// message that names the flag, exit status 2, and nothing printed or changed.
+func TestNonsenseFlags(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysInStates(t, b)
+	row := testflow.KeyRow(t, b.db.Pool, "acct", "dead")
+	for name, c := range map[string]struct {
+		args []string
+		flag string
+	}{
+		"NegativeAge":   {[]string{"keys", "list", "-older-than", "-5h"}, "-older-than"},
+		"NegativeAge1":  {[]string{"keys", "list", "-status", "dead", "-older-than=-1ns"}, "-older-than"},
+		"ZeroLimit":     {[]string{"keys", "list", "-limit", "0"}, "-limit"},
+		"NegativeLimit": {[]string{"keys", "list", "-limit", "-3"}, "-limit"},
+		"HugeLimit":     {[]string{"keys", "list", "-limit", "10001"}, "-limit"},
+	} {
+		r := b.cli(t, c.args...)
+		require.Equal(t, 2, r.code, "%s: %s", name, r.stderr)
+		require.Contains(t, r.stderr, c.flag, name)
+		require.Empty(t, r.stdout, name)
+	}
+	require.Equal(t, row, testflow.KeyRow(t, b.db.Pool, "acct", "dead"), "nothing changed")
 }
