@@ -26,7 +26,7 @@ func TestDistributeWithoutCitus(t *testing.T) {
 
 // On Citus, processes that start at once all distribute: the first does it, the others
 // find it done. The application's table comes first and the key table is colocated
-// with it.
+// with it; the outbox on the coordinator is added to Citus's metadata.
 func TestDistributeConcurrently(t *testing.T) {
 	t.Parallel()
 	if !pgtest.CitusMode() {
@@ -35,9 +35,11 @@ func TestDistributeConcurrently(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewEmpty(t)
 	require.NoError(t, migrations.Migrate(ctx, db.Pool))
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id))`)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id));
+		CREATE TABLE outbox (id bigint PRIMARY KEY, tenant text NOT NULL)`)
 	require.NoError(t, err)
-	opts := &migrations.DistributeOptions{ColocateWith: "orders", Tables: []migrations.Table{{Name: "orders", Column: "tenant"}}}
+	opts := &migrations.DistributeOptions{ColocateWith: "orders", Tables: []migrations.Table{{Name: "orders", Column: "tenant"}},
+		Local: []string{"outbox"}}
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
@@ -57,6 +59,10 @@ func TestDistributeConcurrently(t *testing.T) {
 		WHERE logicalrelid IN ('orders'::regclass, 'idemflow_keys'::regclass)`).Scan(&tables, &groups))
 	require.Equal(t, 2, tables)
 	require.Equal(t, 1, groups, "colocated")
+	var local bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+		WHERE logicalrelid = 'outbox'::regclass AND partmethod = 'n' AND repmodel = 's')`).Scan(&local))
+	require.True(t, local, "the outbox is a Citus local table")
 }
 
 // A key table distributed at an older version is migrated up, down to nothing and up
