@@ -32,6 +32,18 @@ type DistributeOptions struct {
 	// ColocateWith names itself with Citus's default group). One already distributed
 	// is left as it is.
 	Tables []Table
+	// Local names tables that stay on the coordinator and that a phase's transaction
+	// writes beside the key row: an outbox, River's job table (river_job). Each is
+	// added to Citus's metadata as a local table (citus_add_local_table_to_metadata,
+	// with the tables its foreign keys reach), which makes Citus commit a transaction
+	// that writes it and a worker's shard with two-phase commit: the worker's part is
+	// prepared, the coordinator's commit decides, and Citus's recovery finishes or
+	// rolls back the worker's part after a crash. A plain table on the coordinator is
+	// committed after the worker's part, in one phase, so a coordinator crash between
+	// the two keeps the key row and loses the table's row (see docs/SCALING.md). One
+	// already in the metadata is left as it is. Needs the coordinator in the metadata
+	// (citus_set_coordinator_host).
+	Local []string
 }
 
 // Table is an application's table for Distribute.
@@ -97,6 +109,11 @@ func (m *Migrator) Distribute(ctx context.Context, db Beginner, opts *Distribute
 	if err := distribute(ctx, tx, table, KeyTableDistributionColumn, colocate); err != nil {
 		return err
 	}
+	for _, name := range opts.Local {
+		if err := addLocal(ctx, tx, name); err != nil {
+			return err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("migrations: distribute: commit: %w", err)
 	}
@@ -120,6 +137,23 @@ func distribute(ctx context.Context, tx pgx.Tx, table, column, colocate string) 
 	if _, err := tx.Exec(ctx, `SELECT create_distributed_table(`+quoteLiteral(table)+`, `+quoteLiteral(column)+
 		`, colocate_with => `+quoteLiteral(colocate)+`)`, simple); err != nil {
 		return fmt.Errorf("migrations: distribute %s by %s (colocated with %s): %w", table, column, colocate, err)
+	}
+	return nil
+}
+
+// addLocal adds table (an SQL name) on the coordinator to Citus's metadata as a local
+// table, with the tables its foreign keys reach, unless it is in the metadata already.
+func addLocal(ctx context.Context, tx pgx.Tx, table string) error {
+	var done bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = `+quoteLiteral(table)+`::regclass)`, simple).Scan(&done)
+	if err != nil {
+		return fmt.Errorf("migrations: distribute: is %s in Citus's metadata (it must exist): %w", table, err)
+	}
+	if done {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `SELECT citus_add_local_table_to_metadata(`+quoteLiteral(table)+`, cascade_via_foreign_keys => true)`, simple); err != nil {
+		return fmt.Errorf("migrations: add %s to Citus's metadata as a local table: %w", table, err)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -25,7 +26,7 @@ func TestDistributeWithoutCitus(t *testing.T) {
 
 // On Citus, processes that start at once all distribute: the first does it, the others
 // find it done. The application's table comes first and the key table is colocated
-// with it.
+// with it; the outbox on the coordinator is added to Citus's metadata.
 func TestDistributeConcurrently(t *testing.T) {
 	t.Parallel()
 	if !pgtest.CitusMode() {
@@ -34,9 +35,11 @@ func TestDistributeConcurrently(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewEmpty(t)
 	require.NoError(t, migrations.Migrate(ctx, db.Pool))
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id))`)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id));
+		CREATE TABLE outbox (id bigint PRIMARY KEY, tenant text NOT NULL)`)
 	require.NoError(t, err)
-	opts := &migrations.DistributeOptions{ColocateWith: "orders", Tables: []migrations.Table{{Name: "orders", Column: "tenant"}}}
+	opts := &migrations.DistributeOptions{ColocateWith: "orders", Tables: []migrations.Table{{Name: "orders", Column: "tenant"}},
+		Local: []string{"outbox"}}
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
@@ -56,4 +59,49 @@ func TestDistributeConcurrently(t *testing.T) {
 		WHERE logicalrelid IN ('orders'::regclass, 'idemflow_keys'::regclass)`).Scan(&tables, &groups))
 	require.Equal(t, 2, tables)
 	require.Equal(t, 1, groups, "colocated")
+	var local bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+		WHERE logicalrelid = 'outbox'::regclass AND partmethod = 'n' AND repmodel = 's')`).Scan(&local))
+	require.True(t, local, "the outbox is a Citus local table")
+}
+
+// A key table distributed at an older version is migrated up, down to nothing and up
+// again: on Citus every statement of every file runs on the distributed table.
+func TestMigrateDistributed(t *testing.T) {
+	t.Parallel()
+	if !pgtest.CitusMode() {
+		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
+	}
+	ctx := context.Background()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	fresh := pgtest.New(t) // migrated, then distributed
+	want := objects(t, fresh.Pool)
+
+	for from := 1; from < len(all); from++ {
+		t.Run(fmt.Sprintf("From%d", from), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewEmpty(t)
+			require.NoError(t, migrations.MigrateTo(ctx, db.Pool, from))
+			require.NoError(t, migrations.Distribute(ctx, db.Pool, nil))
+			require.NoError(t, migrations.Migrate(ctx, db.Pool), "up from %d, distributed", from)
+			require.Equal(t, want, objects(t, db.Pool))
+			require.True(t, distributed(t, db), "still distributed")
+			for to := len(all) - 1; to >= 1; to-- {
+				require.NoError(t, migrations.MigrateTo(ctx, db.Pool, to), "down to %d, distributed", to)
+				require.True(t, distributed(t, db))
+			}
+			require.NoError(t, migrations.Migrate(ctx, db.Pool), "up again")
+			require.Equal(t, want, objects(t, db.Pool))
+		})
+	}
+}
+
+// distributed reports whether db's key table is a Citus distributed table.
+func distributed(t *testing.T, db *pgtest.DB) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+		WHERE logicalrelid = 'idemflow_keys'::regclass AND partmethod = 'h')`).Scan(&ok))
+	return ok
 }

@@ -20,6 +20,18 @@
 // leaves nothing half-applied. It uses no session state, so it works behind a pooler in
 // transaction mode.
 //
+// Each file is sent one statement at a time (Citus refuses several commands in one
+// query on a distributed table: "cannot insert multiple commands into a prepared
+// statement"), still in that one transaction, with the version recorded in it too.
+// On Citus the transaction runs in sequential mode (citus.multi_shard_modify_mode),
+// which lets a DDL statement on the distributed key table share the transaction with
+// the statements before and after it, and Citus commits DDL that reaches the workers
+// with two-phase commit: the workers' part is prepared, the coordinator's commit (the
+// version row included) decides, and Citus's recovery of prepared transactions
+// finishes or rolls back the workers' part after a crash. So a failure or a crash
+// leaves either the whole migration and its version row or neither, on Citus too;
+// calling Migrate again applies what is missing.
+//
 // A schema that a tool migrated from ToolFS's files is adopted by Migrate: it reads the
 // tool's version table, records the versions applied there in its own, and applies the
 // rest. A key table that nothing accounts for is refused with ErrUnknownState, changing

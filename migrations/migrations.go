@@ -257,9 +257,12 @@ func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, targ
 	if cur > len(all) && target == len(all) {
 		return nil // a newer build migrated this schema; nothing of ours to do
 	}
+	if err := onCitusSequential(ctx, tx); err != nil {
+		return err
+	}
 	for v := cur + 1; v <= target; v++ {
 		mig := all[v-1]
-		if _, err := tx.Exec(ctx, mig.Up); err != nil {
+		if err := run(ctx, tx, mig.Up); err != nil {
 			return fmt.Errorf("migrations: apply %03d_%s: %w", mig.Version, mig.Name, err)
 		}
 		if err := m.record(ctx, tx, mig); err != nil {
@@ -271,7 +274,7 @@ func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, targ
 			return fmt.Errorf("migrations: database is at version %d, newer than this build (%d)", cur, len(all))
 		}
 		mig := all[v-1]
-		if _, err := tx.Exec(ctx, mig.Down); err != nil {
+		if err := run(ctx, tx, mig.Down); err != nil {
 			return fmt.Errorf("migrations: revert %03d_%s: %w", mig.Version, mig.Name, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+m.table+` WHERE version = $1`, simple, mig.Version); err != nil {
@@ -295,6 +298,33 @@ func (m *Migrator) lock(ctx context.Context, tx pgx.Tx) error {
 		quoted := pgx.Identifier{m.schema}.Sanitize()
 		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoted+`; SET LOCAL search_path TO `+quoted); err != nil {
 			return fmt.Errorf("migrations: schema %s: %w", quoted, err)
+		}
+	}
+	return nil
+}
+
+// onCitusSequential makes tx run its commands on Citus's distributed tables over one
+// connection per worker (citus.multi_shard_modify_mode = sequential, SET LOCAL) when
+// the database has the citus extension; it does nothing without it. In the default,
+// parallel mode, a DDL statement on a distributed table opens several connections per
+// worker, after which Citus refuses, in the same transaction, a command that must use
+// one (DROP FUNCTION: "there was a parallel operation on a distributed table in the
+// transaction"). Sequential mode keeps a whole migration, down files included, in one
+// transaction; the tables are small or it is rare, so the lost parallelism is cheap.
+func onCitusSequential(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('citus.multi_shard_modify_mode', 'sequential', true)
+		FROM pg_catalog.pg_extension WHERE extname = 'citus'`, simple)
+	if err != nil {
+		return fmt.Errorf("migrations: sequential mode on Citus: %w", err)
+	}
+	return nil
+}
+
+// run sends a migration file's statements one at a time, in order.
+func run(ctx context.Context, tx pgx.Tx, file string) error {
+	for i, stmt := range statements(file) {
+		if _, err := tx.Exec(ctx, stmt, simple); err != nil {
+			return fmt.Errorf("statement %d: %w", i+1, err)
 		}
 	}
 	return nil
