@@ -8,6 +8,8 @@
 //
 //	payouts consume   the consumer, with an embedded sweeper
 //	payouts bank      the fake bank, which dedupes on its Idempotency-Key header
+//	payouts dead-letters list|replay
+//	                  the messages the consumer gave up on: list them, publish them again
 //
 // Run `payouts <command> -h` for a command's flags.
 package main
@@ -32,6 +34,8 @@ const usage = `usage: payouts <command> [flags]
 commands:
   consume   consume payouts.requested, with an embedded sweeper
   bank      the fake bank
+  dead-letters list|replay
+            the messages the consumer gave up on
 `
 
 func main() {
@@ -47,6 +51,8 @@ func main() {
 		err = consumeCmd(ctx, args)
 	case "bank":
 		err = bankCmd(ctx, args)
+	case "dead-letters":
+		err = deadLettersCmd(ctx, args, os.Stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return
