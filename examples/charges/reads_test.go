@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -68,7 +71,29 @@ func TestNoClientTriggered500(t *testing.T) {
 			require.Contains(t, a.header.Get("Content-Type"), "problem+json", c.name)
 		}
 	}
+	// A C0 control character or DEL in a header never reaches the handlers: net/http
+	// answers 400 itself (text/plain, before any routing), so nothing runs.
+	for _, account := range []string{"acct", "acct[2J", "acct"} {
+		require.Equal(t, http.StatusBadRequest, rawStatus(t, base, "GET /v1/charges HTTP/1.1", "Authorization: Bearer "+account))
+		require.Equal(t, http.StatusBadRequest, rawStatus(t, base, "POST /v1/charges HTTP/1.1",
+			"Authorization: Bearer "+account, "Idempotency-Key: k-raw", "Content-Length: 2"))
+	}
 	require.Equal(t, 1, s.count(t, `SELECT count(*) FROM charges`), "only the valid charge")
 	require.Equal(t, 1, s.count(t, `SELECT count(*) FROM idemflow_keys WHERE scope <> 'acct_nul'`), "no other key")
 	require.NotContains(t, s.server.output(), "level=ERROR", "no ERROR line a client can trigger")
+}
+
+// rawStatus sends a request line and header lines as they are (a Go client refuses
+// control characters in headers) and returns the answer's status.
+func rawStatus(t *testing.T, base, line string, header ...string) int {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "%s\r\nHost: x\r\n%s\r\n\r\n{}", line, strings.Join(header, "\r\n"))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	return resp.StatusCode
 }

@@ -4,7 +4,11 @@
 // only once its answer is stored. Duplicates (the same Nats-Msg-Id, or the same
 // payout under another message id), redeliveries after a crash or a lost ack, and
 // competing consumers all end in one ledger row and one bank transfer per payout. An
-// embedded sweeper finishes payouts that no redelivery comes back for.
+// embedded sweeper finishes payouts that no redelivery comes back for. Keys are scoped
+// by account (payout.Scope), every payout id is turned into a valid key (payout.Key),
+// and a message the consumer gives up on (it does not parse, its payout id was used for
+// another payout, or the broker will not deliver it again) is recorded in
+// payout_dead_letters before it is terminated.
 //
 //	payouts consume   the consumer, with an embedded sweeper
 //	payouts bank      the fake bank, which dedupes on its Idempotency-Key header
