@@ -112,3 +112,33 @@ func (r *rig) cli(t *testing.T, args ...string) string {
 	require.NoError(t, err, "payouts %s: %s", strings.Join(args, " "), out)
 	return string(out)
 }
+
+// TestLastDeliveryIsDeadLettered: with -max-deliver 1 a delivery that fails in a way
+// worth retrying (the bank answers 503) has no redelivery to come: the consumer records
+// it as a dead letter before terminating it. The sweeper finishes the payout, and the
+// operator's replay of the dead letter is answered from the stored result, once.
+func TestLastDeliveryIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 2) // the second bank request fails
+	c := r.consume(nil, "-max-deliver", "1", "-workers", "1")
+	ps := ids(2)
+	require.False(t, r.publish("msg-0", ps[0]))
+	require.False(t, r.publish("msg-1", ps[1]))
+	r.settled(ps, false)
+	r.requireExactlyOnce(ps)
+	var id int64
+	var reason string
+	require.NoError(t, r.db.Pool.QueryRow(context.Background(),
+		`SELECT id, reason FROM payout_dead_letters WHERE msg_id = $1`, []byte("msg-1")).Scan(&id, &reason))
+	require.Contains(t, reason, "no delivery left after 1")
+	require.Equal(t, 1, c.count("payout=po_001", "action=terminate", "dead_letter="))
+
+	r.cli(t, "dead-letters", "replay", "-database-url", r.db.URL, "-nats-url", natsURL(), "-all")
+	r.eventually("the replay answered from the stored result", func() (bool, error) {
+		return c.count("payout=po_001", "action=ack", "replayed=true") == 1, nil
+	})
+	r.requireExactlyOnce(ps)
+	out := r.cli(t, "dead-letters", "list", "-database-url", r.db.URL)
+	require.Contains(t, out, fmt.Sprintf("id=%d ", id))
+	require.Contains(t, out, "replays=1")
+}
