@@ -20,7 +20,9 @@ import (
 type Config struct {
 	// Scope resolves who owns the request's key: the authenticated account or tenant,
 	// never something the client alone asserts. Required. An empty scope or an error
-	// is answered 401 and the key table is not touched.
+	// is answered 401 no-scope, a scope workflow.ValidateScope refuses (a control
+	// character, not UTF-8, over 255 bytes) 401 invalid-scope; the key table is not
+	// touched.
 	Scope func(r *http.Request) (string, error)
 	// RequireKey makes Middleware and TxMiddleware answer 400 to a request without an
 	// Idempotency-Key header. When false, such a request goes straight to the wrapped
@@ -151,9 +153,11 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //   - 400 invalid-key: the Idempotency-Key header is missing, invalid (not 1-255
 //     printable ASCII) or sent more than once. 400 invalid-request: the body cannot
 //     be read, or the method or path is too long.
-//   - 401 no-scope: Config.Scope resolved no scope, or one no key can be stored under
-//     (empty, over 255 bytes, not UTF-8, a NUL). Nothing is written, and it is logged
-//     at most at debug level: clients can cause it at will.
+//   - 401 no-scope: Config.Scope resolved no scope (an error, or empty). 401
+//     invalid-scope: it resolved one no key can be stored under (over 255 bytes, not
+//     UTF-8, a C0 or C1 control character or DEL: workflow.ValidateScope), refused
+//     before the body is read. Nothing is written, and neither is logged above debug
+//     level: clients can cause them at will.
 //   - 405 method-not-allowed: a HEAD request. Allow names the route pattern's method
 //     when it has one, else DELETE, GET, PATCH, POST, PUT.
 //   - 409 key-in-progress: another attempt holds the key; Retry-After says when its
@@ -236,6 +240,10 @@ func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (r
 	scope, err := f.cfg.Scope(r)
 	if err != nil || scope == "" {
 		f.problem(w, http.StatusUnauthorized, kindNoScope, noScopeDetail)
+		return workflow.Request{}, false, false
+	}
+	if err := workflow.ValidateScope(scope); err != nil { // before the body is read
+		f.problem(w, http.StatusUnauthorized, kindInvalidScope, invalidScopeDetail)
 		return workflow.Request{}, false, false
 	}
 	switch {

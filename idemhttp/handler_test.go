@@ -108,7 +108,7 @@ func requireProblem(t *testing.T, r reply, status int) map[string]any {
 // problemKinds are the kinds of problem each status may have, as docs/API.md lists them.
 var problemKinds = map[int][]string{
 	400: {"invalid-key", "invalid-request"},
-	401: {"no-scope"},
+	401: {"no-scope", "invalid-scope"},
 	405: {"method-not-allowed"},
 	409: {"key-in-progress"},
 	410: {"key-dead-lettered"},

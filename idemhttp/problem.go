@@ -21,7 +21,8 @@ const problemContentType = "application/problem+json"
 const (
 	kindInvalidKey       = "invalid-key"        // 400: the Idempotency-Key header is missing or invalid
 	kindInvalidRequest   = "invalid-request"    // 400: the body cannot be read, or method or path too long
-	kindNoScope          = "no-scope"           // 401: no valid account owns the key
+	kindNoScope          = "no-scope"           // 401: no account owns the key
+	kindInvalidScope     = "invalid-scope"      // 401: the account is not text a key can be stored under
 	kindMethod           = "method-not-allowed" // 405: HEAD never runs a flow
 	kindKeyInProgress    = "key-in-progress"    // 409: another attempt holds the key
 	kindKeyDeadLettered  = "key-dead-lettered"  // 410: the key was given up on
@@ -102,8 +103,9 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
 	case errors.Is(err, workflow.ErrInvalidScope):
 		// The Scope function returned something no key can be stored under (not UTF-8,
-		// a NUL, too long), most likely copied from the request: no valid principal.
-		return httpAnswer{status: http.StatusUnauthorized, kind: kindNoScope, level: slog.LevelDebug, detail: noScopeDetail}
+		// a control character, too long), most likely copied from the request: no
+		// valid principal. read refuses it before the engine; this is the backstop.
+		return httpAnswer{status: http.StatusUnauthorized, kind: kindInvalidScope, level: slog.LevelDebug, detail: invalidScopeDetail}
 	case errors.Is(err, workflow.ErrInvalidRequest):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
 	case errors.Is(err, workflow.ErrBodyTooLarge):
@@ -146,6 +148,11 @@ func classify(err error) httpAnswer {
 // noScopeDetail is the detail of a 401: Scope resolved no scope, or one that is not
 // valid.
 const noScopeDetail = "The request has no authenticated account to own its idempotency key."
+
+// invalidScopeDetail is the detail of a 401 whose scope is not valid text
+// (workflow.ValidateScope).
+const invalidScopeDetail = "The request's account identifier cannot own an idempotency key: it must be 1-255 bytes " +
+	"of UTF-8 text without control characters."
 
 // writeResponse writes resp. retry, when positive, is sent as Retry-After unless resp
 // has one.

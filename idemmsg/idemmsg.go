@@ -24,11 +24,15 @@ const RetryDelayDefault = time.Second
 // Message is one delivery of a message, as the engine sees it.
 type Message struct {
 	// Scope owns the key: the consumer's identity, or the tenant the message belongs
-	// to. Keys are unique per scope. 1-255 bytes.
+	// to. Keys are unique per scope. 1-255 bytes of UTF-8 text without control
+	// characters (workflow.ValidateScope).
 	Scope string
 	// Key is the idempotency key: the message id (such as NATS's Nats-Msg-Id) or a
 	// business key from the payload, the same on every redelivery. 1-255 printable
-	// ASCII characters.
+	// ASCII characters (workflow.ValidateKey). A scope or key that holds a control
+	// character is terminated with workflow.ErrControlCharacter before any statement
+	// is sent; derive both from the message so that every one the consumer accepts is
+	// valid (examples/payouts turns any id into a valid key).
 	Key string
 	// Flow names a registered flow.
 	Flow string

@@ -187,7 +187,7 @@ func TestConsumerFaults(t *testing.T) {
 			}
 		}
 		id := fmt.Sprintf("payout-%d", i)
-		keys = append(keys, [2]string{"payouts", id})
+		keys = append(keys, [2]string{fmt.Sprintf("payouts/acct-%d", i%7), id}) // the consumer scopes by account
 		body := fmt.Sprintf(`{"payout_id":%q,"account":"acct-%d","amount":%d,"currency":"usd"}`, id, i%7, 100+i)
 		for {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -203,7 +203,7 @@ func TestConsumerFaults(t *testing.T) {
 	// Let the consumers (and their sweepers) finish everything.
 	waitUntil(t, 5*time.Minute, "every payout finished", func() bool {
 		var left int
-		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT $1::int - count(*) FILTER (WHERE status = 'finished') FROM idemflow_keys WHERE scope = 'payouts'`, n).Scan(&left))
+		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT $1::int - count(*) FILTER (WHERE status = 'finished') FROM idemflow_keys WHERE scope LIKE 'payouts/%'`, n).Scan(&left))
 		return left == 0
 	})
 	for _, s := range slots {
@@ -213,7 +213,7 @@ func TestConsumerFaults(t *testing.T) {
 	stats := bank.Stats()
 	var rowIDs []string
 	require.NoError(t, func() error {
-		rows, err := env.db.Pool.Query(ctx, `SELECT id::text FROM idemflow_keys WHERE scope = 'payouts'`)
+		rows, err := env.db.Pool.Query(ctx, `SELECT id::text FROM idemflow_keys WHERE scope LIKE 'payouts/%'`)
 		if err != nil {
 			return err
 		}

@@ -64,7 +64,7 @@ var effectCounts = map[string]string{
 	chargeflow.FlowName:       `SELECT account_id, idempotency_key, count(*) FROM charges GROUP BY 1, 2`,
 	twoCallFlow:               `SELECT scope, idem_key, count(*) FROM orders GROUP BY 1, 2`,
 	ledgerFlow:                `SELECT scope, idem_key, count(*) FROM side_ledger GROUP BY 1, 2`,
-	payout.FlowName:           `SELECT 'payouts', payout_id, count(*) FROM ledger GROUP BY 2`,
+	payout.FlowName:           `SELECT 'payouts/' || account_id, payout_id, count(*) FROM ledger GROUP BY 1, 2`, // payout.Scope of plain accounts
 	idemhttp.MiddlewareFlow:   `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'plain' GROUP BY 1, 2`,
 	idemhttp.TxMiddlewareFlow: `SELECT scope, idem_key, count(*) FROM mw_effects WHERE kind = 'tx' GROUP BY 1, 2`,
 }

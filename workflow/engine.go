@@ -263,9 +263,11 @@ func (e *Engine) flow(name string) (phases.Flow, bool) {
 
 // Request is one attempt of a logical operation.
 type Request struct {
-	// Scope is the key's owner, resolved by the server (an account, a tenant).
+	// Scope is the key's owner, resolved by the server (an account, a tenant): 1-255
+	// bytes of UTF-8 text without control characters (ValidateScope).
 	Scope string
-	// Key is the client's idempotency key: 1-255 printable ASCII characters.
+	// Key is the client's idempotency key: 1-255 printable ASCII characters
+	// (ValidateKey).
 	Key string
 	// Flow names a registered flow.
 	Flow string
@@ -292,7 +294,9 @@ type Result struct {
 }
 
 // ValidateKey reports whether key is a valid idempotency key: 1-255 bytes of printable
-// ASCII (space through tilde). The error wraps ErrInvalidKey.
+// ASCII (space through tilde). The error wraps ErrInvalidKey, and also
+// ErrControlCharacter when the key holds a C0 or C1 control character or DEL. Do,
+// package idemhttp (ParseKeyHeader) and package idemmsg refuse keys with it.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
@@ -300,12 +304,46 @@ func ValidateKey(key string) error {
 	if len(key) > 255 {
 		return fmt.Errorf("%w: %d bytes, the limit is 255", ErrInvalidKey, len(key))
 	}
+	if r, at, ok := controlCharacter(key); ok {
+		return fmt.Errorf("%w: %w U+%04X at byte %d", ErrInvalidKey, ErrControlCharacter, r, at)
+	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7e {
 			return fmt.Errorf("%w: byte %#x at %d is not printable ASCII", ErrInvalidKey, c, i)
 		}
 	}
 	return nil
+}
+
+// ValidateScope reports whether scope can own keys: 1-255 bytes of UTF-8 text with no
+// control character (C0 U+0000-U+001F, DEL U+007F, C1 U+0080-U+009F), so that no
+// scope can move an operator's cursor or hide in a log line. The error wraps
+// ErrInvalidScope, and also ErrControlCharacter for a control character. Do, package
+// idemhttp (before the body is read) and package idemmsg refuse scopes with it; the
+// admin calls accept any UTF-8 text without NUL, so that rows stored by older
+// releases stay reachable.
+func ValidateScope(scope string) error {
+	if scope == "" || len(scope) > 255 {
+		return fmt.Errorf("%w: want 1-255 bytes, got %d", ErrInvalidScope, len(scope))
+	}
+	if !utf8.ValidString(scope) {
+		return fmt.Errorf("%w: not UTF-8 text", ErrInvalidScope)
+	}
+	if r, at, ok := controlCharacter(scope); ok {
+		return fmt.Errorf("%w: %w U+%04X at byte %d", ErrInvalidScope, ErrControlCharacter, r, at)
+	}
+	return nil
+}
+
+// controlCharacter finds the first C0 or C1 control character or DEL in s. A byte
+// that is not part of valid UTF-8 is not one (the callers refuse those themselves).
+func controlCharacter(s string) (r rune, at int, ok bool) {
+	for i, c := range s {
+		if c < 0x20 || (c >= 0x7f && c <= 0x9f) {
+			return c, i, true
+		}
+	}
+	return 0, 0, false
 }
 
 // storableText reports whether s can be stored in a text column: valid UTF-8 with no
@@ -318,11 +356,8 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 	if err := ValidateKey(req.Key); err != nil {
 		return phases.Flow{}, err
 	}
-	if req.Scope == "" || len(req.Scope) > 255 {
-		return phases.Flow{}, fmt.Errorf("%w: want 1-255 bytes, got %d", ErrInvalidScope, len(req.Scope))
-	}
-	if !storableText(req.Scope) {
-		return phases.Flow{}, fmt.Errorf("%w: not UTF-8 text without NUL", ErrInvalidScope)
+	if err := ValidateScope(req.Scope); err != nil {
+		return phases.Flow{}, err
 	}
 	if req.Method == "" || len(req.Method) > 16 || !storableText(req.Method) {
 		return phases.Flow{}, fmt.Errorf("%w: method %q", ErrInvalidRequest, req.Method)
@@ -425,7 +460,8 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 // replays its stored response; an unfinished key whose lease ended is taken over and
 // resumed from its recovery point.
 //
-// Errors: ErrInvalidKey, ErrInvalidScope, ErrInvalidRequest, ErrBodyTooLarge and
+// Errors: ErrInvalidKey, ErrInvalidScope (both also wrapping ErrControlCharacter for
+// a control character; no statement sent), ErrInvalidRequest, ErrBodyTooLarge and
 // ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrUnknownRecoveryPoint;
 // ErrDeadLettered; ErrUnavailable or ErrConflict when the database fails.

@@ -13,8 +13,13 @@ var (
 	// ErrInvalidKey: the idempotency key is empty, longer than 255 bytes or holds a
 	// character outside printable ASCII. Nothing was written.
 	ErrInvalidKey = errors.New("invalid idempotency key")
-	// ErrInvalidScope: the scope is empty or longer than 255 bytes. Nothing was written.
+	// ErrInvalidScope: the scope is empty, longer than 255 bytes, not UTF-8 or holds a
+	// control character (ValidateScope). Nothing was written.
 	ErrInvalidScope = errors.New("invalid scope")
+	// ErrControlCharacter: a key or scope holds a C0 control character (U+0000-U+001F),
+	// DEL (U+007F) or a C1 control character (U+0080-U+009F). It comes wrapped with
+	// ErrInvalidKey or ErrInvalidScope; nothing was written and no statement was sent.
+	ErrControlCharacter = errors.New("control character")
 	// ErrInvalidRequest: method or route is empty or too long. Nothing was written.
 	ErrInvalidRequest = errors.New("invalid request")
 	// ErrUnknownFlow: no flow of that name is registered. Nothing was written.

@@ -2,6 +2,7 @@ package authcapture_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -64,4 +65,31 @@ func TestDeclinedAuthorisationIsRetried(t *testing.T) {
 	require.Equal(t, 201, res.Response.Status)
 	idemflowtest.RequireFinished(t, db.Pool, "acct", "k")
 	require.Equal(t, 2, provider.Made(), "one authorisation, one capture")
+}
+
+// TestControlCharactersWriteNothing: the example has no routes of its own; what a
+// client controls is the scope and key its server passes in. One with a C0 or C1
+// control character is refused before the flow runs: no order row, no provider call.
+func TestControlCharactersWriteNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := idemflowtest.NewDB(t, authcapture.Schema)
+	provider := idemflowtest.NewRemote(t, nil)
+	e, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(authcapture.Flow(provider.URL)))
+	for _, req := range []workflow.Request{
+		{Scope: "acct\u009b2J", Key: "k"}, {Scope: "acct\x1b", Key: "k"}, {Scope: "acct\xff", Key: "k"},
+		{Scope: "acct", Key: "k\x01"}, {Scope: "acct", Key: "k\u0085"},
+	} {
+		req.Flow, req.Method, req.Route, req.Body = "order", "POST", "/orders", []byte(`{"amount":5}`)
+		_, err := e.Do(ctx, req)
+		require.Error(t, err, "%q/%q", req.Scope, req.Key)
+		require.True(t, errors.Is(err, workflow.ErrInvalidScope) || errors.Is(err, workflow.ErrInvalidKey), "%v", err)
+	}
+	var orders, keys int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM idemflow_keys)`).Scan(&orders, &keys))
+	require.Zero(t, orders, "no order row")
+	require.Zero(t, keys, "no key row")
+	require.Zero(t, provider.Made(), "no provider call")
 }

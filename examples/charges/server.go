@@ -11,11 +11,13 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // serve runs the HTTP API with an embedded sweeper.
@@ -168,40 +170,42 @@ func newAPI(e *env) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", create)
 	mux.HandleFunc("GET /v1/charges/{id}", func(w http.ResponseWriter, r *http.Request) {
-		account, err := bearerAccount(r)
-		if err != nil {
-			writeProblem(w, http.StatusUnauthorized, "unauthorized", err.Error())
+		account, ok := readAccount(w, r)
+		if !ok {
+			return
+		}
+		id := r.PathValue("id")
+		if !validID(id) { // no charge has it, and Postgres would refuse it as text
+			writeProblem(w, http.StatusNotFound, "not found", "no such charge")
 			return
 		}
 		c, err := chargeflow.ScanCharge(e.pool.QueryRow(r.Context(), `
 			SELECT id, amount, currency, source, status, provider_payment_id
-			FROM charges WHERE id = $1 AND account_id = $2`, r.PathValue("id"), account))
+			FROM charges WHERE id = $1 AND account_id = $2`, id, account))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			writeProblem(w, http.StatusNotFound, "not found", "no such charge")
 		case err != nil:
-			e.log.ErrorContext(r.Context(), "charges: get charge", "err", err)
-			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+			e.readFailed(w, r, "get charge", err)
 		default:
 			writeJSON(w, http.StatusOK, c)
 		}
 	})
 	mux.HandleFunc("GET /v1/charges", func(w http.ResponseWriter, r *http.Request) {
-		account, err := bearerAccount(r)
-		if err != nil {
-			writeProblem(w, http.StatusUnauthorized, "unauthorized", err.Error())
+		account, ok := readAccount(w, r)
+		if !ok {
 			return
 		}
 		rows, err := e.pool.Query(r.Context(), `
 			SELECT id, amount, currency, source, status, provider_payment_id
 			FROM charges WHERE account_id = $1 ORDER BY created_at, id LIMIT 100`, account)
 		if err != nil {
-			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+			e.readFailed(w, r, "list charges", err)
 			return
 		}
 		list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (chargeflow.Charge, error) { return chargeflow.ScanCharge(row) })
 		if err != nil {
-			writeProblem(w, http.StatusInternalServerError, "internal error", "")
+			e.readFailed(w, r, "list charges", err)
 			return
 		}
 		if list == nil {
@@ -230,6 +234,38 @@ func bearerAccount(r *http.Request) (string, error) {
 		return "", errors.New("send Authorization: Bearer <account_id>")
 	}
 	return account, nil
+}
+
+// readAccount resolves the account of a read, as the idempotent routes do: a Bearer
+// account that workflow.ValidateScope accepts (UTF-8 text without control characters),
+// the same rule under which charges are created. Otherwise it answers 401 and reports
+// false.
+func readAccount(w http.ResponseWriter, r *http.Request) (string, bool) {
+	account, err := bearerAccount(r)
+	if err == nil && workflow.ValidateScope(account) != nil {
+		err = errors.New("the account must be 1-255 bytes of UTF-8 text without control characters")
+	}
+	if err != nil {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", err.Error())
+		return "", false
+	}
+	return account, true
+}
+
+// validID reports whether id can name a charge: text Postgres stores (UTF-8 without
+// NUL), at most 255 bytes. Any other id is simply not found.
+func validID(id string) bool {
+	return id != "" && len(id) <= 255 && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
+}
+
+// readFailed answers 500 to a read the database failed, and logs it, unless the client
+// went away (then there is no one to answer and nothing to alarm anyone about).
+func (e *env) readFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	e.log.ErrorContext(r.Context(), "charges: "+what, "err", err)
+	writeProblem(w, http.StatusInternalServerError, "internal error", "")
 }
 
 func writeProblem(w http.ResponseWriter, status int, title, detail string) {

@@ -54,7 +54,7 @@ func BenchmarkConsumer(b *testing.B) {
 	engine, err := workflow.New(pool, nil)
 	require.NoError(b, err)
 	require.NoError(b, engine.Register(payout.Flow(bank)))
-	idem := &consumer{engine: engine, scope: "payouts", out: io.Discard}
+	idem := &consumer{engine: engine, db: pool, scopePrefix: "payouts", stream: r.stream, out: io.Discard}
 
 	variants := []*benchVariant{
 		{name: "bare", handle: func(ctx context.Context, m jetstream.Msg) {

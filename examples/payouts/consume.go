@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -75,7 +76,7 @@ func consumeCmd(ctx context.Context, args []string) error {
 	s.register(fs)
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; when empty, a throwaway server is started)")
 	bankURL := fs.String("bank-url", "", "bank base URL (required)")
-	scope := fs.String("scope", "payouts", "the scope of the consumer's keys")
+	scopePrefix := fs.String("scope-prefix", "payouts", "a payout's key is scoped by its account, under this prefix: <prefix>/<account>")
 	lease := fs.Duration("lease", 30*time.Second, "how long a delivery owns a payout before another may take over")
 	sweepInterval := fs.Duration("sweep-interval", time.Second, "how often the sweeper looks for unfinished payouts")
 	sweepGrace := fs.Duration("sweep-grace", 0, "how old an unfinished payout must be before the sweeper takes it (0: the sweeper default of 5s)")
@@ -91,8 +92,11 @@ func consumeCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeDB()
+	if err := workflow.ValidateScope(*scopePrefix); err != nil || len(*scopePrefix) > 200 {
+		return fmt.Errorf("-scope-prefix %q: want 1-200 bytes of text without control characters", *scopePrefix)
+	}
 	withhold, _ := strconv.Atoi(os.Getenv(envWithholdAcks))
-	c := &consumer{scope: *scope, out: os.Stdout, crashAt: os.Getenv(envCrashAt)}
+	c := &consumer{db: pool, scopePrefix: *scopePrefix, stream: s.name, maxDeliver: s.maxDeliver, out: os.Stdout, crashAt: os.Getenv(envCrashAt)}
 	c.withhold.Store(int64(withhold))
 	c.engine, err = workflow.New(pool, &workflow.Config{Lease: *lease, Logger: log, Hooks: c.hooks()})
 	if err != nil {
@@ -215,45 +219,86 @@ func (s *stream) consume(ctx context.Context, handle func(context.Context, jetst
 
 // consumer runs deliveries through the engine and acknowledges them as idemmsg says.
 type consumer struct {
-	engine   *workflow.Engine
-	scope    string
-	out      io.Writer
-	outMu    sync.Mutex
-	crashAt  string
-	withhold atomic.Int64
+	engine      *workflow.Engine
+	db          *pgxpool.Pool // where dead letters are recorded
+	scopePrefix string        // a payout's scope is payout.Scope(scopePrefix, account)
+	stream      string        // the stream's name, for a delivery without metadata
+	maxDeliver  int           // the broker's limit of deliveries (<= 0: none)
+	out         io.Writer
+	outMu       sync.Mutex
+	crashAt     string
+	withhold    atomic.Int64
 }
 
-// handle runs one delivery and acks, naks with a delay or terminates it. The ack is
+// handle runs one delivery and acks, naks with a delay or gives up on it. The ack is
 // sent only after the answer is stored: a crash before it makes the broker redeliver,
-// and the redelivery replays.
+// and the redelivery replays. A payout's key and scope are derived from its payout id
+// and account (payout.Key, payout.Scope), so that every message Parse accepts has a
+// valid key and the same payout id from two accounts is two payouts.
 func (c *consumer) handle(ctx context.Context, m jetstream.Msg) {
+	meta, _ := m.Metadata()
 	delivered := uint64(0)
-	if meta, err := m.Metadata(); err == nil {
+	if meta != nil {
 		delivered = meta.NumDelivered
 	}
 	req, err := payout.Parse(m.Data())
 	if err != nil { // no payout id to key it by: no redelivery can do better
-		c.report("delivery payout=? delivered=%d action=terminate err=%q", delivered, err.Error())
-		_ = m.Term()
+		c.giveUp(ctx, m, meta, "?", err)
 		return
 	}
-	d := idemmsg.Handle(ctx, c.engine, idemmsg.Message{Scope: c.scope, Key: req.PayoutID, Flow: payout.FlowName, Payload: m.Data()})
+	d := idemmsg.Handle(ctx, c.engine, idemmsg.Message{
+		Scope: payout.Scope(c.scopePrefix, req.Account), Key: payout.Key(req.PayoutID), Flow: payout.FlowName, Payload: m.Data(),
+	})
 	replayed := d.Action == idemmsg.Ack && d.Result.Replayed
-	switch d.Action {
-	case idemmsg.Ack:
+	switch {
+	case d.Action == idemmsg.Ack:
 		c.die("ack/before")
 		if c.withhold.Add(-1) >= 0 {
-			c.report("withheld ack payout=%s delivered=%d", req.PayoutID, delivered)
+			c.report("withheld ack payout=%s delivered=%d", show(req.PayoutID), delivered)
 			return
 		}
 		err = m.DoubleAck(ctx)
-	case idemmsg.Retry:
+	case d.Action == idemmsg.Retry && c.maxDeliver > 0 && delivered >= uint64(c.maxDeliver):
+		// The broker will not deliver it again: keep it, or it is lost.
+		c.giveUp(ctx, m, meta, show(req.PayoutID), fmt.Errorf("no delivery left after %d: %w", delivered, d.Err))
+		return
+	case d.Action == idemmsg.Retry:
 		err = m.NakWithDelay(d.Delay)
 	default:
-		err = m.Term()
+		c.giveUp(ctx, m, meta, show(req.PayoutID), d.Err)
+		return
 	}
 	c.report("delivery payout=%s delivered=%d action=%v replayed=%v delay=%v err=%q ack_err=%v",
-		req.PayoutID, delivered, d.Action, replayed, d.Delay, errString(d.Err), err)
+		show(req.PayoutID), delivered, d.Action, replayed, d.Delay, errString(d.Err), err)
+}
+
+// giveUp records m as a dead letter, then terminates it: the broker stops delivering
+// it, and an operator can list and replay it (payouts dead-letters). If the record
+// cannot be written, m is naked instead, to be given up on again on its redelivery:
+// a message is never terminated without its record.
+func (c *consumer) giveUp(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, payoutID string, cause error) {
+	dl := payout.DeadLetter{Stream: c.stream, Subject: m.Subject(), MsgID: []byte(m.Headers().Get(jetstream.MsgIDHeader)), Data: m.Data(), Reason: errString(cause)}
+	if meta != nil {
+		dl.Stream, dl.StreamSeq, dl.Delivered = meta.Stream, meta.Sequence.Stream, meta.NumDelivered
+	}
+	if err := payout.RecordDeadLetter(ctx, c.db, dl); err != nil {
+		nerr := m.NakWithDelay(time.Second)
+		c.report("delivery payout=%s delivered=%d action=retry dead_letter=failed err=%q ack_err=%v", payoutID, dl.Delivered, err.Error(), nerr)
+		return
+	}
+	err := m.Term()
+	c.report("delivery payout=%s delivered=%d action=terminate dead_letter=%s/%d err=%q ack_err=%v",
+		payoutID, dl.Delivered, dl.Stream, dl.StreamSeq, errString(cause), err)
+}
+
+// show is a payout id as the consumer prints it: as it is when it is its own key
+// (printable ASCII) without spaces, else quoted, so that no control character reaches
+// the terminal.
+func show(payoutID string) string {
+	if payout.Key(payoutID) == payoutID && !strings.ContainsRune(payoutID, ' ') {
+		return payoutID
+	}
+	return strconv.Quote(payoutID)
 }
 
 func errString(err error) string {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -90,10 +91,17 @@ func randomID() string {
 // reports whether the broker dropped it as a duplicate of an earlier one.
 func (r *rig) publish(msgID string, p payout.Requested) bool {
 	r.t.Helper()
-	body := fmt.Sprintf(`{"payout_id":%q,"account":%q,"amount":%d,"currency":%q}`, p.PayoutID, p.Account, p.Amount, p.Currency)
+	body, err := json.Marshal(p)
+	require.NoError(r.t, err)
+	return r.publishRaw(msgID, body)
+}
+
+// publishRaw publishes body as it is.
+func (r *rig) publishRaw(msgID string, body []byte) bool {
+	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ack, err := r.js.Publish(ctx, r.subject, []byte(body), jetstream.WithMsgID(msgID))
+	ack, err := r.js.Publish(ctx, r.subject, body, jetstream.WithMsgID(msgID))
 	require.NoError(r.t, err)
 	return ack.Duplicate
 }
@@ -240,11 +248,13 @@ func (r *rig) count(sql string, args ...any) (int, error) {
 
 // settled waits until every payout has its ledger row and its key is finished, no
 // key is left unfinished, and (when acked) the broker has nothing pending or unacked.
-func (r *rig) settled(ids []string, acked bool) {
+func (r *rig) settled(ps []payout.Requested, acked bool) {
 	r.t.Helper()
+	accounts, ids := columns(ps)
 	r.eventually("every payout settled", func() (bool, error) {
-		done, err := r.count(`SELECT count(DISTINCT payout_id) FROM ledger WHERE payout_id = ANY($1)`, ids)
-		if err != nil || done < len(ids) {
+		done, err := r.count(`SELECT count(DISTINCT (l.account_id, l.payout_id)) FROM ledger l
+			JOIN unnest($1::text[], $2::text[]) AS p(account, id) ON l.account_id = p.account AND l.payout_id = p.id`, accounts, ids)
+		if err != nil || done < len(ps) {
 			return false, err
 		}
 		open, err := r.count(`SELECT count(*) FROM idemflow_keys WHERE status <> 'finished'`)
@@ -271,34 +281,43 @@ func (r *rig) settled(ids []string, acked bool) {
 	})
 }
 
+func columns(ps []payout.Requested) (accounts, ids []string) {
+	for _, p := range ps {
+		accounts, ids = append(accounts, p.Account), append(ids, p.PayoutID)
+	}
+	return accounts, ids
+}
+
 // requireExactlyOnce checks each payout's effects: one payout row (paid), one ledger
-// row, and at the bank one transfer under the payout's derived key; and that the bank
-// made no transfer beyond those.
-func (r *rig) requireExactlyOnce(ids []string) {
+// row, its key under the account's scope, and at the bank one transfer under the
+// payout's derived key; and that the bank made no transfer beyond those.
+func (r *rig) requireExactlyOnce(ps []payout.Requested) {
 	r.t.Helper()
 	ctx := context.Background()
 	stats := r.bank.Stats()
-	for _, id := range ids {
-		n, err := r.count(`SELECT count(*) FROM ledger WHERE payout_id = $1`, id)
+	for _, p := range ps {
+		n, err := r.count(`SELECT count(*) FROM ledger WHERE account_id = $1 AND payout_id = $2`, p.Account, p.PayoutID)
 		require.NoError(r.t, err)
-		require.Equal(r.t, 1, n, "ledger rows of payout %s", id)
-		n, err = r.count(`SELECT count(*) FROM payouts WHERE payout_id = $1 AND status = 'paid'`, id)
+		require.Equal(r.t, 1, n, "ledger rows of payout %q of %q", p.PayoutID, p.Account)
+		n, err = r.count(`SELECT count(*) FROM payouts WHERE account_id = $1 AND payout_id = $2 AND status = 'paid'`, p.Account, p.PayoutID)
 		require.NoError(r.t, err)
-		require.Equal(r.t, 1, n, "paid payout rows of %s", id)
+		require.Equal(r.t, 1, n, "paid payout rows of %q of %q", p.PayoutID, p.Account)
 		var rowID string
 		require.NoError(r.t, r.db.Pool.QueryRow(ctx,
-			`SELECT id::text FROM idemflow_keys WHERE scope = 'payouts' AND idempotency_key = $1 AND status = 'finished'`, id).Scan(&rowID))
+			`SELECT id::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`,
+			payout.Scope("payouts", p.Account), payout.Key(p.PayoutID)).Scan(&rowID))
 		key := rowID + ":" + payout.PhaseTransfer
 		tr, ok := stats.Transfers[key]
-		require.True(r.t, ok, "no bank transfer under the derived key of payout %s", id)
+		require.True(r.t, ok, "no bank transfer under the derived key of payout %q of %q", p.PayoutID, p.Account)
 		var ledgerTr string
-		require.NoError(r.t, r.db.Pool.QueryRow(ctx, `SELECT transfer_id FROM ledger WHERE payout_id = $1`, id).Scan(&ledgerTr))
+		require.NoError(r.t, r.db.Pool.QueryRow(ctx, `SELECT transfer_id FROM ledger WHERE account_id = $1 AND payout_id = $2`,
+			p.Account, p.PayoutID).Scan(&ledgerTr))
 		require.Equal(r.t, tr, ledgerTr, "the ledger names the one bank transfer")
 	}
-	require.Len(r.t, stats.Transfers, len(ids), "one bank transfer per payout, no other")
+	require.Len(r.t, stats.Transfers, len(ps), "one bank transfer per payout, no other")
 	n, err := r.count(`SELECT count(*) FROM payouts`)
 	require.NoError(r.t, err)
-	require.Equal(r.t, len(ids), n, "no payout recorded twice")
+	require.Equal(r.t, len(ps), n, "no payout recorded twice")
 }
 
 func payoutN(i int) payout.Requested {

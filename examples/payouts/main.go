@@ -4,10 +4,16 @@
 // only once its answer is stored. Duplicates (the same Nats-Msg-Id, or the same
 // payout under another message id), redeliveries after a crash or a lost ack, and
 // competing consumers all end in one ledger row and one bank transfer per payout. An
-// embedded sweeper finishes payouts that no redelivery comes back for.
+// embedded sweeper finishes payouts that no redelivery comes back for. Keys are scoped
+// by account (payout.Scope), every payout id is turned into a valid key (payout.Key),
+// and a message the consumer gives up on (it does not parse, its payout id was used for
+// another payout, or the broker will not deliver it again) is recorded in
+// payout_dead_letters before it is terminated.
 //
 //	payouts consume   the consumer, with an embedded sweeper
 //	payouts bank      the fake bank, which dedupes on its Idempotency-Key header
+//	payouts dead-letters list|replay
+//	                  the messages the consumer gave up on: list them, publish them again
 //
 // Run `payouts <command> -h` for a command's flags.
 package main
@@ -32,6 +38,8 @@ const usage = `usage: payouts <command> [flags]
 commands:
   consume   consume payouts.requested, with an embedded sweeper
   bank      the fake bank
+  dead-letters list|replay
+            the messages the consumer gave up on
 `
 
 func main() {
@@ -47,6 +55,8 @@ func main() {
 		err = consumeCmd(ctx, args)
 	case "bank":
 		err = bankCmd(ctx, args)
+	case "dead-letters":
+		err = deadLettersCmd(ctx, args, os.Stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return

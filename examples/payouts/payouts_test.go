@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/examples/payouts/payout"
 )
 
-func ids(n int) []string {
-	out := make([]string, n)
+func ids(n int) []payout.Requested {
+	out := make([]payout.Requested, n)
 	for i := range out {
-		out[i] = payoutN(i).PayoutID
+		out[i] = payoutN(i)
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,8 +88,9 @@ func ParseRequest(body []byte) (Request, error) {
 		return req, errors.New("amount must be a positive integer")
 	case !currencyRE.MatchString(req.Currency):
 		return req, errors.New("currency must be three lowercase letters")
-	case req.Source == "":
-		return req, errors.New("source must not be empty")
+	case req.Source == "" || len(req.Source) > 255 || strings.ContainsRune(req.Source, 0):
+		// A NUL ("\u0000" in JSON) is text Postgres refuses to store: a 400, not a 500.
+		return req, errors.New("source must be 1-255 bytes of text without NUL")
 	}
 	return req, nil
 }

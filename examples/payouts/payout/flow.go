@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
@@ -44,7 +45,23 @@ CREATE TABLE IF NOT EXISTS ledger (
 	amount      bigint    NOT NULL,
 	transfer_id text      NOT NULL
 );
-CREATE INDEX IF NOT EXISTS ledger_payout_idx ON ledger (payout_id);`
+CREATE INDEX IF NOT EXISTS ledger_payout_idx ON ledger (payout_id);
+-- Messages the consumer gave up on (terminated), one row per stream message, kept
+-- until an operator deletes them: payouts dead-letters list / replay.
+CREATE TABLE IF NOT EXISTS payout_dead_letters (
+	id          bigserial   PRIMARY KEY,
+	stream      text        NOT NULL,
+	stream_seq  bigint      NOT NULL,
+	subject     text        NOT NULL,
+	msg_id      bytea       NOT NULL, -- Nats-Msg-Id, as sent (may be any bytes)
+	data        bytea       NOT NULL, -- the message body, as sent
+	reason      text        NOT NULL,
+	delivered   bigint      NOT NULL,
+	created_at  timestamptz NOT NULL DEFAULT now(),
+	replays     int         NOT NULL DEFAULT 0,
+	replayed_at timestamptz,
+	UNIQUE (stream, stream_seq)
+);`
 
 // Requested is the body of a payouts.requested message. PayoutID is the business key:
 // the same payout published twice, under any message id, is paid once.
@@ -71,10 +88,11 @@ func Parse(body []byte) (Requested, error) {
 		return r, errors.New("body must be a JSON object with payout_id, account, amount and currency")
 	}
 	switch {
-	case r.PayoutID == "" || len(r.PayoutID) > 200:
-		return r, errors.New("payout_id must be 1-200 characters")
-	case r.Account == "":
-		return r, errors.New("account must not be empty")
+	case r.PayoutID == "" || len(r.PayoutID) > 200 || strings.ContainsRune(r.PayoutID, 0):
+		// Any other text is fine: Key turns it into a valid idempotency key.
+		return r, errors.New("payout_id must be 1-200 bytes of text without NUL")
+	case r.Account == "" || strings.ContainsRune(r.Account, 0):
+		return r, errors.New("account must be text without NUL, not empty")
 	case r.Amount <= 0:
 		return r, errors.New("amount must be a positive integer")
 	case !currency.MatchString(r.Currency):
