@@ -450,7 +450,7 @@ func (r *report) markdown() string {
 	p("| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, max_wal_size=%s |\n", m.pgVersion, m.fsync, m.syncCommit, m.sharedBufs, m.maxWalSize)
 	server := "`$DATABASE_URL` / `TEST_DATABASE_URL`"
 	if m.throwaway {
-		server = "throwaway server from local binaries (internal/pgtest), same machine, TCP on 127.0.0.1"
+		server = "throwaway server from local binaries (testkit/pgtest), same machine, TCP on 127.0.0.1"
 	}
 	p("| server | %s; a fresh database per run |\n", server)
 	p("| load average at start | %s |\n", orDash(m.loadAverage))

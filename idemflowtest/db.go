@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/idemflow/idemflow/internal/childproc"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/childproc"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // EnvDatabaseURL names the environment variable that points the tests at an existing

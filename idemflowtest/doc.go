@@ -83,7 +83,7 @@
 // neither it nor dockertest.
 //
 // This package imports idemflow's phases, workflow and sweeper packages,
-// internal/pgtest (and through it migrations and dockertest), internal/childproc,
+// testkit/pgtest (and through it migrations and dockertest), testkit/childproc,
 // internal/phaserun, pgx and go.uber.org/goleak. No production package imports it. The
 // crash matrix's child processes need a Unix system.
 package idemflowtest

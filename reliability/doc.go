@@ -30,7 +30,7 @@
 // experiment is skipped without it).
 //
 // This package's tests import idemflow's workflow, sweeper, store, phases, idemhttp,
-// idemflowtest, examples/charges/chargeflow, examples/payouts/payout, internal/pgtest,
-// internal/faultproxy, internal/childproc and internal/phaserun (to wrap a flow's
+// idemflowtest, examples/charges/chargeflow, examples/payouts/payout, testkit/pgtest,
+// testkit/faultproxy, testkit/childproc and internal/phaserun (to wrap a flow's
 // first phase) packages.
 package reliability
