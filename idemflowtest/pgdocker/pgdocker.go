@@ -1,4 +1,15 @@
-package pgtest
+// Package pgdocker starts a throwaway postgres:15 container through dockertest, for
+// the tests of a machine that has a Docker daemon but no PostgreSQL server binaries.
+// It is a module of its own (github.com/idemflow/idemflow/idemflowtest/pgdocker) so
+// that Docker's client libraries are in the module graph of only those who ask for it:
+//
+//	func TestMain(m *testing.M) {
+//		idemflowtest.MainWith(m, idemflowtest.Options{Fallback: pgdocker.Start})
+//	}
+//
+// The test kit uses the container only when TEST_DATABASE_URL is not set and no local
+// server binaries are found, and removes it when the tests end.
+package pgdocker
 
 import (
 	"context"
@@ -7,32 +18,35 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"time"
 
 	"github.com/ory/dockertest/v3"
 	"github.com/ory/dockertest/v3/docker"
 )
 
-// Container settings for the dockertest fallback.
+// The container's image.
 const (
-	dockerRepository   = "postgres"
-	dockerTag          = "15"
-	dockerStartTimeout = 2 * time.Minute // after the image is pulled
+	Repository = "postgres"
+	Tag        = "15"
 )
 
-// errNoDocker means no Docker daemon answered; Start then reports what to install.
-var errNoDocker = errors.New("no Docker daemon answered")
+// ErrNoDaemon means no Docker daemon answered (DOCKER_HOST, or the default socket).
+var ErrNoDaemon = errors.New("pgdocker: no Docker daemon answered")
 
-// startDocker runs a postgres:15 container, published on the loopback interface only
-// (trust authentication must not be reachable from the network) unless the daemon is
-// remote (DOCKER_HOST=tcp://host:port), in which case it is published on that host.
-func startDocker(ctx context.Context, extra []string) (*Server, error) {
+// Start runs a postgres:15 container with trust authentication and the given extra
+// server settings ("name=value"), and returns a superuser URL to its postgres database
+// and a function that removes the container. The port is published on the loopback
+// interface only (trust authentication must not be reachable from the network) unless
+// the daemon is remote (DOCKER_HOST=tcp://host:port), in which case it is published on
+// that host. Start returns once the container runs, which may be before the server
+// accepts connections: the test kit waits for that. Without a daemon it returns an error
+// wrapping ErrNoDaemon. Its signature is idemflowtest's Options.Fallback.
+func Start(ctx context.Context, settings []string) (string, func() error, error) {
 	pool, err := dockertest.NewPool("")
 	if err != nil {
-		return nil, fmt.Errorf("%w (%v)", errNoDocker, err)
+		return "", nil, fmt.Errorf("%w (%v)", ErrNoDaemon, err)
 	}
 	if err := pool.Client.PingWithContext(ctx); err != nil {
-		return nil, fmt.Errorf("%w (%v)", errNoDocker, err)
+		return "", nil, fmt.Errorf("%w (%v)", ErrNoDaemon, err)
 	}
 
 	bindIP, connectHost := "127.0.0.1", "127.0.0.1"
@@ -40,12 +54,12 @@ func startDocker(ctx context.Context, extra []string) (*Server, error) {
 		bindIP, connectHost = "", u.Hostname()
 	}
 	cmd := []string{"postgres", "-c", "max_connections=300", "-c", "shared_buffers=128MB", "-c", "fsync=on", "-c", "TimeZone=UTC", "-c", "max_parallel_workers_per_gather=0"}
-	for _, s := range extra {
+	for _, s := range settings {
 		cmd = append(cmd, "-c", s)
 	}
 	opts := &dockertest.RunOptions{
-		Repository: dockerRepository,
-		Tag:        dockerTag,
+		Repository: Repository,
+		Tag:        Tag,
 		Env: []string{
 			"POSTGRES_USER=postgres",
 			"POSTGRES_DB=postgres",
@@ -65,23 +79,20 @@ func startDocker(ctx context.Context, extra []string) (*Server, error) {
 		hc.ShmSize = 256 << 20
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: a Docker daemon answered but the %s:%s container did not start: %w",
-			dockerRepository, dockerTag, err)
+		return "", nil, fmt.Errorf("pgdocker: a Docker daemon answered but the %s:%s container did not start: %w",
+			Repository, Tag, err)
 	}
-	srv := &Server{stop: func() error {
+	stop := func() error {
 		var gone *docker.NoSuchContainer
 		if err := pool.Purge(res); err != nil && !errors.As(err, &gone) { // AutoRemove may win the race
-			return fmt.Errorf("pgtest: remove container %s: %w", res.Container.ID, err)
+			return fmt.Errorf("pgdocker: remove container %s: %w", res.Container.ID, err)
 		}
 		return nil
-	}}
+	}
 	port := res.GetPort("5432/tcp")
 	if port == "" {
-		return nil, errors.Join(fmt.Errorf("pgtest: container %s published no port for 5432/tcp", res.Container.ID), srv.Stop())
+		return "", nil, errors.Join(fmt.Errorf("pgdocker: container %s published no port for 5432/tcp", res.Container.ID), stop())
 	}
-	srv.URL = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", net.JoinHostPort(connectHost, port))
-	if err := waitReady(ctx, srv.URL, nil, dockerStartTimeout); err != nil {
-		return nil, errors.Join(fmt.Errorf("pgtest: %s:%s container: %w", dockerRepository, dockerTag, err), srv.Stop())
-	}
-	return srv, nil
+	connString := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", net.JoinHostPort(connectHost, port))
+	return connString, stop, nil
 }

@@ -1,4 +1,4 @@
-package idemflowui_test
+package browsertest_test
 
 import (
 	"context"
@@ -106,7 +106,7 @@ func text(ctx context.Context, t *testing.T, sel string) string {
 func (f *fixture) loginIn(ctx context.Context, t *testing.T) {
 	t.Helper()
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/"),
+		chromedp.Navigate(f.Srv.URL+"/"),
 		chromedp.Click(chromedp.CSS("#login-link")),
 		chromedp.WaitVisible(chromedp.CSS("#token")),
 		chromedp.SendKeys(chromedp.CSS("#token"), token),
@@ -124,10 +124,10 @@ func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 	t.Parallel()
 	ctx := tab(t)
 	f := setup(t, writable())
-	f.crash(t, "crashed")
-	testflow.Sweepable(t, f.db.Pool) // the dead server's lease has run out
+	f.Crash(t, "crashed")
+	testflow.Sweepable(t, f.DB.Pool) // the dead server's lease has run out
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/")))
 	require.Equal(t, "1", text(ctx, t, "#total-stuck"))
 	require.Equal(t, "crashed", text(ctx, t, "#oldest-stuck-link"))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#oldest-stuck-link"))))
@@ -140,25 +140,25 @@ func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 
 	f.loginIn(ctx, t)
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/keys?status=stuck"),
+		chromedp.Navigate(f.Srv.URL+"/keys?status=stuck"),
 		chromedp.Click(chromedp.CSS(`#keys a.key`)),
 		chromedp.WaitVisible(chromedp.CSS("#release")),
 		chromedp.Click(chromedp.CSS("#release")),
 	))
 	require.Contains(t, text(ctx, t, "#what"), "Releasing takes its lease away")
-	require.Equal(t, 1, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "the confirmation page changes nothing")
+	require.Equal(t, 1, int(testflow.State(t, f.DB.Pool, "acct", "crashed").LockVersion), "the confirmation page changes nothing")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
 	require.Contains(t, text(ctx, t, "#flash"), "Released")
-	require.Equal(t, 2, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "released: fenced")
+	require.Equal(t, 2, int(testflow.State(t, f.DB.Pool, "acct", "crashed").LockVersion), "released: fenced")
 
-	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.Equal(t, 1, f.Sweep(t, 0).Finished)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
 	require.Equal(t, "finished", text(ctx, t, "#status"))
 	history := text(ctx, t, "#history")
 	require.Contains(t, history, "operator_released")
 	require.Contains(t, history, "had reached reserve")
 	require.Contains(t, history, "by sweeper")
-	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "crashed")
+	testflow.RequireOneEffect(t, f.DB.Pool, f.Provider, "acct", "crashed")
 }
 
 // TestBrowserRedrive: a dead-lettered key is found in the dead list, re-driven after a
@@ -167,11 +167,11 @@ func TestBrowserRedrive(t *testing.T) {
 	t.Parallel()
 	ctx := tab(t)
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
+	f.Dead(t, "acct", "dead")
 	f.loginIn(ctx, t)
 	require.Equal(t, "1", text(ctx, t, "#dead-24h"))
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/keys?status=dead"),
+		chromedp.Navigate(f.Srv.URL+"/keys?status=dead"),
 		chromedp.Click(chromedp.CSS(`#keys a.key`)),
 	))
 	require.Equal(t, "dead", text(ctx, t, "#status"))
@@ -179,17 +179,17 @@ func TestBrowserRedrive(t *testing.T) {
 	require.Contains(t, text(ctx, t, "#last-error"), "503")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#redrive"))))
 	require.Contains(t, text(ctx, t, "#what"), "Re-driving puts it back in progress")
-	require.Equal(t, "dead", testflow.State(t, f.db.Pool, "acct", "dead").Status, "the confirmation page changes nothing")
+	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "acct", "dead").Status, "the confirmation page changes nothing")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
 	require.Contains(t, text(ctx, t, "#flash"), "Re-driven")
 	require.Equal(t, "stuck", text(ctx, t, "#status"), "due at once")
 	require.Equal(t, "0", text(ctx, t, "#attempts"))
 
-	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.Equal(t, 1, f.Sweep(t, 0).Finished)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
 	require.Equal(t, "finished", text(ctx, t, "#status"))
 	require.Contains(t, text(ctx, t, "#history"), "redriven")
-	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "dead")
+	testflow.RequireOneEffect(t, f.DB.Pool, f.Provider, "acct", "dead")
 }
 
 // TestBrowserScriptInBody: a stored body, a key and an error holding markup are shown
@@ -201,9 +201,9 @@ func TestBrowserScriptInBody(t *testing.T) {
 	f := setup(t, nil)
 	const key = `<i id="k">x</i>`
 	body := `{"amount":7,"note":"<script>document.title='pwned';window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"}`
-	f.released(t, "acct", key, body)
+	f.Released(t, "acct", key, body)
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/keys?status=in_progress")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/keys?status=in_progress")))
 	require.Equal(t, key, text(ctx, t, "#keys a.key"))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#keys a.key"))))
 	require.Equal(t, key, text(ctx, t, "#key"))
@@ -221,7 +221,7 @@ func TestBrowserScriptInBody(t *testing.T) {
 }
 
 // TestScreenshots writes the pictures in docs/ that docs/OPERATIONS.md shows. Run it
-// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui
+// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui/browsertest
 func TestScreenshots(t *testing.T) {
 	if os.Getenv("IDEMFLOW_SCREENSHOTS") != "docs" {
 		t.Skip("set IDEMFLOW_SCREENSHOTS=docs to write docs/ui-*.png")
@@ -229,19 +229,19 @@ func TestScreenshots(t *testing.T) {
 	ctx := tab(t)
 	f := setup(t, writable())
 	for i, k := range []string{"ch_1001", "ch_1002", "ch_1003", "ch_1004", "ch_1005", "ch_1006"} {
-		f.finished(t, []string{"acct_42", "acct_7"}[i%2], k)
+		f.Finished(t, []string{"acct_42", "acct_7"}[i%2], k)
 	}
-	f.dead(t, "acct_42", "ch_0998")
-	f.crash(t, "ch_1007")
-	testflow.Sweepable(t, f.db.Pool)
+	f.Dead(t, "acct_42", "ch_0998")
+	f.Crash(t, "ch_1007")
+	testflow.Sweepable(t, f.DB.Pool)
 	f.loginIn(ctx, t)
 	shot := func(url, name string) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("main"))))
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join("..", "docs", name), png, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join("..", "..", "docs", name), png, 0o644))
 	}
-	shot(f.srv.URL+"/", "ui-overview.png")
-	shot(f.srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
+	shot(f.Srv.URL+"/", "ui-overview.png")
+	shot(f.Srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
 }

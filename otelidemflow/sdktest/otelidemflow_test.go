@@ -1,4 +1,4 @@
-package otelidemflow_test
+package sdktest_test
 
 import (
 	"context"
