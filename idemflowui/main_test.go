@@ -14,7 +14,6 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemflowui"
 	"github.com/idemflow/idemflow/testkit/uitest"
-	"github.com/idemflow/idemflow/workflow"
 )
 
 func TestMain(m *testing.M) { idemflowtest.Main(m) }
@@ -33,8 +32,6 @@ func setup(t *testing.T, opts *idemflowui.Options) *fixture {
 }
 
 func writable() *idemflowui.Options { return uitest.Writable() }
-
-func req(scope, key, body string) workflow.Request { return uitest.Req(scope, key, body) }
 
 // page is one HTTP answer, read.
 type page struct {
