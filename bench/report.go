@@ -431,7 +431,7 @@ func (r *report) markdown() string {
 		r.finished.Sub(r.started).Round(time.Second))
 	p("Regenerate with `go run ./bench -growth 10000000` (it writes this file and [%s](%s)); ", chartFile, chartFile)
 	p("CI runs `go run ./bench -smoke` (under a minute), which writes nothing and fails only on errors and invariant violations, never on a budget line. ")
-	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/` (claim, advance, replay, the charges flow, fingerprint; each reports round trips per operation).\n\n")
+	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/ ./examples/charges/chargeflow/` (claim, advance, replay, fingerprint; the charges flow in the example's package; each reports round trips per operation).\n\n")
 
 	p("## Budget (DESIGN.md)\n\n")
 	p("| line | target | measured | |\n|---|---|---|---|\n")
