@@ -22,7 +22,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
@@ -130,8 +129,13 @@ func refunds(engine *workflow.Engine) error {
 	return nil
 }
 
+// delivery is the part of a queue's message the snippet uses; NATS JetStream's
+// jetstream.Msg has it (examples/payouts consumes real ones). An interface here keeps
+// nats.go out of the library module's requirements.
+type delivery interface{ Data() []byte }
+
 // consume is the README's message snippet: one delivery of a queue, run under its key.
-func consume(engine *workflow.Engine, payoutID string, msg jetstream.Msg) idemmsg.Decision {
+func consume(engine *workflow.Engine, payoutID string, msg delivery) idemmsg.Decision {
 	d := idemmsg.Handle(ctx, engine, idemmsg.Message{Scope: "payouts", Key: payoutID, Flow: "payout", Payload: msg.Data()})
 	return d
 }

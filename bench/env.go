@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/cpumeter"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

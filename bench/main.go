@@ -10,7 +10,7 @@
 //	go run ./bench -cell 1s -rounds 2 -warmup 1s -growth 1000000 -docs ''   # a quick full run
 //
 // The database is $DATABASE_URL's server, else a throwaway one from local PostgreSQL
-// binaries (internal/pgtest, fsync on, pg_stat_statements loaded; TEST_DATABASE_URL is
+// binaries (testkit/pgtest, fsync on, pg_stat_statements loaded; TEST_DATABASE_URL is
 // honoured there). The bench creates a database of its own on it (and two more for the
 // growth experiment) and drops them at the end.
 //

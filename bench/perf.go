@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/cpumeter"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 )
 
 // perfSymbols are the server functions whose share of the server's CPU samples the

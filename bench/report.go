@@ -431,7 +431,7 @@ func (r *report) markdown() string {
 		r.finished.Sub(r.started).Round(time.Second))
 	p("Regenerate with `go run ./bench -growth 10000000` (it writes this file and [%s](%s)); ", chartFile, chartFile)
 	p("CI runs `go run ./bench -smoke` (under a minute), which writes nothing and fails only on errors and invariant violations, never on a budget line. ")
-	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/` (claim, advance, replay, the charges flow, fingerprint; each reports round trips per operation).\n\n")
+	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/ ./examples/charges/chargeflow/` (claim, advance, replay, fingerprint; the charges flow in the example's package; each reports round trips per operation).\n\n")
 
 	p("## Budget (DESIGN.md)\n\n")
 	p("| line | target | measured | |\n|---|---|---|---|\n")
@@ -450,7 +450,7 @@ func (r *report) markdown() string {
 	p("| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, max_wal_size=%s |\n", m.pgVersion, m.fsync, m.syncCommit, m.sharedBufs, m.maxWalSize)
 	server := "`$DATABASE_URL` / `TEST_DATABASE_URL`"
 	if m.throwaway {
-		server = "throwaway server from local binaries (internal/pgtest), same machine, TCP on 127.0.0.1"
+		server = "throwaway server from local binaries (testkit/pgtest), same machine, TCP on 127.0.0.1"
 	}
 	p("| server | %s; a fresh database per run |\n", server)
 	p("| load average at start | %s |\n", orDash(m.loadAverage))

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/childproc"
 	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/idemflow/idemflow/internal/childproc"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/childproc"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // EnvDatabaseURL names the environment variable that points the tests at an existing
@@ -66,17 +66,34 @@ func (db *DB) NewPool(t testing.TB) *pgxpool.Pool {
 	return db.pg.NewPool(t)
 }
 
+// Options adjust Main and Run.
+type Options struct {
+	// Fallback starts the tests' PostgreSQL server when TEST_DATABASE_URL is not set and
+	// no local server binaries are found: it returns a superuser URL to the server's
+	// default database and a function that stops it, and the kit waits for the URL to
+	// accept connections. nil: the tests fail, naming what to install. pgdocker.Start
+	// (module github.com/idemflow/idemflow/idemflowtest/pgdocker, which brings Docker's
+	// client libraries) starts a postgres:15 container.
+	Fallback func(ctx context.Context, settings []string) (url string, stop func() error, err error)
+	// Cleanup functions run after the tests and before the leak check, for what the
+	// package's tests share (a browser, say).
+	Cleanup []func()
+}
+
 // Run runs the tests of a package as Main does and returns the exit code, for a
 // TestMain that has more to do before it exits. The cleanup functions run after the
 // tests and before the leak check, for what the package's tests share (a browser, say).
-func Run(m *testing.M, cleanup ...func()) int {
+func Run(m *testing.M, cleanup ...func()) int { return RunWith(m, Options{Cleanup: cleanup}) }
+
+// RunWith is Run with options.
+func RunWith(m *testing.M, opts Options) int {
 	if child != nil { // a crash matrix's child: it ends at its boundary
 		return m.Run()
 	}
 	childproc.RunIfChild()
 	before := goleak.IgnoreCurrent() // what runs before the tests is not a leak of theirs
-	code := pgtest.Main(m)
-	for _, c := range cleanup {
+	code := pgtest.MainWith(m, opts.Fallback)
+	for _, c := range opts.Cleanup {
 		c()
 	}
 	if code == 0 {
@@ -98,6 +115,14 @@ func Run(m *testing.M, cleanup ...func()) int {
 //
 //	func TestMain(m *testing.M) { idemflowtest.Main(m) }
 func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// MainWith is Main with options, for example a container when the machine has no
+// PostgreSQL server binaries:
+//
+//	func TestMain(m *testing.M) {
+//		idemflowtest.MainWith(m, idemflowtest.Options{Fallback: pgdocker.Start})
+//	}
+func MainWith(m *testing.M, opts Options) { os.Exit(RunWith(m, opts)) }
 
 // NewExampleDB is NewDB for a testable example, which has no *testing.T: a fresh,
 // migrated schema on the test server, a pool on it, and a function that closes the pool

@@ -50,8 +50,9 @@
 // postgres found through PATH, `pg_config --bindir` or /usr/lib/postgresql/*/bin),
 // initialised in a temporary directory, listening on 127.0.0.1 on a free port with
 // fsync on, and run as the unprivileged postgres OS user when the tests run as root;
-// else a postgres:15 container through dockertest when a Docker daemon answers; else
-// the test fails with a message naming what to install. One server is shared by all
+// else the Fallback passed to MainWith or RunWith, if any (pgdocker.Start, a postgres:15
+// container through dockertest); else the test fails with a message naming what to
+// install. One server is shared by all
 // the tests of a package binary and stopped by Main.
 //
 // # What it costs
@@ -70,20 +71,18 @@
 //
 // # Dependencies
 //
-// dockertest (the Docker fallback) is a dependency of idemflow's root module. Measured
-// with a scratch module that imports only workflow and runs go mod tidy: its go.sum has
-// 93 lines, 12 of them naming docker modules and 50 due to dockertest's module graph
-// (26 modules, 13 MB of module zips that go mod tidy downloads; they are there because
-// tidy records the dependencies of the tests of the packages a module imports). No
-// docker code is compiled into a user's binary (go list -deps shows none) and go build
-// downloads none of it. Moving the Docker fallback into a nested module would cut the
-// go.sum to 43 lines, but idemflow's own tests could then only use it by requiring that
-// module, which brings the lines back; so the kit stays in the root module, and
-// production packages (phases, store, workflow, idemhttp, sweeper, migrations) import
-// neither it nor dockertest.
+// The kit is in idemflow's module, whose requirements are the library's own (pgx,
+// scany, the JSON and structured-field libraries, the OpenTelemetry API, testify,
+// goleak). The Docker fallback is not: it is the package pgdocker, in the module
+// github.com/idemflow/idemflow/idemflowtest/pgdocker, which a team's tests require only
+// if they want a container:
+//
+//	func TestMain(m *testing.M) {
+//		idemflowtest.MainWith(m, idemflowtest.Options{Fallback: pgdocker.Start})
+//	}
 //
 // This package imports idemflow's phases, workflow and sweeper packages,
-// internal/pgtest (and through it migrations and dockertest), internal/childproc,
+// testkit/pgtest (and through it migrations), testkit/childproc,
 // internal/phaserun, pgx and go.uber.org/goleak. No production package imports it. The
 // crash matrix's child processes need a Unix system.
 package idemflowtest

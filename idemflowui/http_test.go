@@ -12,7 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowui"
-	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/testkit/uitest"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -32,8 +33,8 @@ func withCSRF(v url.Values, csrf string) url.Values {
 func TestReadOnly(t *testing.T) {
 	t.Parallel()
 	f := setup(t, nil)
-	f.dead(t, "acct", "dead")
-	f.released(t, "acct", "stuck", `{"amount":3}`)
+	f.Dead(t, "acct", "dead")
+	f.Released(t, "acct", "stuck", `{"amount":3}`)
 	c := client(t)
 	for _, k := range []string{"dead", "stuck"} {
 		p := f.get(t, c, "/key?scope=acct&key="+k)
@@ -47,7 +48,7 @@ func TestReadOnly(t *testing.T) {
 	}
 	rows := map[string]string{}
 	for _, k := range []string{"dead", "stuck"} {
-		rows[k] = testflow.KeyRow(t, f.db.Pool, "acct", k)
+		rows[k] = testflow.KeyRow(t, f.DB.Pool, "acct", k)
 	}
 	for _, path := range []string{"/key/redrive", "/key/release", "/login", "/logout"} {
 		for _, k := range []string{"dead", "stuck"} {
@@ -63,7 +64,7 @@ func TestReadOnly(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, f.get(t, c, path).status, path)
 	}
 	for k, row := range rows {
-		require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", k), "nothing changed")
+		require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", k), "nothing changed")
 	}
 }
 
@@ -73,8 +74,8 @@ func TestReadOnly(t *testing.T) {
 func TestWritesNeedLoginAndCSRF(t *testing.T) {
 	t.Parallel()
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
-	row := testflow.KeyRow(t, f.db.Pool, "acct", "dead")
+	f.Dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, f.DB.Pool, "acct", "dead")
 	anon := client(t)
 
 	p := f.get(t, anon, "/key?scope=acct&key=dead")
@@ -118,21 +119,21 @@ func TestWritesNeedLoginAndCSRF(t *testing.T) {
 		"ForeignOrigin": f.post(t, c, "/key/redrive", withCSRF(keyForm, csrf), "Origin", "http://evil.example"),
 		"CrossSite":     f.post(t, c, "/key/redrive", withCSRF(keyForm, csrf), "Sec-Fetch-Site", "cross-site"),
 		"ForgedCookie":  f.post(t, client(t), "/key/redrive", withCSRF(keyForm, csrf), "Cookie", "idemflow_session=9999999999.forged"),
-		"OtherCookie":   f.post(t, client(t), "/key/redrive", withCSRF(keyForm, otherCSRF), "Cookie", oc.Jar.Cookies(mustURL(t, other.srv.URL))[0].String()),
+		"OtherCookie":   f.post(t, client(t), "/key/redrive", withCSRF(keyForm, otherCSRF), "Cookie", oc.Jar.Cookies(mustURL(t, other.Srv.URL))[0].String()),
 	} {
 		require.Equal(t, http.StatusForbidden, r.status, name)
-		require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "%s changed nothing", name)
+		require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "%s changed nothing", name)
 	}
 	require.Equal(t, http.StatusMethodNotAllowed, f.get(t, c, "/key/redrive?scope=acct&key=dead").status, "a GET changes nothing")
 
 	confirm := f.get(t, c, "/key/confirm?action=redrive&scope=acct&key=dead")
 	require.Equal(t, http.StatusOK, confirm.status)
 	require.Contains(t, confirm.body, "Re-driving puts it back in progress")
-	require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "confirming asks, it does nothing")
-	done := f.post(t, c, "/key/redrive", withCSRF(keyForm, csrfOf(t, confirm)), "Origin", f.srv.URL, "Sec-Fetch-Site", "same-origin")
+	require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "confirming asks, it does nothing")
+	done := f.post(t, c, "/key/redrive", withCSRF(keyForm, csrfOf(t, confirm)), "Origin", f.Srv.URL, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, done.status, done.body)
 	require.Equal(t, "/key?done=redriven&key=dead&scope=acct", done.header.Get("Location"))
-	require.Equal(t, "in_progress", testflow.State(t, f.db.Pool, "acct", "dead").Status)
+	require.Equal(t, "in_progress", testflow.State(t, f.DB.Pool, "acct", "dead").Status)
 	again := f.post(t, c, "/key/redrive", withCSRF(keyForm, csrf))
 	require.Equal(t, http.StatusConflict, again.status, "already re-driven")
 
@@ -153,12 +154,12 @@ func mustURL(t *testing.T, s string) *url.URL {
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
-	f.dead(t, "acct", "dead2")
-	f.released(t, "acct", "stuck", `{"amount":3}`)
+	f.Dead(t, "acct", "dead")
+	f.Dead(t, "acct", "dead2")
+	f.Released(t, "acct", "stuck", `{"amount":3}`)
 	c := client(t)
 	csrf := f.login(t, c)
-	rows := map[string]string{"dead": testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "stuck": testflow.KeyRow(t, f.db.Pool, "acct", "stuck")}
+	rows := map[string]string{"dead": testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "stuck": testflow.KeyRow(t, f.DB.Pool, "acct", "stuck")}
 	long := strings.Repeat("k", 256)
 	for name, path := range map[string]string{
 		"UnknownStatus":   "/keys?status=stale",
@@ -202,7 +203,7 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	for k, row := range rows {
-		require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", k), "nothing changed")
+		require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", k), "nothing changed")
 	}
 	require.Equal(t, http.StatusNotFound, f.get(t, c, "/key?scope=acct&key=nope").status)
 	require.Equal(t, http.StatusNotFound, f.post(t, c, "/key/redrive", withCSRF(url.Values{"scope": {"acct"}, "key": {"nope"}}, csrf)).status)
@@ -213,7 +214,7 @@ func TestBadInput(t *testing.T) {
 // cursorOf is the cursor of the second page of a list of one key per page.
 func cursorOf(t *testing.T, f *fixture, status workflow.KeyStatus) string {
 	t.Helper()
-	page, err := f.engine.ListKeys(context.Background(), workflow.ListOptions{Status: status, Limit: 1})
+	page, err := f.Engine.ListKeys(context.Background(), workflow.ListOptions{Status: status, Limit: 1})
 	require.NoError(t, err)
 	require.NotEmpty(t, page.Next)
 	return page.Next
@@ -224,7 +225,7 @@ func cursorOf(t *testing.T, f *fixture, status workflow.KeyStatus) string {
 func TestHeaders(t *testing.T) {
 	t.Parallel()
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
+	f.Dead(t, "acct", "dead")
 	c := client(t)
 	for _, path := range []string{"/", "/keys?status=dead", "/key?scope=acct&key=dead", "/key?scope=acct&key=nope",
 		"/keys?status=bad", "/login", "/static/style.css", "/nowhere"} {
@@ -246,9 +247,9 @@ func TestListPages(t *testing.T) {
 	t.Parallel()
 	f := setup(t, &idemflowui.Options{PageSize: 2})
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
-		f.finished(t, "acct", k)
+		f.Finished(t, "acct", k)
 	}
-	f.finished(t, "other", "z")
+	f.Finished(t, "other", "z")
 	c := client(t)
 	keyRe := regexp.MustCompile(`class="key"><code>([^<]+)</code>`)
 	nextRe := regexp.MustCompile(`href="([^"]+)" id="next-page"`)
@@ -277,10 +278,10 @@ func TestListPages(t *testing.T) {
 func TestOverviewCounts(t *testing.T) {
 	t.Parallel()
 	f := setup(t, nil)
-	f.finished(t, "acct", "done")
-	f.dead(t, "acct", "dead")
-	f.released(t, "acct", "stuck", `{"amount":3}`)
-	testflow.Sweepable(t, f.db.Pool)
+	f.Finished(t, "acct", "done")
+	f.Dead(t, "acct", "dead")
+	f.Released(t, "acct", "stuck", `{"amount":3}`)
+	testflow.Sweepable(t, f.DB.Pool)
 	p := f.get(t, client(t), "/")
 	require.Equal(t, http.StatusOK, p.status)
 	for id, n := range map[string]string{"total-in-progress": "1", "total-stuck": "1", "total-dead": "1", "dead-24h": "1", "total-finished": "1"} {
@@ -302,7 +303,7 @@ func TestPrefix(t *testing.T) {
 	mux.Handle("/ops/idemflow/", h)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	f := &fixture{db: db, provider: p, engine: e, srv: srv}
+	f := &fixture{&uitest.Fixture{DB: db, Provider: p, Engine: e, Srv: srv}}
 	c := client(t)
 	ov := f.get(t, c, "/ops/idemflow/")
 	require.Equal(t, http.StatusOK, ov.status)

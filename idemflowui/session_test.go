@@ -10,13 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowui"
-	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/testkit/uitest"
 )
 
 // getHost is a GET of path on f's server with the Host header host.
 func (f *fixture) getHost(t *testing.T, c *http.Client, path, host string) page {
 	t.Helper()
-	r, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+	r, err := http.NewRequest(http.MethodGet, f.Srv.URL+path, nil)
 	require.NoError(t, err)
 	r.Host = host
 	return do(t, c, r)
@@ -25,7 +26,7 @@ func (f *fixture) getHost(t *testing.T, c *http.Client, path, host string) page 
 // serveOn serves the page with opts on ln instead of the fixture's loopback server.
 func (f *fixture) serveOn(t *testing.T, ln net.Listener, opts *idemflowui.Options) {
 	t.Helper()
-	h, err := idemflowui.New(f.engine, opts)
+	h, err := idemflowui.New(f.Engine, opts)
 	require.NoError(t, err)
 	srv := httptest.NewUnstartedServer(h)
 	srv.Listener.Close()
@@ -34,7 +35,7 @@ func (f *fixture) serveOn(t *testing.T, ln net.Listener, opts *idemflowui.Option
 	t.Cleanup(srv.Close)
 	_, port, err := net.SplitHostPort(ln.Addr().String())
 	require.NoError(t, err)
-	f.srv = &httptest.Server{URL: "http://127.0.0.1:" + port}
+	f.Srv = &httptest.Server{URL: "http://127.0.0.1:" + port}
 }
 
 // TestHostCheck: on every listener, loopback and unspecified alike, the page answers
@@ -44,11 +45,11 @@ func (f *fixture) serveOn(t *testing.T, ln net.Listener, opts *idemflowui.Option
 func TestHostCheck(t *testing.T) {
 	t.Parallel()
 	f := setup(t, nil)
-	f.released(t, "acct", "secret-key", `{"amount":4242}`)
+	f.Released(t, "acct", "secret-key", `{"amount":4242}`)
 	const path = "/key?scope=acct&key=secret-key&body=1"
 	check := func(name string, want map[string]int) {
 		t.Helper()
-		port := portOf(t, f.srv.URL)
+		port := uitest.PortOf(t, f.Srv.URL)
 		for host, status := range want {
 			host = expandPort(host, port)
 			p := f.getHost(t, client(t), path, host)
@@ -86,7 +87,7 @@ func TestHostCheck(t *testing.T) {
 	check("AnyHost", map[string]int{"rebound.example:$P": 200})
 
 	for _, bad := range []string{"", "http://ops.example", "ops.example/x", "a b"} {
-		_, err := idemflowui.New(f.engine, &idemflowui.Options{Hosts: []string{bad}})
+		_, err := idemflowui.New(f.Engine, &idemflowui.Options{Hosts: []string{bad}})
 		require.Error(t, err, "%q", bad)
 	}
 }
@@ -109,24 +110,17 @@ func expandPort(host, port string) string {
 	return host
 }
 
-func portOf(t *testing.T, raw string) string {
-	t.Helper()
-	u, err := url.Parse(raw)
-	require.NoError(t, err)
-	return u.Port()
-}
-
 // TestLogoutEndsSession: logging out ends the session on the server: the old cookie,
 // replayed with its CSRF token, neither shows a button nor changes a key, and logging
 // out again with it is refused.
 func TestLogoutEndsSession(t *testing.T) {
 	t.Parallel()
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
-	row := testflow.KeyRow(t, f.db.Pool, "acct", "dead")
+	f.Dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, f.DB.Pool, "acct", "dead")
 	c := client(t)
 	csrf := f.login(t, c)
-	cookie := c.Jar.Cookies(mustURL(t, f.srv.URL))[0].String()
+	cookie := c.Jar.Cookies(mustURL(t, f.Srv.URL))[0].String()
 	require.Contains(t, f.get(t, c, "/key?scope=acct&key=dead").body, `id="redrive"`, "logged in")
 
 	out := f.post(t, c, "/logout", url.Values{"csrf": {csrf}})
@@ -134,7 +128,7 @@ func TestLogoutEndsSession(t *testing.T) {
 	require.Contains(t, out.header.Get("Set-Cookie"), "Max-Age=0")
 
 	replay := client(t) // the old cookie, kept by someone who saw it
-	r, err := http.NewRequest(http.MethodGet, f.srv.URL+"/key?scope=acct&key=dead", nil)
+	r, err := http.NewRequest(http.MethodGet, f.Srv.URL+"/key?scope=acct&key=dead", nil)
 	require.NoError(t, err)
 	r.Header.Set("Cookie", cookie)
 	p := do(t, replay, r)
@@ -143,7 +137,7 @@ func TestLogoutEndsSession(t *testing.T) {
 	for _, path := range []string{"/key/redrive", "/key/confirm?action=redrive&scope=acct&key=dead", "/logout"} {
 		var p page
 		if path == "/key/confirm?action=redrive&scope=acct&key=dead" {
-			r, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+			r, err := http.NewRequest(http.MethodGet, f.Srv.URL+path, nil)
 			require.NoError(t, err)
 			r.Header.Set("Cookie", cookie)
 			p = do(t, replay, r)
@@ -152,13 +146,13 @@ func TestLogoutEndsSession(t *testing.T) {
 		}
 		require.Equal(t, http.StatusForbidden, p.status, "%s with the old cookie: %s", path, p.body)
 	}
-	require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "nothing changed")
+	require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "nothing changed")
 
 	// A new login is a new session; the old cookie stays dead.
 	csrf2 := f.login(t, c)
 	require.NotEqual(t, csrf, csrf2)
 	require.Equal(t, http.StatusForbidden, f.post(t, replay, "/key/redrive", withCSRF(keyForm, csrf), "Cookie", cookie).status)
-	require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "nothing changed")
+	require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "nothing changed")
 }
 
 // TestReadToken: with a read token every page but the login and the style sheet needs
@@ -169,8 +163,8 @@ func TestReadToken(t *testing.T) {
 	t.Parallel()
 	const readToken = "test-read-token-9876543210"
 	f := setup(t, &idemflowui.Options{WriteToken: token, ReadToken: readToken})
-	f.dead(t, "acct", "dead")
-	row := testflow.KeyRow(t, f.db.Pool, "acct", "dead")
+	f.Dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, f.DB.Pool, "acct", "dead")
 	anon := client(t)
 	for _, path := range []string{"/", "/keys?status=dead", "/key?scope=acct&key=dead&body=1", "/key/confirm?action=redrive&scope=acct&key=dead", "/nowhere"} {
 		p := f.get(t, anon, path)
@@ -188,7 +182,7 @@ func TestReadToken(t *testing.T) {
 	require.Contains(t, lp.body, "Reading these pages needs the read token")
 	res := f.post(t, reader, "/login", url.Values{"csrf": {csrfOf(t, lp)}, "token": {readToken}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
-	cookie := reader.Jar.Cookies(mustURL(t, f.srv.URL))[0].String()
+	cookie := reader.Jar.Cookies(mustURL(t, f.Srv.URL))[0].String()
 	p := f.get(t, reader, "/key?scope=acct&key=dead&body=1")
 	require.Equal(t, http.StatusOK, p.status)
 	require.Contains(t, p.body, "amount")
@@ -197,10 +191,10 @@ func TestReadToken(t *testing.T) {
 	csrf := csrfOf(t, p)
 	require.Equal(t, http.StatusForbidden, f.post(t, reader, "/key/redrive", withCSRF(keyForm, csrf)).status, "a read session cannot write")
 	require.Equal(t, http.StatusForbidden, f.get(t, reader, "/key/confirm?action=redrive&scope=acct&key=dead").status)
-	require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "nothing changed")
+	require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "nothing changed")
 
 	require.Equal(t, http.StatusSeeOther, f.post(t, reader, "/logout", url.Values{"csrf": {csrf}}).status)
-	r, err := http.NewRequest(http.MethodGet, f.srv.URL+"/key?scope=acct&key=dead&body=1", nil)
+	r, err := http.NewRequest(http.MethodGet, f.Srv.URL+"/key?scope=acct&key=dead&body=1", nil)
 	require.NoError(t, err)
 	r.Header.Set("Cookie", cookie)
 	old := do(t, client(t), r)
@@ -213,13 +207,13 @@ func TestReadToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, confirm.status)
 	done := f.post(t, writer, "/key/redrive", withCSRF(keyForm, wcsrf))
 	require.Equal(t, http.StatusSeeOther, done.status, done.body)
-	require.Equal(t, "in_progress", testflow.State(t, f.db.Pool, "acct", "dead").Status)
+	require.Equal(t, "in_progress", testflow.State(t, f.DB.Pool, "acct", "dead").Status)
 
 	for name, o := range map[string]idemflowui.Options{
 		"ShortReadToken": {ReadToken: "short"},
 		"SameTokens":     {ReadToken: token, WriteToken: token},
 	} {
-		_, err := idemflowui.New(f.engine, &o)
+		_, err := idemflowui.New(f.Engine, &o)
 		require.Error(t, err, name)
 	}
 }

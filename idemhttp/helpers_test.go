@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/pgtest"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemmsg"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemmsg"
-	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // TestCitusCoordinatorTableCommit checks what docs/SCALING.md says of a phase's

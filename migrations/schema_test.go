@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // TestMigrateInSchema migrates a named schema through a pool whose search_path is

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

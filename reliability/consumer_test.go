@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/payouts/payout"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // natsServerBinary is the NATS server the consumer experiment starts for itself (the

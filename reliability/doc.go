@@ -30,7 +30,8 @@
 // experiment is skipped without it).
 //
 // This package's tests import idemflow's workflow, sweeper, store, phases, idemhttp,
-// idemflowtest, examples/charges/chargeflow, examples/payouts/payout, internal/pgtest,
-// internal/faultproxy, internal/childproc and internal/phaserun (to wrap a flow's
-// first phase) packages.
+// idemflowtest, examples/charges/chargeflow, examples/payouts/payout, testkit/pgtest,
+// testkit/faultproxy, testkit/childproc and testkit/testflow (to wrap a flow's
+// first phase) packages. It is a module of its own (github.com/idemflow/idemflow/reliability),
+// joined to the library and the examples by the repository's go.work.
 package reliability

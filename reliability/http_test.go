@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // Benchmarks of the store's hot statements, each in the shape the engine sends it: one

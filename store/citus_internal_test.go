@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // The rules a statement on the key table keeps so that Citus runs it as a

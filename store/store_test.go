@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { idemflowtest.Main(m) }

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // sweepRows claims one key per name in scope "s" (flow "f", leased for a minute, claimed

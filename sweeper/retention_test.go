@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/testflow"
 )
 
 func TestRetention(t *testing.T) {

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

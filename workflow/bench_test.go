@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -12,9 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -125,17 +123,6 @@ func BenchmarkReplay(b *testing.B) {
 	be := newBenchEnv(b)
 	key := benchKey()
 	be.do(b, benchClaimFlow, func() string { return key }, true)
-}
-
-// BenchmarkChargeFlow is a fresh key through the charges example's flow, with its fake
-// provider in process at latency 0.
-func BenchmarkChargeFlow(b *testing.B) {
-	srv := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
-	b.Cleanup(srv.Close)
-	be := newBenchEnv(b, chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: srv.URL, HTTP: srv.Client()}))
-	_, err := be.pool.Exec(context.Background(), chargeflow.Schema)
-	require.NoError(b, err)
-	be.do(b, chargeflow.FlowName, benchKey, false)
 }
 
 // BenchmarkFingerprint hashes a request: the exact canonical form and sha256.

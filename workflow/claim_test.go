@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

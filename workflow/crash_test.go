@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/faultproxy"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/faultproxy"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

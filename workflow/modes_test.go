@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/coretest"
-	"github.com/idemflow/idemflow/internal/pgtest"
-	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/testkit/coretest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
 )
 
 // TestQueryExecModes runs the core cases on each of pgx's query exec modes, each case in

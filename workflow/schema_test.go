@@ -8,10 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

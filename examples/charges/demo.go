@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // demo starts a database (unless DATABASE_URL is set), the provider, a server and a

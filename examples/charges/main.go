@@ -31,9 +31,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/payouts/payout"
-	"github.com/idemflow/idemflow/internal/cpumeter"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -31,7 +31,7 @@ import (
 //
 // Metrics: msg/s of each variant over all its rounds; the ratio; CPU per message of
 // this process (both consumers, the bank) and of the database server's processes
-// (internal/cpumeter: getrusage, /proc/<pid>/stat of the postmaster and its children),
+// (testkit/cpumeter: getrusage, /proc/<pid>/stat of the postmaster and its children),
 // and of the whole
 // machine (/proc/stat: also NATS, and whatever else runs), over each variant's rounds;
 // and the load average when the run started.

@@ -23,10 +23,10 @@ import (
 
 	"github.com/idemflow/idemflow/examples/payouts/payout"
 	"github.com/idemflow/idemflow/idemmsg"
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 

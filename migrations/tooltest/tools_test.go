@@ -18,8 +18,8 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

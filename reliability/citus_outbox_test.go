@@ -1,4 +1,4 @@
-package migrations_test
+package reliability
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/pgtest"
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 type noteArgs struct {

@@ -4,7 +4,7 @@
 // have no unique constraints on purpose: a duplicated effect shows up as an extra row.
 //
 // This package imports idemflow's phases, workflow and idemflowtest packages and
-// internal/pgtest.
+// testkit/pgtest.
 package testflow
 
 import (

@@ -1,4 +1,4 @@
-package otelidemflow_test
+package sdktest_test
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/pgtest"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/otelidemflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

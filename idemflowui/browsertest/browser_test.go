@@ -1,7 +1,8 @@
-package idemflowui_test
+package browsertest_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,7 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowui"
-	"github.com/idemflow/idemflow/internal/testflow"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/testkit/uitest"
 )
 
 // The browser tests drive the pages in headless Chromium (Debian's chromium package)
@@ -112,7 +114,7 @@ func text(ctx context.Context, t *testing.T, sel string) string {
 func (f *fixture) loginIn(ctx context.Context, t *testing.T) {
 	t.Helper()
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/"),
+		chromedp.Navigate(f.Srv.URL+"/"),
 		chromedp.Click(chromedp.CSS("#login-link")),
 		chromedp.WaitVisible(chromedp.CSS("#token")),
 		chromedp.SendKeys(chromedp.CSS("#token"), token),
@@ -130,10 +132,10 @@ func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 	t.Parallel()
 	ctx := tab(t)
 	f := setup(t, writable())
-	f.crash(t, "crashed")
-	testflow.Sweepable(t, f.db.Pool) // the dead server's lease has run out
+	f.Crash(t, "crashed")
+	testflow.Sweepable(t, f.DB.Pool) // the dead server's lease has run out
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/")))
 	require.Equal(t, "1", text(ctx, t, "#total-stuck"))
 	require.Equal(t, "crashed", text(ctx, t, "#oldest-stuck-link"))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#oldest-stuck-link"))))
@@ -146,25 +148,25 @@ func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 
 	f.loginIn(ctx, t)
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/keys?status=stuck"),
+		chromedp.Navigate(f.Srv.URL+"/keys?status=stuck"),
 		chromedp.Click(chromedp.CSS(`#keys a.key`)),
 		chromedp.WaitVisible(chromedp.CSS("#release")),
 		chromedp.Click(chromedp.CSS("#release")),
 	))
 	require.Contains(t, text(ctx, t, "#what"), "Releasing takes its lease away")
-	require.Equal(t, 1, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "the confirmation page changes nothing")
+	require.Equal(t, 1, int(testflow.State(t, f.DB.Pool, "acct", "crashed").LockVersion), "the confirmation page changes nothing")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
 	require.Contains(t, text(ctx, t, "#flash"), "Released")
-	require.Equal(t, 2, int(testflow.State(t, f.db.Pool, "acct", "crashed").LockVersion), "released: fenced")
+	require.Equal(t, 2, int(testflow.State(t, f.DB.Pool, "acct", "crashed").LockVersion), "released: fenced")
 
-	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.Equal(t, 1, f.Sweep(t, 0).Finished)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
 	require.Equal(t, "finished", text(ctx, t, "#status"))
 	history := text(ctx, t, "#history")
 	require.Contains(t, history, "operator_released")
 	require.Contains(t, history, "had reached reserve")
 	require.Contains(t, history, "by sweeper")
-	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "crashed")
+	testflow.RequireOneEffect(t, f.DB.Pool, f.Provider, "acct", "crashed")
 }
 
 // TestBrowserRedrive: a dead-lettered key is found in the dead list, re-driven after a
@@ -173,11 +175,11 @@ func TestBrowserRedrive(t *testing.T) {
 	t.Parallel()
 	ctx := tab(t)
 	f := setup(t, writable())
-	f.dead(t, "acct", "dead")
+	f.Dead(t, "acct", "dead")
 	f.loginIn(ctx, t)
 	require.Equal(t, "1", text(ctx, t, "#dead-24h"))
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(f.srv.URL+"/keys?status=dead"),
+		chromedp.Navigate(f.Srv.URL+"/keys?status=dead"),
 		chromedp.Click(chromedp.CSS(`#keys a.key`)),
 	))
 	require.Equal(t, "dead", text(ctx, t, "#status"))
@@ -185,17 +187,17 @@ func TestBrowserRedrive(t *testing.T) {
 	require.Contains(t, text(ctx, t, "#last-error"), "503")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#redrive"))))
 	require.Contains(t, text(ctx, t, "#what"), "Re-driving puts it back in progress")
-	require.Equal(t, "dead", testflow.State(t, f.db.Pool, "acct", "dead").Status, "the confirmation page changes nothing")
+	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "acct", "dead").Status, "the confirmation page changes nothing")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
 	require.Contains(t, text(ctx, t, "#flash"), "Re-driven")
 	require.Equal(t, "stuck", text(ctx, t, "#status"), "due at once")
 	require.Equal(t, "0", text(ctx, t, "#attempts"))
 
-	require.Equal(t, 1, f.sweep(t, 0).Finished)
+	require.Equal(t, 1, f.Sweep(t, 0).Finished)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
 	require.Equal(t, "finished", text(ctx, t, "#status"))
 	require.Contains(t, text(ctx, t, "#history"), "redriven")
-	testflow.RequireOneEffect(t, f.db.Pool, f.provider, "acct", "dead")
+	testflow.RequireOneEffect(t, f.DB.Pool, f.Provider, "acct", "dead")
 }
 
 // TestBrowserScriptInBody: a stored body, a key and an error holding markup are shown
@@ -207,9 +209,9 @@ func TestBrowserScriptInBody(t *testing.T) {
 	f := setup(t, nil)
 	const key = `<i id="k">x</i>`
 	body := `{"amount":7,"note":"<script>document.title='pwned';window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"}`
-	f.released(t, "acct", key, body)
+	f.Released(t, "acct", key, body)
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/keys?status=in_progress")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/keys?status=in_progress")))
 	require.Equal(t, key, text(ctx, t, "#keys a.key"))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#keys a.key"))))
 	require.Equal(t, key, text(ctx, t, "#key"))
@@ -233,8 +235,8 @@ func TestBrowserRebinding(t *testing.T) {
 	t.Parallel()
 	ctx := tab(t)
 	f := setup(t, nil)
-	f.released(t, "acct", "secret-key", `{"amount":4242}`)
-	port := portOf(t, f.srv.URL)
+	f.Released(t, "acct", "secret-key", `{"amount":4242}`)
+	port := uitest.PortOf(t, f.Srv.URL)
 	page := "/key?scope=acct&key=secret-key&body=1"
 	for _, host := range []string{"127.0.0.1", "localhost"} {
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("http://"+host+":"+port+page)))
@@ -278,17 +280,17 @@ func TestBrowserLogout(t *testing.T) {
 	ctx := tab(t)
 	const readToken = "browser-read-token-0123456789"
 	f := setup(t, nil)
-	f.dead(t, "acct", "dead")
-	row := testflow.KeyRow(t, f.db.Pool, "acct", "dead")
-	h, err := idemflowui.New(f.engine, &idemflowui.Options{WriteToken: token, ReadToken: readToken})
+	f.Dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, f.DB.Pool, "acct", "dead")
+	h, err := idemflowui.New(f.Engine, &idemflowui.Options{WriteToken: token, ReadToken: readToken})
 	require.NoError(t, err)
 	tap := &cookieTap{h: h, last: make(chan string, 1)}
-	f.srv = httptest.NewServer(tap)
-	t.Cleanup(f.srv.Close)
+	f.Srv = httptest.NewServer(tap)
+	t.Cleanup(f.Srv.Close)
 
 	for _, tok := range []string{readToken, token} {
 		require.NoError(t, chromedp.Do(ctx,
-			chromedp.Navigate(f.srv.URL+"/key?scope=acct&key=dead"),
+			chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=dead"),
 			chromedp.WaitVisible(chromedp.CSS("#token")),
 			chromedp.SendKeys(chromedp.CSS("#token"), tok),
 			chromedp.Click(chromedp.CSS("#login")),
@@ -297,29 +299,29 @@ func TestBrowserLogout(t *testing.T) {
 		cookie := <-tap.last
 		wantMode := map[string]string{readToken: "read-only", token: "writes enabled"}[tok]
 		require.Equal(t, wantMode, text(ctx, t, "#mode"))
-		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/key?scope=acct&key=dead")))
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=dead")))
 		require.Equal(t, "dead", text(ctx, t, "#status"))
 		require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#token"))))
 
 		for _, path := range []string{"/", "/key?scope=acct&key=dead&body=1"} {
-			r, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+			r, err := http.NewRequest(http.MethodGet, f.Srv.URL+path, nil)
 			require.NoError(t, err)
 			r.AddCookie(&http.Cookie{Name: "idemflow_session", Value: cookie})
-			p := do(t, client(t), r)
+			p := send(t, r)
 			require.Equal(t, http.StatusUnauthorized, p.status, "%s with the cookie of a logged-out session", path)
 			require.NotContains(t, p.body, "amount")
 		}
-		r, err := http.NewRequest(http.MethodPost, f.srv.URL+"/key/redrive", strings.NewReader(url.Values{"scope": {"acct"}, "key": {"dead"}}.Encode()))
+		r, err := http.NewRequest(http.MethodPost, f.Srv.URL+"/key/redrive", strings.NewReader(url.Values{"scope": {"acct"}, "key": {"dead"}}.Encode()))
 		require.NoError(t, err)
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		r.AddCookie(&http.Cookie{Name: "idemflow_session", Value: cookie})
-		require.Equal(t, http.StatusUnauthorized, do(t, client(t), r).status)
-		require.Equal(t, row, testflow.KeyRow(t, f.db.Pool, "acct", "dead"), "nothing changed")
+		require.Equal(t, http.StatusUnauthorized, send(t, r).status)
+		require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "nothing changed")
 	}
 }
 
 // TestScreenshots writes the pictures in docs/ that docs/OPERATIONS.md shows. Run it
-// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui
+// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui/browsertest
 func TestScreenshots(t *testing.T) {
 	if os.Getenv("IDEMFLOW_SCREENSHOTS") != "docs" {
 		t.Skip("set IDEMFLOW_SCREENSHOTS=docs to write docs/ui-*.png")
@@ -327,19 +329,37 @@ func TestScreenshots(t *testing.T) {
 	ctx := tab(t)
 	f := setup(t, writable())
 	for i, k := range []string{"ch_1001", "ch_1002", "ch_1003", "ch_1004", "ch_1005", "ch_1006"} {
-		f.finished(t, []string{"acct_42", "acct_7"}[i%2], k)
+		f.Finished(t, []string{"acct_42", "acct_7"}[i%2], k)
 	}
-	f.dead(t, "acct_42", "ch_0998")
-	f.crash(t, "ch_1007")
-	testflow.Sweepable(t, f.db.Pool)
+	f.Dead(t, "acct_42", "ch_0998")
+	f.Crash(t, "ch_1007")
+	testflow.Sweepable(t, f.DB.Pool)
 	f.loginIn(ctx, t)
 	shot := func(url, name string) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("main"))))
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join("..", "docs", name), png, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join("..", "..", "docs", name), png, 0o644))
 	}
-	shot(f.srv.URL+"/", "ui-overview.png")
-	shot(f.srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
+	shot(f.Srv.URL+"/", "ui-overview.png")
+	shot(f.Srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
+}
+
+// page is a response as the tests read it.
+type page struct {
+	status int
+	body   string
+}
+
+// send sends r with no cookie jar and no redirects followed: only the cookies r carries.
+func send(t *testing.T, r *http.Request) page {
+	t.Helper()
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Do(r)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return page{status: resp.StatusCode, body: string(b)}
 }

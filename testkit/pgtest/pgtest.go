@@ -23,15 +23,23 @@ const cleanupTimeout = 30 * time.Second
 
 // shared is the process-wide server behind Shared, New and Main.
 var shared struct {
-	mu  sync.Mutex
-	srv *Server
-	err error
+	mu       sync.Mutex
+	srv      *Server
+	err      error
+	fallback Fallback // MainWith's
 }
 
 // Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
 // pgbouncer and server if a test started them, and returns the exit code for os.Exit. A failure to stop
 // the server is printed and turns a passing run into a failing one.
-func Main(m *testing.M) int {
+func Main(m *testing.M) int { return MainWith(m, nil) }
+
+// MainWith is Main with a Fallback for the shared server (nil: none), used when
+// TEST_DATABASE_URL is not set and no local server binaries are found.
+func MainWith(m *testing.M, fb Fallback) int {
+	shared.mu.Lock()
+	shared.fallback = fb
+	shared.mu.Unlock()
 	code := m.Run()
 	if err := stopSharedPgbouncer(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: stop shared pgbouncer: %v\n", err)
@@ -82,7 +90,7 @@ func Shared(ctx context.Context) (*Server, error) {
 // asks for one (and TEST_DATABASE_URL does not name a server), else Start's server.
 func startShared(ctx context.Context) (*Server, error) {
 	if !CitusMode() || os.Getenv(EnvDatabaseURL) != "" {
-		return Start(ctx)
+		return StartWith(ctx, &StartOptions{Fallback: shared.fallback})
 	}
 	c, err := StartCitus(ctx)
 	if err != nil {

@@ -4,7 +4,7 @@
 // each of pgx's query exec modes, behind a connection pooler, in a named schema.
 //
 // This package imports idemflow's phases, workflow, sweeper and idemflowtest packages,
-// and internal/testflow.
+// and testkit/testflow.
 package coretest
 
 import (
@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

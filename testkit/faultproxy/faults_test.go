@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
-	"github.com/idemflow/idemflow/internal/faultproxy"
-	"github.com/idemflow/idemflow/internal/pgtest"
+	"github.com/idemflow/idemflow/testkit/faultproxy"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { idemflowtest.Main(m) }

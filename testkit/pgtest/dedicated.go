@@ -23,7 +23,7 @@ import (
 // process, so that the test can crash it (an immediate shutdown, as `pg_ctl -m
 // immediate` does) and start it again on the same data directory and port: the server
 // then runs crash recovery from its WAL, as after a power cut. It needs local
-// PostgreSQL server binaries; TEST_DATABASE_URL and Docker are not used.
+// PostgreSQL server binaries; TEST_DATABASE_URL and a Fallback are not used.
 type Dedicated struct {
 	// URL connects as a superuser to the server's default database. It stays the same
 	// across restarts.
@@ -193,7 +193,7 @@ func (d *Dedicated) Stop() error {
 
 // NewDedicated starts a dedicated server for t, stopped when t ends, with one fresh
 // migrated schema on it, like New. It skips t when there are no local server binaries
-// (a dedicated server cannot come from TEST_DATABASE_URL or Docker).
+// (a dedicated server cannot come from TEST_DATABASE_URL or a Fallback).
 func NewDedicated(t testing.TB) (*Dedicated, *DB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -13,11 +13,11 @@ import (
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/internal/coretest"
-	"github.com/idemflow/idemflow/internal/pgtest"
-	"github.com/idemflow/idemflow/internal/testflow"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/coretest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 

@@ -9,7 +9,9 @@
 //     initialised in a temporary directory, listening on 127.0.0.1 on a free port with
 //     unix sockets off and fsync on. When the process runs as root the server runs as
 //     the unprivileged `postgres` OS user, since PostgreSQL refuses to run as root.
-//  3. A postgres:15 container through dockertest, when a Docker daemon answers.
+//  3. A Fallback, when the caller passes one (StartOptions, MainWith): idemflowtest's
+//     users pass pgdocker.Start, a postgres:15 container, from a module of its own so
+//     that Docker's client libraries are in no other module's graph.
 //
 // Otherwise Start fails with ErrNoServer and a message that says what to install. A
 // throwaway server never touches a cluster that is already running on the machine.
@@ -51,5 +53,7 @@
 // by Stop or Main; if the process dies first, Linux delivers SIGQUIT to the server (an
 // immediate shutdown) and only its temporary directory is left behind.
 //
+// It is part of idemflow's test-support tree (testkit/): it serves idemflow's own tests,
+// its examples, benchmark and reliability suites, and carries no compatibility promise.
 // This package imports only idemflow's migrations package.
 package pgtest

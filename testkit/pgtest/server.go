@@ -20,7 +20,7 @@ const EnvDatabaseURL = "TEST_DATABASE_URL"
 const StartTimeoutDefault = 60 * time.Second
 
 // ErrNoServer is returned by Start when there is no way to get a PostgreSQL server: no
-// TEST_DATABASE_URL, no local server binaries and no Docker daemon.
+// TEST_DATABASE_URL, no local server binaries and no Fallback.
 var ErrNoServer = errors.New("pgtest: no PostgreSQL server available")
 
 // Server is a PostgreSQL server for tests or a demo.
@@ -35,11 +35,24 @@ type Server struct {
 }
 
 // Start returns a server: the one at TEST_DATABASE_URL when that is set (Stop is then a
-// no-op); otherwise a throwaway server from local PostgreSQL server binaries; otherwise a
-// postgres:15 container when a Docker daemon answers. It returns once the server accepts
-// connections. Without any of the three it returns an error wrapping ErrNoServer that says
-// what to install. ctx bounds the start, not the server's life: call Stop when done.
+// no-op); otherwise a throwaway server from local PostgreSQL server binaries. It returns
+// once the server accepts connections. Without either it returns an error wrapping
+// ErrNoServer that says what to install. ctx bounds the start, not the server's life:
+// call Stop when done. StartWith can add a Fallback (a container, say).
 func Start(ctx context.Context) (*Server, error) { return StartWith(ctx, nil) }
+
+// A Fallback starts a PostgreSQL server when TEST_DATABASE_URL is not set and no local
+// server binaries are found; pgdocker.Start (module
+// github.com/idemflow/idemflow/idemflowtest/pgdocker) is one, a postgres:15 container.
+// settings are extra server settings ("name=value"). It returns a URL that connects as
+// a superuser to the server's default database and a function that stops the server.
+// The caller waits for the URL to accept connections (FallbackReadyTimeout), so the
+// function may return as soon as the server is started.
+type Fallback func(ctx context.Context, settings []string) (url string, stop func() error, err error)
+
+// FallbackReadyTimeout bounds how long StartWith waits for a Fallback's server to accept
+// connections once the Fallback returned (a container's image is pulled before that).
+const FallbackReadyTimeout = 2 * time.Minute
 
 // StartOptions adjust a server that StartWith starts itself.
 type StartOptions struct {
@@ -47,34 +60,51 @@ type StartOptions struct {
 	// pgtest's own, so they win), e.g. shared_preload_libraries=pg_stat_statements. They
 	// are not applied to a TEST_DATABASE_URL server.
 	Settings []string
+	// Fallback, when set, starts the server if TEST_DATABASE_URL is not set and no local
+	// server binaries are found.
+	Fallback Fallback
 }
 
 // StartWith is Start with options; opts may be nil.
 func StartWith(ctx context.Context, opts *StartOptions) (*Server, error) {
-	var extra []string
-	if opts != nil {
-		extra = opts.Settings
+	if opts == nil {
+		opts = &StartOptions{}
 	}
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
 		return startExternal(ctx, u)
 	}
 	dir, looked := findBinDir()
 	if dir != "" {
-		return startLocal(ctx, dir, extra)
+		return startLocal(ctx, dir, opts.Settings)
 	}
-	srv, err := startDocker(ctx, extra)
-	if err == nil {
-		return srv, nil
+	if opts.Fallback != nil {
+		return startFallback(ctx, opts.Fallback, opts.Settings)
 	}
-	if !errors.Is(err, errNoDocker) {
-		return nil, err
-	}
-	return nil, fmt.Errorf("%w: %s is not set, no PostgreSQL server binaries were found "+
-		"(looked for initdb and postgres in %s) and %v. "+
+	return nil, fmt.Errorf("%w: %s is not set and no PostgreSQL server binaries were found "+
+		"(looked for initdb and postgres in %s). "+
 		"Install PostgreSQL server binaries (Debian/Ubuntu: apt-get install postgresql; "+
 		"Fedora: dnf install postgresql-server; macOS: brew install postgresql@15), "+
-		"start a Docker daemon, or set %s=postgres://user@host:port/db",
-		ErrNoServer, EnvDatabaseURL, looked, err, EnvDatabaseURL)
+		"set %s=postgres://user@host:port/db, or pass a fallback such as a container "+
+		"(idemflowtest.MainWith with pgdocker.Start, module "+
+		"github.com/idemflow/idemflow/idemflowtest/pgdocker)",
+		ErrNoServer, EnvDatabaseURL, looked, EnvDatabaseURL)
+}
+
+// startFallback starts a server with fb and waits until it accepts connections; a
+// server that does not is stopped.
+func startFallback(ctx context.Context, fb Fallback, settings []string) (*Server, error) {
+	url, stop, err := fb(ctx, settings)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: fallback server: %w", err)
+	}
+	if stop == nil {
+		stop = func() error { return nil }
+	}
+	srv := &Server{URL: url, stop: stop}
+	if err := waitReady(ctx, url, nil, FallbackReadyTimeout); err != nil {
+		return nil, errors.Join(fmt.Errorf("pgtest: fallback server at %s: %w", redact(url), err), srv.Stop())
+	}
+	return srv, nil
 }
 
 // Stop stops a server that Start created: a throwaway server is shut down (fast

@@ -1,0 +1,27 @@
+module github.com/idemflow/idemflow/idemflowui/browsertest
+
+go 1.26.0
+
+require github.com/idemflow/idemflow v0.0.0
+
+require (
+	github.com/chromedp/chromedp v0.23.0
+	github.com/georgysavva/scany/v2 v2.1.4 // indirect
+	github.com/go-json-experiment/json v1.27.2 // indirect
+	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0 // indirect
+)
+
+require (
+	github.com/chromedp/cdproto v0.159.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/text v0.44.0 // indirect
+)
+
+replace github.com/idemflow/idemflow => ../..

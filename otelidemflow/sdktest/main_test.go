@@ -1,0 +1,9 @@
+package sdktest_test
+
+import (
+	"testing"
+
+	"github.com/idemflow/idemflow/idemflowtest"
+)
+
+func TestMain(m *testing.M) { idemflowtest.Main(m) }
