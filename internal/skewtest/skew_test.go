@@ -48,11 +48,14 @@ type answer struct {
 }
 
 // run runs the driver with args, SKEW_CRASH_AFTER=crash, and returns its stdout and
-// exit status.
+// exit status. A crash of "fail" is SKEW_FAIL_REMOTE=1 instead: the remote call fails.
 func (b build) run(t *testing.T, crash string, args ...string) ([]byte, int) {
 	t.Helper()
 	cmd := exec.Command(b.bin, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_CRASH_AFTER="+crash)
+	if crash == "fail" {
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_FAIL_REMOTE=1")
+	}
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	err := cmd.Run()
@@ -78,9 +81,9 @@ func (b build) do(t *testing.T, crash, key, body string) (answer, int) {
 	return a, code
 }
 
-func (b build) sweep(t *testing.T) map[string]float64 {
+func (b build) sweep(t *testing.T, crash string) map[string]float64 {
 	t.Helper()
-	out, _ := b.run(t, "", "sweep")
+	out, _ := b.run(t, crash, "sweep")
 	var st map[string]float64
 	require.NoError(t, json.Unmarshal(out, &st), "%s: %s", b.name, out)
 	return st
@@ -109,7 +112,33 @@ func TestSkew(t *testing.T) {
 				t.Run(key, func(t *testing.T) { skewCase(t, db, w, r, key, at, rec) })
 			}
 		}
+		w, r := pair[0], pair[1]
+		key := fmt.Sprintf("%s-then-%s/dead-lettered", w.name, r.name)
+		t.Run(key, func(t *testing.T) { deadCase(t, db, w, r, key) })
 	}
+}
+
+// deadCase: w's attempt and sweep fail on the remote and dead-letter key; both builds
+// answer it dead; r re-drives it and its sweep finishes it; then both replay it.
+func deadCase(t *testing.T, db *pgtest.DB, w, r build, key string) {
+	const body = `{"amount": 700}`
+	a, _ := w.do(t, "fail", key, body)
+	require.Equal(t, "transient", a.Err, "%s with the remote failing: %+v", w.name, a)
+	idemflowtest.ExpireLease(t, db.Pool, "acct", key)
+	st := w.sweep(t, "fail")
+	require.Equal(t, 1.0, st["DeadLettered"], "%s's sweep: %v", w.name, st)
+	for _, b := range []build{w, r} {
+		a, _ := b.do(t, "", key, body)
+		require.Equal(t, "dead", a.Err, "%s on a dead-lettered key: %+v", b.name, a)
+	}
+	out, _ := r.run(t, "", "redrive", key)
+	var ra answer
+	require.NoError(t, json.Unmarshal(out, &ra), "%s", out)
+	require.Equal(t, answer{}, ra, "%s's re-drive", r.name)
+	st = r.sweep(t, "")
+	require.Equal(t, 1.0, st["Finished"], "%s's sweep after the re-drive: %v", r.name, st)
+	replayedBody(t, w, r, key, body)
+	requireOneEffect(t, db, key)
 }
 
 // skewCase runs one case: w writes key, crashing after phase at (never when ""), and
@@ -136,7 +165,7 @@ func skewCase(t *testing.T, db *pgtest.DB, w, r build, key, at, rec string) {
 			a, _ = r.do(t, "", key, body)
 			require.Equal(t, answer{Status: 201, Replayed: at == "credit", Body: a.Body}, a, "%s resuming by retry", r.name)
 		case at != "credit":
-			st := r.sweep(t)
+			st := r.sweep(t, "")
 			require.Equal(t, 1.0, st["Finished"], "%s's sweep: %v", r.name, st)
 		}
 	}

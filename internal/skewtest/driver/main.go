@@ -7,10 +7,11 @@
 //	driver do KEY BODY    one attempt; prints its answer as a JSON line
 //	driver resume KEY     Engine.Resume; prints its answer
 //	driver sweep          one sweeper pass (no grace, one attempt); prints its stats
+//	driver redrive KEY    Engine.Redrive; prints {} or the error's class
 //
 // DATABASE_URL names the schema (by search_path). SKEW_CRASH_AFTER=phase makes the
 // process exit with status 3 right after that phase ends, with no cleanup: a crash at
-// that boundary.
+// that boundary. SKEW_FAIL_REMOTE=1 makes the remote call fail (a transient failure).
 package main
 
 import (
@@ -72,6 +73,12 @@ func run(ctx context.Context, args []string) error {
 	case args[0] == "resume" && len(args) == 2:
 		res, err := e.Resume(ctx, "acct", args[1])
 		return out.Encode(answerOf(res, err))
+	case args[0] == "redrive" && len(args) == 2:
+		a := answer{}
+		if err := e.Redrive(ctx, "acct", args[1]); err != nil {
+			a = answerOf(nil, err)
+		}
+		return out.Encode(a)
 	case args[0] == "sweep" && len(args) == 1:
 		s, err := sweeper.New(e, &sweeper.Config{Grace: -1, MaxAttempts: 1})
 		if err != nil {
@@ -134,6 +141,9 @@ func flow(pool *pgxpool.Pool) phases.Flow {
 	return phases.Flow{Name: "skew", Phases: []phases.Phase{
 		phases.Tx("debit", effect("debit")),
 		phases.Call("remote", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			if os.Getenv("SKEW_FAIL_REMOTE") == "1" {
+				return nil, errors.New("remote unavailable")
+			}
 			dk := run.DerivedKey()
 			if _, err := pool.Exec(ctx, `INSERT INTO skew_remote_calls (derived_key) VALUES ($1)`, dk); err != nil {
 				return nil, err
