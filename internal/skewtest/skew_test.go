@@ -216,15 +216,7 @@ func requireOneEffect(t *testing.T, db *pgtest.DB, key string) {
 // buildBoth builds the driver from the previous release (from the repository's
 // history; IDEMFLOW_SKEW_PREVIOUS overrides the commit) and from this tree.
 func buildBoth(t *testing.T) (prev, cur build) {
-	root := strings.TrimSpace(git(t, "", "rev-parse", "--show-toplevel"))
-	commit := os.Getenv("IDEMFLOW_SKEW_PREVIOUS")
-	if commit == "" {
-		commit = previousCommit(t, filepath.Join(root, previousFile))
-	}
-	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		t.Fatalf("the previous release %s is not in this clone's history (a shallow clone?): "+
-			"run `git fetch --unshallow` (CI needs a full clone)", commit)
-	}
+	root, commit := previousRelease(t)
 	dir := t.TempDir()
 	old := filepath.Join(dir, "previous")
 	require.NoError(t, os.MkdirAll(filepath.Join(old, "internal", "skewtest", "driver"), 0o755))
@@ -248,6 +240,22 @@ func goBuild(t *testing.T, dir, bin string) {
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build in %s: %s", dir, out)
+}
+
+// previousRelease returns the repository's root and the previous release's commit
+// (IDEMFLOW_SKEW_PREVIOUS, else the commit of .ci/previous-release), and fails the
+// test when the clone's history does not hold it.
+func previousRelease(t *testing.T) (root, commit string) {
+	root = strings.TrimSpace(git(t, "", "rev-parse", "--show-toplevel"))
+	commit = os.Getenv("IDEMFLOW_SKEW_PREVIOUS")
+	if commit == "" {
+		commit = previousCommit(t, filepath.Join(root, previousFile))
+	}
+	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		t.Fatalf("the previous release %s is not in this clone's history (a shallow clone?): "+
+			"run `git fetch --unshallow` (CI needs a full clone)", commit)
+	}
+	return root, commit
 }
 
 // previousCommit reads the commit line of the previous release's file.
