@@ -72,8 +72,8 @@ const dueGuard = `status = 'in_progress'
 	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
 
 // sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3, at a recovery
-// point in $4 (knownPoint) and with a fingerprint and phase data this release reads: scope, key, lock
-// version.
+// point in $4 (knownPoint), with a fingerprint and phase data this release reads
+// (knownFormat): scope, key, lock version.
 var sqlScanDue = `SELECT scope, idempotency_key, lock_version
 FROM idemflow_keys
 WHERE ` + dueGuard + `
@@ -86,7 +86,7 @@ LIMIT $1`
 
 // sqlTakeKey takes over the due key $1, $2 if its lock version is still $3, as
 // sqlTakeDue does for a batch: a lease of $4 ms, history kept $5, recovery point in
-// $6 (a release may have moved it since the scan).
+// $6 and formats known, re-checked (a release may have moved them since the scan).
 var sqlTakeKey = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',

@@ -230,8 +230,8 @@ RETURNING ` + leasedColumns("5")
 // row version, and the UPDATE checks it once more, so a key that finished or was taken
 // over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms, and
 // records an expired lease's attempt as abandoned (history kept $5). Only keys at a
-// recovery point in $6 (see knownPoint) with a fingerprint and phase data this release reads are taken
-// (store/format.go).
+// recovery point in $6 (knownPoint), with a fingerprint and phase data this release
+// reads (knownFormat), are taken: see format.go.
 var sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
