@@ -44,6 +44,8 @@ func TestClassify(t *testing.T) {
 		{"Canceled", context.Canceled, 503, time.Second, false},
 		{"UnknownFlow", fmt.Errorf("%w: %q", workflow.ErrUnknownFlow, "x"), 500, 0, false},
 		{"UnknownRecoveryPoint", workflow.ErrUnknownRecoveryPoint, 500, 0, false},
+		{"NewerFormat", fmt.Errorf("%w: status %q", workflow.ErrNewerFormat, "paused"), 503, workflow.NewerFormatRetryAfter, false},
+		{"NewerRecoveryPoint", fmt.Errorf("%w (%w): no phase", workflow.ErrUnknownRecoveryPoint, workflow.ErrNewerFormat), 503, workflow.NewerFormatRetryAfter, false},
 		{"InvalidScope", fmt.Errorf("%w: not UTF-8 text without NUL", workflow.ErrInvalidScope), 401, 0, false},
 		{"NotFinal", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101 is not a final response: %w", workflow.ErrNoResponse)}, 500, 0, false},
 		{"Other", errors.New("something internal"), 500, 0, false},

@@ -110,6 +110,11 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
 	case errors.Is(err, workflow.ErrBodyTooLarge):
 		return httpAnswer{status: http.StatusRequestEntityTooLarge, kind: kindBodyTooLarge, detail: "The request body is over the limit."}
+	case errors.Is(err, workflow.ErrNewerFormat):
+		// A newer build wrote the key (a rolling deploy): never a final answer here.
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: workflow.NewerFormatRetryAfter, level: slog.LevelWarn,
+			detail: "The request is being handled by a newer version of the service; retry after " +
+				retryAfter(workflow.NewerFormatRetryAfter) + " s with the same key and the same request to get its answer."}
 	case errors.Is(err, workflow.ErrMismatch):
 		return httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
 			detail: "The idempotency key was already used for a different request (method, route or body). " +

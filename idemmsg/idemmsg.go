@@ -102,9 +102,11 @@ type Decision struct {
 //	nil error (finished now or replayed)            Ack        -
 //	ErrInProgress (*InProgressError)                Retry      its RetryAfter
 //	ErrTransient (*TransientError)                  Retry      its RetryAfter
+//	ErrNewerFormat (a newer build wrote the key),   Retry      NewerFormatRetryAfter
+//	ErrUnknownRecoveryPoint
 //	ErrUnavailable, ErrConflict, ErrLeaseLost,      Retry      RetryDelayDefault
-//	ErrUnknownFlow, ErrUnknownRecoveryPoint,
-//	ErrMisconfigured, a context's error,
+//	ErrUnknownFlow, ErrMisconfigured,
+//	a context's error,
 //	any other error
 //	ErrMismatch, ErrInvalidKey, ErrInvalidScope,    Terminate  -
 //	ErrInvalidRequest, ErrBodyTooLarge,
@@ -127,6 +129,8 @@ func Decide(res *workflow.Result, err error) Decision {
 		return Decision{Action: Retry, Delay: positive(ip.RetryAfter), Err: err}
 	case errors.As(err, &te):
 		return Decision{Action: Retry, Delay: positive(te.RetryAfter), Err: err}
+	case errors.Is(err, workflow.ErrNewerFormat):
+		return Decision{Action: Retry, Delay: workflow.NewerFormatRetryAfter, Err: err}
 	case errors.Is(err, workflow.ErrMismatch), errors.Is(err, workflow.ErrInvalidKey),
 		errors.Is(err, workflow.ErrInvalidScope), errors.Is(err, workflow.ErrInvalidRequest),
 		errors.Is(err, workflow.ErrBodyTooLarge), errors.Is(err, workflow.ErrNeedsClient),

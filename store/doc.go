@@ -35,5 +35,9 @@
 // ErrLeaseLost, ...) here and nowhere else; Classify does it for errors that came from
 // a caller's own SQL.
 //
+// Every stored format that can change carries its version (format.go): the engine
+// answers a row in a newer format retryable and leaves it alone, and the sweeper's
+// statements do not take it.
+//
 // This package imports none of idemflow's other packages.
 package store

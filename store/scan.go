@@ -71,24 +71,30 @@ const dueGuard = `status = 'in_progress'
 	AND next_attempt_at <= statement_timestamp()
 	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
 
-// sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3: scope, key,
-// lock version.
-const sqlScanDue = `SELECT scope, idempotency_key, lock_version
+// sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3, at a recovery
+// point in $4 (knownPoint), with a fingerprint and phase data this release reads
+// (knownFormat): scope, key, lock version.
+var sqlScanDue = `SELECT scope, idempotency_key, lock_version
 FROM idemflow_keys
 WHERE ` + dueGuard + `
 	AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
 	AND flow = ANY($3::text[])
+	AND ` + knownPoint("4") + `
+	AND ` + knownFormat + `
 ORDER BY next_attempt_at
 LIMIT $1`
 
 // sqlTakeKey takes over the due key $1, $2 if its lock version is still $3, as
-// sqlTakeDue does for a batch: a lease of $4 ms, history kept $5.
+// sqlTakeDue does for a batch: a lease of $4 ms, history kept $5, recovery point in
+// $6 and formats known, re-checked (a release may have moved them since the scan).
 var sqlTakeKey = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3
 	AND ` + dueGuard + `
+	AND ` + knownPoint("6") + `
+	AND ` + knownFormat + `
 	AND ` + lockedByNoOne + `
 RETURNING ` + leasedColumns("4")
 

@@ -229,7 +229,9 @@ RETURNING ` + leasedColumns("5")
 // skipped, never waited for. FOR UPDATE re-checks the candidate guard on the newest
 // row version, and the UPDATE checks it once more, so a key that finished or was taken
 // over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms, and
-// records an expired lease's attempt as abandoned (history kept $5).
+// records an expired lease's attempt as abandoned (history kept $5). Only keys at a
+// recovery point in $6 (knownPoint), with a fingerprint and phase data this release
+// reads (knownFormat), are taken: see format.go.
 var sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
@@ -242,6 +244,8 @@ WHERE ctid = ANY(ARRAY(
 			AND (locked_until IS NULL OR locked_until <= statement_timestamp())
 			AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
 			AND flow = ANY($4::text[])
+			AND ` + knownPoint("6") + `
+			AND ` + knownFormat + `
 		ORDER BY next_attempt_at
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))

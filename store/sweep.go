@@ -21,6 +21,11 @@ type TakeDue struct {
 	Lease time.Duration
 	// Flows limits the keys taken to these flows: the ones the caller can handle.
 	Flows []string
+	// Points, when not nil, limits them further to these recovery points of each flow
+	// ("started" and its phases): a key at a point its flow does not list here was
+	// written by another build of the flow, and is left for one that knows it. Keys
+	// whose phase data is in a newer format (see FormatMember) are never taken.
+	Points map[string][]string
 	// History is how many history entries a key keeps, for the abandoned attempt a
 	// takeover records (see Store.Takeover). 0: history is off.
 	History int
@@ -73,7 +78,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if perKey {
 		return s.takeDuePerKey(ctx, db, q)
 	}
-	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0))
+	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0), pointKeys(q.Points))
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
 	}
@@ -96,7 +101,8 @@ const scanSpread = 4
 // (another sweeper took them, a request holds them, or they finished since the scan),
 // until q.Limit are taken or the candidates run out.
 func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
-	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows)
+	points := pointKeys(q.Points)
+	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows, points)
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: scan: %w", err)
 	}
@@ -105,7 +111,7 @@ func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, 
 		n := min(q.Limit-len(out), len(cands))
 		b := &pgx.Batch{}
 		for _, c := range cands[:n] {
-			b.Queue(s.sql.takeKey, c.scope, c.key, c.version, q.Lease.Milliseconds(), max(q.History, 0))
+			b.Queue(s.sql.takeKey, c.scope, c.key, c.version, q.Lease.Milliseconds(), max(q.History, 0), points)
 		}
 		cands = cands[n:]
 		err = each(ctx, db, b, func(rows pgx.Rows) error {

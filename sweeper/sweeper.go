@@ -139,8 +139,9 @@ type Stats struct {
 	Taken int
 	// Finished keys were driven to finished.
 	Finished int
-	// Released keys failed their attempt, or cannot be run by this build (an unknown
-	// recovery point), and are due again after a backoff.
+	// Released keys failed their attempt and are due again after a backoff. Keys this
+	// build cannot run (written by a newer build: workflow.ErrNewerFormat) are not
+	// taken; should one be taken all the same, it is given back unrun and counted here.
 	Released int
 	// Parked keys are of a client-only flow (the HTTP middleware's): released, not run,
 	// for their client's retry; sweeps leave them alone for Config.Retention.

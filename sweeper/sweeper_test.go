@@ -301,8 +301,9 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 }
 
 // A key whose recovery point names a phase this build's flow does not have (another
-// build may, during a rolling deploy) is not run: it is released with a backoff and the
-// cause as its last error, and dead-lettered once its attempts are used up.
+// build has it, during a rolling deploy) is not taken: not run, not released as a
+// failed attempt, never dead-lettered, however many sweeps pass. The row is left as it
+// was for a build that knows the phase (or an operator).
 func TestUnknownRecoveryPoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -311,27 +312,19 @@ func TestUnknownRecoveryPoint(t *testing.T) {
 	makeDue(t, b.db, "k")
 	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET recovery_point = 'gone'`)
 	require.NoError(t, err)
+	before := keyRow(t, b.db, "k")
 
-	s := b.newSweeper(t, &sweeper.Config{MaxAttempts: 3})
-	stats, err := s.RunOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, sweeper.Stats{Taken: 1, Released: 1}, stats)
+	s := b.newSweeper(t, &sweeper.Config{MaxAttempts: 1})
+	for range 2 {
+		stats, err := s.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, sweeper.Stats{}, stats)
+	}
+	require.Equal(t, before, keyRow(t, b.db, "k"), "the row changed")
 	st := state(t, b.db, "k")
 	require.Equal(t, "in_progress", st.Status)
-	require.Equal(t, "gone", st.RecoveryPoint)
-	require.Equal(t, 2, st.Attempts)
-	require.False(t, st.Leased)
-	require.False(t, st.Due, "released with a backoff")
-	require.Contains(t, st.LastError, "unknown recovery point")
+	require.True(t, st.Due, "still due, for a build that knows the phase")
 	require.Equal(t, testflow.Effects{Ledger: 1}, effects(t, b.db, "k"), "nothing ran")
-
-	makeDue(t, b.db, "k")
-	stats, err = s.RunOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, sweeper.Stats{Taken: 1, DeadLettered: 1}, stats)
-	st = state(t, b.db, "k")
-	require.Equal(t, "dead", st.Status)
-	require.Contains(t, st.LastError, "unknown recovery point")
 	require.Equal(t, 0, b.provider.Made())
 }
 

@@ -8,6 +8,7 @@
 //   - testflow: the fake payment flow shared by the workflow, sweeper and reliability tests
 //   - coretest, pooltest: engine behaviours run against several pools and poolers
 //   - cpumeter: CPU time of a process and its PostgreSQL backends, for the benchmark
+//   - skewtest: the previous release and this tree on one schema (the upgrade contract)
 //   - uitest: the fixture of the operator page's tests
 //
 // The engine's own machinery stays in internal/. Packages of the other modules of the

@@ -284,9 +284,13 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 // connection holds it until the holder ends.
 //
 // Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotInProgress for a finished
-// or dead-lettered key (nothing changes; see Redrive); ErrUnavailable.
+// or dead-lettered key (nothing changes; see Redrive); ErrNewerFormat for a key a
+// newer build wrote (nothing changes); ErrUnavailable.
 func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 	if err := checkKey(scope, key); err != nil {
+		return err
+	}
+	if err := e.readable(ctx, scope, key); err != nil {
 		return err
 	}
 	_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
@@ -297,6 +301,25 @@ func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 		return err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyOperatorReleased, Scope: scope, Key: key})
+	return nil
+}
+
+// readable returns an error wrapping ErrNewerFormat when the key's row was written by
+// a newer build (see ErrNewerFormat), so that an operator's call on one key changes
+// nothing this build cannot read; nil when it can, or when the key is missing (the
+// call itself then says so). A row's format changes only when a newer build writes
+// it, so the check is not repeated by the statement that follows.
+func (e *Engine) readable(ctx context.Context, scope, key string) error {
+	row, err := e.store.Lookup(ctx, e.pool, scope, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := e.checkRow(row); err != nil {
+		return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
+	}
 	return nil
 }
 
@@ -321,9 +344,13 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 // it again is what is wanted.
 //
 // Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotFinished for a key in
-// progress or dead-lettered (nothing changes); ErrUnavailable.
+// progress or dead-lettered (nothing changes); ErrNewerFormat for a key a newer build
+// wrote (nothing changes); ErrUnavailable.
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
 	if err := checkKey(scope, key); err != nil {
+		return err
+	}
+	if err := e.readable(ctx, scope, key); err != nil {
 		return err
 	}
 	err := e.store.Purge(ctx, e.pool, scope, key)

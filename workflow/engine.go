@@ -463,8 +463,10 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 // Errors: ErrInvalidKey, ErrInvalidScope (both also wrapping ErrControlCharacter for
 // a control character; no statement sent), ErrInvalidRequest, ErrBodyTooLarge and
 // ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
-// *InProgressError; *TransientError; ErrLeaseLost; ErrUnknownRecoveryPoint;
-// ErrDeadLettered; ErrUnavailable or ErrConflict when the database fails.
+// *InProgressError; *TransientError; ErrLeaseLost; ErrNewerFormat for a row a newer
+// build wrote (nothing written; an unknown recovery point is also
+// ErrUnknownRecoveryPoint); ErrDeadLettered; ErrUnavailable or ErrConflict when the
+// database fails.
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	f, err := e.validate(&req)
 	if err != nil {
@@ -507,8 +509,9 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
 // on the key. It is what the sweeper and operators call.
 //
 // Errors: ErrNotFound; *InProgressError while a lease is live; ErrUnknownFlow if the
-// key's flow is not registered and ErrUnknownRecoveryPoint if the flow has no phase of
-// that name (both leave the key untouched); ErrDeadLettered; and the errors of Do.
+// key's flow is not registered and ErrUnknownRecoveryPoint (with ErrNewerFormat) if
+// the flow has no phase of that name (both leave the key untouched); ErrDeadLettered;
+// and the errors of Do.
 func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
@@ -546,6 +549,9 @@ func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp 
 }
 
 func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
+	if err := e.checkRow(row); err != nil {
+		return answered(nil, err) // a newer build's row: nothing final, nothing written
+	}
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
 	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
 		ev.Kind = KeyMismatch
@@ -583,7 +589,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	next, err := f.Index(row.RecoveryPoint)
 	if err != nil {
-		return answered(nil, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err))
+		return answered(nil, unknownPoint(err))
 	}
 	started := time.Now()
 	tctx, cancel := e.bounded(ctx)

@@ -32,8 +32,10 @@ var (
 	// ErrInProgress: another attempt holds the key's lease. The error is an
 	// *InProgressError saying when to retry.
 	ErrInProgress = errors.New("request in progress")
-	// ErrUnknownRecoveryPoint: the key's recovery point names a phase the flow no longer
-	// has. The key is left untouched for an operator to decide.
+	// ErrUnknownRecoveryPoint: the key's recovery point names a phase this build's flow
+	// does not have: a newer (or older) version of the flow wrote it. The key is left
+	// untouched for a build that has the phase, or an operator, to decide; the error
+	// matches ErrNewerFormat too, so it is answered as retryable.
 	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
 	// ErrDeadLettered: the key was given up on, after too many failed attempts or
 	// because a phase ran but its answer could not be stored (ErrUnstorable, as for an

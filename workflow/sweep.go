@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/maint"
+	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
 
@@ -54,7 +55,9 @@ func (m maintenance) Lease() time.Duration { return m.e.cfg.Lease }
 // TakeDue takes over, in one short statement, up to opts.Limit keys that are in
 // progress with an expired or released lease, due (their backoff has passed), older
 // than opts.Grace, and of a flow registered on this engine, oldest due first. Keys of
-// flows this engine does not know are left to a process that registered them. Rows
+// flows this engine does not know are left to a process that registered them, and so
+// are keys a newer build wrote (ErrNewerFormat): at a recovery point the flow does not
+// have, or with phase data in a newer format. Rows
 // locked by anyone else are skipped rather than waited for, so any number of sweepers
 // take disjoint sets, and a key that finished or was taken over after the statement's
 // snapshot is left alone. Each key taken gets a KeySwept event.
@@ -66,18 +69,13 @@ func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*ma
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
 	}
-	e.mu.RLock()
-	flows := make([]string, 0, len(e.flows))
-	for name := range e.flows {
-		flows = append(flows, name)
-	}
-	e.mu.RUnlock()
+	flows, points := e.knownPoints()
 	sent := time.Now()
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
 		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
-		History: e.cfg.historyKeep(),
+		Points: points, History: e.cfg.historyKeep(),
 	})
 	if err != nil {
 		return nil, err
@@ -91,6 +89,26 @@ func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*ma
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
+}
+
+// knownPoints are the registered flows' names, and for each the recovery points it
+// can resume from: "started" and its phases. A sweep takes no key at another point:
+// another build of the flow wrote it, and one that knows the point finishes it.
+func (e *Engine) knownPoints() ([]string, map[string][]string) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	flows := make([]string, 0, len(e.flows))
+	points := make(map[string][]string, len(e.flows))
+	for name, f := range e.flows {
+		flows = append(flows, name)
+		ps := make([]string, 0, len(f.Phases)+1)
+		ps = append(ps, phases.Started)
+		for _, p := range f.Phases {
+			ps = append(ps, p.Name)
+		}
+		points[name] = ps
+	}
+	return flows, points
 }
 
 // maxAttempts is opts.MaxAttempts as exec.maxAttempts reads it: 0 for never.
@@ -111,11 +129,13 @@ func maxAttempts(o *maint.RunOpts) int {
 // key is never dead-lettered by a sweep: only its client can finish it, and a retry
 // that finds it dead-lettered could not.
 //
-// A key whose recovery point names a phase the flow does not have (cause
-// ErrUnknownRecoveryPoint; another build of the flow may have it, as during a rolling
-// deploy) or whose phase data cannot be decoded is not run either. It is released with
-// a backoff and its cause as last error, like a failed attempt, so that it is
-// dead-lettered after opts.MaxAttempts attempts rather than retried forever.
+// TakeDue does not take a key a newer build wrote (ErrNewerFormat: its recovery point
+// names a phase the flow does not have, or a format is newer). Should one be taken all
+// the same, it is given back unrun (GiveBack), neither released as a failed attempt
+// nor dead-lettered, and Run reports it released with that cause. A key whose phase
+// data does not decode is not run either: it is released with a backoff and its cause
+// as last error, like a failed attempt, so that it is dead-lettered after
+// opts.MaxAttempts attempts rather than retried forever.
 //
 // A failed attempt is released with a backoff (Config.BackoffBase, doubling per
 // attempt up to Config.BackoffMax, unless the phase asked for a delay) and the key
@@ -174,10 +194,13 @@ func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOp
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
 		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), maxAttempts(opts))
 	}
-	next, err := f.Index(t.RecoveryPoint)
-	if err != nil {
-		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %v", ErrUnknownRecoveryPoint, err), maxAttempts(opts))
+	if err := e.checkRow(t.Row); err != nil { // a newer build's key: give it back unrun, for a build that reads it
+		if gerr := (maintenance{e}).GiveBack(ctx, t); gerr != nil {
+			return maint.Result{Outcome: maint.Released, Err: err}, gerr
+		}
+		return maint.Result{Outcome: maint.Released, Err: err}, nil
 	}
+	next, _ := f.Index(t.RecoveryPoint) // checkRow has found it
 	x, err := e.newExec(f, t.Row, t.At)
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
@@ -300,9 +323,13 @@ func (m maintenance) GiveBack(ctx context.Context, t *maint.Taken) error {
 // kept until the next failure or the finish replaces it.
 //
 // Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
-// state (nothing changes); ErrUnavailable when the database fails.
+// state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
+// changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err := checkKey(scope, key); err != nil {
+		return err
+	}
+	if err := e.readable(ctx, scope, key); err != nil {
 		return err
 	}
 	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))

@@ -1,0 +1,289 @@
+// Package skewtest runs the previous release and this tree side by side on one schema
+// (docs/OPERATIONS.md, "Upgrades": release N and N-1 in both directions). Each writes
+// keys, crashing at every boundary between phases, and the other then answers them:
+// retries, sweeps, replays and mismatches must all be the answers one build alone
+// would give, with one effect per key. It needs the repository's history (the
+// previous release is built from it) and is run by CI with IDEMFLOW_SKEW=1.
+package skewtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+)
+
+func TestMain(m *testing.M) { idemflowtest.Main(m) }
+
+// previousFile names the previous release: lines "commit <hash>" and "version <v>".
+const previousFile = ".ci/previous-release"
+
+// tables hold the driver flow's effects.
+const tables = `
+CREATE TABLE skew_effects (scope text NOT NULL, key text NOT NULL, phase text NOT NULL);
+CREATE TABLE skew_remote (derived_key text PRIMARY KEY, key text NOT NULL);
+CREATE TABLE skew_remote_calls (derived_key text NOT NULL);`
+
+// build is one build of the driver.
+type build struct{ name, bin, url string }
+
+// answer is the driver's answer line.
+type answer struct {
+	Status   int    `json:"status"`
+	Replayed bool   `json:"replayed"`
+	Body     string `json:"body"`
+	Err      string `json:"err"`
+	Detail   string `json:"detail"`
+}
+
+// run runs the driver with args, SKEW_CRASH_AFTER=crash, and returns its stdout and
+// exit status. A crash of "fail" is SKEW_FAIL_REMOTE=1 instead: the remote call fails.
+func (b build) run(t *testing.T, crash string, args ...string) ([]byte, int) {
+	t.Helper()
+	cmd := exec.Command(b.bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_CRASH_AFTER="+crash)
+	if crash == "fail" {
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_FAIL_REMOTE=1")
+	}
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		require.True(t, ok, "%s %v: %v", b.name, args, err)
+		code = ee.ExitCode()
+	}
+	if code != 0 && code != 3 {
+		t.Fatalf("%s %v: exit %d: %s", b.name, args, code, stderr.String())
+	}
+	return out.Bytes(), code
+}
+
+func (b build) do(t *testing.T, crash, key, body string) (answer, int) {
+	t.Helper()
+	out, code := b.run(t, crash, "do", key, body)
+	var a answer
+	if code == 0 {
+		require.NoError(t, json.Unmarshal(out, &a), "%s: %s", b.name, out)
+	}
+	return a, code
+}
+
+func (b build) sweep(t *testing.T, crash string) map[string]float64 {
+	t.Helper()
+	out, _ := b.run(t, crash, "sweep")
+	var st map[string]float64
+	require.NoError(t, json.Unmarshal(out, &st), "%s: %s", b.name, out)
+	return st
+}
+
+// TestSkew runs every pairing of writer and reader among the previous release and
+// this tree, with the writer crashing after each phase (or not at all) and the reader
+// recovering by a retry or by a sweep.
+func TestSkew(t *testing.T) {
+	if os.Getenv("IDEMFLOW_SKEW") != "1" {
+		t.Skip("set IDEMFLOW_SKEW=1 to build the previous release and run it beside this tree (CI does)")
+	}
+	prev, cur := buildBoth(t)
+	db := pgtest.New(t)
+	_, err := db.Pool.Exec(context.Background(), tables)
+	require.NoError(t, err)
+	prev.url, cur.url = db.URL, db.URL
+	for _, pair := range [][2]build{{prev, cur}, {cur, prev}} {
+		for _, at := range []string{"", "debit", "remote", "credit"} {
+			for _, rec := range []string{"retry", "sweep"} {
+				if at == "" && rec == "sweep" {
+					continue
+				}
+				w, r := pair[0], pair[1]
+				key := fmt.Sprintf("%s-then-%s/crash-after-%s/%s", w.name, r.name, cmpOr(at, "none"), rec)
+				t.Run(key, func(t *testing.T) { skewCase(t, db, w, r, key, at, rec) })
+			}
+		}
+		w, r := pair[0], pair[1]
+		key := fmt.Sprintf("%s-then-%s/dead-lettered", w.name, r.name)
+		t.Run(key, func(t *testing.T) { deadCase(t, db, w, r, key) })
+	}
+}
+
+// deadCase: w's attempt and sweep fail on the remote and dead-letter key; both builds
+// answer it dead; r re-drives it and its sweep finishes it; then both replay it.
+func deadCase(t *testing.T, db *pgtest.DB, w, r build, key string) {
+	const body = `{"amount": 700}`
+	a, _ := w.do(t, "fail", key, body)
+	require.Equal(t, "transient", a.Err, "%s with the remote failing: %+v", w.name, a)
+	idemflowtest.ExpireLease(t, db.Pool, "acct", key)
+	st := w.sweep(t, "fail")
+	require.Equal(t, 1.0, st["DeadLettered"], "%s's sweep: %v", w.name, st)
+	for _, b := range []build{w, r} {
+		a, _ := b.do(t, "", key, body)
+		require.Equal(t, "dead", a.Err, "%s on a dead-lettered key: %+v", b.name, a)
+	}
+	out, _ := r.run(t, "", "redrive", key)
+	var ra answer
+	require.NoError(t, json.Unmarshal(out, &ra), "%s", out)
+	require.Equal(t, answer{}, ra, "%s's re-drive", r.name)
+	st = r.sweep(t, "")
+	require.Equal(t, 1.0, st["Finished"], "%s's sweep after the re-drive: %v", r.name, st)
+	replayedBody(t, w, r, key, body)
+	requireOneEffect(t, db, key)
+}
+
+// skewCase runs one case: w writes key, crashing after phase at (never when ""), and
+// r recovers it by rec; then both answer it.
+func skewCase(t *testing.T, db *pgtest.DB, w, r build, key, at, rec string) {
+	const body = `{"amount": 700}`
+	a, code := w.do(t, at, key, body)
+	if at == "" {
+		require.Equal(t, 0, code)
+		require.Equal(t, answer{Status: 201, Body: a.Body}, a, "%s answered a new key", w.name)
+	} else {
+		require.Equal(t, 3, code, "%s did not crash after %s", w.name, at)
+		// The crashed writer's lease is live: the reader turns the retry away, unless
+		// the key finished before the crash.
+		a, _ = r.do(t, "", key, body)
+		if at == "credit" {
+			require.Equal(t, answer{Status: 201, Replayed: true, Body: a.Body}, a, "%s on a finished key", r.name)
+		} else {
+			require.Equal(t, "in_progress", a.Err, "%s on a live lease: %+v", r.name, a)
+		}
+		idemflowtest.ExpireLease(t, db.Pool, "acct", key)
+		switch {
+		case rec == "retry":
+			a, _ = r.do(t, "", key, body)
+			require.Equal(t, answer{Status: 201, Replayed: at == "credit", Body: a.Body}, a, "%s resuming by retry", r.name)
+		case at != "credit":
+			st := r.sweep(t, "")
+			require.Equal(t, 1.0, st["Finished"], "%s's sweep: %v", r.name, st)
+		}
+	}
+	want := replayedBody(t, w, r, key, body)
+	require.Contains(t, want, `"amount":700`)
+	for _, b := range []build{w, r} {
+		a, _ := b.do(t, "", key, `{"amount": 1}`)
+		require.Equal(t, "mismatch", a.Err, "%s on another body: %+v", b.name, a)
+	}
+	requireOneEffect(t, db, key)
+}
+
+// replayedBody checks that both builds replay key, by retry and by Resume, with the
+// same bytes, and returns them.
+func replayedBody(t *testing.T, w, r build, key, body string) string {
+	t.Helper()
+	var want string
+	for _, b := range []build{w, r, w, r} {
+		a, _ := b.do(t, "", key, body)
+		require.Equal(t, 201, a.Status, "%s replaying: %+v", b.name, a)
+		require.True(t, a.Replayed, "%s replaying", b.name)
+		out, _ := b.run(t, "", "resume", key)
+		var ra answer
+		require.NoError(t, json.Unmarshal(out, &ra))
+		require.Equal(t, a, ra, "%s: Resume and Do answer alike", b.name)
+		if want == "" {
+			want = a.Body
+		}
+		require.Equal(t, want, a.Body, "%s replays other bytes", b.name)
+	}
+	return want
+}
+
+// requireOneEffect checks that key debited and credited once, and that the remote
+// kept one call of it (it dedupes on the derived key, which both builds must make
+// alike).
+func requireOneEffect(t *testing.T, db *pgtest.DB, key string) {
+	t.Helper()
+	var debits, credits, remote int
+	err := db.Pool.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM skew_effects WHERE key = $1 AND phase = 'debit'),
+		(SELECT count(*) FROM skew_effects WHERE key = $1 AND phase = 'credit'),
+		(SELECT count(*) FROM skew_remote WHERE key = $1)`, key).Scan(&debits, &credits, &remote)
+	require.NoError(t, err)
+	require.Equal(t, [3]int{1, 1, 1}, [3]int{debits, credits, remote}, "debits, credits, remote charges")
+}
+
+// buildBoth builds the driver from the previous release (from the repository's
+// history; IDEMFLOW_SKEW_PREVIOUS overrides the commit) and from this tree.
+func buildBoth(t *testing.T) (prev, cur build) {
+	root, commit := previousRelease(t)
+	dir := t.TempDir()
+	old := filepath.Join(dir, "previous")
+	require.NoError(t, os.MkdirAll(filepath.Join(old, "testkit", "skewtest", "driver"), 0o755))
+	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, commit, old)
+	out, err := archive.CombinedOutput()
+	require.NoError(t, err, "git archive %s: %s", commit, out)
+	src, err := os.ReadFile(filepath.Join(root, "testkit", "skewtest", "driver", "main.go"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "main.go"), src, 0o644))
+	prev = build{name: "previous", bin: filepath.Join(dir, "driver-previous")}
+	cur = build{name: "current", bin: filepath.Join(dir, "driver-current")}
+	goBuild(t, old, prev.bin)
+	goBuild(t, root, cur.bin)
+	t.Logf("previous release %s and this tree built", commit)
+	return prev, cur
+}
+
+func goBuild(t *testing.T, dir, bin string) {
+	cmd := exec.Command("go", "build", "-o", bin, "./testkit/skewtest/driver")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build in %s: %s", dir, out)
+}
+
+// previousRelease returns the repository's root and the previous release's commit
+// (IDEMFLOW_SKEW_PREVIOUS, else the commit of .ci/previous-release), and fails the
+// test when the clone's history does not hold it.
+func previousRelease(t *testing.T) (root, commit string) {
+	root = strings.TrimSpace(git(t, "", "rev-parse", "--show-toplevel"))
+	commit = os.Getenv("IDEMFLOW_SKEW_PREVIOUS")
+	if commit == "" {
+		commit = previousCommit(t, filepath.Join(root, previousFile))
+	}
+	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		t.Fatalf("the previous release %s is not in this clone's history (a shallow clone?): "+
+			"run `git fetch --unshallow` (CI needs a full clone)", commit)
+	}
+	return root, commit
+}
+
+// previousCommit reads the commit line of the previous release's file.
+func previousCommit(t *testing.T, path string) string {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "commit "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("%s has no commit line", path)
+	return ""
+}
+
+func git(t *testing.T, dir string, args ...string) string {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	require.NoError(t, err, "git %v", args)
+	return string(out)
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,109 @@
+package workflow
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// ErrNewerFormat: the key's row holds something this build cannot read: a status, a
+// fingerprint version, a recovery point its flow does not have, or phase data or a
+// stored response in a newer format. It was written by a newer build (or a newer
+// version of the flow), as during a rolling deploy, and this build leaves it alone: it
+// answers nothing final (no mismatch, no dead-letter, no replay), takes nothing over,
+// and its sweepers do not take the key. Retry after NewerFormatRetryAfter, when the
+// newer build may answer it; the HTTP layer answers 503 with Retry-After. An unknown
+// recovery point matches ErrUnknownRecoveryPoint as well.
+var ErrNewerFormat = errors.New("key row written in a format this build does not read (by a newer build)")
+
+// NewerFormatRetryAfter is the Retry-After suggested for ErrNewerFormat: long enough
+// for a rolling deploy to move the request to a newer build, short enough for a client.
+const NewerFormatRetryAfter = 5 * time.Second
+
+// fingerprintFormat reports whether this build knows the version of a stored
+// fingerprint: v1 (32 bytes) or v2 (the byte 0x02 and a sha256). A later version
+// starts with its own version byte and is never 32 bytes long.
+func fingerprintFormat(stored []byte) bool {
+	switch len(stored) {
+	case fingerprintV1Len:
+		return true
+	case fingerprintV2Len:
+		return stored[0] == fingerprintV2
+	}
+	return false
+}
+
+// jsonFormat is the format version of a stored JSON object (phase data, response
+// headers): its member store.FormatMember, 1 when absent. ok is false when the member
+// is not a positive integer or the object cannot be decoded: not a format this build
+// reads.
+func jsonFormat(obj []byte) (version int, ok bool) {
+	if !bytes.Contains(obj, []byte(store.FormatMember)) {
+		return 1, true // the common case: no member, and no decoding
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &m); err != nil {
+		return 0, false
+	}
+	raw, found := m[store.FormatMember]
+	if !found {
+		return 1, true
+	}
+	if err := json.Unmarshal(raw, &version); err != nil || version < 1 {
+		return 0, false
+	}
+	return version, true
+}
+
+// checkFormat returns an error wrapping ErrNewerFormat when row holds something this
+// build does not read (see ErrNewerFormat), before anything is decided on it. The
+// recovery point is checked against the flow where the flow is known (see
+// unknownPoint).
+func checkFormat(row *store.Row) error {
+	if !store.KnownStatus(row.Status) {
+		return fmt.Errorf("%w: status %q", ErrNewerFormat, row.Status)
+	}
+	if !fingerprintFormat(row.Fingerprint) {
+		v := -1
+		if len(row.Fingerprint) > 0 {
+			v = int(row.Fingerprint[0])
+		}
+		return fmt.Errorf("%w: fingerprint of %d bytes (version byte %d)", ErrNewerFormat, len(row.Fingerprint), v)
+	}
+	if v, ok := jsonFormat(row.PhaseData); !ok || v > store.PhaseDataFormat {
+		return fmt.Errorf("%w: phase data format %d", ErrNewerFormat, v)
+	}
+	if row.Status == store.StatusFinished {
+		if v, ok := jsonFormat(row.ResponseHeaders); !ok || v > store.ResponseFormat {
+			return fmt.Errorf("%w: stored response format %d", ErrNewerFormat, v)
+		}
+	}
+	return nil
+}
+
+// checkRow is checkFormat, and for an unfinished row of a registered flow, that the
+// flow has its recovery point.
+func (e *Engine) checkRow(row *store.Row) error {
+	if err := checkFormat(row); err != nil {
+		return err
+	}
+	if row.Status == store.StatusFinished {
+		return nil
+	}
+	if f, ok := e.flow(row.Flow); ok {
+		if _, err := f.Index(row.RecoveryPoint); err != nil {
+			return unknownPoint(err)
+		}
+	}
+	return nil
+}
+
+// unknownPoint is the error for a recovery point the flow does not have: both
+// ErrUnknownRecoveryPoint and ErrNewerFormat.
+func unknownPoint(cause error) error {
+	return fmt.Errorf("%w (%w): %v", ErrUnknownRecoveryPoint, ErrNewerFormat, cause)
+}
