@@ -191,7 +191,7 @@ func TestNetworkErrorsAreRetried(t *testing.T) {
 	})
 	t.Run("ServerGone", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, &Config{MaxAttempts: 3}, 0)
+		b := setup(t, &Config{MaxAttempts: 3}, 0.5)
 		b.srv.Close()
 		_, _, err := b.post(t, context.Background(), "k", strings.NewReader(chargeBody))
 		var ex *ExhaustedError
@@ -240,6 +240,7 @@ func TestContextIsRespected(t *testing.T) {
 		b.clock.onSleep = func(int) { cancel() }
 		_, _, err := b.post(t, ctx, "k", strings.NewReader(chargeBody))
 		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, "waiting to retry", "the wait itself ends with the context")
 		require.Len(t, b.srv.attempts(), 1, "no attempt after the context ended")
 	})
 	t.Run("CancelledDuringAnAttempt", func(t *testing.T) {
