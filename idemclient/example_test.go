@@ -133,3 +133,45 @@ func ExamplePendingKey() {
 	// same key after a restart: true
 	// same key after Delete: false
 }
+
+// chargesClient has the shape of a generated API client (oapi-codegen's client takes
+// any HttpRequestDoer, ogen's any ht.Client): it builds each request with the
+// caller's context and hands it to its doer.
+type chargesClient struct {
+	server string
+	doer   interface {
+		Do(*http.Request) (*http.Response, error)
+	}
+}
+
+func (c *chargesClient) CreateCharge(ctx context.Context, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.server+"/v1/charges", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return c.doer.Do(req)
+}
+
+// ExampleWithKey gives a generated client an http.Client on a Transport and each
+// operation its key through the context: the generated code needs no change.
+func ExampleWithKey() {
+	api := scriptedAPI()
+	defer api.Close()
+	transport, err := idemclient.NewTransport(nil, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	charges := &chargesClient{server: api.URL, doer: &http.Client{Transport: transport}}
+
+	ctx := idemclient.WithKey(context.Background(), idemclient.KeyFrom("order", "17"))
+	resp, err := charges.CreateCharge(ctx, `{"amount":500}`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.StatusCode, idemclient.Replayed(resp))
+	// Output:
+	// 201 false
+}

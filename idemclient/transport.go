@@ -51,7 +51,8 @@ type Config struct {
 	// BackoffMaxDefault (10 s).
 	BackoffMin time.Duration
 	BackoffMax time.Duration
-	// OnRetry, when set, is called before each wait for a retry, for logs and metrics.
+	// OnRetry, when set, is called before each wait for a retry, for logs and metrics,
+	// on the goroutine of the request: requests sent at once call it at once.
 	OnRetry func(ctx context.Context, ev RetryEvent)
 }
 
