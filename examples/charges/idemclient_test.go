@@ -41,6 +41,7 @@ func TestIdemclientServerKilled(t *testing.T) {
 
 	var mu sync.Mutex
 	retries := map[string]int{} // by what the retried attempt got
+	most := 0                   // the most retries one sender made
 	transport, err := idemclient.NewTransport(nil, &idemclient.Config{
 		OnRetry: func(ctx context.Context, ev idemclient.RetryEvent) {
 			mu.Lock()
@@ -50,6 +51,7 @@ func TestIdemclientServerKilled(t *testing.T) {
 				what = "network error"
 			}
 			retries[what]++
+			most = max(most, ev.Attempt)
 		},
 	})
 	require.NoError(t, err)
@@ -66,17 +68,19 @@ func TestIdemclientServerKilled(t *testing.T) {
 		}
 	}
 
-	eventually(t, "the provider to receive calls", func() bool { return s.stats(t).Requests >= 5 })
+	// Killed once some payments are made: keys are then before, in and after their
+	// provider call.
+	eventually(t, "the provider to make payments", func() bool { return s.stats(t).Payments >= 3 })
 	s.server.signal(syscall.SIGKILL)
 	s.server.exitCode()
 	finished := s.count(t, `SELECT count(*) FROM idemflow_keys WHERE scope = $1 AND status = 'finished'`, account)
 	require.Less(t, finished, keys, "the server was killed mid-flow")
-	t.Logf("killed the server with %d of %d keys finished", finished, keys)
+	t.Logf("killed the server with %d of %d keys finished, %d provider payments made", finished, keys, s.stats(t).Payments)
 	s.server = s.serve(t, nil, "-lease", "2s", "-addr", addr)
 
 	wg.Wait()
 	mu.Lock()
-	t.Logf("retries by what the attempt got: %v", retries)
+	t.Logf("retries by what the attempt got: %v; at most %d for one sender (MaxAttempts %d)", retries, most, idemclient.MaxAttemptsDefault)
 	mu.Unlock()
 	st := s.stats(t)
 	payments := map[string]bool{}
