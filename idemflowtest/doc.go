@@ -84,6 +84,6 @@
 //
 // This package imports idemflow's phases, workflow and sweeper packages,
 // internal/pgtest (and through it migrations and dockertest), internal/childproc,
-// internal/phaserun, pgx and go.uber.org/goleak. No production package imports it. The
+// internal/runstate (a phase's derived key, as a run makes it), pgx and go.uber.org/goleak. No production package imports it. The
 // crash matrix's child processes need a Unix system.
 package idemflowtest

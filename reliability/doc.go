@@ -31,6 +31,5 @@
 //
 // This package's tests import idemflow's workflow, sweeper, store, phases, idemhttp,
 // idemflowtest, examples/charges/chargeflow, examples/payouts/payout, internal/pgtest,
-// internal/faultproxy, internal/childproc and internal/phaserun (to wrap a flow's
-// first phase) packages.
+// internal/faultproxy and internal/childproc packages.
 package reliability

@@ -13,7 +13,6 @@ import (
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/examples/payouts/payout"
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/internal/phaserun"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -244,7 +243,7 @@ func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
 		if err := fn(ctx, tx, run); err != nil {
 			return nil, err
 		}
-		return phaserun.RunTx[*phases.Response](ctx, first, tx, run)
+		return first.TxFunc(ctx, tx, run)
 	})
 	wrapped.IsoLevel = first.IsoLevel
 	f.Phases = append([]phases.Phase{wrapped}, f.Phases[1:]...)
