@@ -1,8 +1,9 @@
-// The README's Go snippets, compiled. Each Go block in README.md follows a line
-// `<!-- snippet: Name -->`, and is then the body of the function Name in this file,
-// dedented one tab, or `<!-- snippet: path Name -->`, and is then the whole declaration
-// of the function Name in the file at path. TestReadmeSnippets fails when the two
-// differ, so the README cannot show code that does not compile.
+// The Go snippets of the README and of the docs its sections moved to (snippetFiles),
+// compiled. Each Go block in those files follows a line `<!-- snippet: Name -->`, and is
+// then the body of the function Name in this file, dedented one tab, or
+// `<!-- snippet: path Name -->`, and is then the whole declaration of the function Name
+// in the file at path. TestReadmeSnippets fails when the two differ, so these files
+// cannot show code that does not compile.
 package idemflow_test
 
 import (
@@ -165,9 +166,17 @@ var _ = []any{chargesService, refunds, consume, ownSchema}
 
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
-// readmeSnippets returns the README's marked Go blocks by the name of their function.
-func readmeSnippets(t *testing.T) map[string]string {
-	f, err := os.Open("README.md")
+// snippetFiles are the markdown files whose every Go block is a marked snippet,
+// compiled: the README and the docs that hold its moved sections.
+var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md"}
+
+// readmeMaxLines is the most lines the README may have: the rest goes to docs/.
+const readmeMaxLines = 250
+
+// markedSnippets returns the marked Go blocks of the markdown file at path by the
+// name of their function.
+func markedSnippets(t *testing.T, path string) map[string]string {
+	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	snippets := map[string]string{}
@@ -185,7 +194,7 @@ func readmeSnippets(t *testing.T) map[string]string {
 		case name != "" && line == "```go":
 			body = &strings.Builder{}
 		case name != "":
-			t.Fatalf("README.md: the snippet marker for %s is not followed by a ```go block", name)
+			t.Fatalf("%s: the snippet marker for %s is not followed by a ```go block", path, name)
 		default:
 			if m := snippetMarker.FindStringSubmatch(line); m != nil {
 				name = m[1]
@@ -193,7 +202,7 @@ func readmeSnippets(t *testing.T) map[string]string {
 		}
 	}
 	require.NoError(t, sc.Err())
-	require.Nil(t, body, "README.md: the snippet %s is not closed", name)
+	require.Nil(t, body, "%s: the snippet %s is not closed", path, name)
 	return snippets
 }
 
@@ -223,27 +232,33 @@ func functions(t *testing.T, path string) (bodies, decls map[string]string) {
 }
 
 func TestReadmeSnippets(t *testing.T) {
-	snippets := readmeSnippets(t)
-	require.NotEmpty(t, snippets, "README.md has no marked snippets")
 	bodies, _ := functions(t, "readme_test.go")
-	for marker, snippet := range snippets {
-		path, name, whole := strings.Cut(marker, " ")
-		if !whole {
-			body, ok := bodies[marker]
-			require.True(t, ok, "README.md shows the snippet %s, which readme_test.go does not define", marker)
-			require.Equal(t, body, snippet, "README.md's snippet %s differs from the body of %s in readme_test.go", marker, marker)
-			continue
+	for _, file := range snippetFiles {
+		snippets := markedSnippets(t, file)
+		require.NotEmpty(t, snippets, "%s has no marked snippets", file)
+		for marker, snippet := range snippets {
+			path, name, whole := strings.Cut(marker, " ")
+			if !whole {
+				body, ok := bodies[marker]
+				require.True(t, ok, "%s shows the snippet %s, which readme_test.go does not define", file, marker)
+				require.Equal(t, body, snippet, "%s's snippet %s differs from the body of %s in readme_test.go", file, marker, marker)
+				continue
+			}
+			_, decls := functions(t, path)
+			decl, ok := decls[name]
+			require.True(t, ok, "%s shows the function %s of %s, which that file does not define", file, name, path)
+			require.Equal(t, decl, snippet, "%s's snippet differs from %s in %s", file, name, path)
 		}
-		_, decls := functions(t, path)
-		decl, ok := decls[name]
-		require.True(t, ok, "README.md shows the function %s of %s, which that file does not define", name, path)
-		require.Equal(t, decl, snippet, "README.md's snippet differs from %s in %s", name, path)
+		// Every Go block in the file is a marked snippet.
+		text, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.Equal(t, len(snippets), strings.Count(string(text), "\n```go\n"),
+			"%s has a Go block without a `<!-- snippet: Name -->` line before it", file)
 	}
-	// Every Go block in the README is a marked snippet.
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
-	require.Equal(t, len(snippets), strings.Count(string(readme), "\n```go\n"),
-		"README.md has a Go block without a `<!-- snippet: Name -->` line before it")
+	require.LessOrEqual(t, strings.Count(string(readme), "\n"), readmeMaxLines,
+		"README.md is over %d lines: move a section to docs/", readmeMaxLines)
 }
 
 // docBlocks returns the code blocks of a package's doc.go: runs of tab-indented comment

@@ -50,22 +50,7 @@ func chartSVG(aggs []agg, concs []int) string {
 	p(`<text x="%d" y="24" font-size="16" font-weight="bold">Charges flow: requests/s by concurrency (provider latency 0)</text>`+"\n", left)
 	p(`<text x="%d" y="42" font-size="12" fill="#555">median of the rounds, log scale; under each bar: its ratio to bare in the same round (median)</text>`+"\n", left)
 
-	// Grid: 1, 2, 5 × 10^k.
-	for d := yMin; d <= yMax*1.0001; d *= 10 {
-		for _, m := range []float64{1, 2, 5} {
-			v := d * m
-			if v > yMax*1.0001 {
-				break
-			}
-			yy := y(v)
-			stroke, w := "#e5e5e5", 1.0
-			if m == 1 {
-				stroke = "#c8c8c8"
-			}
-			p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-width="%.1f"/>`+"\n", left, yy, width-right, yy, stroke, w)
-			p(`<text x="%d" y="%.1f" font-size="11" text-anchor="end" fill="#555">%s</text>`+"\n", left-6, yy+4, humanInt(v))
-		}
-	}
+	chartGrid(&b, yMin, yMax, y, left, width-right)
 	p(`<text transform="translate(18,%d) rotate(-90)" font-size="12" text-anchor="middle" fill="#333">requests/s</text>`+"\n", top+int(plotH/2))
 
 	groupW := plotW / float64(len(concs))
@@ -101,6 +86,27 @@ func chartSVG(aggs []agg, concs []int) string {
 	}
 	p("</svg>\n")
 	return b.String()
+}
+
+// chartGrid draws the grid lines of the y axis, at 1, 2 and 5 × 10^k from yMin to yMax,
+// from x1 to x2, with their labels left of x1.
+func chartGrid(b *strings.Builder, yMin, yMax float64, y func(float64) float64, left, x2 int) {
+	p := printer(b)
+	for d := yMin; d <= yMax*1.0001; d *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			v := d * m
+			if v > yMax*1.0001 {
+				break
+			}
+			yy := y(v)
+			stroke, w := "#e5e5e5", 1.0
+			if m == 1 {
+				stroke = "#c8c8c8"
+			}
+			p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-width="%.1f"/>`+"\n", left, yy, x2, yy, stroke, w)
+			p(`<text x="%d" y="%.1f" font-size="11" text-anchor="end" fill="#555">%s</text>`+"\n", left-6, yy+4, humanInt(v))
+		}
+	}
 }
 
 func humanInt(v float64) string {

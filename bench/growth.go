@@ -126,20 +126,39 @@ func (e *env) growth(ctx context.Context) (*growthResult, error) {
 	logf("growth: %d rows in %s (insert %s), key table %s; empty side %s", res.Rows, res.Build.Round(time.Millisecond),
 		res.Insert.Round(time.Millisecond), fmtBytes(res.GrownBytes), fmtBytes(res.EmptyBytes))
 
-	// Warm-up: connections, caches, and finished keys to replay on both sides.
-	conc := slices.Max(res.Concs)
+	if err := e.growthWarmup(ctx, sides, slices.Max(res.Concs)); err != nil {
+		return nil, err
+	}
+	if err := e.growthCells(ctx, empty, grown, res); err != nil {
+		return nil, err
+	}
+	if err := grown.pool.QueryRow(ctx, "SELECT count(*) FROM idemflow_keys").Scan(&res.GrownRows); err != nil {
+		return nil, err
+	}
+	if res.GrownRows < int64(res.Rows) {
+		return nil, fmt.Errorf("%w: growth: the grown key table has %d rows, fewer than the %d loaded", errInvariant, res.GrownRows, res.Rows)
+	}
+	return res, nil
+}
+
+// growthWarmup warms both sides up: connections, caches, and finished keys to replay.
+func (e *env) growthWarmup(ctx context.Context, sides []*growthDB, conc int) error {
 	for _, s := range sides {
 		for _, dur := range []time.Duration{0, e.o.warmup} {
 			if l := e.runLoad(ctx, s.fresh, conc, dur, nil); l.errs > 0 {
-				return nil, fmt.Errorf("growth: warm-up %s: %w", s.name, l.firstErr)
+				return fmt.Errorf("growth: warm-up %s: %w", s.name, l.firstErr)
 			}
 		}
 		if l := e.runLoad(ctx, s.replayDo, conc, e.o.warmup/2, nil); l.errs > 0 {
-			return nil, fmt.Errorf("growth: warm-up %s replay: %w", s.name, l.firstErr)
+			return fmt.Errorf("growth: warm-up %s replay: %w", s.name, l.firstErr)
 		}
 	}
+	return nil
+}
 
-	// Interleaved cells; the order rotates between concurrencies and rounds.
+// growthCells runs the measured cells into res.Cells, interleaved: the order rotates
+// between concurrencies and rounds.
+func (e *env) growthCells(ctx context.Context, empty, grown *growthDB, res *growthResult) error {
 	type job struct {
 		s    *growthDB
 		mode string
@@ -151,10 +170,10 @@ func (e *env) growth(ctx context.Context) (*growthResult, error) {
 			for _, j := range rotate(jobs, r+ci) {
 				l := e.runLoad(ctx, j.fn, c, e.o.cell, nil)
 				if err := ctx.Err(); err != nil {
-					return nil, err
+					return err
 				}
 				if l.errs > 0 {
-					return nil, fmt.Errorf("growth: %s %s at concurrency %d: %d requests failed; the first: %w", j.s.name, j.mode, c, l.errs, l.firstErr)
+					return fmt.Errorf("growth: %s %s at concurrency %d: %d requests failed; the first: %w", j.s.name, j.mode, c, l.errs, l.firstErr)
 				}
 				gc := growthCell{Side: j.s.name, Mode: j.mode, Conc: c, Round: r, N: l.n, RPS: float64(l.n) / l.elapsed.Seconds(),
 					P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99)}
@@ -163,13 +182,7 @@ func (e *env) growth(ctx context.Context) (*growthResult, error) {
 			}
 		}
 	}
-	if err := grown.pool.QueryRow(ctx, "SELECT count(*) FROM idemflow_keys").Scan(&res.GrownRows); err != nil {
-		return nil, err
-	}
-	if res.GrownRows < int64(res.Rows) {
-		return nil, fmt.Errorf("%w: growth: the grown key table has %d rows, fewer than the %d loaded", errInvariant, res.GrownRows, res.Rows)
-	}
-	return res, nil
+	return nil
 }
 
 // newGrowthDB creates one side: a database of its own, migrated, with a pool and an

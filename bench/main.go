@@ -107,29 +107,44 @@ func parseFlags(args []string) (*options, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.smoke {
-		// Smoke defaults; flags given explicitly still win.
-		defaults := map[string]func(){
-			"rounds":      func() { o.rounds = 1 },
-			"cell":        func() { o.cell = 300 * time.Millisecond },
-			"warmup":      func() { o.warmup = 200 * time.Millisecond },
-			"drain-keys":  func() { o.drainKeys = 200 },
-			"backlog":     func() { o.backlog = 3000 },
-			"live-window": func() { o.liveWindow = 500 * time.Millisecond },
-			"docs":        func() { o.docs = "" },
-			"phases":      func() { phaseList = "rounds,wal,slow,drain,retention,dups,growth" },
-			"growth":      func() { o.growth = 10000 },
-			"dup-sleep":   func() { o.dupSleep = time.Second },
-		}
-		for name, apply := range defaults {
-			if !set[name] {
-				apply()
-			}
+		o.smokeDefaults(set, &phaseList)
+	}
+	if err := o.parseLists(conc, only, phaseList); err != nil {
+		return nil, err
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// smokeDefaults sets -smoke's defaults for the flags not given explicitly (set).
+func (o *options) smokeDefaults(set map[string]bool, phaseList *string) {
+	defaults := map[string]func(){
+		"rounds":      func() { o.rounds = 1 },
+		"cell":        func() { o.cell = 300 * time.Millisecond },
+		"warmup":      func() { o.warmup = 200 * time.Millisecond },
+		"drain-keys":  func() { o.drainKeys = 200 },
+		"backlog":     func() { o.backlog = 3000 },
+		"live-window": func() { o.liveWindow = 500 * time.Millisecond },
+		"docs":        func() { o.docs = "" },
+		"phases":      func() { *phaseList = "rounds,wal,slow,drain,retention,dups,growth" },
+		"growth":      func() { o.growth = 10000 },
+		"dup-sleep":   func() { o.dupSleep = time.Second },
+	}
+	for name, apply := range defaults {
+		if !set[name] {
+			apply()
 		}
 	}
+}
+
+// parseLists parses the list flags: -conc, -only and -phases.
+func (o *options) parseLists(conc, only, phaseList string) error {
 	for _, s := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 256 {
-			return nil, fmt.Errorf("-conc: %q is not a concurrency in 1..256", s)
+			return fmt.Errorf("-conc: %q is not a concurrency in 1..256", s)
 		}
 		o.conc = append(o.conc, n)
 	}
@@ -142,24 +157,29 @@ func parseFlags(args []string) (*options, error) {
 		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth":
 			o.phases[p] = true
 		default:
-			return nil, fmt.Errorf("-phases: unknown part %q", p)
+			return fmt.Errorf("-phases: unknown part %q", p)
 		}
 	}
+	return nil
+}
+
+// check refuses flag values that make no run.
+func (o *options) check() error {
 	switch {
 	case o.rounds < 1:
-		return nil, errors.New("-rounds must be at least 1")
+		return errors.New("-rounds must be at least 1")
 	case o.cell <= 0 || o.warmup < 0:
-		return nil, errors.New("-cell must be positive and -warmup not negative")
+		return errors.New("-cell must be positive and -warmup not negative")
 	case o.drainKeys < 1 || o.sweepers < 1 || o.sweepConc < 1:
-		return nil, errors.New("-drain-keys, -sweepers and -sweeper-concurrency must be positive")
+		return errors.New("-drain-keys, -sweepers and -sweeper-concurrency must be positive")
 	case o.backlog < 1 || o.liveWindow <= 0:
-		return nil, errors.New("-backlog and -live-window must be positive")
+		return errors.New("-backlog and -live-window must be positive")
 	case o.growth < 0:
-		return nil, errors.New("-growth must not be negative")
+		return errors.New("-growth must not be negative")
 	case o.dupSleep < 100*time.Millisecond:
-		return nil, errors.New("-dup-sleep must be at least 100ms")
+		return errors.New("-dup-sleep must be at least 100ms")
 	}
-	return o, nil
+	return nil
 }
 
 func main() {
@@ -220,6 +240,53 @@ func run(ctx context.Context, o *options) error {
 	var violations []string
 	logf("database %s on %s (PostgreSQL %s, fsync=%s)", env.db.name, redactURL(env.db.serverURL), env.machine.pgVersion, env.machine.fsync)
 
+	if err := env.loadPhases(ctx, o, rep); err != nil {
+		return err
+	}
+	if err := env.keyPhases(ctx, o, rep); err != nil {
+		return err
+	}
+	if rep.dups != nil {
+		violations = append(violations, rep.dups.violations()...)
+	}
+	if env.pgss {
+		texts, err := env.stmtTexts(ctx)
+		if err != nil {
+			return err
+		}
+		rep.stmtTexts = texts
+	}
+	rep.finished = time.Now()
+	if o.rtProfile {
+		for _, v := range env.variants {
+			printRTProfile(v)
+		}
+	}
+
+	// The fused recipe's effects over the whole run.
+	fc, problems := env.verifyFused(ctx, env.fast.URL, env.slow.URL)
+	rep.fused = &fc
+	violations = append(violations, problems...)
+
+	violations = append(violations, rep.violations()...)
+	out := rep.markdown()
+	fmt.Println()
+	fmt.Println(out)
+	if o.docs != "" {
+		if err := rep.write(o.docs); err != nil {
+			return err
+		}
+		logf("wrote %s/BENCHMARKS.md and %s/%s", o.docs, o.docs, chartFile)
+	}
+	if len(violations) > 0 {
+		return fmt.Errorf("%d invariant violation(s):\n  %s", len(violations), strings.Join(violations, "\n  "))
+	}
+	return nil
+}
+
+// loadPhases runs the phases that put load on the variants: the throughput rounds
+// (provider latency 0), the WAL and CPU profiles, and the slow-provider round.
+func (env *env) loadPhases(ctx context.Context, o *options, rep *report) error {
 	// Throughput rounds, provider latency 0.
 	if err := env.warmup(ctx, o.warmup); err != nil {
 		return err
@@ -256,6 +323,12 @@ func run(ctx context.Context, o *options) error {
 		}
 		rep.slowCells, rep.activity = slow, act
 	}
+	return nil
+}
+
+// keyPhases runs the phases about keys: the sweeper drain, retention cleanup,
+// duplicates of a key in flight, and the growth of the key table.
+func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 	// Sweeper drain: 1 process, then o.sweepers processes.
 	if o.phases["drain"] {
 		for _, procs := range []int{1, o.sweepers} {
@@ -281,7 +354,6 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		rep.dups = d
-		violations = append(violations, d.violations()...)
 	}
 	// Many retained finished keys against an empty table.
 	if o.phases["growth"] && o.growth > 0 {
@@ -290,38 +362,6 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		rep.growth = g
-	}
-	if env.pgss {
-		texts, err := env.stmtTexts(ctx)
-		if err != nil {
-			return err
-		}
-		rep.stmtTexts = texts
-	}
-	rep.finished = time.Now()
-	if o.rtProfile {
-		for _, v := range env.variants {
-			printRTProfile(v)
-		}
-	}
-
-	// The fused recipe's effects over the whole run.
-	fc, problems := env.verifyFused(ctx, env.fast.URL, env.slow.URL)
-	rep.fused = &fc
-	violations = append(violations, problems...)
-
-	violations = append(violations, rep.violations()...)
-	out := rep.markdown()
-	fmt.Println()
-	fmt.Println(out)
-	if o.docs != "" {
-		if err := rep.write(o.docs); err != nil {
-			return err
-		}
-		logf("wrote %s/BENCHMARKS.md and %s/%s", o.docs, o.docs, chartFile)
-	}
-	if len(violations) > 0 {
-		return fmt.Errorf("%d invariant violation(s):\n  %s", len(violations), strings.Join(violations, "\n  "))
 	}
 	return nil
 }

@@ -105,18 +105,7 @@ func runChild(args []string) error {
 		Hooks: sweeper.Hooks{Pass: func(_ context.Context, st sweeper.Stats, err error) {
 			mu.Lock()
 			defer mu.Unlock()
-			rep.Passes++
-			rep.Taken += st.Taken
-			rep.Finished += st.Finished
-			rep.Released += st.Released
-			rep.DeadLettered += st.DeadLettered
-			rep.LeaseLost += st.LeaseLost
-			rep.GivenBack += st.GivenBack
-			rep.Expired += st.Expired
-			if err != nil {
-				rep.Errors++
-				rep.LastError = err.Error()
-			}
+			rep.addPass(st, err)
 		}},
 	})
 	if err != nil {
@@ -131,7 +120,40 @@ func runChild(args []string) error {
 		return errors.New("stdin closed before go")
 	}
 	start := time.Now()
-	switch *mode {
+	if err := runMode(ctx, *mode, sw, in); err != nil {
+		return err
+	}
+	mu.Lock()
+	rep.Seconds = time.Since(start).Seconds()
+	out, err := json.Marshal(rep)
+	mu.Unlock()
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
+	return nil
+}
+
+// addPass adds one sweeper pass's counts and error to r.
+func (r *childReport) addPass(st sweeper.Stats, err error) {
+	r.Passes++
+	r.Taken += st.Taken
+	r.Finished += st.Finished
+	r.Released += st.Released
+	r.DeadLettered += st.DeadLettered
+	r.LeaseLost += st.LeaseLost
+	r.GivenBack += st.GivenBack
+	r.Expired += st.Expired
+	if err != nil {
+		r.Errors++
+		r.LastError = err.Error()
+	}
+}
+
+// runMode runs sw as mode says: its background loop until "stop" on in (drain), or one
+// RunOnce pass (cleanup).
+func runMode(ctx context.Context, mode string, sw *sweeper.Sweeper, in *bufio.Scanner) error {
+	switch mode {
 	case "drain":
 		if err := sw.Start(ctx); err != nil {
 			return err
@@ -148,16 +170,8 @@ func runChild(args []string) error {
 			return fmt.Errorf("sweeper pass: %w", err)
 		}
 	default:
-		return fmt.Errorf("unknown mode %q", *mode)
+		return fmt.Errorf("unknown mode %q", mode)
 	}
-	mu.Lock()
-	rep.Seconds = time.Since(start).Seconds()
-	out, err := json.Marshal(rep)
-	mu.Unlock()
-	if err != nil {
-		return err
-	}
-	fmt.Println(string(out))
 	return nil
 }
 
@@ -279,51 +293,8 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 
 	// Make the stuck keys.
 	setupStart := time.Now()
-	failing := httptest.NewServer(chargeflow.NewProvider(0, 1).Handler())
-	defer failing.Close()
-	eng, err := e.engine(idem.pool, failing.URL, workflow.Hooks{})
-	if err != nil {
+	if err := e.makeStuckKeys(ctx, idem, sc, res.Keys); err != nil {
 		return nil, err
-	}
-	var next atomic.Int64
-	var failed atomic.Int64
-	var firstErr error
-	var once sync.Once
-	var wg sync.WaitGroup
-	for w := range slices.Max(e.o.conc) {
-		wg.Go(func() {
-			for {
-				i := next.Add(1)
-				if i > int64(res.Keys) || ctx.Err() != nil {
-					return
-				}
-				_, err := eng.Do(ctx, workflow.Request{Scope: sc[int(i)%16], Key: fmt.Sprintf("stuck-%d", i),
-					Flow: chargeflow.FlowName, Method: "POST", Route: chargeRoute, Body: chargeBody})
-				var te *workflow.TransientError
-				if !errors.As(err, &te) {
-					failed.Add(1)
-					once.Do(func() { firstErr = fmt.Errorf("worker %d: want a transient failure, got %v", w, err) })
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if failed.Load() > 0 {
-		return nil, fmt.Errorf("make stuck keys: %d failed: %w", failed.Load(), firstErr)
-	}
-	// Wait until every key is due (released one second after its failure), by the
-	// database clock.
-	if err := e.waitFor(ctx, time.Minute, func() (bool, error) {
-		var n, notDue int
-		err := e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE next_attempt_at > statement_timestamp()
-				OR locked_until > statement_timestamp() OR recovery_point <> $2 OR status <> 'in_progress')
-			FROM idemflow_keys WHERE scope = ANY($1)`, sc, "create_charge").Scan(&n, &notDue)
-		if err == nil && n != res.Keys {
-			err = fmt.Errorf("%w: %d stuck keys made, want %d", errInvariant, n, res.Keys)
-		}
-		return notDue == 0, err
-	}); err != nil {
-		return nil, fmt.Errorf("wait for the stuck keys to be due: %w", err)
 	}
 	res.Setup = time.Since(setupStart)
 
@@ -370,6 +341,59 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	}
 	logf("drain: %d processes: %.0f keys/s (%s)", procs, res.KeysPerSec, res.Elapsed.Round(time.Millisecond))
 	return res, e.verifyDrain(ctx, res, sc, provSrv)
+}
+
+// makeStuckKeys makes keys stuck the way clients leave them: each charge runs through
+// the engine with a provider that answers 503, so create_charge commits and the key is
+// released there. It returns when every key is due, by the database clock.
+func (e *env) makeStuckKeys(ctx context.Context, idem *variant, sc []string, keys int) error {
+	failing := httptest.NewServer(chargeflow.NewProvider(0, 1).Handler())
+	defer failing.Close()
+	eng, err := e.engine(idem.pool, failing.URL, workflow.Hooks{})
+	if err != nil {
+		return err
+	}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range slices.Max(e.o.conc) {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(keys) || ctx.Err() != nil {
+					return
+				}
+				_, err := eng.Do(ctx, workflow.Request{Scope: sc[int(i)%16], Key: fmt.Sprintf("stuck-%d", i),
+					Flow: chargeflow.FlowName, Method: "POST", Route: chargeRoute, Body: chargeBody})
+				var te *workflow.TransientError
+				if !errors.As(err, &te) {
+					failed.Add(1)
+					once.Do(func() { firstErr = fmt.Errorf("worker %d: want a transient failure, got %v", w, err) })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		return fmt.Errorf("make stuck keys: %d failed: %w", failed.Load(), firstErr)
+	}
+	// Wait until every key is due (released one second after its failure), by the
+	// database clock.
+	if err := e.waitFor(ctx, time.Minute, func() (bool, error) {
+		var n, notDue int
+		err := e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE next_attempt_at > statement_timestamp()
+				OR locked_until > statement_timestamp() OR recovery_point <> $2 OR status <> 'in_progress')
+			FROM idemflow_keys WHERE scope = ANY($1)`, sc, "create_charge").Scan(&n, &notDue)
+		if err == nil && n != keys {
+			err = fmt.Errorf("%w: %d stuck keys made, want %d", errInvariant, n, keys)
+		}
+		return notDue == 0, err
+	}); err != nil {
+		return fmt.Errorf("wait for the stuck keys to be due: %w", err)
+	}
+	return nil
 }
 
 // verifyDrain checks that every stuck key was finished exactly once: one charge row
@@ -491,47 +515,15 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 	prefix := "expired_" + e.runID
 	sc := scopes(prefix)
 	idem := e.variant(vIdem)
-	pool := e.check
 
-	logf("retention: inserting %d expired finished keys", res.Backlog)
-	t0 := time.Now()
-	_, err := pool.Exec(ctx, `
-		INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
-			recovery_point, phase_data, status, response_status, response_headers, response_body,
-			created_at, updated_at, finished_at)
-		SELECT $1 || '_' || (i % 16), 'old-' || i, gen_random_uuid(), 'create_charge', 'POST', '/v1/charges',
-			sha256(('old-' || i)::bytea), $2::bytea, 'finished', '{"charge_id":"ch_old"}', 'finished', 201,
-			'{"Content-Type":["application/json"],"Location":["/v1/charges/ch_old"]}', $3::bytea,
-			t, t, t
-		FROM generate_series(1, $4::int) AS i,
-			LATERAL (SELECT now() - interval '2 days' - i * interval '1 millisecond' AS t) AS ts`,
-		prefix, chargeBody,
-		[]byte(`{"id":"ch_old","amount":1999,"currency":"usd","source":"tok_visa","status":"succeeded","provider_payment_id":"pay_000001"}`),
-		res.Backlog)
-	if err != nil {
-		return nil, fmt.Errorf("insert the backlog: %w", err)
+	if err := e.insertBacklog(ctx, prefix, res); err != nil {
+		return nil, err
 	}
-	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idemflow_keys"); err != nil {
-		return nil, fmt.Errorf("vacuum: %w", err)
-	}
-	_, _ = pool.Exec(ctx, "CHECKPOINT") // needs superuser or pg_checkpoint; optional
-	res.InsertTime = time.Since(t0)
-
 	live := idem.fast
-	window := func(w *liveWindow, l load, s *sampler) error {
-		a, err := s.finish()
-		if err != nil {
-			return err
-		}
-		if l.errs > 0 {
-			return fmt.Errorf("live traffic: %d requests failed: %w", l.errs, l.firstErr)
-		}
-		*w = liveWindow{N: l.n, Elapsed: l.elapsed, RPS: float64(l.n) / l.elapsed.Seconds(),
-			P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99), LockWaits: a.LockWaitsSeen, Waits: a.Waits,
-			Samples: a.Samples, lats: l.lats}
-		return nil
+	window := func(w *liveWindow, l load, s *sampler) (err error) {
+		*w, err = liveWindowOf(l, s)
+		return err
 	}
-
 	// Baseline: backlog present, nothing cleaning it.
 	s := e.startSampler(ctx, 5*time.Millisecond, nil)
 	if err := window(&res.Base, e.runLoad(ctx, live, res.Conc, e.o.liveWindow, nil), s); err != nil {
@@ -539,31 +531,8 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 	}
 
 	// During: a sweeper process deletes the backlog (one RunOnce: batches until none left).
-	kids, err := e.startChildren(ctx, 1, e.fast.URL, "-mode", "cleanup")
-	defer killAll(kids)
+	rep, err := e.cleanupWindow(ctx, live, res)
 	if err != nil {
-		return nil, err
-	}
-	stop := make(chan struct{})
-	var l load
-	done := make(chan struct{})
-	s = e.startSampler(ctx, 5*time.Millisecond, nil)
-	go func() {
-		defer close(done)
-		l = e.runLoadUntil(ctx, live, res.Conc, stop, nil)
-	}()
-	if err := kids[0].send("go"); err != nil {
-		close(stop)
-		<-done
-		return nil, err
-	}
-	rep, err := kids[0].finish()
-	close(stop)
-	<-done
-	if err != nil {
-		return nil, err
-	}
-	if err := window(&res.During, l, s); err != nil {
 		return nil, err
 	}
 	res.CleanupTime = time.Duration(rep.Seconds * float64(time.Second))
@@ -580,8 +549,95 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 	slices.Sort(both)
 	res.NoCleanupP99 = quantile(both, 0.99)
 
-	if err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&res.Left); err != nil {
+	if err := e.checkRetention(ctx, sc, res, rep); err != nil {
 		return nil, err
+	}
+	logf("retention: %d keys expired in %s; live p99 %.2f ms before, %.2f ms during, %.2f ms after (lock waits during: %v)",
+		res.Expired, res.CleanupTime.Round(time.Millisecond), ms(res.Base.P99), ms(res.During.P99), ms(res.After.P99), res.During.Waits)
+	return res, nil
+}
+
+// insertBacklog inserts res.Backlog finished keys that finished two days ago, under
+// scopes named by prefix, and records how long it took.
+func (e *env) insertBacklog(ctx context.Context, prefix string, res *retentionResult) error {
+	pool := e.check
+	logf("retention: inserting %d expired finished keys", res.Backlog)
+	t0 := time.Now()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
+			recovery_point, phase_data, status, response_status, response_headers, response_body,
+			created_at, updated_at, finished_at)
+		SELECT $1 || '_' || (i % 16), 'old-' || i, gen_random_uuid(), 'create_charge', 'POST', '/v1/charges',
+			sha256(('old-' || i)::bytea), $2::bytea, 'finished', '{"charge_id":"ch_old"}', 'finished', 201,
+			'{"Content-Type":["application/json"],"Location":["/v1/charges/ch_old"]}', $3::bytea,
+			t, t, t
+		FROM generate_series(1, $4::int) AS i,
+			LATERAL (SELECT now() - interval '2 days' - i * interval '1 millisecond' AS t) AS ts`,
+		prefix, chargeBody,
+		[]byte(`{"id":"ch_old","amount":1999,"currency":"usd","source":"tok_visa","status":"succeeded","provider_payment_id":"pay_000001"}`),
+		res.Backlog)
+	if err != nil {
+		return fmt.Errorf("insert the backlog: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idemflow_keys"); err != nil {
+		return fmt.Errorf("vacuum: %w", err)
+	}
+	_, _ = pool.Exec(ctx, "CHECKPOINT") // needs superuser or pg_checkpoint; optional
+	res.InsertTime = time.Since(t0)
+	return nil
+}
+
+// liveWindowOf is a window of live traffic: the load l and what sampler s saw meanwhile.
+func liveWindowOf(l load, s *sampler) (liveWindow, error) {
+	a, err := s.finish()
+	if err != nil {
+		return liveWindow{}, err
+	}
+	if l.errs > 0 {
+		return liveWindow{}, fmt.Errorf("live traffic: %d requests failed: %w", l.errs, l.firstErr)
+	}
+	return liveWindow{N: l.n, Elapsed: l.elapsed, RPS: float64(l.n) / l.elapsed.Seconds(),
+		P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99), LockWaits: a.LockWaitsSeen, Waits: a.Waits,
+		Samples: a.Samples, lats: l.lats}, nil
+}
+
+// cleanupWindow runs live traffic while a sweeper process deletes the backlog (one
+// RunOnce: batches until none is left), into res.During, and returns the child's report.
+func (e *env) cleanupWindow(ctx context.Context, live doFunc, res *retentionResult) (childReport, error) {
+	kids, err := e.startChildren(ctx, 1, e.fast.URL, "-mode", "cleanup")
+	defer killAll(kids)
+	if err != nil {
+		return childReport{}, err
+	}
+	stop := make(chan struct{})
+	var l load
+	done := make(chan struct{})
+	s := e.startSampler(ctx, 5*time.Millisecond, nil)
+	go func() {
+		defer close(done)
+		l = e.runLoadUntil(ctx, live, res.Conc, stop, nil)
+	}()
+	if err := kids[0].send("go"); err != nil {
+		close(stop)
+		<-done
+		return childReport{}, err
+	}
+	rep, err := kids[0].finish()
+	close(stop)
+	<-done
+	if err != nil {
+		return childReport{}, err
+	}
+	if res.During, err = liveWindowOf(l, s); err != nil {
+		return childReport{}, err
+	}
+	return rep, nil
+}
+
+// checkRetention records in res.Problems what the cleanup left or deleted wrongly.
+func (e *env) checkRetention(ctx context.Context, sc []string, res *retentionResult, rep childReport) error {
+	if err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&res.Left); err != nil {
+		return err
 	}
 	if res.Left != 0 {
 		res.Problems = append(res.Problems, fmt.Sprintf("%d expired keys left after the cleanup", res.Left))
@@ -592,7 +648,5 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 	if rep.Errors > 0 {
 		res.Problems = append(res.Problems, "the cleanup pass failed: "+rep.LastError)
 	}
-	logf("retention: %d keys expired in %s; live p99 %.2f ms before, %.2f ms during, %.2f ms after (lock waits during: %v)",
-		res.Expired, res.CleanupTime.Round(time.Millisecond), ms(res.Base.P99), ms(res.During.P99), ms(res.After.P99), res.During.Waits)
-	return res, nil
+	return nil
 }

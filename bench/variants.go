@@ -113,34 +113,47 @@ func (e *env) newVariants(ctx context.Context) error {
 	fastClient := &chargeflow.ProviderClient{BaseURL: e.fast.URL, HTTP: e.httpClient}
 	slowClient := &chargeflow.ProviderClient{BaseURL: e.slow.URL, HTTP: e.httpClient}
 
-	bare, err := mk(vBare)
+	// The hand-written variants: each calls the provider with its own code.
+	var hand []*variant
+	for _, h := range []struct {
+		name string
+		do   func(context.Context, *pgxpool.Pool, *chargeflow.ProviderClient, *worker) error
+	}{{vBare, doBare}, {vRecipe, doRecipe}, {vFused, doFused}} {
+		v, err := mk(h.name)
+		if err != nil {
+			return err
+		}
+		v.fast = func(ctx context.Context, w *worker) error { return h.do(ctx, v.pool, fastClient, w) }
+		v.slow = func(ctx context.Context, w *worker) error { return h.do(ctx, v.pool, slowClient, w) }
+		hand = append(hand, v)
+	}
+	bare := hand[0]
+	idem, replay, err := e.engineVariants(mk)
 	if err != nil {
 		return err
 	}
-	bare.fast = func(ctx context.Context, w *worker) error { return doBare(ctx, bare.pool, fastClient, w) }
-	bare.slow = func(ctx context.Context, w *worker) error { return doBare(ctx, bare.pool, slowClient, w) }
 
-	recipe, err := mk(vRecipe)
-	if err != nil {
-		return err
+	// The control shares the bare pool: it runs only in the slow run, alone.
+	e.control = &variant{name: vControl, pool: bare.pool, tr: bare.tr,
+		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
+
+	e.variants = append(hand, idem, replay)
+	if e.o.ops {
+		return e.opsVariants(mk)
 	}
-	recipe.fast = func(ctx context.Context, w *worker) error { return doRecipe(ctx, recipe.pool, fastClient, w) }
-	recipe.slow = func(ctx context.Context, w *worker) error { return doRecipe(ctx, recipe.pool, slowClient, w) }
+	return nil
+}
 
-	fused, err := mk(vFused)
+// engineVariants makes the variants that run through idemflow's engine: fresh
+// requests (a fast and a slow engine on one pool) and replays (on a pool of their own).
+func (e *env) engineVariants(mk func(name string) (*variant, error)) (idem, replay *variant, err error) {
+	idem, err = mk(vIdem)
 	if err != nil {
-		return err
-	}
-	fused.fast = func(ctx context.Context, w *worker) error { return doFused(ctx, fused.pool, fastClient, w) }
-	fused.slow = func(ctx context.Context, w *worker) error { return doFused(ctx, fused.pool, slowClient, w) }
-
-	idem, err := mk(vIdem)
-	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	fastEngine, err := e.engine(idem.pool, e.fast.URL, workflow.Hooks{})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	// The slow engine reports its call phases to the tracker.
 	slowEngine, err := e.engine(idem.pool, e.slow.URL, workflow.Hooks{
@@ -157,33 +170,24 @@ func (e *env) newVariants(ctx context.Context) error {
 		},
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	idem.fast = func(ctx context.Context, w *worker) error { return doIdemflow(ctx, fastEngine, e.replay, w) }
 	idem.slow = func(ctx context.Context, w *worker) error { return doIdemflow(ctx, slowEngine, e.replay, w) }
 
 	// Replays run on a pool of their own too, through an engine of their own: the
 	// replay path is the same for any engine.
-	replay, err := mk(vReplay)
+	replay, err = mk(vReplay)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	replayEngine, err := e.engine(replay.pool, e.fast.URL, workflow.Hooks{})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	replay.fast = func(ctx context.Context, w *worker) error { return doReplay(ctx, replayEngine, e.replay, w) }
 	replay.slow = replay.fast
-
-	// The control shares the bare pool: it runs only in the slow run, alone.
-	e.control = &variant{name: vControl, pool: bare.pool, tr: bare.tr,
-		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
-
-	e.variants = []*variant{bare, recipe, fused, idem, replay}
-	if e.o.ops {
-		return e.opsVariants(mk)
-	}
-	return nil
+	return idem, replay, nil
 }
 
 const (

@@ -55,5 +55,5 @@
 //
 // This package imports none of idemflow's packages (it has its own copies of the
 // header names); it is usable against any server of the protocol. Its tests use
-// internal/pgtest for a real Postgres under the SQL store example.
+// testkit/pgtest for a real Postgres under the SQL store example.
 package idemclient

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
@@ -161,12 +161,12 @@ func (c *Case) Name() string { return c.Boundary.String() + "/" + string(c.Recov
 // DerivedKey is the derived key that phase's calls were made with for this key: what
 // phases.Run.DerivedKey returns in that phase.
 func (c *Case) DerivedKey(phase string) string {
-	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{Scope: c.Key.Scope, Key: c.Key.Key, ID: c.Key.ID, Flow: c.Key.Flow}, nil)
+	st, err := runstate.New(runstate.Info{Scope: c.Key.Scope, Key: c.Key.Key, ID: c.Key.ID, Flow: c.Key.Flow}, nil)
 	if err != nil {
 		panic(err) // no phase data to decode: cannot fail
 	}
-	phaserun.Enter(run, phase)
-	return run.DerivedKey()
+	st.Enter(phase)
+	return (*phases.Run)(st).DerivedKey()
 }
 
 // CrashMatrix runs the crash matrix c describes, each case (boundary and recovery) as a

@@ -83,6 +83,6 @@
 //
 // This package imports idemflow's phases, workflow and sweeper packages,
 // testkit/pgtest (and through it migrations), testkit/childproc,
-// internal/phaserun, pgx and go.uber.org/goleak. No production package imports it. The
+// internal/runstate (a phase's derived key, as a run makes it), pgx and go.uber.org/goleak. No production package imports it. The
 // crash matrix's child processes need a Unix system.
 package idemflowtest

@@ -66,9 +66,10 @@ func exportedAPI(t *testing.T) []string {
 	return names
 }
 
-// TestEngineMachineryIsNotExported: what the engine does to a run and a phase goes
-// through internal/phaserun, so a phase function, which holds a *Run and may hold its
-// flow's phases, cannot change its own derived key, undo phase data or run a phase.
+// TestEngineMachineryIsNotExported: what the engine does to a run goes through
+// internal/runstate (a Run is a runstate.Run), so a phase function, which holds a *Run,
+// cannot change its own derived key or undo phase data. (A phase's function is on
+// Phase, as TxFunc or CallFunc: the engine calls it like any other caller.)
 func TestEngineMachineryIsNotExported(t *testing.T) {
 	t.Parallel()
 	api := exportedAPI(t)

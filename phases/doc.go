@@ -41,8 +41,8 @@
 //
 // The package example compiles this flow.
 //
-// This package imports none of idemflow's other packages except internal/phaserun,
-// through which the engine (and only the engine) makes runs, enters phases, undoes a
-// failed phase's data changes and calls phase functions: none of that is on Run or
-// Phase, so a phase function cannot change its own derived key.
+// This package imports none of idemflow's other packages except internal/runstate: a
+// Run is a runstate.Run, through which the engine (and only the engine) makes runs,
+// enters phases and undoes a failed phase's data changes. None of that is on Run, so a
+// phase function cannot change its own derived key.
 package phases

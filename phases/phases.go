@@ -75,26 +75,18 @@ type Phase struct {
 	// REPEATABLE READ or SERIALIZABLE costs one more write of the key row (its claim
 	// inserts the row; see package workflow).
 	IsoLevel pgx.TxIsoLevel
-
-	tx   TxFunc
-	call CallFunc
+	// TxFunc is a tx phase's function, CallFunc a call phase's: Tx and Call set the one
+	// their Kind needs. Both are nil in a client-only flow's declaration (Flow.ClientOnly).
+	// The engine calls them; a phase function has no reason to.
+	TxFunc   TxFunc
+	CallFunc CallFunc
 }
 
 // Tx returns a tx phase.
-func Tx(name string, fn TxFunc) Phase { return Phase{Name: name, Kind: KindTx, tx: fn} }
+func Tx(name string, fn TxFunc) Phase { return Phase{Name: name, Kind: KindTx, TxFunc: fn} }
 
 // Call returns a call phase.
-func Call(name string, fn CallFunc) Phase { return Phase{Name: name, Kind: KindCall, call: fn} }
-
-// runTx runs a tx phase's function.
-func (p Phase) runTx(ctx context.Context, tx DBTX, run *Run) (*Response, error) {
-	return p.tx(ctx, tx, run)
-}
-
-// runCall runs a call phase's function.
-func (p Phase) runCall(ctx context.Context, run *Run) (*Response, error) {
-	return p.call(ctx, run)
-}
+func Call(name string, fn CallFunc) Phase { return Phase{Name: name, Kind: KindCall, CallFunc: fn} }
 
 // Flow is a named, ordered list of phases.
 type Flow struct {
@@ -145,16 +137,18 @@ func (f Flow) Validate() error {
 			return fmt.Errorf("%w: flow %q: duplicate phase name %q", ErrInvalidFlow, f.Name, p.Name)
 		}
 		seen[p.Name] = true
-		hasFunc := p.tx != nil || p.call != nil
+		hasFunc := p.TxFunc != nil || p.CallFunc != nil
 		switch {
 		case p.Kind != KindTx && p.Kind != KindCall:
 			return fmt.Errorf("%w: flow %q phase %q: kind %s (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name, p.Kind)
+		case p.TxFunc != nil && p.CallFunc != nil:
+			return fmt.Errorf("%w: flow %q phase %q has both a tx and a call function", ErrInvalidFlow, f.Name, p.Name)
 		case f.ClientOnly && hasFunc:
 			return fmt.Errorf("%w: client-only flow %q phase %q has a function: its attempts bring the functions", ErrInvalidFlow, f.Name, p.Name)
 		case f.ClientOnly:
-		case p.Kind == KindTx && p.tx != nil:
+		case p.Kind == KindTx && p.TxFunc != nil:
 			hasTx = true
-		case p.Kind == KindCall && p.call != nil:
+		case p.Kind == KindCall && p.CallFunc != nil:
 		default:
 			return fmt.Errorf("%w: flow %q phase %q: no function (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name)
 		}

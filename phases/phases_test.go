@@ -7,9 +7,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 )
+
+// newRun is a run as the engine makes it, and state the engine's side of it.
+func newRun(info runstate.Info, data []byte) (*phases.Run, error) {
+	st, err := runstate.New(info, data)
+	return (*phases.Run)(st), err
+}
+
+func state(run *phases.Run) *runstate.Run { return (*runstate.Run)(run) }
 
 func tx(name string) phases.Phase {
 	return phases.Tx(name, func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) { return nil, nil })
@@ -73,7 +81,7 @@ func TestSlotsAndRevert(t *testing.T) {
 	type pair struct{ A, B int }
 	id := phases.NewSlot[int64]("id")
 	p := phases.NewSlot[pair]("pair")
-	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "row-1"}, []byte(`{"id":7}`))
+	run, err := newRun(runstate.Info{ID: "row-1"}, []byte(`{"id":7}`))
 	require.NoError(t, err)
 
 	got, err := id.Get(run)
@@ -82,10 +90,10 @@ func TestSlotsAndRevert(t *testing.T) {
 	_, err = p.Get(run)
 	require.ErrorIs(t, err, phases.ErrNoValue)
 
-	phaserun.Enter(run, "two")
+	state(run).Enter("two")
 	require.NoError(t, p.Set(run, pair{1, 2}))
 	require.NoError(t, id.Set(run, 8))
-	phaserun.Revert(run)
+	state(run).Revert()
 	_, ok, err := p.Lookup(run)
 	require.NoError(t, err)
 	require.False(t, ok, "a failed phase's data changes are undone")
@@ -93,27 +101,27 @@ func TestSlotsAndRevert(t *testing.T) {
 	require.EqualValues(t, 7, got)
 
 	require.NoError(t, p.Set(run, pair{3, 4}))
-	data, err := phaserun.Data(run)
+	data, err := state(run).Data()
 	require.NoError(t, err)
-	again, err := phaserun.NewRun[*phases.Run](phaserun.Info{}, data)
+	again, err := newRun(runstate.Info{}, data)
 	require.NoError(t, err)
 	pv, err := p.Get(again)
 	require.NoError(t, err)
 	require.Equal(t, pair{3, 4}, pv)
 
-	_, err = phaserun.NewRun[*phases.Run](phaserun.Info{}, []byte(`not json`))
+	_, err = newRun(runstate.Info{}, []byte(`not json`))
 	require.Error(t, err)
 }
 
 func TestDerivedKey(t *testing.T) {
 	t.Parallel()
-	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "0b0e7c4e-1111-4222-8333-944445555666"}, nil)
+	run, err := newRun(runstate.Info{ID: "0b0e7c4e-1111-4222-8333-944445555666"}, nil)
 	require.NoError(t, err)
-	phaserun.Enter(run, "provider_charge")
+	state(run).Enter("provider_charge")
 	require.Equal(t, "0b0e7c4e-1111-4222-8333-944445555666:provider_charge", run.DerivedKey())
 	require.Equal(t, run.DerivedKey(), run.DerivedKey(), "deterministic")
 	require.Equal(t, run.DerivedKey()+":refund", run.DerivedKeyFor("refund"))
-	phaserun.Enter(run, "other")
+	state(run).Enter("other")
 	require.NotEqual(t, "0b0e7c4e-1111-4222-8333-944445555666:provider_charge", run.DerivedKey())
 }
 
@@ -140,7 +148,7 @@ func TestOutcomes(t *testing.T) {
 func TestRunPhaseFunctions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{ID: "row-1", Attempt: 2}, nil)
+	run, err := newRun(runstate.Info{ID: "row-1", Attempt: 2}, nil)
 	require.NoError(t, err)
 	var tx phases.DBTX // a phase that does not touch its transaction
 	var saw []string
@@ -154,12 +162,12 @@ func TestRunPhaseFunctions(t *testing.T) {
 		return phases.JSON(201, r.Attempt())
 	})
 
-	phaserun.Enter(run, first.Name)
-	resp, err := phaserun.RunTx[*phases.Response](ctx, first, tx, run)
+	state(run).Enter(first.Name)
+	resp, err := first.TxFunc(ctx, tx, run)
 	require.NoError(t, err)
 	require.Nil(t, resp)
-	phaserun.Enter(run, last.Name)
-	resp, err = phaserun.RunCall[*phases.Response](ctx, last, run)
+	state(run).Enter(last.Name)
+	resp, err = last.CallFunc(ctx, run)
 	require.NoError(t, err)
 	require.Equal(t, 201, resp.Status)
 	require.Equal(t, "2", string(resp.Body))

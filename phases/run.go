@@ -3,88 +3,55 @@ package phases
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 )
 
 // Run is what a phase function gets besides its context: the request it serves, the
 // key's identity and the phase data carried between phases. A Run is used by one
-// goroutine at a time.
-type Run struct {
-	info  phaserun.Info
-	phase string
-	data  map[string]json.RawMessage
-	saved map[string]json.RawMessage
-}
+// goroutine at a time. The engine makes runs; its side of them (entering a phase,
+// undoing a failed phase's data changes) is not on Run's API.
+type Run runstate.Run
 
-// newRun returns a run with the stored phase data (a JSON object, or empty). The engine
-// makes runs through phaserun.NewRun.
-func newRun(info phaserun.Info, data []byte) (*Run, error) {
-	r := &Run{info: info, data: map[string]json.RawMessage{}}
-	if len(data) > 0 {
-		if err := json.Unmarshal(data, &r.data); err != nil {
-			return nil, fmt.Errorf("decode phase data: %w", err)
-		}
-	}
-	return r, nil
-}
+// state is r as the engine keeps it.
+func (r *Run) state() *runstate.Run { return (*runstate.Run)(r) }
 
 // Scope is the key's owner, as resolved by the server.
-func (r *Run) Scope() string { return r.info.Scope }
+func (r *Run) Scope() string { return r.state().Info().Scope }
 
 // Key is the client's idempotency key.
-func (r *Run) Key() string { return r.info.Key }
+func (r *Run) Key() string { return r.state().Info().Key }
 
 // ID is the key row's identity, unique across scopes and never reused.
-func (r *Run) ID() string { return r.info.ID }
+func (r *Run) ID() string { return r.state().Info().ID }
 
 // Flow is the name of the flow being run.
-func (r *Run) Flow() string { return r.info.Flow }
+func (r *Run) Flow() string { return r.state().Info().Flow }
 
 // Method is the request's HTTP method (or the caller's equivalent).
-func (r *Run) Method() string { return r.info.Method }
+func (r *Run) Method() string { return r.state().Info().Method }
 
 // Route is the request's route pattern.
-func (r *Run) Route() string { return r.info.Route }
+func (r *Run) Route() string { return r.state().Info().Route }
 
 // Body is the request body as the client sent it. Do not modify it.
-func (r *Run) Body() []byte { return r.info.Body }
+func (r *Run) Body() []byte { return r.state().Info().Body }
 
 // Attempt is 1 on the first attempt and grows with each takeover of the key.
-func (r *Run) Attempt() int { return r.info.Attempt }
+func (r *Run) Attempt() int { return r.state().Info().Attempt }
 
 // Phase is the name of the phase being run.
-func (r *Run) Phase() string { return r.phase }
+func (r *Run) Phase() string { return r.state().Phase() }
 
 // DerivedKey is the idempotency key to send with the current phase's external call. It
 // is built from the key row's identity and the phase name, so it is the same on every
 // retry and in the sweeper, differs across scopes, and differs from the derived key of
 // any earlier row that used the same client key.
-func (r *Run) DerivedKey() string { return r.info.ID + ":" + r.phase }
+func (r *Run) DerivedKey() string { return r.ID() + ":" + r.Phase() }
 
 // DerivedKeyFor is DerivedKey for a phase that makes several distinct calls: part
 // names the call and must be the same on every attempt.
 func (r *Run) DerivedKeyFor(part string) string { return r.DerivedKey() + ":" + part }
-
-// enter marks the start of a phase: Phase and DerivedKey name it, and changes to phase
-// data made from here on are undone by revert.
-func (r *Run) enter(name string) {
-	r.phase = name
-	r.saved = maps.Clone(r.data)
-}
-
-// revert undoes the phase data changes of the current phase.
-func (r *Run) revert() { r.data = maps.Clone(r.saved) }
-
-// marshalData encodes the phase data as a JSON object.
-func (r *Run) marshalData() ([]byte, error) {
-	b, err := json.Marshal(r.data)
-	if err != nil {
-		return nil, fmt.Errorf("encode phase data: %w", err)
-	}
-	return b, nil
-}
 
 // Slot is a named, typed value in a run's phase data, set by one phase and read by a
 // later one. Values are stored as JSON with the recovery point, so they survive crashes
@@ -105,14 +72,14 @@ func (s Slot[T]) Set(r *Run, v T) error {
 	if err != nil {
 		return fmt.Errorf("encode phase data %q: %w", s.name, err)
 	}
-	r.data[s.name] = b
+	r.state().SetValue(s.name, b)
 	return nil
 }
 
 // Lookup returns the slot's value and whether it was set.
 func (s Slot[T]) Lookup(r *Run) (T, bool, error) {
 	var v T
-	b, ok := r.data[s.name]
+	b, ok := r.state().Value(s.name)
 	if !ok {
 		return v, false, nil
 	}

@@ -31,7 +31,6 @@
 //
 // This package's tests import idemflow's workflow, sweeper, store, phases, idemhttp,
 // idemflowtest, examples/charges/chargeflow, examples/payouts/payout, testkit/pgtest,
-// testkit/faultproxy, testkit/childproc and testkit/testflow (to wrap a flow's
-// first phase) packages. It is a module of its own (github.com/idemflow/idemflow/reliability),
+// testkit/faultproxy, testkit/childproc and testkit/testflow packages. It is a module of its own (github.com/idemflow/idemflow/reliability),
 // joined to the library and the examples by the repository's go.work.
 package reliability

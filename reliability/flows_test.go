@@ -14,7 +14,6 @@ import (
 	"github.com/idemflow/idemflow/examples/payouts/payout"
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -244,7 +243,7 @@ func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
 		if err := fn(ctx, tx, run); err != nil {
 			return nil, err
 		}
-		return testflow.RunTx(ctx, first, tx, run)
+		return first.TxFunc(ctx, tx, run)
 	})
 	wrapped.IsoLevel = first.IsoLevel
 	f.Phases = append([]phases.Phase{wrapped}, f.Phases[1:]...)

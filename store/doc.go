@@ -1,10 +1,10 @@
 // Package store is the only code that runs SQL on idemflow's key table. It claims keys,
 // looks them up, takes over expired leases, advances recovery points under a fence,
 // finishes keys with a response, and releases, parks, gives back or dead-letters them,
-// in the words internal/maint defines.
+// in the words workflow.Maintenance defines.
 //
 // Users never need to import it. Its one consumer is the engine (package workflow,
-// with internal/maint for the sweeper's types), and the errors a user branches on are
+// whose Maintenance type the sweeper drives), and the errors a user branches on are
 // aliased there: workflow.ErrUnavailable, ErrConflict, ErrLeaseLost and ErrNotFound
 // are this package's errors under the names of the package the user calls. It is a
 // top-level package only so that the SQL has a home of its own, in one file (sql.go)

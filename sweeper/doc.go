@@ -59,6 +59,7 @@
 // counts, including the number of keys expired, go to Config.Hooks.Pass. Failures of
 // the background loop and dead-lettered keys are logged through Config.Logger.
 //
-// This package imports idemflow's workflow package and its internal maint package
-// (the engine's maintenance API, which users never call).
+// This package imports idemflow's workflow package; the engine hands a sweeper its
+// maintenance calls as a typed value (workflow.Engine.Maintenance), which services
+// never call themselves.
 package sweeper

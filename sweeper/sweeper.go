@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -161,17 +160,17 @@ type Stats struct {
 	ExpiredParked int64
 }
 
-func (s *Stats) add(o maint.Outcome) {
+func (s *Stats) add(o workflow.Outcome) {
 	switch o {
-	case maint.Finished:
+	case workflow.OutcomeFinished:
 		s.Finished++
-	case maint.Released:
+	case workflow.OutcomeReleased:
 		s.Released++
-	case maint.DeadLettered:
+	case workflow.OutcomeDeadLettered:
 		s.DeadLettered++
-	case maint.LeaseLost:
+	case workflow.OutcomeLeaseLost:
 		s.LeaseLost++
-	case maint.Parked:
+	case workflow.OutcomeParked:
 		s.Parked++
 	}
 }
@@ -179,7 +178,7 @@ func (s *Stats) add(o maint.Outcome) {
 // Sweeper takes over and finishes stuck keys and expires old finished ones. It is safe
 // for concurrent use; any number may run at once, in any number of processes.
 type Sweeper struct {
-	engine maint.Engine
+	engine workflow.Maintenance
 	cfg    *Config
 	lease  time.Duration
 
@@ -216,7 +215,7 @@ func New(engine *workflow.Engine, cfg *Config) (*Sweeper, error) {
 	if c.Logger == nil {
 		c.Logger = ec.Logger
 	}
-	return &Sweeper{engine: maint.Of(engine), cfg: c, lease: ec.Lease, rest: rest}, nil
+	return &Sweeper{engine: engine.Maintenance(), cfg: c, lease: ec.Lease, rest: rest}, nil
 }
 
 // Start runs passes in the background until Stop, and returns at once. The first pass
@@ -341,7 +340,7 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 	var st Stats
 	var errs []error
 	if !stopped(ctx, stop) {
-		taken, err := s.engine.TakeDue(ctx, maint.TakeDueOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
+		taken, err := s.engine.TakeDue(ctx, workflow.TakeDueOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("take due keys: %w", err))
 		}
@@ -379,11 +378,11 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 
 // runTaken runs taken keys, Config.Concurrency at a time. A key a worker gets to after
 // stop, or with less than half its lease left, is given back unrun.
-func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*maint.Taken, st *Stats) []error {
+func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*workflow.Taken, st *Stats) []error {
 	if len(taken) == 0 {
 		return nil
 	}
-	queue := make(chan *maint.Taken, len(taken))
+	queue := make(chan *workflow.Taken, len(taken))
 	for _, t := range taken {
 		queue <- t
 	}
@@ -404,8 +403,8 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*m
 					mu.Unlock()
 					continue
 				}
-				res, err := s.engine.Run(ctx, t, &maint.RunOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
-				if res.Outcome == maint.DeadLettered {
+				res, err := s.engine.Run(ctx, t, &workflow.RunOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
+				if res.Outcome == workflow.OutcomeDeadLettered {
 					s.cfg.Logger.WarnContext(ctx, "sweeper: key dead-lettered",
 						slog.Group("key", slog.String("scope", t.Scope), slog.String("key", t.Key), slog.String("id", t.ID)),
 						slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint),

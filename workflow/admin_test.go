@@ -9,21 +9,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 
 // sweepOnce takes every due key (no grace) and runs it, as one sweeper pass.
-func sweepOnce(t *testing.T, e *workflow.Engine, maxAttempts int) []maint.Outcome {
+func sweepOnce(t *testing.T, e *workflow.Engine, maxAttempts int) []workflow.Outcome {
 	t.Helper()
 	ctx := context.Background()
-	taken, err := maint.Of(e).TakeDue(ctx, maint.TakeDueOpts{Limit: 100, Grace: -1})
+	taken, err := e.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 100, Grace: -1})
 	require.NoError(t, err)
-	var out []maint.Outcome
+	var out []workflow.Outcome
 	for _, tk := range taken {
-		res, err := maint.Of(e).Run(ctx, tk, &maint.RunOpts{MaxAttempts: maxAttempts})
+		res, err := e.Maintenance().Run(ctx, tk, &workflow.RunOpts{MaxAttempts: maxAttempts})
 		require.NoError(t, err)
 		out = append(out, res.Outcome)
 	}
@@ -53,7 +52,7 @@ func adminKeys(t *testing.T, b *bundle) *testflow.Holder {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	sweepable(t, b.db)
 	b.provider.FailNext(1)
-	require.Equal(t, []maint.Outcome{maint.DeadLettered}, sweepOnce(t, e, 1))
+	require.Equal(t, []workflow.Outcome{workflow.OutcomeDeadLettered}, sweepOnce(t, e, 1))
 	b.provider.FailNext(1)
 	_, err = e.Do(ctx, chargeReq("acct", "stuck", `{"amount":3}`))
 	require.ErrorIs(t, err, workflow.ErrTransient)
@@ -180,7 +179,7 @@ func TestInspectKeyHistory(t *testing.T) {
 	require.False(t, first.At.IsZero())
 
 	sweepable(t, b.db)
-	require.Equal(t, []maint.Outcome{maint.Finished}, sweepOnce(t, b.engine, 0))
+	require.Equal(t, []workflow.Outcome{workflow.OutcomeFinished}, sweepOnce(t, b.engine, 0))
 	info, err = b.engine.InspectKey(ctx, "acct", "k")
 	require.NoError(t, err)
 	require.Equal(t, workflow.KeysFinished, info.Status)
@@ -257,7 +256,7 @@ func TestHistoryAbandonedAndBounded(t *testing.T) {
 	for range 3 {
 		sweepable(t, b.db)
 		b.provider.FailNext(1)
-		require.Equal(t, []maint.Outcome{maint.Released}, sweepOnce(t, other, 0))
+		require.Equal(t, []workflow.Outcome{workflow.OutcomeReleased}, sweepOnce(t, other, 0))
 	}
 	info, err = other.InspectKey(ctx, "acct", "k")
 	require.NoError(t, err)
@@ -303,7 +302,7 @@ func TestReleaseKey(t *testing.T) {
 	h.Let()
 	require.ErrorIs(t, <-done, workflow.ErrLeaseLost)
 	require.Equal(t, testflow.Effects{Ledger: 1}, effects(t, b.db, "acct", "k"), "nothing of the holder's settle committed")
-	require.Equal(t, []maint.Outcome{maint.Finished}, sweepOnce(t, b.engine, 0))
+	require.Equal(t, []workflow.Outcome{workflow.OutcomeFinished}, sweepOnce(t, b.engine, 0))
 	requireOneEffect(t, b, "acct", "k")
 	info, err := b.engine.InspectKey(ctx, "acct", "k")
 	require.NoError(t, err)

@@ -73,8 +73,7 @@
 // InspectKey, Redrive, ReleaseKey, PurgeKey, CountKeys, GaugeKeys, CountOutcomes) is
 // what cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on.
 //
-// This package imports idemflow's phases and store packages, its internal maint package
-// (it implements the maintenance API the sweeper drives) and internal/phaserun (the
+// This package imports idemflow's phases and store packages, internal/runstate (the
 // engine's side of a phases.Run, kept out of the API a phase function sees),
 // github.com/go-json-experiment/json/jsontext (the JSON tokenizer under Fingerprint),
 // and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2).

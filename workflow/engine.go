@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -643,7 +643,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		began:    time.Now(),
 		by:       ExecutorClient,
 	}
-	x.run, _ = phaserun.NewRun[*phases.Run](phaserun.Info{
+	x.run, _ = newRun(runstate.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
@@ -669,7 +669,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
-	run, err := phaserun.NewRun[*phases.Run](phaserun.Info{
+	run, err := newRun(runstate.Info{
 		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
 		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
 	}, row.PhaseData)

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -93,7 +92,7 @@ func TestErrorsMatchThroughTheEngine(t *testing.T) {
 		require.NotNil(t, st.LastError)
 		require.Contains(t, *st.LastError, "refused")
 		sweepable(t, b.db)
-		taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: -1})
+		taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10, Grace: -1})
 		require.NoError(t, err)
 		require.Empty(t, taken)
 	})
@@ -122,16 +121,16 @@ func TestLeaseLostIsNamedOnce(t *testing.T) {
 		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 		require.ErrorIs(t, err, workflow.ErrTransient)
 		sweepable(t, b.db)
-		taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
+		taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 1})
 		require.NoError(t, err)
 		require.Len(t, taken, 1)
 		sweepable(t, b.db)
 		_, err = b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 		require.NoError(t, err)
 
-		out, err := maint.Of(b.engine).Run(ctx, taken[0], &maint.RunOpts{MaxAttempts: 1})
+		out, err := b.engine.Maintenance().Run(ctx, taken[0], &workflow.RunOpts{MaxAttempts: 1})
 		require.NoError(t, err)
-		require.Equal(t, maint.LeaseLost, out.Outcome)
+		require.Equal(t, workflow.OutcomeLeaseLost, out.Outcome)
 		require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
 		require.Equal(t, 1, strings.Count(out.Err.Error(), "lease lost"), out.Err.Error())
 	})

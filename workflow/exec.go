@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -220,13 +220,13 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		}
 		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	}
-	phaserun.Enter(x.run, p.Name)
+	x.state().Enter(p.Name)
 	// Unless the phase's transaction committed, what the phase wrote to the phase data
 	// goes with it: a retry of the transaction, a release or a dead-letter must not see
 	// it.
 	defer func() {
 		if st.kind != stepNext && st.kind != stepFinished {
-			phaserun.Revert(x.run)
+			x.state().Revert()
 		}
 	}()
 	v := tx.overrule(decide(runTx(ctx, p, tx, x.run)))
@@ -279,7 +279,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	}
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
-	phaserun.Enter(x.run, p.Name)
+	x.state().Enter(p.Name)
 	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
 	if !time.Now().Before(deadline) {
 		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: errors.New("too little of the lease is left to make the call")})
@@ -298,10 +298,10 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	case respond:
 		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
 	case respondAlone:
-		phaserun.Revert(x.run)
+		x.state().Revert()
 		return x.settle(ctx, p.Name, step{kind: stepAlone, resp: v.resp})
 	}
-	phaserun.Revert(x.run)
+	x.state().Revert()
 	return x.settle(ctx, p.Name, step{kind: stepTransient, err: v.err, resp: v.resp})
 }
 
@@ -496,7 +496,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		data, derr := phaserun.Data(x.run)
+		data, derr := x.state().Data()
 		switch {
 		case derr != nil:
 		case dead:
@@ -540,7 +540,7 @@ func (x *exec) backoff() time.Duration { return x.e.cfg.backoff(x.run.Attempt())
 
 // data encodes the phase data, enforcing the size limit.
 func (x *exec) data() ([]byte, error) {
-	data, err := phaserun.Data(x.run)
+	data, err := x.state().Data()
 	if err != nil {
 		return nil, err
 	}
@@ -583,6 +583,16 @@ func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, er
 	return store.StoredResponse{Status: resp.Status, Headers: headers, Body: body}, data, nil
 }
 
+// newRun returns the run a phase function gets, with the stored phase data (a JSON
+// object, or empty). A phases.Run is a runstate.Run: the engine keeps its state.
+func newRun(info runstate.Info, data []byte) (*phases.Run, error) {
+	st, err := runstate.New(info, data)
+	return (*phases.Run)(st), err
+}
+
+// state is the run's state: the phase entered, the phase data and its saved copy.
+func (x *exec) state() *runstate.Run { return (*runstate.Run)(x.run) }
+
 // runTx calls a tx phase's function, turning a panic into a transient error.
 func runTx(ctx context.Context, p phases.Phase, tx phases.DBTX, run *phases.Run) (resp *phases.Response, err error) {
 	defer func() {
@@ -590,7 +600,7 @@ func runTx(ctx context.Context, p phases.Phase, tx phases.DBTX, run *phases.Run)
 			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return phaserun.RunTx[*phases.Response](ctx, p, tx, run)
+	return p.TxFunc(ctx, tx, run)
 }
 
 // runCall calls a call phase's function, turning a panic into a transient error.
@@ -600,7 +610,7 @@ func runCall(ctx context.Context, p phases.Phase, run *phases.Run) (resp *phases
 			resp, err = nil, &phases.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return phaserun.RunCall[*phases.Response](ctx, p, run)
+	return p.CallFunc(ctx, run)
 }
 
 // leaseMargin is how long before the lease ends a call phase's context ends.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/phaserun"
+	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -55,7 +55,7 @@ func FuzzStoredHeaders(f *testing.F) {
 			h[n] = append(h[n], v)
 		}
 		for _, e := range []*Engine{defaults, custom} {
-			run, err := phaserun.NewRun[*phases.Run](phaserun.Info{}, nil)
+			run, err := newRun(runstate.Info{}, nil)
 			require.NoError(t, err)
 			x := &exec{e: e, run: run}
 			stored, _, err := x.storable(&phases.Response{Status: 201, Header: h, Body: []byte("b")})

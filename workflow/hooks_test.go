@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -119,7 +118,7 @@ func TestHooksJoin(t *testing.T) {
 	require.Equal(t, testflow.Reserve, end.RecoveryPoint)
 
 	sweepable(t, bd.db)
-	require.Equal(t, []maint.Outcome{maint.Finished}, sweepOnce(t, e, 0))
+	require.Equal(t, []workflow.Outcome{workflow.OutcomeFinished}, sweepOnce(t, e, 0))
 	end = a.last()
 	require.Equal(t, workflow.ExecutorSweeper, end.Executor)
 	require.Equal(t, workflow.OutcomeFinished, end.Outcome)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -31,26 +30,86 @@ var (
 	ErrNotDeadLettered = errors.New("key not dead-lettered")
 )
 
-// Defaults of maint.TakeDueOpts and maint.RunOpts: those of sweeper.Config, so that
-// zero means the same in both (TestSweepDefaultsMatchTheSweeper checks it).
+// Defaults of TakeDueOpts and RunOpts: those of sweeper.Config, so that zero means the
+// same in both (TestSweepDefaultsMatchTheSweeper checks it).
 const (
 	sweepGraceDefault  = 5 * time.Second
 	maxAttemptsDefault = 10
 )
 
-func init() {
-	maint.Register(func(engine any) maint.Engine {
-		if e, ok := engine.(*Engine); ok {
-			return maintenance{e}
-		}
-		return nil
-	})
+// Maintenance is the engine's side of a sweeper: taking over keys whose lease ran out,
+// running them from their recovery point, giving back the ones not run, and expiring
+// old keys. Package sweeper schedules these calls (sweeper.New takes it from the
+// engine); a service needs none of them. Get it with Engine.Maintenance.
+//
+// The words, as everywhere in idemflow: a key is "released" by a failed attempt (its
+// lease cleared, due again after a backoff), "given back" when a sweeper took it but
+// did not run it (the takeover's attempt uncounted, due at once), and "parked" when
+// only its client can finish it (released for the client's retry, left alone by sweeps
+// for a while).
+type Maintenance struct{ e *Engine }
+
+// Maintenance returns the engine's maintenance calls, for a sweeper.
+func (e *Engine) Maintenance() Maintenance { return Maintenance{e} }
+
+// TakeDueOpts select the keys Maintenance.TakeDue takes.
+type TakeDueOpts struct {
+	// Limit is the most keys taken. Required, positive.
+	Limit int
+	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
+	// client's own retry. Zero means the default, 5s, as sweeper.Config.Grace; -1 means
+	// no grace.
+	Grace time.Duration
 }
 
-// maintenance is the engine's side of the sweeper (internal/maint.Engine).
-type maintenance struct{ e *Engine }
+// Taken is a key taken over by Maintenance.TakeDue: its lock version was bumped, so
+// nothing that ran it before can commit, and it holds a fresh lease. Pass it to
+// Maintenance.Run, or to Maintenance.GiveBack if it will not be run.
+type Taken struct {
+	Scope         string
+	Key           string
+	ID            string // the key row's identity
+	Flow          string
+	RecoveryPoint string
+	LockVersion   int64
+	// Attempts counts the claim and every takeover, this one included.
+	Attempts int
 
-func (m maintenance) Lease() time.Duration { return m.e.cfg.Lease }
+	row *store.Row // the key row as the takeover returned it
+	at  time.Time  // when the takeover was sent
+}
+
+// fence is the fence of the taken key's row.
+func (t *Taken) fence() store.Fence {
+	return store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+}
+
+// LeaseLeft estimates how much of the lease set by the takeover remains, measured from
+// when the takeover was sent.
+func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Since(t.at) }
+
+// RunOpts configure Maintenance.Run. A nil *RunOpts means all defaults.
+type RunOpts struct {
+	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
+	// later (Taken.Attempts counts the claim and every takeover). Zero means the
+	// default, 10, as sweeper.Config.MaxAttempts; -1 means a key is never
+	// dead-lettered.
+	MaxAttempts int
+	// ParkFor is how long a parked key is left alone by sweeps. Defaults to the
+	// engine's BackoffMax.
+	ParkFor time.Duration
+}
+
+// RunResult reports what Maintenance.Run did with a key.
+type RunResult struct {
+	// Outcome is OutcomeFinished, OutcomeReleased, OutcomeDeadLettered,
+	// OutcomeLeaseLost or OutcomeParked.
+	Outcome Outcome
+	// Response is the stored answer when Outcome is OutcomeFinished.
+	Response *phases.Response
+	// Err is why the attempt failed, for every other outcome.
+	Err error
+}
 
 // TakeDue takes over, in one short statement, up to opts.Limit keys that are in
 // progress with an expired or released lease, due (their backoff has passed), older
@@ -64,7 +123,7 @@ func (m maintenance) Lease() time.Duration { return m.e.cfg.Lease }
 //
 // It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
 // when the database fails (nothing was taken).
-func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*maint.Taken, error) {
+func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, error) {
 	e := m.e
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
@@ -80,11 +139,11 @@ func (m maintenance) TakeDue(ctx context.Context, opts maint.TakeDueOpts) ([]*ma
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*maint.Taken, len(rows))
+	out := make([]*Taken, len(rows))
 	for i, r := range rows {
-		out[i] = &maint.Taken{
+		out[i] = &Taken{
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
-			LockVersion: r.LockVersion, Attempts: r.Attempts, Row: r, At: sent,
+			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
@@ -112,7 +171,7 @@ func (e *Engine) knownPoints() ([]string, map[string][]string) {
 }
 
 // maxAttempts is opts.MaxAttempts as exec.maxAttempts reads it: 0 for never.
-func maxAttempts(o *maint.RunOpts) int {
+func maxAttempts(o *RunOpts) int {
 	if o.MaxAttempts < 0 {
 		return 0
 	}
@@ -145,13 +204,13 @@ func maxAttempts(o *maint.RunOpts) int {
 // The error is non-nil only when the key's fate could not be recorded (the database
 // failed while releasing or dead-lettering it); its lease then runs out and a later
 // sweep takes it again. opts may be nil.
-func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpts) (maint.Result, error) {
+func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (RunResult, error) {
 	e := m.e
-	if t == nil || t.Row == nil {
-		return maint.Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
+	if t == nil || t.row == nil {
+		return RunResult{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
 	ev := AttemptEvent{Executor: ExecutorSweeper, Flow: t.Flow, Scope: t.Scope, Key: t.Key, ID: t.ID,
-		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.Row.Origin}
+		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.row.Origin}
 	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
 	rp := t.RecoveryPoint
 	res, err := e.runTaken(ctx, t, opts, &rp)
@@ -161,18 +220,7 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 		if errors.As(res.Err, &te) {
 			ev.Phase = te.Phase
 		}
-		switch res.Outcome {
-		case maint.Finished:
-			ev.Outcome = OutcomeFinished
-		case maint.Parked:
-			ev.Outcome = OutcomeParked
-		case maint.LeaseLost:
-			ev.Outcome = OutcomeLeaseLost
-		case maint.DeadLettered:
-			ev.Outcome = OutcomeDeadLettered
-		default:
-			ev.Outcome = OutcomeReleased
-		}
+		ev.Outcome = res.Outcome
 		if err != nil { // the key's fate was not recorded: nothing was released
 			ev.Outcome, ev.Err = OutcomeFailed, err
 		}
@@ -183,9 +231,9 @@ func (m maintenance) Run(ctx context.Context, t *maint.Taken, opts *maint.RunOpt
 
 // runTaken is Run without its hooks. It sets *rp to the key's recovery point as the
 // run left it.
-func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOpts, rp *string) (maint.Result, error) {
+func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts, rp *string) (RunResult, error) {
 	if opts == nil {
-		opts = &maint.RunOpts{}
+		opts = &RunOpts{}
 	}
 	f, ok := e.flow(t.Flow)
 	if ok && f.ClientOnly {
@@ -194,14 +242,14 @@ func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOp
 	if !ok { // TakeDue takes only registered flows, and flows are never unregistered
 		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), maxAttempts(opts))
 	}
-	if err := e.checkRow(t.Row); err != nil { // a newer build's key: give it back unrun, for a build that reads it
-		if gerr := (maintenance{e}).GiveBack(ctx, t); gerr != nil {
-			return maint.Result{Outcome: maint.Released, Err: err}, gerr
+	if err := e.checkRow(t.row); err != nil { // a newer build's key: give it back unrun, for a build that reads it
+		if gerr := (Maintenance{e}).GiveBack(ctx, t); gerr != nil {
+			return RunResult{Outcome: OutcomeReleased, Err: err}, gerr
 		}
-		return maint.Result{Outcome: maint.Released, Err: err}, nil
+		return RunResult{Outcome: OutcomeReleased, Err: err}, nil
 	}
 	next, _ := f.Index(t.RecoveryPoint) // checkRow has found it
-	x, err := e.newExec(f, t.Row, t.At)
+	x, err := e.newExec(f, t.row, t.at)
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
 	}
@@ -211,7 +259,7 @@ func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOp
 	res, err := x.drive(ctx, next+1).result()
 	*rp = x.rp
 	if err == nil {
-		return maint.Result{Outcome: maint.Finished, Response: res.Response}, nil
+		return RunResult{Outcome: OutcomeFinished, Response: res.Response}, nil
 	}
 	var te *TransientError
 	if !x.deadLettered && !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
@@ -221,71 +269,71 @@ func (e *Engine) runTaken(ctx context.Context, t *maint.Taken, opts *maint.RunOp
 	}
 	switch {
 	case x.deadLettered:
-		return maint.Result{Outcome: maint.DeadLettered, Err: err}, nil
+		return RunResult{Outcome: OutcomeDeadLettered, Err: err}, nil
 	case errors.Is(err, ErrLeaseLost):
-		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
+		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
 	}
-	return maint.Result{Outcome: maint.Released, Err: err}, nil
+	return RunResult{Outcome: OutcomeReleased, Err: err}, nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
-func (e *Engine) settleUnrun(ctx context.Context, t *maint.Taken, cause error, maxAttempts int) (maint.Result, error) {
+func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (RunResult, error) {
 	if maxAttempts > 0 && t.Attempts >= maxAttempts {
 		return e.deadLetter(ctx, t, cause)
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.Fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
+	err := e.store.Release(rctx, e.pool, t.fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
 		History: e.sweepEntry(t, OutcomeReleased, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
+		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
-		return maint.Result{Outcome: maint.Released, Err: cause}, err
+		return RunResult{Outcome: OutcomeReleased, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return maint.Result{Outcome: maint.Released, Err: cause}, nil
+	return RunResult{Outcome: OutcomeReleased, Err: cause}, nil
 }
 
 // park releases a taken key of a client-only flow for its client.
-func (e *Engine) park(ctx context.Context, t *maint.Taken, d time.Duration) (maint.Result, error) {
+func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (RunResult, error) {
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
 	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.Fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
+	err := e.store.Park(rctx, e.pool, t.fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
+		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
-		return maint.Result{Outcome: maint.Parked, Err: cause}, err
+		return RunResult{Outcome: OutcomeParked, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyParked, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return maint.Result{Outcome: maint.Parked, Err: cause}, nil
+	return RunResult{Outcome: OutcomeParked, Err: cause}, nil
 }
 
 // deadLetter marks a taken key that was not run dead with cause, under its fence. If the fence no longer
 // matches, the key was released and taken by someone else in between: that executor
 // decides its fate.
-func (e *Engine) deadLetter(ctx context.Context, t *maint.Taken, cause error) (maint.Result, error) {
+func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (RunResult, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.Fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.Row.PhaseData, LastError: cause.Error(),
+	err := e.store.DeadLetter(rctx, e.pool, t.fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
 		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return maint.Result{Outcome: maint.LeaseLost, Err: err}, nil
+		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
-		return maint.Result{Outcome: maint.Released, Err: cause}, err
+		return RunResult{Outcome: OutcomeReleased, Err: cause}, err
 	}
 	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
-	return maint.Result{Outcome: maint.DeadLettered, Err: cause}, nil
+	return RunResult{Outcome: OutcomeDeadLettered, Err: cause}, nil
 }
 
 // sweepEntry is the history entry of a sweep that did not run taken key t.
-func (e *Engine) sweepEntry(t *maint.Taken, outcome Outcome, cause error) store.History {
+func (e *Engine) sweepEntry(t *Taken, outcome Outcome, cause error) store.History {
 	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
 		Error: cut(cause.Error(), maxHistoryError)})
 }
@@ -299,14 +347,14 @@ const settleTimeout = 10 * time.Second
 // attempt the takeover counted is uncounted, and the key stays due for any sweeper.
 // It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
 // was taken over by someone else meanwhile, and ErrUnavailable when the database fails.
-func (m maintenance) GiveBack(ctx context.Context, t *maint.Taken) error {
+func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	e := m.e
-	if t == nil || t.Row == nil {
+	if t == nil || t.row == nil {
 		return errors.New("workflow: give back taken key: not a key from TakeDue")
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.GiveBack(rctx, e.pool, t.Fence())
+	err := e.store.GiveBack(rctx, e.pool, t.fence())
 	if errors.Is(err, store.ErrLeaseLost) {
 		return nil
 	}
@@ -349,7 +397,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 // nothing more is expired for now. Keys in progress and dead-lettered keys are never
 // deleted. A finished key is replayed until it is deleted, so a client can rely on
 // replays for at least retention; a retry after the deletion is a new request.
-func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m Maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	return m.expire(ctx, "finished", retention, func(ctx context.Context) (int64, error) {
 		return m.e.store.ExpireFinished(ctx, m.e.pool, retention, limit)
 	})
@@ -357,7 +405,7 @@ func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration
 
 // expire runs one expiry statement of what's keys, bounded like the engine's own
 // statements, after checking its retention.
-func (m maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
+func (m Maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
 	if retention <= 0 {
 		return 0, fmt.Errorf("workflow: expire %s keys: retention %s is not positive", what, retention)
 	}
@@ -369,7 +417,7 @@ func (m maintenance) expire(ctx context.Context, what string, retention time.Dur
 // ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
 // dead-lettered more than retention ago by the database clock, and returns how many.
 // A dead-lettered key is listed and can be re-driven until then.
-func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m Maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	return m.expire(ctx, "dead", retention, func(ctx context.Context) (int64, error) {
 		return m.e.store.ExpireDead(ctx, m.e.pool, retention, limit)
 	})
@@ -379,7 +427,7 @@ func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, li
 // client-only flows that are in progress without a live lease (parked for their
 // client) and were claimed more than retention ago, and returns how many. Keys of
 // other flows are never deleted by it: a sweeper finishes them or dead-letters them.
-func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m Maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	e := m.e
 	e.mu.RLock()
 	var flows []string

@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
@@ -41,34 +40,34 @@ func TestSweepOptsGrace(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 
 	released(t, b.db, "1 second")
-	taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
+	taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, taken, "zero grace is the default, 5s")
 
 	released(t, b.db, "10 seconds")
-	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: 0})
+	taken, err = b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10, Grace: 0})
 	require.NoError(t, err)
 	require.Len(t, taken, 1, "past the default grace")
-	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, taken[0]))
+	require.NoError(t, b.engine.Maintenance().GiveBack(ctx, taken[0]))
 
 	released(t, b.db, "0 seconds")
-	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: -1})
+	taken, err = b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10, Grace: -1})
 	require.NoError(t, err)
 	require.Len(t, taken, 1, "-1 means no grace")
-	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, taken[0]))
+	require.NoError(t, b.engine.Maintenance().GiveBack(ctx, taken[0]))
 }
 
 func TestRunTakenOptsMaxAttempts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for name, tc := range map[string]struct {
-		opts *maint.RunOpts
-		want maint.Outcome
+		opts *workflow.RunOpts
+		want workflow.Outcome
 	}{
-		"NilIsTheDefault":  {nil, maint.DeadLettered},
-		"ZeroIsTheDefault": {&maint.RunOpts{}, maint.DeadLettered},
-		"MinusOneIsNever":  {&maint.RunOpts{MaxAttempts: -1}, maint.Released},
-		"MoreThanTaken":    {&maint.RunOpts{MaxAttempts: workflow.SweepMaxAttemptsDefault + 1}, maint.Released},
+		"NilIsTheDefault":  {nil, workflow.OutcomeDeadLettered},
+		"ZeroIsTheDefault": {&workflow.RunOpts{}, workflow.OutcomeDeadLettered},
+		"MinusOneIsNever":  {&workflow.RunOpts{MaxAttempts: -1}, workflow.OutcomeReleased},
+		"MoreThanTaken":    {&workflow.RunOpts{MaxAttempts: workflow.SweepMaxAttemptsDefault + 1}, workflow.OutcomeReleased},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -80,13 +79,13 @@ func TestRunTakenOptsMaxAttempts(t *testing.T) {
 			_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET attempts = $1`, workflow.SweepMaxAttemptsDefault-1)
 			require.NoError(t, err)
 			released(t, b.db, "1 hour")
-			taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
+			taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 1})
 			require.NoError(t, err)
 			require.Len(t, taken, 1)
 			require.Equal(t, workflow.SweepMaxAttemptsDefault, taken[0].Attempts)
 
 			b.provider.FailNext(1)
-			res, err := maint.Of(b.engine).Run(ctx, taken[0], tc.opts)
+			res, err := b.engine.Maintenance().Run(ctx, taken[0], tc.opts)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, res.Outcome)
 		})

@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/maint"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -29,25 +28,25 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 		}
 	}}}})
 
-	_, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{})
+	_, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{})
 	require.Error(t, err, "a limit is required")
-	taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
+	taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, taken)
-	_, err = maint.Of(b.engine).Run(ctx, &maint.Taken{}, nil)
+	_, err = b.engine.Maintenance().Run(ctx, &workflow.Taken{}, nil)
 	require.Error(t, err, "only keys from TakeDue")
-	require.Error(t, maint.Of(b.engine).GiveBack(ctx, &maint.Taken{}))
+	require.Error(t, b.engine.Maintenance().GiveBack(ctx, &workflow.Taken{}))
 
 	b.provider.FailNext(1)
 	_, err = b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	before := state(t, b.db, "acct", "k")
 
-	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: time.Hour})
+	taken, err = b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10, Grace: time.Hour})
 	require.NoError(t, err)
 	require.Empty(t, taken, "inside the backoff")
 	sweepable(t, b.db)
-	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10, Grace: time.Minute})
+	taken, err = b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10, Grace: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
 	tk := taken[0]
@@ -61,30 +60,30 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 	require.Len(t, swept, 1)
 	require.True(t, state(t, b.db, "acct", "k").HasLease)
 
-	again, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
+	again, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, again, "a taken key is leased")
 
 	// Given back: released, the attempt uncounted, still due.
-	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, tk))
+	require.NoError(t, b.engine.Maintenance().GiveBack(ctx, tk))
 	st := state(t, b.db, "acct", "k")
 	require.False(t, st.HasLease)
 	require.Equal(t, before.Attempts, st.Attempts)
 	require.Equal(t, tk.LockVersion, st.LockVersion)
-	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, tk), "a second give-back finds the key released and is a no-op")
+	require.NoError(t, b.engine.Maintenance().GiveBack(ctx, tk), "a second give-back finds the key released and is a no-op")
 	require.Equal(t, st, state(t, b.db, "acct", "k"))
 
-	taken, err = maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 10})
+	taken, err = b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
-	res, err := maint.Of(b.engine).Run(ctx, taken[0], nil)
+	res, err := b.engine.Maintenance().Run(ctx, taken[0], nil)
 	require.NoError(t, err)
-	require.Equal(t, maint.Finished, res.Outcome)
+	require.Equal(t, workflow.OutcomeFinished, res.Outcome)
 	require.Equal(t, 201, res.Response.Status)
 	requireOneEffect(t, b, "acct", "k")
 
 	// A taken key that another executor took over in the meantime is fenced off.
-	require.NoError(t, maint.Of(b.engine).GiveBack(ctx, taken[0]), "finished: nothing to give back")
+	require.NoError(t, b.engine.Maintenance().GiveBack(ctx, taken[0]), "finished: nothing to give back")
 }
 
 func TestRunTakenLeaseLost(t *testing.T) {
@@ -95,7 +94,7 @@ func TestRunTakenLeaseLost(t *testing.T) {
 	_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	sweepable(t, b.db)
-	taken, err := maint.Of(b.engine).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
+	taken, err := b.engine.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
 
@@ -106,9 +105,9 @@ func TestRunTakenLeaseLost(t *testing.T) {
 	require.False(t, res.Replayed)
 	finished := keyRow(t, b.db, "acct", "k")
 
-	out, err := maint.Of(b.engine).Run(ctx, taken[0], &maint.RunOpts{MaxAttempts: 1})
+	out, err := b.engine.Maintenance().Run(ctx, taken[0], &workflow.RunOpts{MaxAttempts: 1})
 	require.NoError(t, err)
-	require.Equal(t, maint.LeaseLost, out.Outcome)
+	require.Equal(t, workflow.OutcomeLeaseLost, out.Outcome)
 	require.ErrorIs(t, out.Err, workflow.ErrLeaseLost)
 	require.Equal(t, finished, keyRow(t, b.db, "acct", "k"))
 	requireOneEffect(t, b, "acct", "k")
@@ -134,12 +133,12 @@ func TestRunTakenResponseTooLarge(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrResponseTooLarge)
 
 	sweepable(t, b.db)
-	taken, err := maint.Of(e).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
+	taken, err := e.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
-	out, err := maint.Of(e).Run(ctx, taken[0], &maint.RunOpts{MaxAttempts: 3})
+	out, err := e.Maintenance().Run(ctx, taken[0], &workflow.RunOpts{MaxAttempts: 3})
 	require.NoError(t, err)
-	require.Equal(t, maint.Released, out.Outcome)
+	require.Equal(t, workflow.OutcomeReleased, out.Outcome)
 	require.ErrorIs(t, out.Err, workflow.ErrResponseTooLarge)
 	st := state(t, b.db, "acct", "big")
 	require.False(t, st.HasLease)
@@ -148,11 +147,11 @@ func TestRunTakenResponseTooLarge(t *testing.T) {
 	require.Contains(t, *st.LastError, "too large")
 
 	sweepable(t, b.db)
-	taken, err = maint.Of(e).TakeDue(ctx, maint.TakeDueOpts{Limit: 1})
+	taken, err = e.Maintenance().TakeDue(ctx, workflow.TakeDueOpts{Limit: 1})
 	require.NoError(t, err)
-	out, err = maint.Of(e).Run(ctx, taken[0], &maint.RunOpts{MaxAttempts: 3})
+	out, err = e.Maintenance().Run(ctx, taken[0], &workflow.RunOpts{MaxAttempts: 3})
 	require.NoError(t, err)
-	require.Equal(t, maint.DeadLettered, out.Outcome)
+	require.Equal(t, workflow.OutcomeDeadLettered, out.Outcome)
 	require.Equal(t, "dead", state(t, b.db, "acct", "big").Status)
 	_, err = e.Resume(ctx, "acct", "big")
 	require.ErrorIs(t, err, workflow.ErrDeadLettered)
@@ -168,16 +167,16 @@ func TestRedriveAndExpireValidate(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
 
-	_, err = maint.Of(b.engine).ExpireFinished(ctx, 0, 10)
+	_, err = b.engine.Maintenance().ExpireFinished(ctx, 0, 10)
 	require.Error(t, err)
-	_, err = maint.Of(b.engine).ExpireFinished(ctx, time.Hour, 0)
+	_, err = b.engine.Maintenance().ExpireFinished(ctx, time.Hour, 0)
 	require.Error(t, err)
-	n, err := maint.Of(b.engine).ExpireFinished(ctx, time.Hour, 10)
+	n, err := b.engine.Maintenance().ExpireFinished(ctx, time.Hour, 10)
 	require.NoError(t, err)
 	require.Zero(t, n, "the key finished just now")
 	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET finished_at = statement_timestamp() - interval '61 minutes'`)
 	require.NoError(t, err)
-	n, err = maint.Of(b.engine).ExpireFinished(ctx, time.Hour, 10)
+	n, err = b.engine.Maintenance().ExpireFinished(ctx, time.Hour, 10)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Zero(t, countKeys(t, b.db))

@@ -93,6 +93,24 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	api := &client{base: server.url, account: "acct_demo"}
 	body := `{"amount":1299,"currency":"usd","source":"tok_visa"}`
 
+	d.chargeAndReplay(ctx, api, body)
+	d.duplicates(ctx, api, provider, body)
+	d.reused(ctx, api)
+	if err := d.crash(ctx, api, provider, common, body); err != nil {
+		return err
+	}
+	if err := d.outage(ctx, api, provider, providerAddr, body); err != nil {
+		return err
+	}
+
+	if *distributed {
+		d.checkColocated(ctx)
+	}
+	return d.summary()
+}
+
+// chargeAndReplay shows a charge and its replay (steps 1 and 2).
+func (d *demoRun) chargeAndReplay(ctx context.Context, api *client, body string) {
 	// 1. A charge.
 	d.say("\n1. A charge: POST /v1/charges with Idempotency-Key: demo-1")
 	first, err := api.post(ctx, "demo-1", body)
@@ -105,7 +123,10 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	same := err == nil && again.status == 201 && bytes.Equal(again.body, first.body) && again.header.Get("Idempotent-Replayed") == "true"
 	d.check("replay", "201, same bytes, Idempotent-Replayed", again.String()+replayNote(again, first), same)
 	d.say("   -> %s%s", again, replayNote(again, first))
+}
 
+// duplicates shows twenty concurrent copies of one request (step 3).
+func (d *demoRun) duplicates(ctx context.Context, api *client, provider *proc, body string) {
 	// 3. Twenty concurrent duplicates.
 	d.say("\n3. Twenty copies of one request at once (Idempotency-Key: demo-2)")
 	paymentsBefore, _ := providerPayments(ctx, provider.url)
@@ -134,13 +155,19 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Sprintf("%d charge, %d payment, answers %v", rows, paymentsAfter-paymentsBefore, codes),
 		rows == 1 && paymentsAfter-paymentsBefore == 1 && onlyOK)
 	d.say("   -> answers by status %v; charges rows %d; provider payments %d", codes, rows, paymentsAfter-paymentsBefore)
+}
 
+// reused shows the key of the first charge reused for another body (step 4).
+func (d *demoRun) reused(ctx context.Context, api *client) {
 	// 4. A key reused with another body.
 	d.say("\n4. The key demo-1 reused for a different amount")
 	other, err := api.post(ctx, "demo-1", `{"amount":500,"currency":"usd","source":"tok_visa"}`)
 	d.check("key reused, other body", "422", other.String(), err == nil && other.status == 422)
 	d.say("   -> %s %s", other, other.body)
+}
 
+// crash shows a server killed mid-flow and the worker finishing its key (step 5).
+func (d *demoRun) crash(ctx context.Context, api *client, provider *proc, common []string, body string) error {
 	// 5. A server killed mid-flow, finished by the worker.
 	d.say("\n5. A second server that dies right after the provider charged the card (CHARGES_CRASH_AFTER=provider_charge)")
 	doomed, err := d.start(ctx, "doomed-server", []string{"CHARGES_CRASH_AFTER=" + chargeflow.PhaseProvider},
@@ -148,12 +175,12 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	paymentsBefore, _ = providerPayments(ctx, provider.url)
+	paymentsBefore, _ := providerPayments(ctx, provider.url)
 	crashed, err := (&client{base: doomed.url, account: "acct_demo"}).post(ctx, "demo-3", body)
 	exitCode := doomed.wait(10 * time.Second)
 	d.say("   -> the client saw: %v; the server exited with code %d", describe(crashed, err), exitCode)
 	finished := d.waitFor(ctx, 30*time.Second, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-3' AND status = 'succeeded'`)
-	paymentsAfter, _ = providerPayments(ctx, provider.url)
+	paymentsAfter, _ := providerPayments(ctx, provider.url)
 	d.check("server killed mid-flow", "worker finishes it, 1 payment",
 		fmt.Sprintf("exit %d, finished %v, %d payment", exitCode, finished, paymentsAfter-paymentsBefore),
 		exitCode == 3 && finished && paymentsAfter-paymentsBefore == 1)
@@ -161,7 +188,11 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.check("client retries after the crash", "201 replayed", retry.String()+replayNote(retry, reply{}),
 		err == nil && retry.status == 201 && retry.header.Get("Idempotent-Replayed") == "true")
 	d.say("   -> the worker finished it; the client's retry gets %s%s", retry, replayNote(retry, reply{}))
+	return nil
+}
 
+// outage shows a provider outage and the retry that succeeds once it is back (step 6).
+func (d *demoRun) outage(ctx context.Context, api *client, provider *proc, providerAddr, body string) error {
 	// 6. A provider outage and the retry that succeeds.
 	d.say("\n6. The provider goes down")
 	provider.kill()
@@ -175,16 +206,12 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	up, err := api.post(ctx, "demo-4", body)
-	rows = d.count(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-4' AND status = 'succeeded'`)
+	rows := d.count(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = 'demo-4' AND status = 'succeeded'`)
 	payments, _ := providerPayments(ctx, provider.url)
 	d.check("retry after the outage", "201, 1 charge, 1 payment", fmt.Sprintf("%s, %d charge, %d payment", up, rows, payments),
 		err == nil && up.status == 201 && rows == 1 && payments == 1)
 	d.say("   -> %s %s", up, up.body)
-
-	if *distributed {
-		d.checkColocated(ctx)
-	}
-	return d.summary()
+	return nil
 }
 
 // checkColocated checks, on Citus, that charges and idemflow's keys are distributed
