@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -18,7 +19,7 @@ func statements(src string) []string {
 	start, i := 0, 0
 	emit := func(end int) {
 		if s := strings.TrimSpace(src[start:end]); hasCode(s) {
-			out = append(out, s)
+			out = append(out, constraintsApart(s)...)
 		}
 	}
 	for i < len(src) {
@@ -51,6 +52,102 @@ func statements(src string) []string {
 	}
 	emit(len(src))
 	return out
+}
+
+// alterTable matches the head of an ALTER TABLE statement: its target and the rest.
+var alterTable = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+((?:ONLY\s+)?[A-Za-z_][A-Za-z0-9_.]*)\s+(.*)$`)
+
+// constraintsApart splits an ALTER TABLE statement whose subcommands all add a
+// constraint into one ALTER TABLE a constraint, in order: Citus refuses an ALTER TABLE
+// that adds a constraint beside other subcommands on a distributed table, and a
+// released migration file is never edited (002's down file adds thirteen in one). In
+// one transaction the two forms leave the same table. Any other statement is returned
+// as it is; leading comments stay with the first part.
+func constraintsApart(stmt string) []string {
+	at := codeStart(stmt)
+	m := alterTable.FindStringSubmatch(stmt[at:])
+	if m == nil {
+		return []string{stmt}
+	}
+	parts := topLevelCommas(m[2])
+	if len(parts) < 2 {
+		return []string{stmt}
+	}
+	out := make([]string, 0, len(parts))
+	for _, p := range parts {
+		p = strings.TrimSpace(p)
+		if !hasPrefixFold(p, "ADD CONSTRAINT") {
+			return []string{stmt}
+		}
+		out = append(out, "ALTER TABLE "+m[1]+" "+p)
+	}
+	out[0] = stmt[:at] + out[0]
+	return out
+}
+
+// codeStart returns the index of s's first byte that is neither a comment nor white
+// space.
+func codeStart(s string) int {
+	for i := 0; i < len(s); {
+		switch {
+		case strings.HasPrefix(s[i:], "--"):
+			i = lineEnd(s, i)
+		case strings.HasPrefix(s[i:], "/*"):
+			i = blockCommentEnd(s, i)
+		case s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f':
+			i++
+		default:
+			return i
+		}
+	}
+	return len(s)
+}
+
+// topLevelCommas splits s at the commas outside parentheses, comments, string
+// literals, quoted identifiers and dollar-quoted bodies.
+func topLevelCommas(s string) []string {
+	var out []string
+	start, depth := 0, 0
+	for i := 0; i < len(s); {
+		switch c := s[i]; {
+		case c == '(':
+			depth++
+			i++
+		case c == ')':
+			depth--
+			i++
+		case c == ',' && depth == 0:
+			out = append(out, s[start:i])
+			i++
+			start = i
+		case c == '-' && strings.HasPrefix(s[i:], "--"):
+			i = lineEnd(s, i)
+		case c == '/' && strings.HasPrefix(s[i:], "/*"):
+			i = blockCommentEnd(s, i)
+		case c == '\'':
+			i = quotedEnd(s, i+1, '\'', precededByE(s, i))
+		case c == '"':
+			i = quotedEnd(s, i+1, '"', false)
+		case c == '$':
+			tag, ok := dollarTag(s, i)
+			if !ok {
+				i++
+				continue
+			}
+			end := strings.Index(s[i+len(tag):], tag)
+			if end < 0 {
+				return []string{s}
+			}
+			i += len(tag) + end + len(tag)
+		default:
+			i++
+		}
+	}
+	return append(out, s[start:])
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // hasCode reports whether s holds anything but comments and white space.

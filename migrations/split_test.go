@@ -28,6 +28,11 @@ func TestStatements(t *testing.T) {
 			[]string{"CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\nBEGIN RETURN 1; END\n$$", "SELECT 2"}},
 		{"TaggedDollarQuote", "SELECT $fn$ a; $$ b; $fn$; SELECT 2", []string{"SELECT $fn$ a; $$ b; $fn$", "SELECT 2"}},
 		{"Parameter", "SELECT $1; SELECT a$b$c FROM t; SELECT 3", []string{"SELECT $1", "SELECT a$b$c FROM t", "SELECT 3"}},
+		{"ConstraintsApart", "-- c\nALTER TABLE t\n  ADD CONSTRAINT a CHECK (x ~ '^[a,b]{1,2}$') NOT VALID,\n  add constraint b CHECK (f(y, z)) NOT VALID;",
+			[]string{"-- c\nALTER TABLE t ADD CONSTRAINT a CHECK (x ~ '^[a,b]{1,2}$') NOT VALID", "ALTER TABLE t add constraint b CHECK (f(y, z)) NOT VALID"}},
+		{"OtherSubcommandsTogether", "ALTER TABLE t ADD CONSTRAINT a CHECK (x > 0), DROP COLUMN y",
+			[]string{"ALTER TABLE t ADD CONSTRAINT a CHECK (x > 0), DROP COLUMN y"}},
+		{"OneConstraint", "ALTER TABLE t ADD CONSTRAINT a CHECK (x IN (1, 2))", []string{"ALTER TABLE t ADD CONSTRAINT a CHECK (x IN (1, 2))"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
