@@ -1,8 +1,8 @@
-// The README's Go snippets, compiled. Each Go block in README.md follows a line
+// The Go snippets of README.md and docs/API.md, compiled. Each Go block there follows a line
 // `<!-- snippet: Name -->`, and is then the body of the function Name in this file,
 // dedented one tab, or `<!-- snippet: path Name -->`, and is then the whole declaration
 // of the function Name in the file at path. TestReadmeSnippets fails when the two
-// differ, so the README cannot show code that does not compile.
+// differ, so neither page can show code that does not compile.
 package idemflow_test
 
 import (
@@ -161,9 +161,10 @@ var _ = []any{chargesService, refunds, consume, ownSchema}
 
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
-// readmeSnippets returns the README's marked Go blocks by the name of their function.
-func readmeSnippets(t *testing.T) map[string]string {
-	f, err := os.Open("README.md")
+// readmeSnippets returns the marked Go blocks of a Markdown file (README.md,
+// docs/API.md) by the name of their function.
+func readmeSnippets(t *testing.T, doc string) map[string]string {
+	f, err := os.Open(doc)
 	require.NoError(t, err)
 	defer f.Close()
 	snippets := map[string]string{}
@@ -181,7 +182,7 @@ func readmeSnippets(t *testing.T) map[string]string {
 		case name != "" && line == "```go":
 			body = &strings.Builder{}
 		case name != "":
-			t.Fatalf("README.md: the snippet marker for %s is not followed by a ```go block", name)
+			t.Fatalf("%s: the snippet marker for %s is not followed by a ```go block", doc, name)
 		default:
 			if m := snippetMarker.FindStringSubmatch(line); m != nil {
 				name = m[1]
@@ -189,7 +190,7 @@ func readmeSnippets(t *testing.T) map[string]string {
 		}
 	}
 	require.NoError(t, sc.Err())
-	require.Nil(t, body, "README.md: the snippet %s is not closed", name)
+	require.Nil(t, body, "%s: the snippet %s is not closed", doc, name)
 	return snippets
 }
 
@@ -219,27 +220,35 @@ func functions(t *testing.T, path string) (bodies, decls map[string]string) {
 }
 
 func TestReadmeSnippets(t *testing.T) {
-	snippets := readmeSnippets(t)
-	require.NotEmpty(t, snippets, "README.md has no marked snippets")
+	for _, doc := range []string{"README.md", "docs/API.md"} {
+		t.Run(strings.TrimSuffix(filepath.Base(doc), ".md"), func(t *testing.T) { checkSnippets(t, doc) })
+	}
+}
+
+// checkSnippets checks every Go block of the Markdown file doc against the code it
+// names.
+func checkSnippets(t *testing.T, doc string) {
+	snippets := readmeSnippets(t, doc)
+	require.NotEmpty(t, snippets, "%s has no marked snippets", doc)
 	bodies, _ := functions(t, "readme_test.go")
 	for marker, snippet := range snippets {
 		path, name, whole := strings.Cut(marker, " ")
 		if !whole {
 			body, ok := bodies[marker]
-			require.True(t, ok, "README.md shows the snippet %s, which readme_test.go does not define", marker)
-			require.Equal(t, body, snippet, "README.md's snippet %s differs from the body of %s in readme_test.go", marker, marker)
+			require.True(t, ok, "%s shows the snippet %s, which readme_test.go does not define", doc, marker)
+			require.Equal(t, body, snippet, "%s's snippet %s differs from the body of %s in readme_test.go", doc, marker, marker)
 			continue
 		}
 		_, decls := functions(t, path)
 		decl, ok := decls[name]
-		require.True(t, ok, "README.md shows the function %s of %s, which that file does not define", name, path)
-		require.Equal(t, decl, snippet, "README.md's snippet differs from %s in %s", name, path)
+		require.True(t, ok, "%s shows the function %s of %s, which that file does not define", doc, name, path)
+		require.Equal(t, decl, snippet, "%s's snippet differs from %s in %s", doc, name, path)
 	}
-	// Every Go block in the README is a marked snippet.
-	readme, err := os.ReadFile("README.md")
+	// Every Go block of the file is a marked snippet.
+	text, err := os.ReadFile(doc)
 	require.NoError(t, err)
-	require.Equal(t, len(snippets), strings.Count(string(readme), "\n```go\n"),
-		"README.md has a Go block without a `<!-- snippet: Name -->` line before it")
+	require.Equal(t, len(snippets), strings.Count(string(text), "\n```go\n"),
+		"%s has a Go block without a `<!-- snippet: Name -->` line before it", doc)
 }
 
 // docBlocks returns the code blocks of a package's doc.go: runs of tab-indented comment
