@@ -80,12 +80,13 @@ func parseRetryAfter(v string) (time.Duration, bool) {
 	return 0, false
 }
 
-// newStripeClient is stripe-go for an idemflow service at url whose leases last up to
-// lease. stripe-go never reads Retry-After: it waits 0.5 s × (1 + n²) before its
+// newStripeClient is stripe-go for an idemflow service at url, retrying for at least
+// patience. stripe-go never reads Retry-After: it waits 0.5 s × (1 + n²) before its
 // retry n+1, at most 5 s, less up to a quarter of jitter. So it must be allowed enough
-// retries to outlast a lease left by a crashed server, plus the time to finish.
-func newStripeClient(apiKey, url string, lease time.Duration) *stripe.Client {
-	retries := stripeRetriesFor(lease + 10*time.Second)
+// retries to outlast a lease left by a crashed server (30 s by default), plus the time
+// the service takes to come back and finish the operation.
+func newStripeClient(apiKey, url string, patience time.Duration) *stripe.Client {
+	retries := stripeRetriesFor(patience)
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL:               stripe.String(url),
 		MaxNetworkRetries: stripe.Int64(retries),
@@ -149,7 +150,7 @@ func TestClientRecipes(t *testing.T) {
 	t.Run("StripeGo", func(t *testing.T) {
 		t.Parallel()
 		s, got := overlapWithKill(t, "sk_test_recipe", stripeSender(func(url string) *stripe.Client {
-			return newStripeClient("sk_test_recipe", url, recipeLease)
+			return newStripeClient("sk_test_recipe", url, recipeLease+time.Minute)
 		}), stripeFront)
 		s.requireAllAnswered(t, "sk_test_recipe", got)
 	})
