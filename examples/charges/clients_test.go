@@ -14,13 +14,14 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v82"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 )
 
 // The client recipes of docs/API.md ("Retrying with common Go clients"). docs/API.md
@@ -237,15 +238,17 @@ func stripeFront(t *testing.T, api string) string {
 }
 
 // overlapWithKill starts the charges stack with a slow provider, sends recipeKeys
-// keys from two senders each, SIGKILLs the server once the provider holds calls,
-// starts it again on the same address, and returns every sender's outcome by key.
-// front, when not nil, puts a front end before the server.
+// keys from two senders each, one key after another, has the server SIGKILL itself the first time a charge
+// is about to commit its finalize phase (CHARGES_KILL_AT: other charges are then in
+// their provider call, and that one is surely unfinished), starts it again on the same
+// address, and returns every sender's outcome by key. front, when not nil, puts a
+// front end before the server.
 func overlapWithKill(t *testing.T, account string, send sender, front func(*testing.T, string) string) (*stack, map[string][]outcome) {
 	s := &stack{db: direct(t)}
 	s.provider = run(t, nil, "provider", "-addr", "127.0.0.1:0", "-latency", "300ms")
 	addr := freeAddr(t)
 	lease := "-lease=" + recipeLease.String()
-	s.server = s.serve(t, nil, "-addr", addr, lease)
+	s.server = s.serve(t, []string{"CHARGES_KILL_AT=" + chargeflow.PhaseFinalize + "/before-commit"}, "-addr", addr, lease)
 	base := s.server.url
 	if front != nil {
 		base = front(t, base)
@@ -255,7 +258,14 @@ func overlapWithKill(t *testing.T, account string, send sender, front func(*test
 	got := make(map[string][]outcome, recipeKeys)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	// Keys start 25 ms apart (a schedule, not synchronisation): the first ones are in
+	// flight when the server dies, later ones meet it down or restarted.
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
 	for i := range recipeKeys {
+		if i > 0 {
+			<-tick.C
+		}
 		key := fmt.Sprintf("recipe-%02d", i)
 		for range 2 {
 			wg.Go(func() {
@@ -266,9 +276,12 @@ func overlapWithKill(t *testing.T, account string, send sender, front func(*test
 			})
 		}
 	}
-	eventually(t, "the provider to hold calls", func() bool { return s.stats(t).Requests >= recipeKeys/4 })
-	s.server.signal(syscall.SIGKILL)
-	s.server.exitCode()
+	select {
+	case <-s.server.done:
+		require.Equal(t, -1, s.server.exitCode(), "the server was killed by a signal")
+	case <-ctx.Done():
+		t.Fatal("the server never reached its kill point")
+	}
 	s.server = s.serve(t, nil, "-addr", addr, lease)
 	wg.Wait()
 	taken := s.count(t, `SELECT count(*) FROM idemflow_keys WHERE scope = $1 AND lock_version > 1`, account)
