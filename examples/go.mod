@@ -2,7 +2,11 @@ module github.com/idemflow/idemflow/examples
 
 go 1.26.0
 
-require github.com/idemflow/idemflow v0.0.0
+require (
+	github.com/hashicorp/go-retryablehttp v0.7.8
+	github.com/idemflow/idemflow v0.0.0
+	github.com/stripe/stripe-go/v82 v82.5.1
+)
 
 require (
 	github.com/dunglas/httpsfv v1.1.2 // indirect
@@ -31,6 +35,7 @@ require (
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

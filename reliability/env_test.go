@@ -97,6 +97,8 @@ type poolOpts struct {
 	params map[string]string
 	// connectTimeout defaults to 5s.
 	connectTimeout time.Duration
+	// deadlines, if set, records the deadline of every wait on the pool.
+	deadlines *deadlines
 }
 
 // pool opens an engine pool on the env's schema, tagged with env.appName so that
@@ -115,6 +117,9 @@ func (e *env) pool(o poolOpts) *pgxpool.Pool {
 	cfg.ConnConfig.RuntimeParams["application_name"] = e.appName
 	for k, v := range o.params {
 		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	if o.deadlines != nil {
+		cfg.ConnConfig.Tracer = o.deadlines
 	}
 	if o.via != nil {
 		host, port, err := net.SplitHostPort(o.via.Addr())

@@ -79,6 +79,10 @@ type orderRequest struct {
 	// SlowMillis makes the reserve phase sleep that long in SQL on the key's first
 	// attempt (to make a statement timeout fire).
 	SlowMillis int `json:"slow_ms,omitempty"`
+	// TimeoutMillis, with SlowMillis, is the statement_timeout the reserve phase sets
+	// for its own transaction (SET LOCAL) before it sleeps: the timeout fires there and
+	// nowhere else, however slow the machine makes the engine's other statements.
+	TimeoutMillis int `json:"statement_timeout_ms,omitempty"`
 }
 
 // orderAnswer is the two-call flow's 201 body.
@@ -159,6 +163,11 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 				return nil, err
 			}
 			if r.SlowMillis > 0 && run.Attempt() == 1 {
+				if r.TimeoutMillis > 0 {
+					if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.Itoa(r.TimeoutMillis)); err != nil {
+						return nil, err
+					}
+				}
 				if _, err := tx.Exec(ctx, `SELECT pg_sleep($1::float8 / 1000)`, r.SlowMillis); err != nil {
 					return nil, err
 				}

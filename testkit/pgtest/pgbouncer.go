@@ -181,6 +181,20 @@ func (p *Pgbouncer) Stop() error {
 	return p.stopErr
 }
 
+// Kill ends pgbouncer at once (SIGKILL) and removes its directory: every client
+// connection is cut, in the middle of a transaction too, as when a pooler crashes or
+// its host restarts. Stop, by contrast, is pgbouncer's safe shutdown (SIGINT: it first
+// waits for every transaction in progress to end, however long that takes). Kill and
+// Stop share one result: a later call of either returns the first call's.
+func (p *Pgbouncer) Kill() error {
+	p.stopOnce.Do(func() {
+		_ = p.proc.cmd.Process.Kill()
+		<-p.proc.exited
+		p.stopErr = p.proc.stop() // the process is gone: closes its log, removes its directory
+	})
+	return p.stopErr
+}
+
 // sharedPgbouncer is the process-wide pooler behind NewPooled, in front of the shared
 // server; Main stops it.
 var sharedPgbouncer struct {
