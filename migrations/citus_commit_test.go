@@ -110,6 +110,9 @@ func commitCrashedOnWorker(t *testing.T, c *pgtest.Citus, mode coordinatorTable)
 	// ignores interrupts while it waits for a worker's one-phase COMMIT.)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	require.Error(t, <-committed, "the coordinator crashed at commit")
+	// A session that answers right after the kill may predate the postmaster's reset,
+	// which then ends it: reconnect only once the reset has ended the old session.
+	waitEnded(t, ctx, coord)
 	coord = reconnect(t, ctx, c.Coordinator.URL)
 	holdCommits(t, ctx, worker, false)
 	waitFor(t, ctx, worker, `SELECT count(*) = 0 FROM pg_stat_activity WHERE wait_event = 'SyncRep'`)
@@ -218,6 +221,23 @@ func waitFor(t *testing.T, ctx context.Context, conn *pgx.Conn, query string) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("never true: %s", query)
+		case <-time.After(10 * time.Millisecond): // the next look; not a synchronisation
+		}
+	}
+}
+
+// waitEnded waits until conn's session has been ended by its server, failing t when
+// ctx ends first.
+func waitEnded(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	t.Helper()
+	for {
+		if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
+			require.NoError(t, ctx.Err(), "the coordinator never ended its sessions")
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the coordinator never ended its sessions")
 		case <-time.After(10 * time.Millisecond): // the next look; not a synchronisation
 		}
 	}
