@@ -180,6 +180,12 @@ func demo(ctx context.Context, args []string, out io.Writer) error {
 	d.check("retry after the outage", "201, 1 charge, 1 payment", fmt.Sprintf("%s, %d charge, %d payment", up, rows, payments),
 		err == nil && up.status == 201 && rows == 1 && payments == 1)
 	d.say("   -> %s %s", up, up.body)
+	if id := paymentID(up.body); id != "" && id == paymentID(first.body) {
+		d.say("   (%s again, as in step 1, is not a second charge of demo-1: the fake provider keeps", id)
+		d.say("   its payments in memory, so the restarted one numbers from pay_000001 again. It is")
+		d.say("   the first payment of the new provider process, made once for demo-4 under the")
+		d.say("   derived key; a real provider's ids are unique and it dedupes across restarts.)")
+	}
 
 	if *distributed {
 		d.checkColocated(ctx)
@@ -446,6 +452,17 @@ func describe(r reply, err error) string {
 		return err.Error()
 	}
 	return r.String()
+}
+
+// paymentID is the provider_payment_id of a charge's body, or "".
+func paymentID(body []byte) string {
+	var c struct {
+		ID *string `json:"provider_payment_id"`
+	}
+	if json.Unmarshal(body, &c) != nil || c.ID == nil {
+		return ""
+	}
+	return *c.ID
 }
 
 func providerPayments(ctx context.Context, base string) (int, error) {
