@@ -1,6 +1,7 @@
 package phases_test
 
 import (
+	"errors"
 	"net/http"
 	"testing"
 
@@ -37,6 +38,13 @@ func TestProblem(t *testing.T) {
 		require.JSONEq(t, `{"status":409,"title":"already captured","type":"about:blank"}`, string(term.Response.Body))
 	})
 
+	t.Run("DocSnippet", func(t *testing.T) {
+		_, err := invalidRequest(errors.New("amount must be positive"))
+		var term *phases.TerminalError
+		require.ErrorAs(t, err, &term)
+		require.JSONEq(t, `{"type":"about:blank","title":"invalid request","status":400,"detail":"amount must be positive"}`, string(term.Response.Body))
+	})
+
 	t.Run("BadExtra", func(t *testing.T) {
 		for name, extra := range map[string]map[string]any{
 			"StandardMember": {"status": 200},
@@ -50,4 +58,9 @@ func TestProblem(t *testing.T) {
 			require.NotErrorAs(t, err, &term, "%s: transient, nothing stored", name)
 		}
 	})
+}
+
+// invalidRequest is the snippet of phases/doc.go.
+func invalidRequest(err error) (*phases.Response, error) {
+	return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 }
