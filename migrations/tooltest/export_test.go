@@ -139,3 +139,29 @@ func TestUpReportsAdoption(t *testing.T) {
 	require.Equal(t, len(all), st.Version)
 	require.False(t, st.Adoptable())
 }
+
+// TestExportedFilesByTernsCommand: tern's own command-line program (the go.mod's tool,
+// at the version this module pins) migrates a schema from the files
+// `idemflow migrations export -format tern` wrote, and idemflow's CLI adopts it.
+// goose's and golang-migrate's programs are not run here: goose's compiles in every
+// database driver it supports, and golang-migrate's needs build tags to have any; their
+// libraries read the exported directory in TestExportedFilesByTheCLI.
+func TestExportedFilesByTernsCommand(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	ref := pgtest.New(t)
+	dir := filepath.Join(t.TempDir(), "migrations")
+	runCLI(t, "migrations", "export", "-format", "tern", dir)
+
+	db := pgtest.NewEmpty(t)
+	// The connection string's search_path puts tern's version table in the test's schema.
+	tern := exec.Command("go", "tool", "tern", "migrate", "--conn-string", db.URL, "--migrations", dir, "--version-table", "schema_version")
+	out, err := tern.CombinedOutput()
+	require.NoError(t, err, "tern migrate: %s", out)
+	require.Equal(t, objects(t, ref.Pool), objects(t, db.Pool), "tern makes from the files what Migrate makes")
+
+	status := idemflowMigrate(t, db, "status")
+	require.Contains(t, status, fmt.Sprintf("tern's schema_version records version %d\n", len(all)))
+	require.Contains(t, idemflowMigrate(t, db, "up"), fmt.Sprintf("adopted the schema from tern's schema_version at version %d", len(all)))
+}
