@@ -140,28 +140,63 @@ func TestUpReportsAdoption(t *testing.T) {
 	require.False(t, st.Adoptable())
 }
 
-// TestExportedFilesByTernsCommand: tern's own command-line program (the go.mod's tool,
-// at the version this module pins) migrates a schema from the files
-// `idemflow migrations export -format tern` wrote, and idemflow's CLI adopts it.
-// goose's and golang-migrate's programs are not run here: goose's compiles in every
-// database driver it supports, and golang-migrate's needs build tags to have any; their
-// libraries read the exported directory in TestExportedFilesByTheCLI.
-func TestExportedFilesByTernsCommand(t *testing.T) {
+// gooseTags leave out of goose's command every database driver but PostgreSQL's.
+const gooseTags = "no_clickhouse no_libsql no_mssql no_mysql no_sqlite3 no_vertica no_ydb"
+
+// pinned is the version of module mod this module requires.
+func pinned(t *testing.T, mod string) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", mod).Output()
+	require.NoError(t, err, "go list -m %s", mod)
+	return strings.TrimSpace(string(out))
+}
+
+// command is a migration tool's own command-line program, at the version of the library
+// this module pins, that migrates the schema of connection URL dbURL up from dir.
+func command(t *testing.T, tool migrations.Tool, dbURL, dir string) *exec.Cmd {
+	t.Helper()
+	switch tool {
+	case migrations.Tern:
+		// The go.mod's tool directive.
+		return exec.Command("go", "tool", "tern", "migrate", "--conn-string", dbURL, "--migrations", dir, "--version-table", "schema_version")
+	case migrations.Goose:
+		return exec.Command("go", "run", "-tags", gooseTags,
+			"github.com/pressly/goose/v3/cmd/goose@"+pinned(t, "github.com/pressly/goose/v3"), "-dir", dir, "postgres", dbURL, "up")
+	case migrations.GolangMigrate:
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.Scheme = "pgx5"
+		return exec.Command("go", "run", "-tags", "pgx5",
+			"github.com/golang-migrate/migrate/v4/cmd/migrate@"+pinned(t, "github.com/golang-migrate/migrate/v4"), "-path", dir, "-database", u.String(), "up")
+	}
+	t.Fatalf("no command for %s", tool)
+	return nil
+}
+
+// TestExportedFilesByTheToolsCommands: each tool's own command-line program (tern's as
+// the go.mod's tool; goose's and golang-migrate's by go run at the pinned version, with
+// only their PostgreSQL drivers) migrates a schema from the files
+// `idemflow migrations export` wrote, and idemflow's CLI names and adopts its record.
+// The connection string's search_path puts each tool's version table in the schema.
+func TestExportedFilesByTheToolsCommands(t *testing.T) {
 	t.Parallel()
 	all, err := migrations.All()
 	require.NoError(t, err)
-	ref := pgtest.New(t)
-	dir := filepath.Join(t.TempDir(), "migrations")
-	runCLI(t, "migrations", "export", "-format", "tern", dir)
+	want := objects(t, pgtest.New(t).Pool)
+	for _, tl := range tools() {
+		t.Run(string(tl.name), func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "migrations")
+			runCLI(t, "migrations", "export", "-format", string(tl.name), dir)
+			db := pgtest.NewEmpty(t)
+			out, err := command(t, tl.name, db.URL, dir).CombinedOutput()
+			require.NoError(t, err, "%s: %s", tl.name, out)
+			require.Equal(t, want, objects(t, db.Pool), "%s's command makes from the files what Migrate makes", tl.name)
 
-	db := pgtest.NewEmpty(t)
-	// The connection string's search_path puts tern's version table in the test's schema.
-	tern := exec.Command("go", "tool", "tern", "migrate", "--conn-string", db.URL, "--migrations", dir, "--version-table", "schema_version")
-	out, err := tern.CombinedOutput()
-	require.NoError(t, err, "tern migrate: %s", out)
-	require.Equal(t, objects(t, ref.Pool), objects(t, db.Pool), "tern makes from the files what Migrate makes")
-
-	status := idemflowMigrate(t, db, "status")
-	require.Contains(t, status, fmt.Sprintf("tern's schema_version records version %d\n", len(all)))
-	require.Contains(t, idemflowMigrate(t, db, "up"), fmt.Sprintf("adopted the schema from tern's schema_version at version %d", len(all)))
+			status := idemflowMigrate(t, db, "status")
+			require.Contains(t, status, fmt.Sprintf("%s's %s records version %d\n", tl.name, tl.table, len(all)))
+			require.Contains(t, idemflowMigrate(t, db, "up"),
+				fmt.Sprintf("adopted the schema from %s's %s at version %d", tl.name, tl.table, len(all)))
+		})
+	}
 }
