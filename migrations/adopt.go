@@ -33,50 +33,65 @@ var toolTables = []toolTable{
 		`SELECT coalesce(max(version), 0), false FROM %s`, ""},
 }
 
-// adopt runs when m's version table records nothing. It returns 0 when the schema has
-// no key table (nothing to adopt). When it has one, it finds the migration tool that
-// made it and records the versions the tool applied, returning the highest. A tool's
-// version above the newest migration is refused, like anything else it cannot trust,
-// with ErrUnknownState.
-func (m *Migrator) adopt(ctx context.Context, tx pgx.Tx, all []Migration) (int, error) {
+// adopt runs when m's version table records nothing. It returns nil when the schema
+// has no key table (nothing to adopt). When it has one, it finds the migration tool
+// that made it and records the versions the tool applied, returning what it adopted.
+// A tool's version above the newest migration is refused, like anything else it cannot
+// trust, with ErrUnknownState.
+func (m *Migrator) adopt(ctx context.Context, tx pgx.Tx, all []Migration) (*Adoption, error) {
 	keys, err := m.exists(ctx, tx, "idemflow_keys")
 	if err != nil {
-		return 0, fmt.Errorf("migrations: find key table: %w", err)
+		return nil, fmt.Errorf("migrations: find key table: %w", err)
 	}
 	if !keys {
-		return 0, nil
+		return nil, nil
 	}
+	v, tt, err := m.adoptable(ctx, tx, all)
+	if err != nil {
+		return nil, err
+	}
+	for _, mig := range all[:v] {
+		if err := m.record(ctx, tx, mig); err != nil {
+			return nil, err
+		}
+	}
+	return &Adoption{Tool: tt.tool, Table: tt.table, Version: v}, nil
+}
+
+// adoptable finds, in a schema that has the key table and no version of its own, the
+// one migration tool whose record Migrate may adopt, and the version it records.
+func (m *Migrator) adoptable(ctx context.Context, tx pgx.Tx, all []Migration) (int, toolTable, error) {
 	where := "the current schema"
 	if m.schema != "" {
 		where = "schema " + pgx.Identifier{m.schema}.Sanitize()
 	}
 	var found []string
-	version, from := 0, Tool("")
+	version, from, chosen := 0, Tool(""), toolTable{}
 	for _, tt := range toolTables {
 		v, dirty, ok, err := m.readTool(ctx, tx, tt)
 		if err != nil {
-			return 0, err
+			return 0, toolTable{}, err
 		}
 		if !ok {
 			continue
 		}
 		found = append(found, fmt.Sprintf("%s's %s at version %d", tt.tool, tt.table, v))
 		if dirty {
-			return 0, fmt.Errorf("%w: %s has idemflow_keys and %s's %s at version %d, which %s, then call Migrate again; nothing was changed",
+			return 0, toolTable{}, fmt.Errorf("%w: %s has idemflow_keys and %s's %s at version %d, which %s, then call Migrate again; nothing was changed",
 				ErrUnknownState, where, tt.tool, tt.table, v, tt.fix)
 		}
 		if from != "" && v != version {
-			return 0, fmt.Errorf("%w: %s has idemflow_keys and two tools' version tables that disagree (%s); drop the one that is stale, then call Migrate again; nothing was changed",
+			return 0, toolTable{}, fmt.Errorf("%w: %s has idemflow_keys and two tools' version tables that disagree (%s); drop the one that is stale, then call Migrate again; nothing was changed",
 				ErrUnknownState, where, strings.Join(found, ", "))
 		}
-		version, from = v, tt.tool
+		version, from, chosen = v, tt.tool, tt
 	}
 	if from == "" || version < 1 {
 		detail := "no migration tool's version table (golang-migrate's schema_migrations, goose's goose_db_version, tern's schema_version)"
 		if from != "" {
 			detail = strings.Join(found, ", ")
 		}
-		return 0, fmt.Errorf("%w: %s has idemflow_keys but %s records no version and it has %s. "+
+		return 0, toolTable{}, fmt.Errorf("%w: %s has idemflow_keys but %s records no version and it has %s. "+
 			"If these migrations made it, call Baseline with the version it is at (%d if it is at the newest) "+
 			"to record it; if it is not idemflow's table, move it out of the way. Then call Migrate again; nothing was changed",
 			ErrUnknownState, where, m.table, detail, len(all))
@@ -85,17 +100,12 @@ func (m *Migrator) adopt(ctx context.Context, tx pgx.Tx, all []Migration) (int, 
 		// A tool's table can also hold the application's own migrations (a timestamp
 		// version, say), so a version above what idemflow has ever shipped says nothing
 		// about the key table: adopting it would skip idemflow's migrations for good.
-		return 0, fmt.Errorf("%w: %s has idemflow_keys and %s, above the newest idemflow migration (%d): "+
+		return 0, toolTable{}, fmt.Errorf("%w: %s has idemflow_keys and %s, above the newest idemflow migration (%d): "+
 			"that table records other migrations too, or a newer idemflow made it. Call Baseline with the "+
 			"version the key table is at, then call Migrate again; nothing was changed",
 			ErrUnknownState, where, strings.Join(found, ", "), len(all))
 	}
-	for _, mig := range all[:version] {
-		if err := m.record(ctx, tx, mig); err != nil {
-			return 0, err
-		}
-	}
-	return version, nil
+	return version, chosen, nil
 }
 
 // readTool reads tt's version table in m's schema: ok is false when there is no table

@@ -168,9 +168,16 @@ func Version(ctx context.Context, db Beginner) (int, error) { return currentSche
 // Otherwise it refuses with an error wrapping ErrUnknownState that says what to do, and
 // changes nothing.
 func (m *Migrator) Migrate(ctx context.Context, db Beginner) error {
+	_, err := m.Up(ctx, db)
+	return err
+}
+
+// Up is Migrate, and reports what it did: the adoption of a tool's record, if any, and
+// the migrations it applied.
+func (m *Migrator) Up(ctx context.Context, db Beginner) (*Report, error) {
 	all, err := All()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return m.apply(ctx, db, all, len(all))
 }
@@ -186,7 +193,8 @@ func (m *Migrator) MigrateTo(ctx context.Context, db Beginner, version int) erro
 	if version < 0 || version > len(all) {
 		return fmt.Errorf("migrations: unknown version %d (known: 0..%d)", version, len(all))
 	}
-	return m.apply(ctx, db, all, version)
+	_, err = m.apply(ctx, db, all, version)
+	return err
 }
 
 // Version reports the highest version recorded in m's schema, or 0 when none is.
@@ -243,48 +251,55 @@ func (m *Migrator) begin(ctx context.Context, db Beginner) (_ pgx.Tx, cur int, e
 	return tx, cur, nil
 }
 
-func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, target int) error {
+func (m *Migrator) apply(ctx context.Context, db Beginner, all []Migration, target int) (*Report, error) {
 	tx, cur, err := m.begin(ctx, db)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	rep := &Report{}
 	if cur == 0 {
-		if cur, err = m.adopt(ctx, tx, all); err != nil {
-			return err
+		if rep.Adopted, err = m.adopt(ctx, tx, all); err != nil {
+			return nil, err
+		}
+		if rep.Adopted != nil {
+			cur = rep.Adopted.Version
 		}
 	}
+	rep.From, rep.To = cur, cur
 	if cur > len(all) && target == len(all) {
-		return nil // a newer build migrated this schema; nothing of ours to do
+		return rep, nil // a newer build migrated this schema; nothing of ours to do
 	}
 	if err := onCitusSequential(ctx, tx); err != nil {
-		return err
+		return nil, err
 	}
 	for v := cur + 1; v <= target; v++ {
 		mig := all[v-1]
 		if err := run(ctx, tx, mig.Up); err != nil {
-			return fmt.Errorf("migrations: apply %03d_%s: %w", mig.Version, mig.Name, err)
+			return nil, fmt.Errorf("migrations: apply %03d_%s: %w", mig.Version, mig.Name, err)
 		}
 		if err := m.record(ctx, tx, mig); err != nil {
-			return err
+			return nil, err
 		}
+		rep.Applied, rep.To = append(rep.Applied, mig), v
 	}
 	for v := cur; v > target; v-- {
 		if v > len(all) {
-			return fmt.Errorf("migrations: database is at version %d, newer than this build (%d)", cur, len(all))
+			return nil, fmt.Errorf("migrations: database is at version %d, newer than this build (%d)", cur, len(all))
 		}
 		mig := all[v-1]
 		if err := run(ctx, tx, mig.Down); err != nil {
-			return fmt.Errorf("migrations: revert %03d_%s: %w", mig.Version, mig.Name, err)
+			return nil, fmt.Errorf("migrations: revert %03d_%s: %w", mig.Version, mig.Name, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+m.table+` WHERE version = $1`, simple, mig.Version); err != nil {
-			return fmt.Errorf("migrations: unrecord %03d: %w", mig.Version, err)
+			return nil, fmt.Errorf("migrations: unrecord %03d: %w", mig.Version, err)
 		}
+		rep.To = v - 1
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("migrations: commit: %w", err)
+		return nil, fmt.Errorf("migrations: commit: %w", err)
 	}
-	return nil
+	return rep, nil
 }
 
 // lock takes the schema's migration lock for tx and, for a named schema, creates it if

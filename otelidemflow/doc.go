@@ -44,10 +44,16 @@
 //     parked, given_back, redriven, operator_released, purged, claimed, finished,
 //     replayed, in_progress, mismatch.
 //   - idemflow.keys (gauge): unfinished keys by idemflow.key.status: in_progress
-//     (stuck ones included), stuck, dead. It is read by one indexed query per
-//     collection (ObserveKeys), never per request.
+//     (not stuck), stuck, dead; the statuses do not overlap, and each flow reads 0
+//     when it has none.
+//   - idemflow.keys.oldest_due (gauge, seconds): how long the longest-waiting stuck
+//     key has been due for a sweeper; 0 when none is stuck.
 //
-// docs/OPERATIONS.md says what to alert on.
+// The gauges are read by one indexed query per collection (ObserveKeys), never per
+// request.
+//
+// docs/OPERATIONS.md says what to alert on; deploy/ holds Prometheus alerting rules
+// and a Grafana dashboard for these metrics.
 //
 // This package imports idemflow's workflow package.
 package otelidemflow

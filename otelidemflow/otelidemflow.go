@@ -70,6 +70,7 @@ type Observer struct {
 	phaseDuration   metric.Float64Histogram
 	keyEvents       metric.Int64Counter
 	keys            metric.Int64ObservableGauge
+	oldestDue       metric.Float64ObservableGauge
 }
 
 // New returns an Observer, with its instruments made on cfg.MeterProvider.
@@ -105,7 +106,10 @@ func New(cfg *Config) (*Observer, error) {
 		metric.WithDescription("Lifecycle events of idempotency keys: takeovers, dead letters, releases, ..."))
 	errs = append(errs, err)
 	o.keys, err = o.meter.Int64ObservableGauge("idemflow.keys", metric.WithUnit("{key}"),
-		metric.WithDescription("Unfinished idempotency keys by flow and status (in_progress includes stuck)."))
+		metric.WithDescription("Unfinished idempotency keys by flow and status: in_progress (not stuck), stuck (due for a sweeper), dead (dead-lettered)."))
+	errs = append(errs, err)
+	o.oldestDue, err = o.meter.Float64ObservableGauge("idemflow.keys.oldest_due", metric.WithUnit("s"),
+		metric.WithDescription("How long the stuck key that has waited longest has been due for a sweeper; 0 when none is stuck."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -299,15 +303,31 @@ func (o *Observer) origin(ctx context.Context) string {
 }
 
 // Gauger is what ObserveKeys reads the gauges from; *workflow.Engine satisfies it.
+// A Gauger that also has a method Flows() []string (as *workflow.Engine has) has a
+// series for each of those flows from the first collection, at 0 when it has no
+// unfinished keys.
 type Gauger interface {
 	GaugeKeys(ctx context.Context) ([]workflow.KeyGauge, error)
 }
 
-// ObserveKeys reports the gauge idemflow.keys of engine at every collection of the
-// meter provider's readers: one indexed query (workflow.Engine.GaugeKeys) per
-// collection, whatever the traffic. A flow seen once is reported (as 0) after its
-// keys are gone, so that its series drop to zero rather than vanish. Unregister the
-// returned registration to stop.
+// flowLister is the optional part of a Gauger: the flows it runs.
+type flowLister interface{ Flows() []string }
+
+// ObserveKeys reports the gauges of engine at every collection of the meter provider's
+// readers, from one indexed query (workflow.Engine.GaugeKeys) per collection, whatever
+// the traffic:
+//
+//   - idemflow.keys: unfinished keys by flow and status. The statuses do not overlap:
+//     in_progress counts keys in progress that are not stuck, stuck those a sweeper
+//     would take now, dead those dead-lettered; their sum is every unfinished key. They
+//     are counted as the admin API's CountKeys (and the CLI's stats) counts them.
+//   - idemflow.keys.oldest_due: by flow, how long the stuck key that has waited
+//     longest has been due for a sweeper, in seconds by the database clock; 0 when
+//     none is stuck. It grows without bound when no sweeper runs or it cannot keep up.
+//
+// Every flow engine runs (see Gauger) and every flow seen since has its series, at 0
+// when it has no unfinished keys, so that a series reads 0 rather than vanishing.
+// Unregister the returned registration to stop.
 func (o *Observer) ObserveKeys(engine Gauger) (metric.Registration, error) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
@@ -320,17 +340,32 @@ func (o *Observer) ObserveKeys(engine Gauger) (metric.Registration, error) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		if fl, ok := engine.(flowLister); ok {
+			for _, f := range fl.Flows() {
+				seen[f] = true
+			}
+		}
 		now := map[string]workflow.KeyGauge{}
 		for _, g := range gauges {
 			now[g.Flow] = g
 			seen[g.Flow] = true
 		}
 		for flow := range seen {
-			g := now[flow]
-			for status, n := range map[workflow.KeyStatus]int64{workflow.KeysInProgress: g.InProgress, workflow.KeysStuck: g.Stuck, workflow.KeysDead: g.Dead} {
-				obs.ObserveInt64(o.keys, n, metric.WithAttributes(FlowKey.String(flow), KeyStatusKey.String(string(status))))
-			}
+			o.observeFlow(obs, flow, now[flow])
 		}
 		return nil
-	}, o.keys)
+	}, o.keys, o.oldestDue)
+}
+
+// observeFlow reports one flow's gauges.
+func (o *Observer) observeFlow(obs metric.Observer, flow string, g workflow.KeyGauge) {
+	byStatus := map[workflow.KeyStatus]int64{
+		workflow.KeysInProgress: g.InProgress - g.Stuck,
+		workflow.KeysStuck:      g.Stuck,
+		workflow.KeysDead:       g.Dead,
+	}
+	for status, n := range byStatus {
+		obs.ObserveInt64(o.keys, n, metric.WithAttributes(FlowKey.String(flow), KeyStatusKey.String(string(status))))
+	}
+	obs.ObserveFloat64(o.oldestDue, g.OldestDue.Seconds(), metric.WithAttributes(FlowKey.String(flow)))
 }

@@ -33,11 +33,16 @@
 //   - (nil, nil): the phase succeeded; the engine moves on to the next phase.
 //   - (resp, nil) with a status below 500: the key is finished with resp, committed in
 //     the same transaction as a tx phase's writes.
-//   - an error made by Fail: the key is finished with that response; a tx phase's writes
-//     are rolled back.
+//   - an error made by Fail (or FailProblem): the key is finished with that response; a
+//     tx phase's writes are rolled back.
 //   - any other error, a panic or a response of 5xx: transient. Nothing is stored, the
 //     key is released with its recovery point kept, and the work resumes from there on
 //     the next attempt. RetryAfter suggests when.
+//
+// JSON and Problem (application/problem+json, RFC 9457) make answers in one call; a
+// failure answered as problem details is one call too:
+//
+//	return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 //
 // The package example compiles this flow.
 //

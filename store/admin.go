@@ -87,7 +87,9 @@ ORDER BY 1, 2`
 	a.gauges = `SELECT flow,
 	count(*) FILTER (WHERE status = 'in_progress'),
 	count(*) FILTER (WHERE ` + stuckCond + `),
-	count(*) FILTER (WHERE status = 'dead')
+	count(*) FILTER (WHERE status = 'dead'),
+	floor(extract(epoch FROM statement_timestamp()
+		- min(greatest(next_attempt_at, locked_until)) FILTER (WHERE ` + stuckCond + `)) * 1000)::bigint
 FROM (
 	SELECT flow, status, next_attempt_at, locked_until FROM idemflow_keys WHERE status = 'in_progress'
 	UNION ALL
@@ -272,10 +274,14 @@ func (s *Store) Counts(ctx context.Context, db DBTX) ([]Count, error) {
 }
 
 // Gauge is how many unfinished keys a flow has: in progress (stuck ones included),
-// stuck, and dead-lettered.
+// stuck, and dead-lettered; and how long its longest-waiting stuck key has been due.
 type Gauge struct {
 	Flow                    string
 	InProgress, Stuck, Dead int64
+	// OldestDue is how long ago, by the database clock, the stuck key that has waited
+	// longest became due (its next attempt time or its lease's end, the later); 0
+	// when none is stuck.
+	OldestDue time.Duration
 }
 
 // Gauges counts unfinished keys by flow, in one statement that reads only the partial
@@ -288,7 +294,11 @@ func (s *Store) Gauges(ctx context.Context, db DBTX) ([]Gauge, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gauge, error) {
 		var g Gauge
-		err := r.Scan(&g.Flow, &g.InProgress, &g.Stuck, &g.Dead)
+		var ms *int64 // NULL when none is stuck
+		err := r.Scan(&g.Flow, &g.InProgress, &g.Stuck, &g.Dead, &ms)
+		if ms != nil {
+			g.OldestDue = time.Duration(*ms) * time.Millisecond
+		}
 		return g, err
 	})
 	if err != nil {

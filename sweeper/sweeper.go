@@ -404,12 +404,7 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*w
 					continue
 				}
 				res, err := s.engine.Run(ctx, t, &workflow.RunOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
-				if res.Outcome == workflow.OutcomeDeadLettered {
-					s.cfg.Logger.WarnContext(ctx, "sweeper: key dead-lettered",
-						slog.Group("key", slog.String("scope", t.Scope), slog.String("key", t.Key), slog.String("id", t.ID)),
-						slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint),
-						slog.Int("attempts", t.Attempts), slog.Any("err", res.Err))
-				}
+				s.logFate(ctx, t, res)
 				mu.Lock()
 				st.add(res.Outcome)
 				if err != nil {
@@ -421,6 +416,31 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*w
 	}
 	wg.Wait()
 	return errs
+}
+
+// logFate logs a key the sweeper finished, parked or dead-lettered: its id, scope,
+// client key, flow and the recovery point it was resumed from, never its body or
+// response. A dead-lettered key is a warning with its last error.
+func (s *Sweeper) logFate(ctx context.Context, t *workflow.Taken, res workflow.RunResult) {
+	level, msg := slog.LevelInfo, ""
+	switch res.Outcome {
+	case workflow.OutcomeFinished:
+		msg = "sweeper: key finished"
+	case workflow.OutcomeParked:
+		msg = "sweeper: key parked"
+	case workflow.OutcomeDeadLettered:
+		level, msg = slog.LevelWarn, "sweeper: key dead-lettered"
+	default:
+		return
+	}
+	attrs := []slog.Attr{
+		slog.Group("key", slog.String("id", t.ID), slog.String("scope", t.Scope), slog.String("key", t.Key)),
+		slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint), slog.Int("attempts", t.Attempts),
+	}
+	if res.Outcome == workflow.OutcomeDeadLettered {
+		attrs = append(attrs, slog.Any("err", res.Err))
+	}
+	s.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // cleanup deletes expired keys of one kind (what's name) with expire in batches until

@@ -144,6 +144,11 @@ type KeyGauge struct {
 	Stuck int64
 	// Dead counts dead-lettered keys.
 	Dead int64
+	// OldestDue is how long the stuck key that has waited longest has been due for a
+	// sweeper (since its next attempt time or its lease's end, the later), by the
+	// database clock; 0 when none is stuck. A sweeper that keeps up holds it near
+	// its grace period and pass interval.
+	OldestDue time.Duration
 }
 
 // cursor is what a KeyPage.Next holds.
@@ -452,7 +457,7 @@ func (e *Engine) GaugeKeys(ctx context.Context) ([]KeyGauge, error) {
 	}
 	out := make([]KeyGauge, len(rows))
 	for i, r := range rows {
-		out[i] = KeyGauge{Flow: r.Flow, InProgress: r.InProgress, Stuck: r.Stuck, Dead: r.Dead}
+		out[i] = KeyGauge{Flow: r.Flow, InProgress: r.InProgress, Stuck: r.Stuck, Dead: r.Dead, OldestDue: r.OldestDue}
 	}
 	return out, nil
 }

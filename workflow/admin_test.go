@@ -366,6 +366,9 @@ func TestCountAndGaugeKeys(t *testing.T) {
 	}, counts)
 	gauges, err := b.engine.GaugeKeys(ctx)
 	require.NoError(t, err)
+	require.Len(t, gauges, 1)
+	require.Positive(t, gauges[0].OldestDue, "the stuck key has been due a while")
+	gauges[0].OldestDue = 0
 	require.Equal(t, []workflow.KeyGauge{{Flow: testflow.Name, InProgress: 2, Stuck: 1, Dead: 1}}, gauges)
 }
 

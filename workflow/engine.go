@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/textproto"
 	"slices"
 	"strings"
@@ -252,6 +253,13 @@ func (e *Engine) Flow(name string) (phases.Flow, bool) {
 	f, ok := e.flow(name)
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
 	return f, ok
+}
+
+// Flows returns the names of the registered flows, sorted.
+func (e *Engine) Flows() []string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return slices.Sorted(maps.Keys(e.flows))
 }
 
 func (e *Engine) flow(name string) (phases.Flow, bool) {

@@ -1,6 +1,7 @@
 // Command idemflow is the operator's tool for idemflow's key table: list keys by
 // status, inspect one with its history, re-drive a dead-lettered key, release a stuck
-// key's lease, purge a finished key, count keys, and migrate the schema.
+// key's lease, purge a finished key, count keys, migrate the schema, and export the
+// migrations as a migration tool's files.
 //
 //	idemflow -database-url URL [-schema S] keys list [-status in_progress|stuck|dead|finished] [-flow F] [-scope S] [-older-than D] [-limit N] [-after CURSOR] [-json]
 //	idemflow -database-url URL [-schema S] keys show [-json] SCOPE KEY
@@ -9,6 +10,7 @@
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
+//	idemflow migrations export -format golang-migrate|goose|tern DIR
 //	idemflow -database-url URL [-schema S] ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 //
 // Flags come before positional arguments, at each level. -database-url defaults to
@@ -18,7 +20,15 @@
 // created_at, updated_at and finished_at (null until finished); keys show adds the
 // key's request, lease, response status, origin, failed_phase and history (see
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
-// with flow, status and keys; migrate prints version and latest.
+// with flow, status and keys; migrate prints version and latest, key_table, tools (each
+// migration tool's version table found in the schema: tool, table, version, dirty),
+// and after up, adopted (the tool record it adopted) and applied (the versions run).
+// Without -json, migrate up says what it adopted and applied, then the status: the
+// version idemflow records and what each tool's table records.
+//
+// migrations export writes the migrations as a migration tool's files into DIR
+// (created if need be) for teams that run the tool's own command; it needs no database
+// and overwrites no file.
 //
 // Client text (scopes, keys, bodies, errors, history) is never printed raw: in tables
 // every non-printable rune is escaped as strconv.Quote writes it (\x1b, \u009b, \n)

@@ -7,9 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -45,6 +48,7 @@ commands:
   keys purge [-json] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
+  migrations export -format golang-migrate|goose|tern DIR   (needs no database)
   ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 
 Flags come before positional arguments. -json prints one JSON object per line.
@@ -78,11 +82,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		err = badUsage("%v", err)
 	}
-	if err == nil && *dbURL == "" {
-		err = badUsage("-database-url (or $DATABASE_URL) is required")
-	}
 	if err == nil && fs.NArg() == 0 {
 		err = badUsage("no command")
+	}
+	if err == nil && fs.Arg(0) == "migrations" {
+		return report(stderr, exportMigrations(stdout, fs.Args()[1:]))
+	}
+	if err == nil && *dbURL == "" {
+		err = badUsage("-database-url (or $DATABASE_URL) is required")
 	}
 	if err != nil {
 		return report(stderr, err)
@@ -390,13 +397,11 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	if err := parse(fs, args, 1, "up, down or status"); err != nil {
 		return err
 	}
-	all, err := migrations.All()
-	if err != nil {
-		return err
-	}
+	var rep *migrations.Report
+	var err error
 	switch fs.Arg(0) {
 	case "up":
-		err = c.migrator.Migrate(ctx, c.pool)
+		rep, err = c.migrator.Up(ctx, c.pool)
 	case "down":
 		var v int
 		if v, err = c.migrator.Version(ctx, c.pool); err == nil && v > 0 {
@@ -409,18 +414,69 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	v, err := c.migrator.Version(ctx, c.pool)
+	st, err := c.migrator.Status(ctx, c.pool)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return c.json(map[string]int{"version": v, "latest": len(all)})
+		out := struct {
+			*migrations.Status
+			Adopted *migrations.Adoption `json:"adopted,omitempty"`
+			Applied []int                `json:"applied,omitempty"`
+		}{Status: st}
+		if rep != nil {
+			out.Adopted = rep.Adopted
+			for _, m := range rep.Applied {
+				out.Applied = append(out.Applied, m.Version)
+			}
+		}
+		return c.json(out)
 	}
-	state := "up to date"
-	if v < len(all) {
-		state = fmt.Sprintf("%d pending", len(all)-v)
+	if rep != nil && (rep.Adopted != nil || len(rep.Applied) > 0) {
+		if _, err := io.WriteString(c.out, rep.String()); err != nil {
+			return err
+		}
 	}
-	_, err = fmt.Fprintf(c.out, "schema at version %d of %d (%s)\n", v, len(all), state)
+	_, err = io.WriteString(c.out, st.String())
+	return err
+}
+
+// exportMigrations writes the migrations as a migration tool's files into a directory,
+// which it creates if need be; it overwrites no file.
+func exportMigrations(out io.Writer, args []string) error {
+	if len(args) == 0 || args[0] != "export" {
+		return badUsage("migrations: want export")
+	}
+	fs := flag.NewFlagSet("migrations export", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	format := fs.String("format", "", "golang-migrate, goose or tern")
+	if err := parse(fs, args[1:], 1, "DIR"); err != nil {
+		return err
+	}
+	if !slices.Contains(migrations.Tools(), migrations.Tool(*format)) {
+		return badUsage("migrations export: -format %q: want one of %v", *format, migrations.Tools())
+	}
+	files, err := migrations.ToolFS(migrations.Tool(*format))
+	if err != nil {
+		return err
+	}
+	names, err := iofs.Glob(files, "*")
+	if err != nil {
+		return err
+	}
+	dir := fs.Arg(0)
+	for _, n := range names {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+			return fmt.Errorf("migrations export: %s already exists; nothing was written (export into an empty directory)", filepath.Join(dir, n))
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("migrations export: %w", err)
+	}
+	if err := os.CopyFS(dir, files); err != nil {
+		return fmt.Errorf("migrations export: %w", err)
+	}
+	_, err = fmt.Fprintf(out, "wrote %d %s files to %s: %s\n", len(names), *format, dir, strings.Join(names, ", "))
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
@@ -324,11 +326,61 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
 	b := &bundle{db: db}
-	require.Equal(t, "schema at version 0 of 3 (3 pending)\n", b.cli(t, "migrate", "status").ok(t).stdout)
-	require.Equal(t, "schema at version 3 of 3 (up to date)\n", b.cli(t, "migrate", "up").ok(t).stdout)
-	require.Equal(t, []map[string]any{{"version": 2.0, "latest": 3.0}}, b.cli(t, "migrate", "-json", "down").ok(t).lines(t))
-	require.Equal(t, []map[string]any{{"version": 3.0, "latest": 3.0}}, b.cli(t, "migrate", "-json", "up").ok(t).lines(t))
+	require.Equal(t, "schema at version 0 of 3 (3 pending), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "status").ok(t).stdout)
+	require.Equal(t, "applied 001_idemflow_keys\napplied 002_idemflow_keys_lean\napplied 003_idemflow_keys_history\nnow at version 3\n"+
+		"schema at version 3 of 3 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout)
+	require.Equal(t, "schema at version 3 of 3 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout, "nothing to do: only the status")
+	require.Equal(t, []map[string]any{{"version": 2.0, "latest": 3.0, "key_table": true}}, b.cli(t, "migrate", "-json", "down").ok(t).lines(t))
+	require.Equal(t, []map[string]any{{"version": 3.0, "latest": 3.0, "key_table": true, "applied": []any{3.0}}}, b.cli(t, "migrate", "-json", "up").ok(t).lines(t))
 	require.Empty(t, b.cli(t, "keys", "list", "-json").ok(t).lines(t), "the table is there, empty")
+}
+
+// TestMigrationsExport: the export writes each tool's files, exactly ToolFS's, needs
+// no database, and refuses to overwrite a file or an unknown format, writing nothing.
+func TestMigrationsExport(t *testing.T) {
+	t.Parallel()
+	for _, tool := range migrations.Tools() {
+		dir := filepath.Join(t.TempDir(), "out")
+		r := runBin(t, "migrations", "export", "-format", string(tool), dir).ok(t)
+		files, err := migrations.ToolFS(tool)
+		require.NoError(t, err)
+		names, err := fs.Glob(files, "*")
+		require.NoError(t, err)
+		require.Contains(t, r.stdout, fmt.Sprintf("wrote %d %s files to %s", len(names), tool, dir))
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Len(t, entries, len(names), tool)
+		for _, n := range names {
+			want, err := fs.ReadFile(files, n)
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(dir, n))
+			require.NoError(t, err)
+			require.Equal(t, string(want), string(got), "%s: %s", tool, n)
+		}
+
+		again := runBin(t, "migrations", "export", "-format", string(tool), dir)
+		require.Equal(t, 1, again.code, again.stderr)
+		require.Contains(t, again.stderr, "already exists; nothing was written")
+	}
+
+	partial := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(partial, "003_idemflow_keys_history.up.sql"), []byte("mine"), 0o644))
+	r := runBin(t, "migrations", "export", "-format", "golang-migrate", partial)
+	require.Equal(t, 1, r.code, r.stderr)
+	entries, err := os.ReadDir(partial)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "a file in the way: nothing written")
+
+	for name, args := range map[string][]string{
+		"UnknownFormat": {"migrations", "export", "-format", "flyway", t.TempDir()},
+		"NoFormat":      {"migrations", "export", t.TempDir()},
+		"NoDir":         {"migrations", "export", "-format", "goose"},
+		"NoSubcommand":  {"migrations"},
+	} {
+		r := runBin(t, args...)
+		require.Equal(t, 2, r.code, "%s: %s", name, r.stderr)
+		require.Contains(t, r.stderr, "usage: idemflow", name)
+	}
 }
 
 // The paused holder: a child process that runs one request of the test flow and stops

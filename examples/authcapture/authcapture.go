@@ -46,7 +46,7 @@ func Flow(providerURL string) phases.Flow {
 		phases.Tx("create", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			var req request
 			if err := json.Unmarshal(run.Body(), &req); err != nil || req.Amount <= 0 {
-				return nil, phases.Fail(&phases.Response{Status: http.StatusBadRequest, Body: []byte(`{"error":"amount must be positive"}`)})
+				return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", "amount must be positive", nil)
 			}
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO orders (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`,

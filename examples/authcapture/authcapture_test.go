@@ -93,3 +93,29 @@ func TestControlCharactersWriteNothing(t *testing.T) {
 	require.Zero(t, keys, "no key row")
 	require.Zero(t, provider.Made(), "no provider call")
 }
+
+// TestInvalidOrderIsAProblem: an invalid order is answered 400 problem+json, stored and
+// replayed, and writes no order.
+func TestInvalidOrderIsAProblem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := idemflowtest.NewDB(t, authcapture.Schema)
+	provider := idemflowtest.NewRemote(t, nil)
+	e, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(authcapture.Flow(provider.URL)))
+	req := workflow.Request{Scope: "acct", Key: "bad", Flow: "order", Method: "POST", Route: "/orders", Body: []byte(`{"amount":0}`)}
+	res, err := e.Do(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, 400, res.Response.Status)
+	require.Equal(t, "application/problem+json", res.Response.Header.Get("Content-Type"))
+	require.JSONEq(t, `{"type":"about:blank","title":"invalid request","status":400,"detail":"amount must be positive"}`, string(res.Response.Body))
+	again, err := e.Do(ctx, req)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, res.Response.Body, again.Response.Body)
+	require.Equal(t, "application/problem+json", again.Response.Header.Get("Content-Type"), "the Content-Type is stored with the answer")
+	var orders int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Zero(t, orders)
+}

@@ -499,5 +499,6 @@ func TestThroughPgbouncer(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "the demo through pgbouncer:\n%s", out)
 		require.Contains(t, string(out), "steps behaved")
+		require.Contains(t, string(out), "is not a second charge of demo-1", "step 6 says why the restarted provider's payment id repeats step 1's")
 	})
 }

@@ -116,6 +116,7 @@ func (d *demoRun) chargeAndReplay(ctx context.Context, api *client, body string)
 	first, err := api.post(ctx, "demo-1", body)
 	d.check("charge", "201", first.String(), err == nil && first.status == 201)
 	d.say("   -> %s %s", first, first.body)
+	d.firstPayment = paymentID(first.body)
 
 	// 2. Its replay.
 	d.say("\n2. The client retries the same request (its answer was lost)")
@@ -211,6 +212,12 @@ func (d *demoRun) outage(ctx context.Context, api *client, provider *proc, provi
 	d.check("retry after the outage", "201, 1 charge, 1 payment", fmt.Sprintf("%s, %d charge, %d payment", up, rows, payments),
 		err == nil && up.status == 201 && rows == 1 && payments == 1)
 	d.say("   -> %s %s", up, up.body)
+	if id := paymentID(up.body); id != "" && id == d.firstPayment {
+		d.say("   (%s again, as in step 1, is not a second charge of demo-1: the fake provider keeps", id)
+		d.say("   its payments in memory, so the restarted one numbers from pay_000001 again. It is")
+		d.say("   the first payment of the new provider process, made once for demo-4 under the")
+		d.say("   derived key; a real provider's ids are unique and it dedupes across restarts.)")
+	}
 	return nil
 }
 
@@ -238,6 +245,8 @@ type demoRun struct {
 	procs   []*proc
 	results [][4]string
 	failed  int
+	// firstPayment is the provider's payment id of step 1's charge.
+	firstPayment string
 }
 
 func (d *demoRun) say(format string, args ...any) { fmt.Fprintf(d.out, format+"\n", args...) }
@@ -473,6 +482,17 @@ func describe(r reply, err error) string {
 		return err.Error()
 	}
 	return r.String()
+}
+
+// paymentID is the provider_payment_id of a charge's body, or "".
+func paymentID(body []byte) string {
+	var c struct {
+		ID *string `json:"provider_payment_id"`
+	}
+	if json.Unmarshal(body, &c) != nil || c.ID == nil {
+		return ""
+	}
+	return *c.ID
 }
 
 func providerPayments(ctx context.Context, base string) (int, error) {

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 type tool struct {
 	name migrations.Tool
 	// open returns the tool on db's schema, released when the test ends.
-	open func(t *testing.T, db *pgtest.DB) (up func() error, to func(v int) error, down func() error)
+	open func(t *testing.T, db *pgtest.DB, fsys fs.FS) (up func() error, to func(v int) error, down func() error)
 	// table is the tool's version table.
 	table string
 }
@@ -57,8 +57,8 @@ func sqlDB(t *testing.T, db *pgtest.DB) *sql.DB {
 	return sdb
 }
 
-func openGolangMigrate(t *testing.T, db *pgtest.DB) (func() error, func(int) error, func() error) {
-	src, err := iofs.New(toolFS(t, migrations.GolangMigrate), ".")
+func openGolangMigrate(t *testing.T, db *pgtest.DB, fsys fs.FS) (func() error, func(int) error, func() error) {
+	src, err := iofs.New(fsys, ".")
 	require.NoError(t, err)
 	drv, err := migratepgx.WithInstance(sqlDB(t, db), &migratepgx.Config{})
 	require.NoError(t, err)
@@ -76,8 +76,8 @@ func openGolangMigrate(t *testing.T, db *pgtest.DB) (func() error, func(int) err
 		func() error { return noChange(m.Down()) }
 }
 
-func openGoose(t *testing.T, db *pgtest.DB) (func() error, func(int) error, func() error) {
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB(t, db), toolFS(t, migrations.Goose))
+func openGoose(t *testing.T, db *pgtest.DB, fsys fs.FS) (func() error, func(int) error, func() error) {
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB(t, db), fsys)
 	require.NoError(t, err)
 	ctx := context.Background()
 	return func() error { _, err := p.Up(ctx); return err },
@@ -85,14 +85,14 @@ func openGoose(t *testing.T, db *pgtest.DB) (func() error, func(int) error, func
 		func() error { _, err := p.DownTo(ctx, 0); return err }
 }
 
-func openTern(t *testing.T, db *pgtest.DB) (func() error, func(int) error, func() error) {
+func openTern(t *testing.T, db *pgtest.DB, fsys fs.FS) (func() error, func(int) error, func() error) {
 	ctx := context.Background()
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	t.Cleanup(conn.Release)
 	m, err := ternmigrate.NewMigrator(ctx, conn.Conn(), "schema_version")
 	require.NoError(t, err)
-	require.NoError(t, m.LoadMigrations(toolFS(t, migrations.Tern)))
+	require.NoError(t, m.LoadMigrations(fsys))
 	return func() error { return m.Migrate(ctx) },
 		func(v int) error { return m.MigrateTo(ctx, int32(v)) },
 		func() error { return m.MigrateTo(ctx, 0) }
@@ -132,7 +132,7 @@ func TestTools(t *testing.T) {
 			t.Run("UpDownUpThenAdopted", func(t *testing.T) {
 				t.Parallel()
 				db := pgtest.NewEmpty(t)
-				up, _, down := tl.open(t, db)
+				up, _, down := tl.open(t, db, toolFS(t, tl.name))
 				require.NoError(t, up())
 				require.Equal(t, want, objects(t, db.Pool), "the tool makes what Migrate makes")
 				require.NoError(t, down())
@@ -151,7 +151,7 @@ func TestTools(t *testing.T) {
 			t.Run("AdoptedHalfway", func(t *testing.T) {
 				t.Parallel()
 				db := pgtest.NewEmpty(t)
-				_, to, _ := tl.open(t, db)
+				_, to, _ := tl.open(t, db, toolFS(t, tl.name))
 				require.NoError(t, to(1))
 				require.NoError(t, migrations.Migrate(ctx, db.Pool), "records 1, applies the rest")
 				v, err := migrations.Version(ctx, db.Pool)
@@ -166,7 +166,7 @@ func TestTools(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		db := pgtest.NewEmpty(t)
-		_, to, _ := openGolangMigrate(t, db)
+		_, to, _ := openGolangMigrate(t, db, toolFS(t, migrations.GolangMigrate))
 		require.NoError(t, to(1))
 		_, err := db.Pool.Exec(ctx, `UPDATE schema_migrations SET dirty = true`) // as a failed migration leaves it
 		require.NoError(t, err)

@@ -299,7 +299,8 @@ func TestMetricsOutcomes(t *testing.T) {
 	require.Positive(t, points(t, b, "idemflow.attempt.duration")["idemflow.executor=client,idemflow.outcome=finished"])
 }
 
-// TestKeyGauges: the gauges move as keys get stuck, dead-lettered and swept.
+// TestKeyGauges: the gauges read 0 before any key, move as keys get stuck,
+// dead-lettered and swept, and count as CountKeys (the CLI's stats) counts.
 func TestKeyGauges(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -307,13 +308,6 @@ func TestKeyGauges(t *testing.T) {
 	reg, err := b.obs.ObserveKeys(b.engine)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, reg.Unregister()) }()
-	require.Empty(t, points(t, b, "idemflow.keys"), "no flow has unfinished keys")
-
-	for _, k := range []string{"a", "b"} {
-		b.provider.FailNext(1)
-		_, err = b.engine.Do(ctx, req(k, `{"amount":1}`))
-		require.ErrorIs(t, err, workflow.ErrTransient)
-	}
 	gauge := func() map[string]int64 {
 		g := points(t, b, "idemflow.keys")
 		out := map[string]int64{}
@@ -322,21 +316,73 @@ func TestKeyGauges(t *testing.T) {
 		}
 		return out
 	}
+	// stats is what CountKeys (and so the CLI's stats) says of unfinished keys.
+	stats := func() map[string]int64 {
+		counts, err := b.engine.CountKeys(ctx)
+		require.NoError(t, err)
+		out := map[string]int64{"in_progress": 0, "stuck": 0, "dead": 0}
+		for _, c := range counts {
+			if c.Status != workflow.KeysFinished {
+				out[string(c.Status)] += c.Keys
+			}
+		}
+		return out
+	}
+	zero := map[string]int64{"in_progress": 0, "stuck": 0, "dead": 0}
+	require.Equal(t, zero, gauge(), "a registered flow with no unfinished keys reads 0")
+	require.Equal(t, map[string]float64{testflow.Name: 0}, oldestDue(t, b), "none stuck reads 0")
+
+	for _, k := range []string{"a", "b"} {
+		b.provider.FailNext(1)
+		_, err = b.engine.Do(ctx, req(k, `{"amount":1}`))
+		require.ErrorIs(t, err, workflow.ErrTransient)
+	}
 	require.Equal(t, map[string]int64{"in_progress": 2, "stuck": 0, "dead": 0}, gauge(), "released, backing off: not stuck yet")
+	require.Equal(t, stats(), gauge())
 	testflow.Sweepable(t, b.db.Pool)
-	require.Equal(t, map[string]int64{"in_progress": 2, "stuck": 2, "dead": 0}, gauge())
+	require.Equal(t, map[string]int64{"in_progress": 0, "stuck": 2, "dead": 0}, gauge())
+	require.Equal(t, stats(), gauge())
+
+	// a has been due for an hour, b for ten minutes: the gauge reads a's wait.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET next_attempt_at = statement_timestamp() - CASE idempotency_key
+		WHEN 'a' THEN interval '1 hour' ELSE interval '10 minutes' END WHERE status = 'in_progress'`)
+	require.NoError(t, err)
+	due := oldestDue(t, b)[testflow.Name]
+	require.GreaterOrEqual(t, due, 3600.0, "the oldest due key's wait")
+	require.Less(t, due, 3600.0+600, "a's wait, not b's nor more")
 
 	b.provider.FailNext(1)
 	st := b.sweep(t, 1) // one of the two fails its last allowed attempt
 	require.Equal(t, 1, st.DeadLettered)
 	require.Equal(t, 1, st.Finished)
 	require.Equal(t, map[string]int64{"in_progress": 0, "stuck": 0, "dead": 1}, gauge())
+	require.Equal(t, stats(), gauge())
+	require.Equal(t, map[string]float64{testflow.Name: 0}, oldestDue(t, b), "none stuck after the sweep")
 	for _, k := range []string{"a", "b"} {
 		if err := b.engine.Redrive(ctx, "acct", k); err == nil {
 			break
 		}
 	}
-	require.Equal(t, map[string]int64{"in_progress": 1, "stuck": 1, "dead": 0}, gauge(), "re-driven: due")
+	require.Equal(t, map[string]int64{"in_progress": 0, "stuck": 1, "dead": 0}, gauge(), "re-driven: due")
 	require.Equal(t, 1, b.sweep(t, 0).Finished)
-	require.Equal(t, map[string]int64{"in_progress": 0, "stuck": 0, "dead": 0}, gauge(), "a flow seen stays at zero")
+	require.Equal(t, zero, gauge(), "a flow stays at zero")
+}
+
+// oldestDue is the gauge idemflow.keys.oldest_due by flow.
+func oldestDue(t *testing.T, b *bundle) map[string]float64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.reader.Collect(context.Background(), &rm))
+	out := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[float64]); ok && m.Name == "idemflow.keys.oldest_due" {
+				for _, p := range g.DataPoints {
+					f, _ := p.Attributes.Value(otelidemflow.FlowKey)
+					out[f.AsString()] = p.Value
+				}
+			}
+		}
+	}
+	return out
 }

@@ -118,7 +118,7 @@ func FlowWithReceipts(provider *ProviderClient, receipts Receipts) phases.Flow {
 		phases.Tx(PhaseCreate, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			req, err := ParseRequest(run.Body())
 			if err != nil {
-				return nil, phases.Fail(problem(http.StatusBadRequest, "invalid request", err.Error()))
+				return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 			}
 			var id string
 			err = tx.QueryRow(ctx, `
@@ -158,8 +158,7 @@ func FlowWithReceipts(provider *ProviderClient, receipts Receipts) phases.Flow {
 				if _, err := tx.Exec(ctx, `UPDATE charges SET status = 'failed' WHERE id = $1 AND account_id = $2`, id, run.Scope()); err != nil {
 					return nil, fmt.Errorf("mark charge failed: %w", err)
 				}
-				resp := problem(http.StatusPaymentRequired, "card declined", reason)
-				return resp, nil
+				return phases.Problem(http.StatusPaymentRequired, "", "card declined", reason, nil)
 			}
 			pay, err := paymentID.Get(run)
 			if err != nil {
@@ -193,16 +192,6 @@ func ScanCharge(row pgx.Row) (Charge, error) {
 	var c Charge
 	err := row.Scan(&c.ID, &c.Amount, &c.Currency, &c.Source, &c.Status, &c.ProviderPaymentID)
 	return c, err
-}
-
-// problem is an RFC 9457 problem response.
-func problem(status int, title, detail string) *phases.Response {
-	body, _ := json.Marshal(map[string]any{
-		"type": "about:blank", "title": title, "status": status, "detail": detail,
-	})
-	h := http.Header{}
-	h.Set("Content-Type", "application/problem+json")
-	return &phases.Response{Status: status, Header: h, Body: body}
 }
 
 // DeclinedError is the provider's deterministic refusal.

@@ -113,7 +113,7 @@ func Flow(bank *BankClient) phases.Flow {
 		phases.Tx(PhaseRecord, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			req, err := Parse(run.Body())
 			if err != nil {
-				return nil, phases.Fail(&phases.Response{Status: http.StatusBadRequest, Body: []byte(err.Error())})
+				return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid payout", err.Error(), nil)
 			}
 			id, err := record(ctx, tx, req)
 			if err != nil {

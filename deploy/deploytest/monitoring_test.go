@@ -1,0 +1,239 @@
+package deploytest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/stretchr/testify/require"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/otelidemflow"
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+const (
+	rulesFile     = "../prometheus/idemflow-alerts.yml"
+	dashboardFile = "../grafana/idemflow-dashboard.json"
+)
+
+// exported scrapes a real engine observed by otelidemflow through the OpenTelemetry
+// Prometheus exporter, after traffic that makes every series appear (a finished key,
+// a replay, a mismatch, a transient failure, a dead letter), and returns each metric
+// name it serves (a histogram's _bucket, _sum and _count) with its label names.
+func exported(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	db, provider := testflow.Start(t)
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	require.NoError(t, err)
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	t.Cleanup(func() { require.NoError(t, mp.Shutdown(context.Background())) })
+	obs, err := otelidemflow.New(&otelidemflow.Config{MeterProvider: mp})
+	require.NoError(t, err)
+	engine := testflow.Engine(t, db.Pool, &workflow.Config{Hooks: obs.Hooks()}, provider, nil)
+	gauges, err := obs.ObserveKeys(engine)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, gauges.Unregister()) })
+
+	req := func(key, body string) workflow.Request {
+		return workflow.Request{Scope: "acct", Key: key, Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(body)}
+	}
+	for range 2 {
+		_, err = engine.Do(ctx, req("done", `{"amount":1}`))
+		require.NoError(t, err)
+	}
+	_, err = engine.Do(ctx, req("done", `{"amount":2}`))
+	require.ErrorIs(t, err, workflow.ErrMismatch)
+	provider.FailNext(1)
+	_, err = engine.Do(ctx, req("dead", `{"amount":3}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	testflow.Sweepable(t, db.Pool)
+	provider.FailNext(1)
+	s, err := sweeper.New(engine, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	st, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.DeadLettered)
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	dec := expfmt.NewDecoder(resp.Body, expfmt.ResponseFormat(resp.Header))
+	out := map[string]map[string]bool{}
+	for {
+		var mf dto.MetricFamily
+		if err := dec.Decode(&mf); errors.Is(err, io.EOF) {
+			break
+		} else {
+			require.NoError(t, err)
+		}
+		names := []string{mf.GetName()}
+		if mf.GetType() == dto.MetricType_HISTOGRAM {
+			names = []string{mf.GetName() + "_bucket", mf.GetName() + "_sum", mf.GetName() + "_count"}
+		}
+		for _, n := range names {
+			out[n] = map[string]bool{}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					out[n][l.GetName()] = true
+				}
+			}
+			if strings.HasSuffix(n, "_bucket") {
+				out[n]["le"] = true
+			}
+		}
+	}
+	return out
+}
+
+// selector is a metric a PromQL expression selects, with the labels it matches on.
+type selector struct {
+	expr, metric string
+	labels       []string
+}
+
+// selectors parses expr with the PromQL parser and returns what it selects.
+func selectors(t *testing.T, p parser.Parser, expr string) []selector {
+	t.Helper()
+	node, err := p.ParseExpr(expr)
+	require.NoError(t, err, expr)
+	var out []selector
+	parser.Inspect(node, func(n parser.Node, _ []parser.Node) error {
+		vs, ok := n.(*parser.VectorSelector)
+		if !ok {
+			return nil
+		}
+		s := selector{expr: expr, metric: vs.Name}
+		for _, m := range vs.LabelMatchers {
+			if m.Name != model.MetricNameLabel {
+				s.labels = append(s.labels, m.Name)
+			}
+		}
+		out = append(out, s)
+		return nil
+	})
+	require.NotEmpty(t, out, "%s selects no metric", expr)
+	return out
+}
+
+// requireExported checks that each selector names an exported metric, and matches only
+// on labels that metric has.
+func requireExported(t *testing.T, sels []selector, have map[string]map[string]bool) {
+	t.Helper()
+	for _, s := range sels {
+		labels, ok := have[s.metric]
+		require.True(t, ok, "%q names %s, which otelidemflow does not export; it exports %v", s.expr, s.metric, names(have))
+		for _, l := range s.labels {
+			require.True(t, labels[l], "%q matches %s on label %s, which it does not have (it has %v)", s.expr, s.metric, l, labels)
+		}
+	}
+}
+
+func names(m map[string]map[string]bool) []string {
+	var out []string
+	for n := range m {
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestMonitoringNamesExportedMetrics: the alerting rules parse with Prometheus's rules
+// parser (and promtool accepts them), the dashboard is JSON whose queries parse as
+// PromQL, and every metric and label either names is one a real engine exports.
+func TestMonitoringNamesExportedMetrics(t *testing.T) {
+	have := exported(t)
+	for _, want := range []string{"idemflow_keys", "idemflow_keys_oldest_due_seconds", "idemflow_attempts_total", "idemflow_key_events_total"} {
+		require.Contains(t, have, want, "the scrape serves %s", want)
+	}
+	p := parser.NewParser(parser.Options{})
+
+	t.Run("Rules", func(t *testing.T) {
+		groups, errs := rulefmt.ParseFile(rulesFile, false, model.UTF8Validation, p, slog.New(slog.DiscardHandler))
+		require.Empty(t, errs)
+		alerts := map[string]bool{}
+		var sels []selector
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				alerts[r.Alert] = true
+				sels = append(sels, selectors(t, p, r.Expr)...)
+			}
+		}
+		for _, a := range []string{"IdemflowKeysStuck", "IdemflowDeadLetters", "IdemflowDrainLag", "IdemflowErrorRate"} {
+			require.True(t, alerts[a], "the rules alert on %s", a)
+		}
+		requireExported(t, sels, have)
+		if promtool, err := exec.LookPath("promtool"); err == nil {
+			out, err := exec.Command(promtool, "check", "rules", rulesFile).CombinedOutput()
+			require.NoError(t, err, "promtool check rules: %s", out)
+			t.Logf("promtool: %s", out)
+		} else {
+			t.Log("no promtool on PATH: checked with rulefmt only")
+		}
+	})
+
+	t.Run("Dashboard", func(t *testing.T) {
+		raw, err := os.ReadFile(dashboardFile)
+		require.NoError(t, err)
+		var dash struct {
+			Panels []struct {
+				Title   string `json:"title"`
+				Targets []struct {
+					Expr string `json:"expr"`
+				} `json:"targets"`
+			} `json:"panels"`
+			Templating struct {
+				List []struct {
+					Definition string `json:"definition"`
+				} `json:"list"`
+			} `json:"templating"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &dash))
+		require.NotEmpty(t, dash.Panels)
+		// Grafana's variables, as a query would see them.
+		vars := strings.NewReplacer("$__rate_interval", "5m", "$flow", ".*")
+		var sels []selector
+		for _, panel := range dash.Panels {
+			require.NotEmpty(t, panel.Targets, "panel %q has no query", panel.Title)
+			for _, target := range panel.Targets {
+				sels = append(sels, selectors(t, p, vars.Replace(target.Expr))...)
+			}
+		}
+		labelValues := regexp.MustCompile(`^label_values\((\w+), (\w+)\)$`)
+		for _, v := range dash.Templating.List {
+			if v.Definition == "" {
+				continue
+			}
+			m := labelValues.FindStringSubmatch(v.Definition)
+			require.NotNil(t, m, "variable query %q", v.Definition)
+			sels = append(sels, selector{expr: v.Definition, metric: m[1], labels: []string{m[2]}})
+		}
+		requireExported(t, sels, have)
+	})
+}
