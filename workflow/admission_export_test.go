@@ -6,3 +6,6 @@ func Waiting(e *Engine) int {
 	defer e.adm.mu.Unlock()
 	return len(e.adm.waiting)
 }
+
+// Draining reports whether a drain began on e.
+func Draining(e *Engine) bool { return e.adm.isDraining() }

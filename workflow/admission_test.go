@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,11 +23,19 @@ type gate struct {
 	phase   string
 	entered chan string
 	release chan struct{}
+	once    sync.Once
 }
 
 func newGate(phase string) *gate {
 	return &gate{phase: phase, entered: make(chan string, 16), release: make(chan struct{})}
 }
+
+// open lets every held attempt go on.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// openAtEnd opens g when the test ends, before the pool is closed (call it after
+// setup), so that a failing test does not hang on its held attempts.
+func (g *gate) openAtEnd(t *testing.T) { t.Cleanup(g.open) }
 
 // before is a testflow Before that holds every attempt at g.phase until released,
 // ignoring its context (a phase that does not honour cancellation).
@@ -88,6 +97,7 @@ func TestMaxInFlightSheds(t *testing.T) {
 	t.Parallel()
 	g := newGate(testflow.Reserve)
 	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 20 * time.Millisecond}, before: g.before})
+	g.openAtEnd(t)
 	done := make(chan error, 1)
 	go func() {
 		for {
@@ -101,7 +111,7 @@ func TestMaxInFlightSheds(t *testing.T) {
 	require.Equal(t, "held", <-g.entered)
 	_, err := b.engine.Do(context.Background(), chargeReq("acct", "k2", `{"amount":5}`))
 	shedWith(t, err, workflow.ErrOverloaded)
-	close(g.release)
+	g.open()
 	require.NoError(t, <-done)
 	require.Equal(t, 1, countKeys(t, b.db), "the refused attempt wrote a key")
 	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "k2"))
@@ -112,6 +122,7 @@ func TestAdmitNewestFirst(t *testing.T) {
 	t.Parallel()
 	g := newGate(testflow.Reserve)
 	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: -1}, before: g.before})
+	g.openAtEnd(t)
 	done := make(chan error, 3)
 	run := func(key string) {
 		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
