@@ -121,6 +121,18 @@ type Config struct {
 	// nothing. After the claim nothing is bounded this way: the attempt finishes.
 	// Defaults to AdmitWaitDefault (1s); -1 waits as long as the caller's context.
 	AdmitWait time.Duration
+	// StandbyWait makes every call phase wait, before it starts, until a streaming
+	// standby has flushed the WAL past the key's commits so far (read from
+	// pg_stat_replication on the primary; the role needs pg_monitor), at most
+	// StandbyWait; past it the call does not start, the key is released and the
+	// attempt fails with ErrStandbyBehind (transient). Set it with asynchronous
+	// replication, so that a failover cannot lose the commit that precedes a call
+	// (and the key row whose id the call's derived key is made of) after the call was
+	// made: the retry on the promoted standby would create a new row and charge again.
+	// Not needed on a single server, or with synchronous replication and
+	// synchronous_commit on or remote_apply, where every commit already waits for the
+	// standby. Defaults to 0: no wait. See docs/OPERATIONS.md, "Failover".
+	StandbyWait time.Duration
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
 	// Logger receives what the engine cannot return, such as a failed release after a
@@ -170,6 +182,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: InProgressRetryAfter %s is negative; for the lease left use RetryAfterLease (-1)", c.InProgressRetryAfter)
 	case c.History < -1 || c.History > 1000:
 		return fmt.Errorf("workflow: History %d is outside 1..1000; -1 keeps none", c.History)
+	case c.StandbyWait < 0:
+		return fmt.Errorf("workflow: StandbyWait %s is negative; 0 waits for no standby", c.StandbyWait)
 	case c.MaxInFlight < -1:
 		return fmt.Errorf("workflow: MaxInFlight %d is negative; -1 sets no cap", c.MaxInFlight)
 	case c.AdmitWait < 0 && c.AdmitWait != -1:

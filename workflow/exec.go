@@ -303,6 +303,9 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 		}
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
 	}
+	if err := x.awaitStandby(ctx); err != nil {
+		return x.settle(ctx, p.Name, step{kind: stepTransient, err: err})
+	}
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
 	phaserun.Enter(x.run, p.Name)
