@@ -21,17 +21,18 @@ const (
 	// InFlightPerConnDefault is, with a *pgxpool.Pool, how many attempts in flight
 	// the default cap allows per connection of the pool: an attempt holds a connection
 	// only during its transactions, not during its call phases or between phases.
-	InFlightPerConnDefault = 2
+	InFlightPerConnDefault = 64
 	// AdmitWaitDefault is how long an attempt waits at most, before its claim, for a
 	// place in flight and then for a pool connection.
-	AdmitWaitDefault = time.Second
+	AdmitWaitDefault = 5 * time.Second
 )
 
-// Shedding under sustained overload, after CoDel: when attempts have waited for a
-// place without a break for overloadAfter, the engine is overloaded rather than meeting
-// a burst, and each new arrival turns away the waiters that have waited longer than
-// overloadWait (the oldest: their clients are the likeliest to have gone), so that
-// refusals are fast while the newest waiters are served.
+// Shedding under sustained overload (adaptive LIFO, after CoDel): while the engine is
+// only busy, waiters get places oldest first. When more attempts wait than it has
+// places and some have waited without a break for overloadAfter, it is overloaded
+// rather than meeting a burst: places go to the newest waiter (its client is the
+// likeliest still waiting) and each new arrival turns away the waiters that have waited
+// longer than overloadWait (the oldest), so that refusals are fast.
 const (
 	overloadAfter = 100 * time.Millisecond
 	overloadWait  = 10 * time.Millisecond
@@ -78,7 +79,8 @@ func shed(why error) *ShedError { return &ShedError{RetryAfter: shedRetryAfter, 
 // admission caps the attempts in flight (Do's), keeps the waiting ones newest first,
 // and knows the executors running, for a drain.
 type admission struct {
-	limit int // 0: no cap
+	limit         int           // 0: no cap
+	overloadAfter time.Duration // see overloaded
 
 	mu        sync.Mutex
 	used      int       // attempts admitted and not yet done
@@ -98,7 +100,7 @@ type waiter struct {
 }
 
 func newAdmission(limit int) *admission {
-	return &admission{limit: max(limit, 0), running: map[*exec]struct{}{}, changed: make(chan struct{})}
+	return &admission{limit: max(limit, 0), overloadAfter: overloadAfter, running: map[*exec]struct{}{}, changed: make(chan struct{})}
 }
 
 // inFlightLimit is the cap on attempts in flight for cfg.MaxInFlight on pool: 0 for
@@ -134,7 +136,7 @@ func (a *admission) admit(ctx context.Context, wait time.Duration) error {
 	w := &waiter{ready: make(chan struct{}), since: now}
 	if len(a.waiting) == 0 {
 		a.busySince = now
-	} else if now.Sub(a.busySince) > overloadAfter {
+	} else if a.overloaded(now) && wait >= 0 {
 		a.shedOldest(now)
 	}
 	a.waiting = append(a.waiting, w)
@@ -187,12 +189,23 @@ func (a *admission) done() {
 	a.handOn()
 }
 
-// handOn passes a place to the newest waiter, or frees it. a.mu is held.
+// overloaded reports whether the engine is overloaded rather than busy: more attempts
+// wait than it has places, and some have waited without a break for overloadAfter.
+// a.mu is held.
+func (a *admission) overloaded(now time.Time) bool {
+	return len(a.waiting) > a.limit && now.Sub(a.busySince) > a.overloadAfter
+}
+
+// handOn passes a place to a waiter, or frees it: the oldest waiter while the engine
+// is only busy (no waiter starves), the newest once it is overloaded. a.mu is held.
 func (a *admission) handOn() {
 	if n := len(a.waiting); n > 0 {
-		w := a.waiting[n-1]
-		a.waiting[n-1] = nil
-		a.waiting = a.waiting[:n-1]
+		i := 0
+		if a.overloaded(time.Now()) {
+			i = n - 1
+		}
+		w := a.waiting[i]
+		a.waiting = slices.Delete(a.waiting, i, i+1)
 		w.granted = true
 		close(w.ready)
 		return

@@ -117,12 +117,14 @@ func TestMaxInFlightSheds(t *testing.T) {
 	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "k2"))
 }
 
-// Waiters for a place are served newest first.
+// Waiters for a place are served newest first once the engine is overloaded (more
+// waiters than places, waiting without a break; here from the first waiter on).
 func TestAdmitNewestFirst(t *testing.T) {
 	t.Parallel()
 	g := newGate(testflow.Reserve)
 	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: -1}, before: g.before})
 	g.openAtEnd(t)
+	workflow.SetOverloadAfter(b.engine, 0)
 	done := make(chan error, 3)
 	run := func(key string) {
 		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
@@ -183,3 +185,34 @@ func TestAdmissionConfig(t *testing.T) {
 }
 
 func runtimeGosched() { runtime.Gosched() }
+
+// While the engine is only busy (not overloaded), waiters are served oldest first, so
+// that none starves under a steady closed loop.
+func TestAdmitOldestFirstWhenBusy(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: -1}, before: g.before})
+	g.openAtEnd(t)
+	workflow.SetOverloadAfter(b.engine, time.Hour)
+	done := make(chan error, 3)
+	run := func(key string) {
+		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
+		done <- err
+	}
+	go run("first")
+	require.Equal(t, "first", <-g.entered)
+	for i, key := range []string{"older", "newer"} {
+		go run(key)
+		for workflow.Waiting(b.engine) != i+1 {
+			runtimeGosched()
+		}
+	}
+	g.release <- struct{}{}
+	require.Equal(t, "older", <-g.entered)
+	g.release <- struct{}{}
+	require.Equal(t, "newer", <-g.entered)
+	g.release <- struct{}{}
+	for range 3 {
+		require.NoError(t, <-done)
+	}
+}

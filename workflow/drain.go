@@ -94,11 +94,17 @@ func (e *Engine) abandon(ctx context.Context) error {
 }
 
 // enter registers x with the engine for its phases and returns their contexts: pre,
-// the caller's ctx, for the phases before the claim is durable; after, detached from
-// the caller and ended only by a drain's deadline, for the phases after it. ok is false
+// the caller's ctx, for the phases before the claim is durable; after, for the phases
+// after it: for a client's attempt (x.detach) detached from the caller, and for a
+// sweep still the caller's (a sweeper that stops cancels its runs); a drain's deadline
+// ends both. ok is false
 // when a drain's deadline passed: x must not run.
 func (x *exec) enter(ctx context.Context) (pre, after context.Context, release func(), ok bool) {
-	after, stop := context.WithCancel(context.WithoutCancel(ctx))
+	base := ctx
+	if x.detach {
+		base = context.WithoutCancel(ctx)
+	}
+	after, stop := context.WithCancel(base)
 	pre, cancelPre := context.WithCancel(ctx)
 	unhook := context.AfterFunc(after, cancelPre)
 	x.stop = stop

@@ -106,12 +106,13 @@ type Config struct {
 	// MaxInFlight caps the attempts (Do calls) this engine runs at once, so that
 	// under more load than the database can take the excess is answered at once
 	// (ErrOverloaded, 503) instead of queueing until its clients give up. An attempt
-	// over the cap waits at most AdmitWait for a place, the newest waiter first (its
-	// client is the one most likely still waiting); once attempts have waited without
-	// a break for 100ms (sustained overload, not a burst), each arrival turns away the
-	// waiters older than 10ms, so that refusals are fast. Size it so the pool's connections
+	// over the cap waits at most AdmitWait for a place, the oldest waiter first; once
+	// more attempts wait than there are places, waiting without a break for 100ms
+	// (sustained overload, not a burst), the newest waiter first (its client is the
+	// one most likely still waiting) and each arrival turns away the waiters older
+	// than 10ms, so that refusals are fast. Size it so the pool's connections
 	// stay busy: an attempt holds a connection only during its transactions. Defaults
-	// (0) to InFlightPerConnDefault (2) per connection of a *pgxpool.Pool (its
+	// (0) to InFlightPerConnDefault (64) per connection of a *pgxpool.Pool (its
 	// MaxConns), else to MaxInFlightDefault (64); -1 sets no cap. Sweeps and Resume
 	// are not counted. See docs/OPERATIONS.md, "Overload".
 	MaxInFlight int
@@ -119,7 +120,7 @@ type Config struct {
 	// MaxInFlight, and for a pool connection for its look-up and its first
 	// transaction. Past it the attempt is answered ErrOverloaded, having written
 	// nothing. After the claim nothing is bounded this way: the attempt finishes.
-	// Defaults to AdmitWaitDefault (1s); -1 waits as long as the caller's context.
+	// Defaults to AdmitWaitDefault (5s); -1 waits as long as the caller's context.
 	AdmitWait time.Duration
 	// StandbyWait makes every call phase wait, before it starts, until a streaming
 	// standby has flushed the WAL past the key's commits so far (read from
@@ -623,6 +624,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return answered(nil, err)
 	}
+	x.detach = req != nil // Do's attempt, not Resume's
 	a := answered(x.drive(ctx, next+1).result())
 	a.att = a.att.of(taken).ran(x)
 	return a
@@ -658,6 +660,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		leaseEnd: time.Now().Add(e.cfg.Lease),
 		began:    time.Now(),
 		by:       ExecutorClient,
+		detach:   true,
 	}
 	x.run, _ = phaserun.NewRun[*phases.Run](phaserun.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,

@@ -53,6 +53,7 @@ type exec struct {
 	// the claim's commit against the drain giving the attempt up (abandoned), and
 	// durable says whether the key row exists with this executor's fence.
 	stop      context.CancelFunc
+	detach    bool // a client's attempt: the phases after the claim outlive the caller
 	gate      sync.Mutex
 	durable   bool
 	abandoned bool
