@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -128,8 +127,11 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 // the request's method, route and body through phases.Run. docs/API.md describes every
 // answer for the API's clients.
 //
-// The flow must be registered before Handler is called. It runs on if the client goes
-// away, so that the retry gets its stored answer. Handler always requires an
+// The flow must be registered before Handler is called. If the client goes away
+// before the key's claim is durable, the attempt ends there, having written nothing
+// (under overload, the work of clients that gave up is not done); once the claim is
+// durable the flow runs on without the client, so that the retry gets its stored
+// answer (see workflow.Engine.Do). Handler always requires an
 // Idempotency-Key (Config.RequireKey is ignored). The fingerprint is the method, the
 // route (Config.Route) and the body, JSON by its exact value (see
 // workflow.Fingerprint).
@@ -170,7 +172,10 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //   - 413 body-too-large: the body is over the limit.
 //   - 422 key-reused: the key was used for a different request.
 //   - 503 unavailable, with Retry-After: a transient failure or an unavailable
-//     database; nothing was stored and a retry resumes the work. A 5xx response of the
+//     database; nothing was stored and a retry resumes the work. Also the answer of
+//     an attempt turned away before its claim (a *workflow.ShedError: the engine is
+//     overloaded, workflow.Config.MaxInFlight and AdmitWait, or draining); nothing was
+//     written. A 5xx response of the
 //     flow is passed on as it is, with Retry-After added if it has none.
 //   - 500 server-error or response-too-large: anything else, such as a response too
 //     large to store (never truncated) or a statement the database refuses for good
@@ -210,9 +215,9 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Flow = h.flow
-	// The flow runs on if the client goes away, so that its answer is stored for the
-	// retry; its call phases are still bounded by the lease.
-	res, err := h.front.e.Do(context.WithoutCancel(r.Context()), req)
+	// The client's cancellation is honoured until the claim; after it the engine
+	// detaches the attempt, so that its answer is stored for the retry.
+	res, err := h.front.e.Do(r.Context(), req)
 	h.front.answer(w, r, req, res, err)
 }
 

@@ -152,7 +152,7 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	res, err := h.front.e.Do(context.WithoutCancel(r.Context()), req)
+	res, err := h.front.e.Do(r.Context(), req)
 	h.front.answer(w, r, req, res, err)
 }
 

@@ -97,8 +97,14 @@ func classify(err error) httpAnswer {
 		inProgress *workflow.InProgressError
 		transient  *workflow.TransientError
 		panicked   *phases.PanicError
+		shedErr    *workflow.ShedError
 	)
 	switch {
+	case errors.As(err, &shedErr):
+		// Load or a deploy, not a fault: logged at debug level, since under overload
+		// every refusal would otherwise be a line.
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: shedErr.RetryAfter, level: slog.LevelDebug,
+			detail: "The service is busy or restarting; nothing was done: retry after " + retryAfter(shedErr.RetryAfter) + " s with the same key."}
 	case errors.Is(err, workflow.ErrInvalidKey):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
 	case errors.Is(err, workflow.ErrInvalidScope):

@@ -31,6 +31,9 @@ const TxMiddlewareFlow = "idemflow.http.tx"
 //     answers the failure (500) and rolled back likewise.
 //   - A crash or a lost connection before the COMMIT rolls everything back; after it,
 //     retries get the stored answer.
+//   - A client that goes away before the COMMIT ends the handler's context (nothing is
+//     durable yet, so the work is not done for nobody): its statements fail and the
+//     transaction rolls back, leaving no key row.
 //
 // The handler may be called again within one attempt: after a serialization failure or
 // a deadlock the whole transaction is re-run (workflow.Config.TxRetries), each time

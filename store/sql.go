@@ -28,6 +28,7 @@ type statements struct {
 	claimInsertKey, claimInsertFinished                  string
 	advance, finish, release, takeover                   string
 	takeDue, giveBack, park, deadLetter, redrive, expire string
+	abandon                                              string
 	// ScanPerKey's (scan.go).
 	scanDue, takeKey, scanFinished, expireFinishedKey string
 }
@@ -42,7 +43,7 @@ func newStatements(schema string) statements {
 		claimInsertKey: q(sqlClaimInsertKey), claimInsertFinished: q(sqlClaimInsertFinished),
 		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
 		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
-		redrive: q(sqlRedrive), expire: q(sqlExpireFinished),
+		redrive: q(sqlRedrive), expire: q(sqlExpireFinished), abandon: q(sqlAbandon),
 		scanDue: q(sqlScanDue), takeKey: q(sqlTakeKey), scanFinished: q(sqlScanFinished), expireFinishedKey: q(sqlExpireFinishedKey),
 	}
 }
@@ -260,6 +261,15 @@ RETURNING ` + leasedColumns("3")
 // bumped.
 const sqlGiveBack = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = statement_timestamp()
+WHERE ` + fence + ` AND locked_until IS NOT NULL`
+
+// sqlAbandon takes a key away from an attempt its process gives up on (a drain past
+// its deadline): the lock version is bumped, so that the attempt, should it still run,
+// can commit nothing more; the lease is cleared and the key is due at once, with why
+// as its last error ($5) and history entry $6 (kept $7).
+var sqlAbandon = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, locked_until = NULL, last_error = $5, history = ` + historyAppend("6", "7") + `,
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE ` + fence + ` AND locked_until IS NOT NULL`
 
 // sqlPark parks a key that only its client can finish: the lease is cleared, the

@@ -104,6 +104,37 @@ type Config struct {
 	// keeps none. Entries ride in writes the engine sends anyway: no round trip or
 	// commit is added for them.
 	History int
+	// MaxInFlight caps the attempts (Do calls) this engine runs at once, so that
+	// under more load than the database can take the excess is answered at once
+	// (ErrOverloaded, 503) instead of queueing until its clients give up. An attempt
+	// over the cap waits at most AdmitWait for a place, the oldest waiter first; once
+	// more attempts wait than there are places, waiting without a break for 100ms
+	// (sustained overload, not a burst), the newest waiter first (its client is the
+	// one most likely still waiting) and each arrival turns away the waiters older
+	// than 10ms, so that refusals are fast. Size it so the pool's connections
+	// stay busy: an attempt holds a connection only during its transactions. Defaults
+	// (0) to InFlightPerConnDefault (64) per connection of a *pgxpool.Pool (its
+	// MaxConns), else to MaxInFlightDefault (64); -1 sets no cap. Sweeps and Resume
+	// are not counted. See docs/OPERATIONS.md, "Overload".
+	MaxInFlight int
+	// AdmitWait bounds each wait of an attempt before its claim: for a place under
+	// MaxInFlight, and for a pool connection for its look-up and its first
+	// transaction. Past it the attempt is answered ErrOverloaded, having written
+	// nothing. After the claim nothing is bounded this way: the attempt finishes.
+	// Defaults to AdmitWaitDefault (5s); -1 waits as long as the caller's context.
+	AdmitWait time.Duration
+	// StandbyWait makes every call phase wait, before it starts, until a streaming
+	// standby has flushed the WAL past the key's commits so far (read from
+	// pg_stat_replication on the primary; the role needs pg_monitor), at most
+	// StandbyWait; past it the call does not start, the key is released and the
+	// attempt fails with ErrStandbyBehind (transient). Set it with asynchronous
+	// replication, so that a failover cannot lose the commit that precedes a call
+	// (and the key row whose id the call's derived key is made of) after the call was
+	// made: the retry on the promoted standby would create a new row and charge again.
+	// Not needed on a single server, or with synchronous replication and
+	// synchronous_commit on or remote_apply, where every commit already waits for the
+	// standby. Defaults to 0: no wait. See docs/OPERATIONS.md, "Failover".
+	StandbyWait time.Duration
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
 	// Logger receives what the engine cannot return, such as a failed release after a
@@ -127,6 +158,7 @@ func (c *Config) WithDefaults() *Config {
 	out.BackoffBase = cmp.Or(out.BackoffBase, BackoffBaseDefault)
 	out.BackoffMax = cmp.Or(out.BackoffMax, BackoffMaxDefault)
 	out.History = cmp.Or(out.History, HistoryDefault)
+	out.AdmitWait = cmp.Or(out.AdmitWait, AdmitWaitDefault)
 	if out.StoredHeaders == nil {
 		out.StoredHeaders = StoredHeadersDefault()
 	} else {
@@ -152,6 +184,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: InProgressRetryAfter %s is negative; for the lease left use RetryAfterLease (-1)", c.InProgressRetryAfter)
 	case c.History < -1 || c.History > 1000:
 		return fmt.Errorf("workflow: History %d is outside 1..1000; -1 keeps none", c.History)
+	case c.StandbyWait < 0:
+		return fmt.Errorf("workflow: StandbyWait %s is negative; 0 waits for no standby", c.StandbyWait)
+	case c.MaxInFlight < -1:
+		return fmt.Errorf("workflow: MaxInFlight %d is negative; -1 sets no cap", c.MaxInFlight)
+	case c.AdmitWait < 0 && c.AdmitWait != -1:
+		return fmt.Errorf("workflow: AdmitWait %s is negative; -1 waits as long as the caller", c.AdmitWait)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
@@ -201,6 +239,8 @@ type Engine struct {
 	mu        sync.RWMutex
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
+
+	adm *admission // attempts in flight, executors running, the drain
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -224,7 +264,8 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
-	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
+	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
+		adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -444,6 +485,8 @@ func outcomeOf(res *Result, err error, dead bool) (Outcome, string, error) {
 		return OutcomeReplayed, "", nil
 	case err == nil:
 		return OutcomeFinished, "", nil
+	case errors.As(err, new(*ShedError)):
+		return OutcomeShed, "", err
 	case dead:
 		phase := ""
 		if errors.As(err, &te) {
@@ -474,7 +517,15 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 // *InProgressError; *TransientError; ErrLeaseLost; ErrNewerFormat for a row a newer
 // build wrote (nothing written; an unknown recovery point is also
 // ErrUnknownRecoveryPoint); ErrDeadLettered; ErrUnavailable or ErrConflict when the
-// database fails.
+// database fails; a *ShedError (ErrOverloaded, ErrDraining) when the attempt was turned
+// away before its claim (nothing written); ctx's error when ctx ended before the claim
+// (nothing written).
+//
+// Cancellation: ctx is honoured until the attempt's claim is durable (the key row
+// committed with the first tx phase, or before the first call phase, or a takeover),
+// since until then nothing was written; after it, the attempt is detached from ctx
+// and runs on, so that a retry finds its answer (callers such as HTTP handlers pass
+// the request's context as it is).
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	f, err := e.validate(&req)
 	if err != nil {
@@ -482,7 +533,13 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Flow: f.Name, Scope: req.Scope, Key: req.Key}
 	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	a := e.do(ctx, f, req)
+	var a answer
+	if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
+		a = answered(nil, err)
+	} else {
+		a = e.do(ctx, f, req)
+		e.adm.done()
+	}
 	e.end(ctx, ev, a.att, a.res, a.err)
 	return a.res, a.err
 }
@@ -523,6 +580,9 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
 func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
+	}
+	if e.adm.isDraining() {
+		return nil, shed(ErrDraining)
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
 	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
@@ -600,9 +660,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 		return answered(nil, unknownPoint(err))
 	}
 	started := time.Now()
-	tctx, cancel := e.bounded(ctx)
-	taken, err := e.store.Takeover(tctx, e.pool, row.Fence(), e.cfg.Lease, e.cfg.historyKeep())
-	cancel()
+	taken, err := e.takeover(ctx, row)
 	if errors.Is(err, store.ErrNotTaken) {
 		return answer{again: true}
 	}
@@ -615,6 +673,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return answered(nil, err)
 	}
+	x.detach = req != nil // Do's attempt, not Resume's
 	a := answered(x.drive(ctx, next+1).result())
 	a.att = a.att.of(taken).ran(x)
 	return a
@@ -650,6 +709,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		leaseEnd: time.Now().Add(e.cfg.Lease),
 		began:    time.Now(),
 		by:       ExecutorClient,
+		detach:   true,
 	}
 	x.run, _ = newRun(runstate.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
@@ -694,6 +754,7 @@ func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exe
 		leaseEnd: started.Add(row.LeaseLeft()),
 		began:    started,
 		by:       ExecutorClient,
+		durable:  true, // taken over: the row exists with this fence
 	}, nil
 }
 
@@ -704,10 +765,17 @@ func (e *Engine) bounded(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, e.cfg.Lease)
 }
 
+// lookup reads a key row before the claim: the wait for a connection is bounded by
+// AdmitWait.
 func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, error) {
+	pc, err := e.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Release()
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
-	return e.store.Lookup(ctx, e.pool, scope, key)
+	return e.store.Lookup(ctx, pc, scope, key)
 }
 
 func storedResponse(row *store.Row) (*phases.Response, error) {

@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,15 @@ type exec struct {
 	began       time.Time
 	start, done int
 	origin      string
+
+	// For a drain: stop ends the context of the phases after the claim; gate orders
+	// the claim's commit against the drain giving the attempt up (abandoned), and
+	// durable says whether the key row exists with this executor's fence.
+	stop      context.CancelFunc
+	detach    bool // a client's attempt: the phases after the claim outlive the caller
+	gate      sync.Mutex
+	durable   bool
+	abandoned bool
 }
 
 // stepKind is how one phase of an attempt ended. It is decided once, as a value, and
@@ -89,6 +99,8 @@ func (st step) result() (*Result, error) {
 func failed(err error) step {
 	var te *TransientError
 	switch {
+	case errors.As(err, new(*ShedError)):
+		return step{kind: stepStop, err: err}
 	case errors.Is(err, store.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
 	case errors.Is(err, store.ErrClaimExists):
@@ -143,12 +155,24 @@ func (x *exec) event(p phases.Phase) PhaseEvent {
 
 // drive runs the phases from index start on, and returns the step the attempt ended
 // with: stepFinished, stepLost or stepStop.
+//
+// Until the key's claim is durable the phases run under ctx, the caller's; after it,
+// under a context detached from the caller that only a drain's deadline ends.
 func (x *exec) drive(ctx context.Context, start int) step {
+	pre, after, release, ok := x.enter(ctx)
+	if !ok {
+		return x.drained(ctx)
+	}
+	defer release()
 	last := phases.Started
 	x.start = start
 	for i := start; i < len(x.flow.Phases); i++ {
 		p := x.flow.Phases[i]
 		last = p.Name
+		ctx = after
+		if x.claim != nil {
+			ctx = pre
+		}
 		var st step
 		if p.Kind == phases.KindTx {
 			st = x.txPhase(ctx, p)
@@ -266,6 +290,9 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 // callPhase runs a call phase with no transaction open. The key row must be durable
 // before anything leaves the process, so a claim still pending is committed first.
 func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
+	if x.e.adm.isDraining() {
+		return x.settle(ctx, p.Name, step{kind: stepTransient, err: fmt.Errorf("%w: no call phase starts once a drain began", ErrDraining)})
+	}
 	if x.claim != nil {
 		sent := time.Now()
 		data, err := x.data()
@@ -276,6 +303,9 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 			return x.settle(ctx, p.Name, failed(err))
 		}
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
+	}
+	if err := x.awaitStandby(ctx); err != nil {
+		return x.settle(ctx, p.Name, step{kind: stepTransient, err: err})
 	}
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
@@ -326,7 +356,15 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 }
 
 // open acquires a connection for one transaction; the transaction owns it until done.
+// Before the claim, the wait for the connection is bounded by Config.AdmitWait.
 func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
+	if x.claim != nil {
+		pc, err := x.e.acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return newPhaseTx(pc, x.e.store, iso), nil
+	}
 	pc, err := x.e.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", store.Classify(err))
@@ -411,7 +449,18 @@ func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchR
 // commit commits tx with the write of the key row and settles what a failure means. A
 // commit whose outcome is unknown (the connection broke after COMMIT may have been
 // sent) is resolved by reading the key row again before anything else is decided.
+//
+// The commit that carries the claim is sent only if the caller still waits and no
+// drain gave the attempt up; once sent, it is detached from the caller.
 func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
+	if x.claim != nil {
+		cctx, done, err := x.claiming(ctx)
+		if err != nil {
+			return err
+		}
+		defer done()
+		ctx = cctx
+	}
 	write, read := x.queue(tx, w)
 	err := tx.commit(ctx, write, read)
 	if err == nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -25,6 +26,7 @@ func serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
+	grace := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM, how long running attempts may finish before their keys are released for another server")
 	var c common
 	c.register(fs)
 	tf := registerTelemetry(fs)
@@ -59,15 +61,15 @@ func serve(ctx context.Context, args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 
+	var sw *sweeper.Sweeper
 	if *withSweeper {
-		sw, err := newSweeper(e, &c)
-		if err != nil {
+		if sw, err = newSweeper(e, &c); err != nil {
 			return err
 		}
 		if err := sw.Start(ctx); err != nil {
 			return err
 		}
-		defer func() {
+		defer func() { // on an early return; Stop after shutdown does nothing
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = sw.Stop(sctx)
@@ -80,9 +82,32 @@ func serve(ctx context.Context, args []string) error {
 	case err := <-errc:
 		return err
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return shutdown(e, hs, sw, *grace)
+}
+
+// shutdown stops the process's sweeper, then drains the engine while the HTTP server
+// shuts down: a request on a connection still open is answered 503 with Retry-After,
+// running attempts may finish within grace and start no call phase, and at the end of
+// grace the keys still held are released (fenced) so that a retry on another server
+// resumes them at once instead of waiting for their leases.
+func shutdown(e *env, hs *http.Server, sw *sweeper.Sweeper, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	return hs.Shutdown(sctx)
+	if sw != nil {
+		_ = sw.Stop(ctx) // its attempts are drained below like the others
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- e.engine.Drain(ctx) }()
+	err := hs.Shutdown(ctx)
+	if derr := <-drained; derr != nil {
+		e.log.Warn("charges: drain", "err", derr)
+	} else {
+		e.log.Info("charges: drained")
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = hs.Close() // the drain released the keys of the requests still open
+	}
+	return err
 }
 
 // worker runs the sweeper and the River client that mails receipts.

@@ -1,0 +1,21 @@
+package workflow
+
+import "time"
+
+// Waiting is how many attempts wait for a place in flight on e.
+func Waiting(e *Engine) int {
+	e.adm.mu.Lock()
+	defer e.adm.mu.Unlock()
+	return len(e.adm.waiting)
+}
+
+// SetOverloadAfter sets after how long of waiting without a break e counts as
+// overloaded (see admission.overloaded).
+func SetOverloadAfter(e *Engine, d time.Duration) {
+	e.adm.mu.Lock()
+	defer e.adm.mu.Unlock()
+	e.adm.overloadAfter = d
+}
+
+// Draining reports whether a drain began on e.
+func Draining(e *Engine) bool { return e.adm.isDraining() }

@@ -1,0 +1,218 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// gate holds phases of a test's attempts: entered reports the key of an attempt that
+// reached the phase, and the attempt goes on when the test sends on its release.
+type gate struct {
+	phase   string
+	entered chan string
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGate(phase string) *gate {
+	return &gate{phase: phase, entered: make(chan string, 16), release: make(chan struct{})}
+}
+
+// open lets every held attempt go on.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// openAtEnd opens g when the test ends, before the pool is closed (call it after
+// setup), so that a failing test does not hang on its held attempts.
+func (g *gate) openAtEnd(t *testing.T) { t.Cleanup(g.open) }
+
+// before is a testflow Before that holds every attempt at g.phase until released,
+// ignoring its context (a phase that does not honour cancellation).
+func (g *gate) before(_ context.Context, _ phases.DBTX, run *phases.Run) error {
+	if run.Phase() == g.phase {
+		g.entered <- run.Key()
+		<-g.release
+	}
+	return nil
+}
+
+func shedWith(t *testing.T, err error, why error) {
+	t.Helper()
+	var se *workflow.ShedError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, why)
+	require.Positive(t, se.RetryAfter)
+}
+
+// A client that gives up before the claim commits leaves nothing behind: the first tx
+// phase's transaction is rolled back, no key row, no effect.
+func TestCancelBeforeClaimWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := setup(t, setupOpts{before: func(_ context.Context, _ phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Reserve {
+			cancel() // the client goes away while the first tx phase runs
+		}
+		return nil
+	}})
+	_, err := b.engine.Do(ctx, chargeReq("acct", "k1", `{"amount":5}`))
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 0, countKeys(t, b.db))
+	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "k1"))
+	require.Equal(t, 0, b.provider.Made())
+}
+
+// After the claim the attempt is detached from its caller: a client that goes away
+// during the call phase does not stop it, and its answer is stored for the retry.
+func TestCancelAfterClaimRunsOn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := setup(t, setupOpts{before: func(_ context.Context, _ phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay {
+			cancel()
+		}
+		return nil
+	}})
+	res, err := b.engine.Do(ctx, chargeReq("acct", "k1", `{"amount":5}`))
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+	requireOneEffect(t, b, "acct", "k1")
+	require.Equal(t, "finished", state(t, b.db, "acct", "k1").Status)
+}
+
+// Over MaxInFlight an attempt waits at most AdmitWait and is then turned away, having
+// written nothing.
+func TestMaxInFlightSheds(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 20 * time.Millisecond}, before: g.before})
+	g.openAtEnd(t)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			_, err := b.engine.Do(context.Background(), chargeReq("acct", "held", `{"amount":5}`))
+			if !errors.As(err, new(*workflow.ShedError)) { // the pool was slow to connect
+				done <- err
+				return
+			}
+		}
+	}()
+	require.Equal(t, "held", <-g.entered)
+	_, err := b.engine.Do(context.Background(), chargeReq("acct", "k2", `{"amount":5}`))
+	shedWith(t, err, workflow.ErrOverloaded)
+	g.open()
+	require.NoError(t, <-done)
+	require.Equal(t, 1, countKeys(t, b.db), "the refused attempt wrote a key")
+	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "k2"))
+}
+
+// Waiters for a place are served newest first once the engine is overloaded (more
+// waiters than places, waiting without a break; here from the first waiter on).
+func TestAdmitNewestFirst(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: -1}, before: g.before})
+	g.openAtEnd(t)
+	workflow.SetOverloadAfter(b.engine, 0)
+	done := make(chan error, 3)
+	run := func(key string) {
+		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
+		done <- err
+	}
+	go run("first")
+	require.Equal(t, "first", <-g.entered)
+	for i, key := range []string{"older", "newer"} {
+		go run(key)
+		for workflow.Waiting(b.engine) != i+1 {
+			runtimeGosched()
+		}
+	}
+	g.release <- struct{}{} // first ends; its place goes to the newest waiter
+	require.Equal(t, "newer", <-g.entered)
+	g.release <- struct{}{}
+	require.Equal(t, "older", <-g.entered)
+	g.release <- struct{}{}
+	for range 3 {
+		require.NoError(t, <-done)
+	}
+}
+
+// Before the claim, the wait for a pool connection is bounded: with every connection
+// held, the attempt is turned away, having written nothing.
+func TestAdmitWaitBoundsConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := b.newEngine(t, setupOpts{pool: pool, cfg: &workflow.Config{AdmitWait: 20 * time.Millisecond}})
+	held, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	_, err = e.Do(context.Background(), chargeReq("acct", "k1", `{"amount":5}`))
+	shedWith(t, err, workflow.ErrOverloaded)
+	held.Release()
+	require.Equal(t, 0, countKeys(t, b.db))
+	res, err := b.engine.Do(context.Background(), chargeReq("acct", "k1", `{"amount":5}`))
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+}
+
+func TestAdmissionConfig(t *testing.T) {
+	t.Parallel()
+	for _, c := range []workflow.Config{{MaxInFlight: -2}, {AdmitWait: -2}} {
+		_, err := workflow.New(&pgxpool.Pool{}, &c)
+		require.Error(t, err, fmt.Sprintf("%+v", c))
+	}
+	c := (&workflow.Config{}).WithDefaults()
+	require.Equal(t, workflow.AdmitWaitDefault, c.AdmitWait)
+	require.Equal(t, 0, c.MaxInFlight)
+	require.Equal(t, c, c.WithDefaults())
+	require.True(t, errors.Is(&workflow.ShedError{Err: workflow.ErrDraining}, workflow.ErrDraining))
+}
+
+func runtimeGosched() { runtime.Gosched() }
+
+// While the engine is only busy (not overloaded), waiters are served oldest first, so
+// that none starves under a steady closed loop.
+func TestAdmitOldestFirstWhenBusy(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: -1}, before: g.before})
+	g.openAtEnd(t)
+	workflow.SetOverloadAfter(b.engine, time.Hour)
+	done := make(chan error, 3)
+	run := func(key string) {
+		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
+		done <- err
+	}
+	go run("first")
+	require.Equal(t, "first", <-g.entered)
+	for i, key := range []string{"older", "newer"} {
+		go run(key)
+		for workflow.Waiting(b.engine) != i+1 {
+			runtimeGosched()
+		}
+	}
+	g.release <- struct{}{}
+	require.Equal(t, "older", <-g.entered)
+	g.release <- struct{}{}
+	require.Equal(t, "newer", <-g.entered)
+	g.release <- struct{}{}
+	for range 3 {
+		require.NoError(t, <-done)
+	}
+}

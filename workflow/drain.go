@@ -1,0 +1,175 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemflow/idemflow/store"
+)
+
+// Drain stops the engine for a shutdown, such as on SIGTERM before the process exits.
+// From its call on, the engine takes no new attempt (Do and Resume answer a *ShedError
+// with ErrDraining: an HTTP handler answers 503 with Retry-After, and a load balancer
+// sends the retry to another server), and no running attempt starts a call phase: it
+// releases its key instead (its Do returns a *TransientError with ErrDraining), so that
+// no call leaves the process after the drain began. Attempts in a tx phase go on.
+//
+// Drain returns nil once no attempt runs. If ctx ends first, Drain gives up the
+// attempts still running: it takes each one's key away from it, bumping the key's lock
+// version, so that the attempt can commit nothing more should it still run (a phase or
+// a call that outlives the deadline), and clearing the lease, so that a retry reaching
+// another server resumes the key at once instead of waiting for the lease to end. It
+// then returns an error wrapping ctx's, after the keys are released. An attempt whose
+// claim has not committed yet leaves nothing to release: it can no longer commit it.
+//
+// Call Drain once, after the HTTP server stopped taking connections or together with
+// its Shutdown; the engine refuses work for good after it. Stop the process's sweeper
+// first (sweeper.Stop): its attempts are released the same way, but it should not
+// take new keys.
+func (e *Engine) Drain(ctx context.Context) error {
+	a := e.adm
+	a.mu.Lock()
+	a.draining = true
+	for _, w := range a.waiting {
+		w.refused = shed(ErrDraining)
+		close(w.ready)
+	}
+	a.waiting = nil
+	a.mu.Unlock()
+	for {
+		a.mu.Lock()
+		idle := a.used == 0 && len(a.running) == 0
+		changed := a.changed
+		a.mu.Unlock()
+		if idle {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return e.abandon(ctx)
+		}
+	}
+}
+
+// abandon gives up the executors still running when a drain's deadline passed: none
+// may start after it, none may commit a claim, and the key of each whose row exists is
+// released with its lock version bumped.
+func (e *Engine) abandon(ctx context.Context) error {
+	a := e.adm
+	a.mu.Lock()
+	a.closed = true
+	running := make([]*exec, 0, len(a.running))
+	for x := range a.running {
+		running = append(running, x)
+	}
+	a.mu.Unlock()
+	rctx, cancel := e.bounded(context.WithoutCancel(ctx))
+	defer cancel()
+	var errs []error
+	released := 0
+	for _, x := range running {
+		x.gate.Lock()
+		x.abandoned = true
+		durable := x.durable
+		x.gate.Unlock()
+		x.stop()
+		if !durable {
+			continue
+		}
+		err := e.store.Abandon(rctx, e.pool, x.fence, "drain: the process stopped before the attempt ended",
+			e.entry(Attempt{Attempt: x.run.Attempt(), By: x.by, Outcome: OutcomeReleased, Error: "drained"}))
+		switch {
+		case err == nil:
+			released++
+			e.cfg.Hooks.key(rctx, KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
+		case errors.Is(err, store.ErrLeaseLost): // it released its key, or lost it, meanwhile
+		default:
+			errs = append(errs, err)
+		}
+	}
+	return fmt.Errorf("workflow: drain: %d attempts were still running, %d keys released: %w",
+		len(running), released, errors.Join(append([]error{ctx.Err()}, errs...)...))
+}
+
+// enter registers x with the engine for its phases and returns their contexts: pre,
+// the caller's ctx, for the phases before the claim is durable; after, for the phases
+// after it: for a client's attempt (x.detach) detached from the caller, and for a
+// sweep still the caller's (a sweeper that stops cancels its runs); a drain's deadline
+// ends both. ok is false
+// when a drain's deadline passed: x must not run.
+func (x *exec) enter(ctx context.Context) (pre, after context.Context, release func(), ok bool) {
+	base := ctx
+	if x.detach {
+		base = context.WithoutCancel(ctx)
+	}
+	after, stop := context.WithCancel(base)
+	pre, cancelPre := context.WithCancel(ctx)
+	unhook := context.AfterFunc(after, cancelPre)
+	x.stop = stop
+	if !x.e.adm.enter(x) {
+		unhook()
+		cancelPre()
+		stop()
+		return nil, nil, nil, false
+	}
+	return pre, after, func() {
+		x.e.adm.leave(x)
+		unhook()
+		cancelPre()
+		stop()
+	}, true
+}
+
+// drained ends an attempt that may not run because a drain's deadline passed: a key
+// taken over is released at once; a new key was never written.
+func (x *exec) drained(ctx context.Context) step {
+	if x.claim != nil {
+		return step{kind: stepStop, err: shed(ErrDraining)}
+	}
+	return x.settle(ctx, x.rp, step{kind: stepTransient, err: fmt.Errorf("%w: the drain's deadline passed", ErrDraining)})
+}
+
+// claiming is called before the commit that makes a new key durable. It fails when the
+// caller gave up (nothing is durable yet, so the attempt ends) or a drain gave the
+// attempt up; otherwise it holds the gate until done and returns the context of the
+// commit: detached from the caller, bounded by the lease.
+func (x *exec) claiming(ctx context.Context) (context.Context, func(), error) {
+	x.gate.Lock()
+	if x.abandoned {
+		x.gate.Unlock()
+		return nil, nil, shed(ErrDraining)
+	}
+	if err := ctx.Err(); err != nil {
+		x.gate.Unlock()
+		return nil, nil, fmt.Errorf("claim key: the caller gave up before the claim: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.e.cfg.Lease)
+	return cctx, func() {
+		cancel()
+		x.durable = x.claim == nil
+		x.gate.Unlock()
+	}, nil
+}
+
+// takeover takes an expired or released lease: the claim of a key whose row exists.
+// The caller's ctx is honoured until the statement is sent (and for the wait for a
+// connection, bounded by AdmitWait); the statement itself is detached, so that a
+// caller going away cannot leave a lease taken that nobody runs.
+func (e *Engine) takeover(ctx context.Context, row *store.Row) (*store.Row, error) {
+	if e.adm.isDraining() {
+		return nil, shed(ErrDraining)
+	}
+	pc, err := e.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Release()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("take over key: the caller gave up before the claim: %w", err)
+	}
+	tctx, cancel := e.bounded(context.WithoutCancel(ctx))
+	defer cancel()
+	return e.store.Takeover(tctx, pc, row.Fence(), e.cfg.Lease, e.cfg.historyKeep())
+}
