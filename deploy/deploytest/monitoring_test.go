@@ -25,10 +25,10 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/idemflow/idemflow/testkit/pgtest"
-	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/otelidemflow"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 
