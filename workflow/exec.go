@@ -229,7 +229,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			phaserun.Revert(x.run)
 		}
 	}()
-	v := tx.overrule(decide(runTx(ctx, p, tx, x.run)))
+	v := tx.end(decide(runTx(ctx, p, tx, x.run)))
 	switch v.kind {
 	case goOn:
 		data, err := x.data()
