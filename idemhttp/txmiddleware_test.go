@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
@@ -238,4 +240,62 @@ func TestTxMiddlewareConfig(t *testing.T) {
 	}}))
 	_, err = idemhttp.TxMiddleware(e2, &idemhttp.Config{Scope: bearerScope})
 	require.ErrorContains(t, err, "reserved")
+}
+
+// TestTxMiddlewareTxEndsWithHandler: a handler's transaction ends when the handler
+// returns. On a pool of ONE connection, tenant a's handler keeps its transaction; while
+// tenant b's handler holds that connection in its own open transaction, a's kept
+// transaction refuses every call with phases.ErrTxDone, and b's commit carries b's
+// order alone.
+func TestTxMiddlewareTxEndsWithHandler(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupOrders(t)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+
+	kept := make(chan phases.DBTX, 1)
+	inTx, release := make(chan struct{}), make(chan struct{})
+	h := &orders{inserted: func(r *http.Request, tx phases.DBTX) {
+		switch r.Header.Get(idemhttp.KeyHeader) {
+		case "a-k":
+			kept <- tx
+		case "b-k":
+			close(inTx)
+			<-release
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_a", "a-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	tx := <-kept
+
+	answered := make(chan reply, 1)
+	go func() {
+		r, err := send(ctx, srv, "POST", "/v1/orders", keyed("acct_b", "b-k"), `{}`)
+		if err != nil {
+			r.status = 0
+		}
+		answered <- r
+	}()
+	<-inTx
+	_, lateErr := tx.Exec(ctx, `INSERT INTO orders (ref, body) VALUES ('a-late', '')`)
+	var id int64
+	rowErr := tx.QueryRow(ctx, `INSERT INTO orders (ref, body) VALUES ('a-late', '') RETURNING id`).Scan(&id)
+	_, asTxErr := tx.(pgx.Tx).Begin(ctx)
+	close(release)
+	require.Equal(t, http.StatusCreated, (<-answered).status, "tenant b is answered")
+
+	require.Zero(t, ordersFor(t, b.db, "a-late"), "nothing of a's late calls committed, in b's transaction or elsewhere")
+	require.ErrorIs(t, lateErr, phases.ErrTxDone, "Exec after the handler returned")
+	require.ErrorIs(t, rowErr, phases.ErrTxDone, "QueryRow after the handler returned")
+	require.ErrorIs(t, asTxErr, phases.ErrTxDone, "the pgx.Tx view after the handler returned")
+	require.Equal(t, 1, ordersFor(t, b.db, "a-k"))
+	require.Equal(t, 1, ordersFor(t, b.db, "b-k"))
 }
