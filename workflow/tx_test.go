@@ -95,15 +95,16 @@ func (s *tenantsSetup) whileBHolds(t *testing.T, late func()) {
 	<-inTx
 	// A failing check in late ends the test's goroutine: b's phase is let go all the
 	// same, so that the test ends rather than hang.
+	released := false
 	defer func() {
-		if release != nil {
+		if !released {
 			close(release)
 			<-done
 		}
 	}()
 	late()
+	released = true
 	close(release)
-	release = nil
 	require.NoError(t, <-done, "tenant b's request")
 }
 
@@ -393,3 +394,30 @@ const (
 	lockWait = time.Minute          // how long a test waits for the server to show a lock
 	lockTick = 5 * time.Millisecond // how often it looks
 )
+
+// TestTxPhaseOutlivesLease: a tx phase still running when the attempt's lease runs out
+// fails with ErrLeaseExpired (inside a *TransientError), and nothing it wrote commits.
+func TestTxPhaseOutlivesLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
+	require.NoError(t, err)
+	e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
+		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			if err := note(ctx, tx, run.Scope()); err != nil {
+				return nil, err
+			}
+			<-ctx.Done() // hung until the lease ends
+			return created(ctx, tx)
+		}),
+	}}))
+	_, err = e.Do(ctx, tenantReq("a"))
+	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM notes`).Scan(&n))
+	require.Zero(t, n, "nothing of the phase committed")
+}
