@@ -175,6 +175,14 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // are in problem.go. It is a heading of docs/API.md.
 const kindUpgrade = "upgrade-not-idempotent"
 
+// kindLeaseExpired is the problem kind of an attempt whose phase (a TxMiddleware
+// handler) ran past its lease (503); a heading of docs/API.md.
+const kindLeaseExpired = "lease-expired"
+
+// leaseExpiredDetail is the detail of the answer to an attempt that ran out of its lease.
+const leaseExpiredDetail = "The request ran out of its time (its lease) before it could be committed; nothing of it was kept. " +
+	"Retry after the Retry-After seconds with the same key."
+
 // upgradeDetail is the detail of the answer to a keyed upgrade request.
 const upgradeDetail = "A protocol upgrade cannot be made idempotent: send it without an " + KeyHeader + " header."
 

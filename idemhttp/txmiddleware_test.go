@@ -2,12 +2,15 @@ package idemhttp_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -298,4 +301,39 @@ func TestTxMiddlewareTxEndsWithHandler(t *testing.T) {
 	require.ErrorIs(t, asTxErr, phases.ErrTxDone, "the pgx.Tx view after the handler returned")
 	require.Equal(t, 1, ordersFor(t, b.db, "a-k"))
 	require.Equal(t, 1, ordersFor(t, b.db, "b-k"))
+}
+
+// TestTxMiddlewareHandlerOutlivesLease: a handler that goes on past its lease (it
+// ignores its context) is answered 503 lease-expired, which says so, instead of
+// "unavailable"; nothing it wrote commits, and the retry runs it within its lease.
+func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
+	t.Parallel()
+	b := setupOrders(t)
+	e, err := workflow.New(b.db.Pool, &workflow.Config{Lease: time.Second})
+	require.NoError(t, err)
+	var hang atomic.Bool
+	hang.Store(true)
+	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+		if hang.Load() {
+			<-r.Context().Done() // past the lease: the context ends with it
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	var p struct {
+		Type   string `json:"type"`
+		Detail string `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal(r.body, &p))
+	require.True(t, strings.HasSuffix(p.Type, "#lease-expired"), "type %q", p.Type)
+	require.Contains(t, p.Detail, "ran out of its time")
+	requireRetryAfter(t, r)
+	require.Zero(t, ordersFor(t, b.db, "hung-k"), "nothing of the attempt committed")
+	require.Zero(t, rowsFor(t, b.db, "acct_hung", "hung-k"))
+
+	hang.Store(false)
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, 1, ordersFor(t, b.db, "hung-k"))
 }

@@ -367,7 +367,18 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 // the key row (queued by write, read by read) and COMMIT. If the write does not apply
 // (a fence that misses, a row that exists), it aborts the transaction and the COMMIT
 // is skipped.
-func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+//
+// Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
+// sent, and a commit that fails after it ran out says so.
+func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) (err error) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
+		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+	}
+	defer func() {
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}()
 	b := &pgx.Batch{}
 	opened := !t.begun
 	if opened {
