@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -336,4 +337,71 @@ func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
 	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	require.Equal(t, 1, ordersFor(t, b.db, "hung-k"))
+}
+
+// TestTxMiddlewareHungHolderTerminated: a handler that hangs holds its key's claim
+// lock (duplicates get 409); the query docs/OPERATIONS.md gives finds its session, and
+// pg_terminate_backend on it lets the retry claim the key and finish it. The hung
+// handler, let go afterwards, commits nothing: one order for the key.
+func TestTxMiddlewareHungHolderTerminated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupOrders(t)
+	app := "hung-" + b.db.Schema
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+
+	hung, letGo := make(chan struct{}), make(chan struct{})
+	var hang atomic.Bool
+	hang.Store(true)
+	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+		if hang.CompareAndSwap(true, false) {
+			close(hung)
+			<-letGo // ignores its context
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	first := make(chan reply, 1)
+	go func() {
+		r, _ := send(ctx, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+		first <- r
+	}()
+	<-hung
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.Equal(t, http.StatusConflict, r.status, "the claim lock is held")
+
+	// The operator's query, from the runbook, with the lease's 30 s as 0 s.
+	doc, err := os.ReadFile("../docs/OPERATIONS.md")
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(doc), "### An attempt that holds a claim lock")
+	require.True(t, ok)
+	_, rest, ok = strings.Cut(rest, "```sql\n")
+	require.True(t, ok)
+	query, _, ok := strings.Cut(rest, "```")
+	require.True(t, ok)
+	query = strings.Replace(query, "interval '30 seconds'", "interval '0 seconds'", 1)
+	rows, err := b.db.Pool.Query(ctx, `SELECT pid FROM (`+query+`) q WHERE application_name = $1`, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Len(t, pids, 1, "the runbook's query finds the hung holder")
+	var ended bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ended))
+	require.True(t, ended)
+
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "the retry claims the key once the holder is gone: %s", r.body)
+	close(letGo)
+	late := <-first
+	require.Equal(t, http.StatusServiceUnavailable, late.status, "the hung attempt commits nothing: %s", late.body)
+	require.Equal(t, 1, ordersFor(t, b.db, "hold-k"), "one order for the key")
+	again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.True(t, again.replayed())
+	require.Equal(t, r.body, again.body)
 }
