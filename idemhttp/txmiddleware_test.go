@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -358,6 +359,9 @@ func TestTxMiddlewareHungHolderTerminated(t *testing.T) {
 	require.NoError(t, err)
 
 	hung, letGo := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(letGo) }) }
+	defer release() // also when a check fails: the server's Close waits for the handler
 	var hang atomic.Bool
 	hang.Store(true)
 	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
@@ -394,10 +398,16 @@ func TestTxMiddlewareHungHolderTerminated(t *testing.T) {
 	var ended bool
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ended))
 	require.True(t, ended)
+	// pg_terminate_backend only signals: wait until the server shows the backend gone.
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pids[0]).Scan(&n)
+		return err == nil && n == 0
+	}, time.Minute, 5*time.Millisecond)
 
 	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
 	require.Equal(t, http.StatusCreated, r.status, "the retry claims the key once the holder is gone: %s", r.body)
-	close(letGo)
+	release()
 	late := <-first
 	require.Equal(t, http.StatusServiceUnavailable, late.status, "the hung attempt commits nothing: %s", late.body)
 	require.Equal(t, 1, ordersFor(t, b.db, "hold-k"), "one order for the key")
