@@ -44,6 +44,12 @@
 // made inside Do for a new key, so it cannot be set before Do, and a table keyed by
 // (scope, key) would hand one attempt's writer to another attempt of the same key.
 //
+// Protocol upgrades are never run under a key: a middleware answers a keyed request
+// that asks to switch protocols (WebSocket, h2c, CONNECT) 400 with problem type
+// upgrade-not-idempotent before its handler runs, and drops an informational status
+// (1xx, 101 included) its handler writes, so that the stored answer is always a final
+// one and the handler never runs twice for want of one (see Middleware).
+//
 // This package imports idemflow's workflow and phases packages and
 // github.com/dunglas/httpsfv (RFC 8941). workflow has no net/http code; this package is
 // where it lives.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
@@ -67,6 +68,16 @@ const middlewarePhase = "handle"
 //
 // The response writer the handler gets buffers everything: Flush only fixes the status
 // and headers, and Hijack is not supported.
+//
+// A protocol upgrade cannot be stored or replayed, so it is never run under a key: a
+// request that asks for one (an Upgrade header or a Connection: upgrade token, as
+// WebSocket and h2c send, or the CONNECT method) and carries an Idempotency-Key is
+// answered 400 with problem type upgrade-not-idempotent before the handler runs, and
+// nothing is written; without a key it goes to the handler as any request without a
+// key does (and the handler gets the real response writer, which can be hijacked). An
+// informational status the handler writes (1xx, 101 included) is dropped, as net/http
+// drops a second WriteHeader: it is never sent, stored or replayed, and the answer is
+// what the handler writes after it (200 if it writes only a body, or nothing).
 //
 // The wrapped handler reaches its request through the phase function that this attempt
 // brings to the engine (workflow.Request.ClientPhases), a closure over the request and
@@ -137,6 +148,10 @@ type live struct {
 }
 
 func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if upgrade(r) && len(r.Header.Values(KeyHeader)) > 0 {
+		h.front.problem(w, http.StatusBadRequest, kindUpgrade, upgradeDetail)
+		return
+	}
 	req, keyed, ok := h.front.read(w, r, h.front.cfg.RequireKey)
 	if !ok {
 		return
@@ -154,6 +169,37 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := h.front.e.Do(r.Context(), req)
 	h.front.answer(w, r, req, res, err)
+}
+
+// kindUpgrade is the problem kind of a keyed upgrade request (400); the other kinds
+// are in problem.go. It is a heading of docs/API.md.
+const kindUpgrade = "upgrade-not-idempotent"
+
+// kindLeaseExpired is the problem kind of an attempt whose phase (a TxMiddleware
+// handler) ran past its lease (503); a heading of docs/API.md.
+const kindLeaseExpired = "lease-expired"
+
+// leaseExpiredDetail is the detail of the answer to an attempt that ran out of its lease.
+const leaseExpiredDetail = "The request ran out of its time (its lease) before it could be committed; nothing of it was kept. " +
+	"Retry after the Retry-After seconds with the same key."
+
+// upgradeDetail is the detail of the answer to a keyed upgrade request.
+const upgradeDetail = "A protocol upgrade cannot be made idempotent: send it without an " + KeyHeader + " header."
+
+// upgrade reports whether r asks to switch protocols: an Upgrade header (WebSocket,
+// h2c), a Connection header naming the upgrade token, or the CONNECT method.
+func upgrade(r *http.Request) bool {
+	if r.Method == http.MethodConnect || len(r.Header.Values("Upgrade")) > 0 {
+		return true
+	}
+	for _, v := range r.Header.Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // serve runs the wrapped handler on a copy of the live request with context ctx,
@@ -212,13 +258,14 @@ var (
 // Header implements http.ResponseWriter. Changes after WriteHeader have no effect.
 func (c *capture) Header() http.Header { return c.header }
 
-// WriteHeader implements http.ResponseWriter. Informational (1xx) statuses are
-// dropped: they cannot be replayed.
+// WriteHeader implements http.ResponseWriter. Informational statuses (1xx, 101
+// Switching Protocols included) are dropped: they cannot be stored or replayed, and no
+// upgrade runs under a key (see Middleware).
 func (c *capture) WriteHeader(code int) {
 	if code < 100 || code > 999 {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
 	}
-	if c.status != 0 || (code < 200 && code != http.StatusSwitchingProtocols) {
+	if c.status != 0 || code < 200 {
 		return
 	}
 	c.status = code

@@ -142,6 +142,8 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
 	case errors.Is(err, workflow.ErrNoResponse), errors.Is(err, workflow.ErrPhaseDataTooLarge), errors.As(err, &panicked):
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
+	case errors.As(err, &transient) && errors.Is(err, workflow.ErrLeaseExpired):
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindLeaseExpired, retryAfter: transient.RetryAfter, detail: leaseExpiredDetail}
 	case errors.As(err, &transient) && transient.Response != nil && transient.Response.Status >= 500 && transient.Response.Status <= 999:
 		return httpAnswer{status: transient.Response.Status, pass: transient.Response, retryAfter: transient.RetryAfter, level: slog.LevelWarn}
 	case transient != nil:

@@ -40,8 +40,11 @@ const TxMiddlewareFlow = "idemflow.http.tx"
 // with a fresh response writer and request body; only the last call's writes commit. So
 // the handler must not write anywhere but the transaction (a remote call, a message, a
 // write through another connection): those are neither rolled back nor fenced. It must
-// not use the transaction after it returns, nor from more than one goroutine at a time,
-// and should not commit or roll it back itself. The transaction is READ COMMITTED and,
+// not use the transaction from more than one goroutine at a time, and should not commit
+// or roll it back itself. The transaction ends when the handler returns: from then on
+// every call on it (by a goroutine or a client that kept it) fails with
+// phases.ErrTxDone and reaches no connection, and a handler that returns while a call
+// of its own is still running on it fails and commits nothing. It is READ COMMITTED and,
 // like any tx phase's, bounded by workflow.Config.Lease; the handler runs with a
 // context that ends with it.
 //

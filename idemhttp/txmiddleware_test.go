@@ -2,13 +2,20 @@ package idemhttp_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
@@ -238,4 +245,173 @@ func TestTxMiddlewareConfig(t *testing.T) {
 	}}))
 	_, err = idemhttp.TxMiddleware(e2, &idemhttp.Config{Scope: bearerScope})
 	require.ErrorContains(t, err, "reserved")
+}
+
+// TestTxMiddlewareTxEndsWithHandler: a handler's transaction ends when the handler
+// returns. On a pool of ONE connection, tenant a's handler keeps its transaction; while
+// tenant b's handler holds that connection in its own open transaction, a's kept
+// transaction refuses every call with phases.ErrTxDone, and b's commit carries b's
+// order alone.
+func TestTxMiddlewareTxEndsWithHandler(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupOrders(t)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+
+	kept := make(chan phases.DBTX, 1)
+	inTx, release := make(chan struct{}), make(chan struct{})
+	h := &orders{inserted: func(r *http.Request, tx phases.DBTX) {
+		switch r.Header.Get(idemhttp.KeyHeader) {
+		case "a-k":
+			kept <- tx
+		case "b-k":
+			close(inTx)
+			<-release
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_a", "a-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	tx := <-kept
+
+	answered := make(chan reply, 1)
+	go func() {
+		r, err := send(ctx, srv, "POST", "/v1/orders", keyed("acct_b", "b-k"), `{}`)
+		if err != nil {
+			r.status = 0
+		}
+		answered <- r
+	}()
+	<-inTx
+	_, lateErr := tx.Exec(ctx, `INSERT INTO orders (ref, body) VALUES ('a-late', '')`)
+	var id int64
+	rowErr := tx.QueryRow(ctx, `INSERT INTO orders (ref, body) VALUES ('a-late', '') RETURNING id`).Scan(&id)
+	_, asTxErr := tx.(pgx.Tx).Begin(ctx)
+	close(release)
+	require.Equal(t, http.StatusCreated, (<-answered).status, "tenant b is answered")
+
+	require.Zero(t, ordersFor(t, b.db, "a-late"), "nothing of a's late calls committed, in b's transaction or elsewhere")
+	require.ErrorIs(t, lateErr, phases.ErrTxDone, "Exec after the handler returned")
+	require.ErrorIs(t, rowErr, phases.ErrTxDone, "QueryRow after the handler returned")
+	require.ErrorIs(t, asTxErr, phases.ErrTxDone, "the pgx.Tx view after the handler returned")
+	require.Equal(t, 1, ordersFor(t, b.db, "a-k"))
+	require.Equal(t, 1, ordersFor(t, b.db, "b-k"))
+}
+
+// TestTxMiddlewareHandlerOutlivesLease: a handler that goes on past its lease (it
+// ignores its context) is answered 503 lease-expired, which says so, instead of
+// "unavailable"; nothing it wrote commits, and the retry runs it within its lease.
+func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
+	t.Parallel()
+	b := setupOrders(t)
+	e, err := workflow.New(b.db.Pool, &workflow.Config{Lease: time.Second})
+	require.NoError(t, err)
+	var hang atomic.Bool
+	hang.Store(true)
+	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+		if hang.Load() {
+			<-r.Context().Done() // past the lease: the context ends with it
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	var p struct {
+		Type   string `json:"type"`
+		Detail string `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal(r.body, &p))
+	require.True(t, strings.HasSuffix(p.Type, "#lease-expired"), "type %q", p.Type)
+	require.Contains(t, p.Detail, "ran out of its time")
+	requireRetryAfter(t, r)
+	require.Zero(t, ordersFor(t, b.db, "hung-k"), "nothing of the attempt committed")
+	require.Zero(t, rowsFor(t, b.db, "acct_hung", "hung-k"))
+
+	hang.Store(false)
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, 1, ordersFor(t, b.db, "hung-k"))
+}
+
+// TestTxMiddlewareHungHolderTerminated: a handler that hangs holds its key's claim
+// lock (duplicates get 409); the query docs/OPERATIONS.md gives finds its session, and
+// pg_terminate_backend on it lets the retry claim the key and finish it. The hung
+// handler, let go afterwards, commits nothing: one order for the key.
+func TestTxMiddlewareHungHolderTerminated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupOrders(t)
+	app := "hung-" + b.db.Schema
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+
+	hung, letGo := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(letGo) }) }
+	defer release() // also when a check fails: the server's Close waits for the handler
+	var hang atomic.Bool
+	hang.Store(true)
+	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+		if hang.CompareAndSwap(true, false) {
+			close(hung)
+			<-letGo // ignores its context
+		}
+	}}
+	srv := txMiddlewareServer(t, e, h)
+	first := make(chan reply, 1)
+	go func() {
+		r, _ := send(ctx, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+		first <- r
+	}()
+	<-hung
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.Equal(t, http.StatusConflict, r.status, "the claim lock is held")
+
+	// The operator's query, from the runbook, with the lease's 30 s as 0 s.
+	doc, err := os.ReadFile("../docs/OPERATIONS.md")
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(doc), "### An attempt that holds a claim lock")
+	require.True(t, ok)
+	_, rest, ok = strings.Cut(rest, "```sql\n")
+	require.True(t, ok)
+	query, _, ok := strings.Cut(rest, "```")
+	require.True(t, ok)
+	query = strings.Replace(query, "interval '30 seconds'", "interval '0 seconds'", 1)
+	rows, err := b.db.Pool.Query(ctx, `SELECT pid FROM (`+query+`) q WHERE application_name = $1`, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Len(t, pids, 1, "the runbook's query finds the hung holder")
+	var ended bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ended))
+	require.True(t, ended)
+	// pg_terminate_backend only signals: wait until the server shows the backend gone.
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pids[0]).Scan(&n)
+		return err == nil && n == 0
+	}, time.Minute, 5*time.Millisecond)
+
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "the retry claims the key once the holder is gone: %s", r.body)
+	release()
+	late := <-first
+	require.Equal(t, http.StatusServiceUnavailable, late.status, "the hung attempt commits nothing: %s", late.body)
+	require.Equal(t, 1, ordersFor(t, b.db, "hold-k"), "one order for the key")
+	again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hold", "hold-k"), `{}`)
+	require.True(t, again.replayed())
+	require.Equal(t, r.body, again.body)
 }

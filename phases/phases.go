@@ -46,7 +46,9 @@ func (k Kind) String() string {
 // The DBTX the engine passes to a tx phase is also a pgx.Tx, for code that takes one
 // (such as River's InsertTx): tx.(pgx.Tx). Its Begin opens a savepoint, which commits
 // or rolls back like a pgx nested transaction; its own Commit and Rollback are refused
-// with ErrTxManaged (see there).
+// with ErrTxManaged (see there). The transaction ends with its phase: once the phase
+// function returns, every call on it, or on anything it handed out, fails with
+// ErrTxDone (see there).
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

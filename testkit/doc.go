@@ -9,6 +9,7 @@
 //   - coretest, pooltest: engine behaviours run against several pools and poolers
 //   - cpumeter: CPU time of a process and its PostgreSQL backends, for the benchmark
 //   - skewtest: the previous release and this tree on one schema (the upgrade contract)
+//   - tenants: two tenants on a pool of one connection (a transaction ends with its phase)
 //   - uitest: the fixture of the operator page's tests
 //
 // The engine's own machinery stays in internal/. Packages of the other modules of the

@@ -56,6 +56,11 @@ var (
 	// none, or a phase answered with an informational status (1xx, 101 included), which
 	// is never stored or replayed. The key was released.
 	ErrNoResponse = errors.New("flow ended without a response")
+	// ErrLeaseExpired: a tx phase (an idemhttp TxMiddleware handler) was still running
+	// when the attempt's lease (Config.Lease) ran out, so its transaction was not
+	// committed: nothing of the phase stays. It comes inside a *TransientError; the key
+	// keeps its recovery point. A phase that hits it is hung or too slow for the lease.
+	ErrLeaseExpired = errors.New("the attempt ran out of its lease before its phase committed")
 )
 
 // errNotFinal: a phase answered with a status that is not a final answer (1xx,

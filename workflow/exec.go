@@ -231,7 +231,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	// The lease bounds the transaction: a connection that stops answering (half-open,
 	// blackholed) must not hold the executor, and past its lease its commit is likely
 	// fenced anyway.
-	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
+	ctx, cancel := context.WithTimeoutCause(ctx, x.e.cfg.Lease, ErrLeaseExpired)
 	defer cancel()
 	tx, err := x.open(ctx, p.IsoLevel)
 	if err != nil {
@@ -253,7 +253,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			x.state().Revert()
 		}
 	}()
-	v := tx.overrule(decide(runTx(ctx, p, tx, x.run)))
+	v := tx.end(decide(runTx(ctx, p, tx, x.run)))
 	switch v.kind {
 	case goOn:
 		data, err := x.data()

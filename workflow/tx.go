@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/phases"
@@ -18,8 +20,15 @@ import (
 // in the same round trip as the phase's first statement, or, for a new key, as the
 // claim; the engine's own write of the key row rides with COMMIT. It implements
 // phases.DBTX.
+//
+// The phase's code reaches the connection only through this value and the views it
+// hands out (savepoints, rows, batch results), from whatever goroutine it gives them
+// to. Each of their calls is admitted by enter and ends with leave; when the phase
+// function returns, end seals them all, and from then on they refuse with
+// phases.ErrTxDone and only the engine uses the connection (to commit or roll back),
+// until done gives it back to the pool.
 type phaseTx struct {
-	pc    *pgxpool.Conn // nil once released
+	pc    *pgxpool.Conn // nil once done
 	conn  *pgx.Conn
 	store *store.Store
 	begin string // BEGIN with the phase's isolation level
@@ -35,6 +44,16 @@ type phaseTx struct {
 
 	savepoints int   // savepoints opened with Begin, for their names
 	refused    error // the phase's code called Commit or Rollback: the phase fails
+
+	mu     sync.Mutex // guards the fields below, shared with the phase's goroutines
+	sealed bool       // the phase is over: every view refuses with phases.ErrTxDone
+	uses   int        // calls of the phase's code on the connection in progress
+	// stray: the phase ended while a call was in progress. That call's goroutine is
+	// the last to use the connection: it closes it (leave); the pool never gets it back.
+	stray bool
+	// exposed: Conn handed out the connection itself, which nothing can take back, so
+	// it is closed rather than given back to the pool.
+	exposed bool
 }
 
 var (
@@ -60,13 +79,87 @@ func newPhaseTx(pc *pgxpool.Conn, st *store.Store, iso pgx.TxIsoLevel) *phaseTx 
 // pool. It is idempotent, and must run before the executor uses the pool again (to
 // re-read the key, release it, or finish it in another transaction): with a small
 // pool, an executor holding one connection while waiting for another waits for itself.
+//
+// A connection the phase's code may still reach never goes back to the pool: one that
+// Conn handed out is closed, and one a call of the phase's code was still using when
+// the phase ended is closed by that call when it returns (leave). Either way the pool
+// opens a new one when it needs it.
 func (t *phaseTx) done(ctx context.Context) {
 	if t.pc == nil {
 		return
 	}
-	t.rollback(ctx)
-	t.pc.Release()
+	pc := t.pc
 	t.pc = nil
+	t.mu.Lock()
+	t.sealed = true
+	stray, exposed := t.stray, t.exposed
+	t.mu.Unlock()
+	switch {
+	case stray:
+		pc.Hijack() // the stray call closes it
+	case exposed:
+		closeConn(ctx, pc.Hijack())
+	default:
+		t.rollback(ctx)
+		pc.Release()
+	}
+}
+
+// enter admits a call of the phase's code on the connection, or refuses it with
+// phases.ErrTxDone once the phase is over. Every call it admits ends with leave. Calls
+// may nest (a batch's callbacks run inside its Close), and pgx itself answers a call
+// made while the connection is busy.
+func (t *phaseTx) enter() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sealed {
+		return phases.ErrTxDone
+	}
+	t.uses++
+	return nil
+}
+
+// leave ends a call admitted by enter. The last call of a phase that ended while it
+// ran closes the connection, which done took from the pool.
+func (t *phaseTx) leave() {
+	t.mu.Lock()
+	t.uses--
+	last := t.stray && t.uses == 0
+	t.mu.Unlock()
+	if last {
+		closeConn(context.Background(), t.conn)
+	}
+}
+
+// errTxInUse fails a phase that returned while its code was still using the
+// transaction from another goroutine: what that call does cannot be part of the
+// commit, nor be left out of it for sure.
+var errTxInUse = errors.New("the phase returned while its transaction was still in use by another goroutine: nothing of the phase is committed")
+
+// end seals the transaction when the phase function returns and turns the verdict
+// into a failure if the phase's code was still using the transaction, or called its
+// Commit or Rollback: nothing it wrote may then commit.
+func (t *phaseTx) end(v verdict) verdict {
+	t.mu.Lock()
+	t.sealed = true
+	t.stray = t.uses > 0
+	stray := t.stray
+	t.mu.Unlock()
+	if stray {
+		return verdict{kind: fail, err: errTxInUse}
+	}
+	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
+		return verdict{kind: fail, err: t.refused}
+	}
+	return v
+}
+
+// closeConn closes a connection taken from the pool, within a bound even when ctx is
+// done: the server rolls back what it had open.
+func closeConn(ctx context.Context, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
 }
 
 // claimed is the outcome of a claim.
@@ -172,6 +265,10 @@ func readBegin(br pgx.BatchResults) error {
 
 // Exec implements phases.DBTX.
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.enter(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer t.leave()
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -196,11 +293,26 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 
 // Query implements phases.DBTX.
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	r := &txRows{tx: t}
+	err := t.query(ctx, r, sql, args)
+	if r.rows == nil {
+		return nil, err
+	}
+	return r, err
+}
+
+// query runs Query's statement, into r.
+func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) (err error) {
+	if err := t.enter(); err != nil {
+		return err
+	}
+	defer t.leave()
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
-			return nil, err
+			return err
 		}
-		return t.conn.Query(ctx, sql, args...)
+		r.rows, err = t.conn.Query(ctx, sql, args...)
+		return err
 	}
 	b := &pgx.Batch{}
 	b.Queue(t.begin)
@@ -209,32 +321,42 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	br := t.conn.SendBatch(ctx, b)
 	if err := readBegin(br); err != nil {
 		br.Close()
-		return nil, err
+		return err
 	}
 	rows, err := br.Query()
 	if err != nil {
 		br.Close()
-		return nil, err
+		return err
 	}
-	return &batchRows{Rows: rows, br: br}, nil
+	r.rows, r.br = rows, br
+	return nil
 }
 
 // QueryRow implements phases.DBTX.
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, err := t.Query(ctx, sql, args...)
-	return &row{rows: rows, err: err}
+	r := &row{rows: txRows{tx: t}}
+	r.err = t.query(ctx, &r.rows, sql, args)
+	return r
 }
 
 // SendBatch implements phases.DBTX. BEGIN goes first in its own round trip.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.enter(); err != nil {
+		return &errBatch{err: err}
+	}
+	defer t.leave()
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
 	}
-	return t.conn.SendBatch(ctx, b)
+	return &txBatch{tx: t, br: t.conn.SendBatch(ctx, b)}
 }
 
 // CopyFrom implements phases.DBTX. BEGIN goes first in its own round trip.
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.enter(); err != nil {
+		return 0, err
+	}
+	defer t.leave()
 	if err := t.flush(ctx); err != nil {
 		return 0, err
 	}
@@ -245,7 +367,18 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 // the key row (queued by write, read by read) and COMMIT. If the write does not apply
 // (a fence that misses, a row that exists), it aborts the transaction and the COMMIT
 // is skipped.
-func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+//
+// Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
+// sent, and a commit that fails after it ran out says so.
+func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) (err error) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
+		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+	}
+	defer func() {
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}()
 	b := &pgx.Batch{}
 	opened := !t.begun
 	if opened {
@@ -293,42 +426,127 @@ func (t *phaseTx) rollback(ctx context.Context) {
 	_, _ = t.conn.Exec(ctx, "ROLLBACK")
 }
 
-// batchRows are the rows of a statement pipelined with BEGIN: closing them also reads
-// the rest of the batch.
-type batchRows struct {
-	pgx.Rows
+// txRows are the rows of a statement of a phase's transaction. Like the transaction
+// they refuse once the phase is over: Next returns false, Err, Scan and Values return
+// phases.ErrTxDone, and nothing touches the connection or the buffers it reads into.
+type txRows struct {
+	tx   *phaseTx
+	rows pgx.Rows
+	// br is set for a statement pipelined with BEGIN: closing the rows also reads the
+	// rest of the batch.
 	br       pgx.BatchResults
 	closed   bool
 	closeErr error
 }
 
-func (r *batchRows) Next() bool {
-	if r.Rows.Next() {
+func (r *txRows) Next() bool {
+	if r.tx.enter() != nil {
+		return false
+	}
+	defer r.tx.leave()
+	return r.next()
+}
+
+func (r *txRows) next() bool {
+	if r.rows.Next() {
 		return true
 	}
-	r.Close()
+	r.close()
 	return false
 }
 
-func (r *batchRows) Close() {
+func (r *txRows) Close() {
+	if r.tx.enter() != nil {
+		return
+	}
+	defer r.tx.leave()
+	r.close()
+}
+
+func (r *txRows) close() {
 	if r.closed {
 		return
 	}
 	r.closed = true
-	r.Rows.Close()
-	r.closeErr = r.br.Close()
+	r.rows.Close()
+	if r.br != nil {
+		r.closeErr = r.br.Close()
+	}
 }
 
-func (r *batchRows) Err() error {
-	if err := r.Rows.Err(); err != nil {
+func (r *txRows) Err() error {
+	if err := r.tx.enter(); err != nil {
+		return err
+	}
+	defer r.tx.leave()
+	return r.err()
+}
+
+func (r *txRows) err() error {
+	if err := r.rows.Err(); err != nil {
 		return err
 	}
 	return r.closeErr
 }
 
+func (r *txRows) Scan(dest ...any) error {
+	if err := r.tx.enter(); err != nil {
+		return err
+	}
+	defer r.tx.leave()
+	return r.rows.Scan(dest...)
+}
+
+func (r *txRows) Values() ([]any, error) {
+	if err := r.tx.enter(); err != nil {
+		return nil, err
+	}
+	defer r.tx.leave()
+	return r.rows.Values()
+}
+
+// RawValues returns nil once the phase is over.
+func (r *txRows) RawValues() [][]byte {
+	if r.tx.enter() != nil {
+		return nil
+	}
+	defer r.tx.leave()
+	return r.rows.RawValues()
+}
+
+// CommandTag returns the zero tag once the phase is over.
+func (r *txRows) CommandTag() pgconn.CommandTag {
+	if r.tx.enter() != nil {
+		return pgconn.CommandTag{}
+	}
+	defer r.tx.leave()
+	return r.rows.CommandTag()
+}
+
+// FieldDescriptions returns nil once the phase is over.
+func (r *txRows) FieldDescriptions() []pgconn.FieldDescription {
+	if r.tx.enter() != nil {
+		return nil
+	}
+	defer r.tx.leave()
+	return r.rows.FieldDescriptions()
+}
+
+// TypeMap returns nil once the phase is over: the map is the connection's.
+func (r *txRows) TypeMap() *pgtype.Map {
+	if r.tx.enter() != nil {
+		return nil
+	}
+	defer r.tx.leave()
+	return r.rows.TypeMap()
+}
+
+// Conn is the transaction's Conn.
+func (r *txRows) Conn() *pgx.Conn { return r.tx.Conn() }
+
 // row is QueryRow's result over Query.
 type row struct {
-	rows pgx.Rows
+	rows txRows
 	err  error
 }
 
@@ -336,18 +554,81 @@ func (r *row) Scan(dest ...any) error {
 	if r.err != nil {
 		return r.err
 	}
-	defer r.rows.Close()
-	if !r.rows.Next() {
-		if err := r.rows.Err(); err != nil {
+	if err := r.rows.tx.enter(); err != nil {
+		return err
+	}
+	defer r.rows.tx.leave()
+	defer r.rows.close()
+	if !r.rows.next() {
+		if err := r.rows.err(); err != nil {
 			return err
 		}
 		return pgx.ErrNoRows
 	}
-	if err := r.rows.Scan(dest...); err != nil {
+	if err := r.rows.rows.Scan(dest...); err != nil {
 		return err
 	}
-	r.rows.Close()
-	return r.rows.Err()
+	r.rows.close()
+	return r.rows.err()
+}
+
+// txBatch is the BatchResults of a batch sent in a phase's transaction. Like the
+// transaction it refuses once the phase is over, with phases.ErrTxDone.
+type txBatch struct {
+	tx *phaseTx
+	br pgx.BatchResults
+}
+
+func (b *txBatch) Exec() (pgconn.CommandTag, error) {
+	if err := b.tx.enter(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer b.tx.leave()
+	return b.br.Exec()
+}
+
+func (b *txBatch) Query() (pgx.Rows, error) {
+	r := &txRows{tx: b.tx}
+	err := b.query(r)
+	if r.rows == nil {
+		return nil, err
+	}
+	return r, err
+}
+
+func (b *txBatch) query(r *txRows) (err error) {
+	if err := b.tx.enter(); err != nil {
+		return err
+	}
+	defer b.tx.leave()
+	r.rows, err = b.br.Query()
+	return err
+}
+
+func (b *txBatch) QueryRow() pgx.Row {
+	r := &row{rows: txRows{tx: b.tx}}
+	if err := b.query(&r.rows); r.rows.rows == nil {
+		r.err = err
+	}
+	return r
+}
+
+// Tx returns nil unless the batch was queued with pgx.Batch.BeginTx; then, as no
+// batch can begin a transaction inside the phase's, the phase's own (whose Commit and
+// Rollback are refused, see phases.ErrTxManaged).
+func (b *txBatch) Tx() pgx.Tx {
+	if b.br.Tx() == nil {
+		return nil
+	}
+	return b.tx
+}
+
+func (b *txBatch) Close() error {
+	if err := b.tx.enter(); err != nil {
+		return err
+	}
+	defer b.tx.leave()
+	return b.br.Close()
 }
 
 // errBatch is the BatchResults of a batch that could not be sent.

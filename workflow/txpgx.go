@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/phases"
 )
@@ -20,9 +21,10 @@ import (
 // back (ROLLBACK TO SAVEPOINT) on its own; the phase's transaction goes on either way.
 // A savepoint opened before the phase's first statement rides in BEGIN's round trip.
 func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.pc == nil {
-		return nil, pgx.ErrTxClosed
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
+	defer t.leave()
 	t.savepoints++
 	sp := &savepoint{root: t, name: "idemflow_sp_" + strconv.Itoa(t.savepoints)}
 	if t.begun {
@@ -56,9 +58,10 @@ func (t *phaseTx) Commit(context.Context) error { return t.refuse("commit") }
 func (t *phaseTx) Rollback(context.Context) error { return t.refuse("rollback") }
 
 func (t *phaseTx) refuse(op string) error {
-	if t.pc == nil {
-		return pgx.ErrTxClosed
+	if err := t.enter(); err != nil {
+		return err
 	}
+	defer t.leave()
 	err := fmt.Errorf("%s of the phase's transaction refused: %w", op, phases.ErrTxManaged)
 	if t.refused == nil {
 		t.refused = err
@@ -66,32 +69,45 @@ func (t *phaseTx) refuse(op string) error {
 	return err
 }
 
-// overrule turns the verdict of a phase whose code called Commit or Rollback on its
-// transaction into a failure: nothing it wrote may commit.
-func (t *phaseTx) overrule(v verdict) verdict {
-	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
-		return verdict{kind: fail, err: t.refused}
-	}
-	return v
-}
-
-// Conn implements pgx.Tx. It returns the connection the transaction runs on, for what
-// code reads from it (its configuration, its type map), or nil once the phase is
-// over. Send statements through the transaction, not the connection: until the
-// phase's first statement BEGIN may still be unsent, and a statement sent on the
-// connection directly would then run outside the transaction.
+// Conn implements pgx.Tx. It returns the connection the transaction runs on, or nil
+// once the phase is over. Send statements through the transaction, not the
+// connection: until the phase's first statement BEGIN may still be unsent, and a
+// statement sent on the connection directly would then run outside the transaction.
+//
+// Conn hands out the connection itself, which no wrapper can take back: once it was
+// called, the engine closes the connection when the phase ends rather than give it
+// back to the pool, so that a kept *pgx.Conn fails ("conn closed") and never reaches
+// other work. That costs the pool a new connection; code that only reads settings can
+// use Config instead.
 func (t *phaseTx) Conn() *pgx.Conn {
-	if t.pc == nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sealed {
 		return nil
 	}
+	t.exposed = true
 	return t.conn
+}
+
+// Config returns a pool configuration whose ConnConfig is a copy of the configuration
+// of the transaction's connection; its other fields are zero. It is for code that
+// reads connection settings from a transaction without taking its connection (River's
+// pgx driver reads the query exec mode this way when it finds Config, and from Conn
+// otherwise). It returns nil once the phase is over.
+func (t *phaseTx) Config() *pgxpool.Config {
+	if t.enter() != nil {
+		return nil
+	}
+	defer t.leave()
+	return &pgxpool.Config{ConnConfig: t.conn.Config()}
 }
 
 // Prepare implements pgx.Tx. BEGIN goes first in its own round trip.
 func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.pc == nil {
-		return nil, pgx.ErrTxClosed
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
+	defer t.leave()
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
@@ -100,13 +116,13 @@ func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 
 // LargeObjects implements pgx.Tx, but large objects are not supported in a phase:
 // pgx offers no way to bind its LargeObjects to a transaction it did not begin, so
-// the value returned has none, and its methods panic (a panicking phase fails as a
-// transient failure).
+// the value returned has none, and its methods panic, during the phase and after it
+// (a panicking phase fails as a transient failure).
 func (t *phaseTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 // savepoint is a savepoint in a phase's transaction, opened by Begin. Like pgx's own
 // nested transactions it is closed by Commit or Rollback, after which its methods
-// return pgx.ErrTxClosed.
+// return pgx.ErrTxClosed; once the phase is over they return phases.ErrTxDone.
 type savepoint struct {
 	root   *phaseTx
 	name   string
@@ -115,8 +131,14 @@ type savepoint struct {
 
 var _ pgx.Tx = (*savepoint)(nil)
 
-func (s *savepoint) live() error {
-	if s.closed || s.root.pc == nil {
+// enter admits a call on the savepoint, as phaseTx.enter does; every call it admits
+// ends with s.root.leave.
+func (s *savepoint) enter() error {
+	if err := s.root.enter(); err != nil {
+		return err
+	}
+	if s.closed {
+		s.root.leave()
 		return pgx.ErrTxClosed
 	}
 	return nil
@@ -124,17 +146,19 @@ func (s *savepoint) live() error {
 
 // Begin opens a savepoint inside this one.
 func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return nil, err
 	}
+	defer s.root.leave()
 	return s.root.Begin(ctx)
 }
 
 // Commit releases the savepoint: its work stays in the phase's transaction.
 func (s *savepoint) Commit(ctx context.Context) error {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return err
 	}
+	defer s.root.leave()
 	s.closed = true
 	_, err := s.root.conn.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
 	return err
@@ -143,53 +167,64 @@ func (s *savepoint) Commit(ctx context.Context) error {
 // Rollback undoes the savepoint's work; the phase's transaction goes on, usable again
 // even if a statement in the savepoint failed.
 func (s *savepoint) Rollback(ctx context.Context) error {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return err
 	}
+	defer s.root.leave()
 	s.closed = true
 	_, err := s.root.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name)
 	return err
 }
 
 func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	defer s.root.leave()
 	return s.root.conn.Exec(ctx, sql, args...)
 }
 
 func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return nil, err
 	}
-	return s.root.conn.Query(ctx, sql, args...)
+	defer s.root.leave()
+	rows, err := s.root.conn.Query(ctx, sql, args...)
+	if rows == nil {
+		return nil, err
+	}
+	return &txRows{tx: s.root, rows: rows}, err
 }
 
 func (s *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := s.live(); err != nil {
+	rows, err := s.Query(ctx, sql, args...)
+	if rows == nil {
 		return &row{err: err}
 	}
-	return s.root.conn.QueryRow(ctx, sql, args...)
+	return &row{rows: *rows.(*txRows)}
 }
 
 func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return &errBatch{err: err}
 	}
-	return s.root.conn.SendBatch(ctx, b)
+	defer s.root.leave()
+	return &txBatch{tx: s.root, br: s.root.conn.SendBatch(ctx, b)}
 }
 
 func (s *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return 0, err
 	}
+	defer s.root.leave()
 	return s.root.conn.CopyFrom(ctx, table, columns, src)
 }
 
 func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := s.live(); err != nil {
+	if err := s.enter(); err != nil {
 		return nil, err
 	}
+	defer s.root.leave()
 	return s.root.conn.Prepare(ctx, name, sql)
 }
 
@@ -198,3 +233,6 @@ func (s *savepoint) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} 
 
 // Conn is the phase transaction's connection; see phaseTx.Conn.
 func (s *savepoint) Conn() *pgx.Conn { return s.root.Conn() }
+
+// Config is the phase transaction's; see phaseTx.Config.
+func (s *savepoint) Config() *pgxpool.Config { return s.root.Config() }

@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -137,9 +138,9 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 		url = srv.URL
 		fmt.Printf("database: %s\n", url)
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := newPool(ctx, url, c.lease)
 	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+		return nil, err
 	}
 	e.cleanup = append(e.cleanup, pool.Close)
 	e.pool = pool
@@ -186,6 +187,30 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 
 // migrateCharges creates the example's own table and applies River's migrations (the
 // receipts outbox), serialised like migrations.Migrate.
+// newPool opens the example's pool. Each connection has
+// idle_in_transaction_session_timeout set to twice the lease: the server ends a
+// transaction left idle by a hung or paused process (ending its claim and row locks
+// with it), and no phase's transaction, which never outlives the lease, is cut short
+// (docs/RELIABILITY.md). It is set by a SET after connecting rather than as a startup
+// parameter, which pgbouncer refuses.
+func newPool(ctx context.Context, url string, lease time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	idle := 2 * cmp.Or(lease, workflow.LeaseDefault)
+	set := fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", idle.Milliseconds())
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, set)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
 func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {

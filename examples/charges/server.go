@@ -57,7 +57,7 @@ func serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	hs := newHTTPServer(api)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 
@@ -303,4 +303,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// newHTTPServer is the API's server, with read-header, read and idle timeouts: a
+// client that sends its headers or body too slowly, or keeps an idle connection open,
+// does not hold a connection of the server for ever. There is no write timeout: an
+// answer may wait for phases as long as the lease.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
 }
