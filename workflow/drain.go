@@ -143,6 +143,9 @@ func (x *exec) claiming(ctx context.Context) (context.Context, func(), error) {
 	}
 	if err := ctx.Err(); err != nil {
 		x.gate.Unlock()
+		if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) { // the phase outlived its lease
+			return nil, nil, fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+		}
 		return nil, nil, fmt.Errorf("claim key: the caller gave up before the claim: %w", err)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.e.cfg.Lease)
