@@ -531,7 +531,7 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
 			polls = pollsAfterClaim
 		}
 		if seen, known = w.wait(ctx, polls); !known {
-			return a // the bound passed: answer in progress, as without a wait
+			return w.late(a) // the bound passed: answer in progress, as without a wait
 		}
 	}
 	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))

@@ -215,6 +215,18 @@ func (w *waiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) 
 	return nil, false
 }
 
+// late is a, the answer of an attempt whose bound passed: its Retry-After, reckoned
+// before the wait from the flow's average or the lease left, less the time waited (at
+// least a second, as always). A fixed Config.InProgressRetryAfter is kept as it is.
+func (w *waiter) late(a answer) answer {
+	var ip *InProgressError
+	if errors.As(a.err, &ip) && w.e.cfg.InProgressRetryAfter <= 0 {
+		waited := time.Since(w.deadline.Add(-w.bound))
+		a.err = &InProgressError{RetryAfter: max(ip.RetryAfter-waited, time.Second)}
+	}
+	return a
+}
+
 // watch learns, for the waiters of wt, when its key is answered, released or gone:
 // from the registry when an attempt of this engine runs the key, else by polling.
 func (e *Engine) watch(wt *watch) {

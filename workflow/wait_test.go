@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -382,4 +384,53 @@ func TestWaitStatementsPerWaiter(t *testing.T) {
 	require.LessOrEqual(t, kc.stmts.all.Load(), int64(8), "statements of a waiter on a key being claimed, 5s bound")
 	letClaim.Do(func() { close(holdClaim) })
 	require.NoError(t, <-claimerDone)
+}
+
+// The child program of TestWaitOwnerKilled: it runs one charge and, in its call
+// phase, prints a line and blocks until it is killed.
+const (
+	envWaitDB       = "IDEMFLOW_WAIT_DB_URL"
+	envWaitProvider = "IDEMFLOW_WAIT_PROVIDER_URL"
+)
+
+func init() {
+	childproc.Register("waitowner", func() {
+		ctx := context.Background()
+		err := testflow.RunChild(ctx, os.Getenv(envWaitDB), os.Getenv(envWaitProvider), func(_ context.Context, tx phases.DBTX, _ *phases.Run) error {
+			if tx == nil {
+				childproc.Emit(map[string]string{"event": "in-call"})
+				select {} // until killed
+			}
+			return nil
+		}, chargeReq("acct", "killed", `{"amount":700}`))
+		childproc.Fail("the owner was not killed; Do returned", err)
+	})
+}
+
+// TestWaitOwnerKilled: the owner is a real process, SIGKILLed mid-flow while an
+// attempt in this process waits on its key. Once its lease ends (moved by the database
+// clock), the waiter's poll finds it expired, and the waiter takes the key over and
+// finishes it: one effect.
+func TestWaitOwnerKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	child := childproc.Start(t, "^$", childproc.Program("waitowner"), envWaitDB+"="+b.db.URL, envWaitProvider+"="+b.provider.URL)
+	var line map[string]string
+	child.Next(t, 2*time.Minute, &line)
+	require.Equal(t, "in-call", line["event"])
+
+	k := waitEngine(t, b, nil, nil, 10*time.Millisecond)
+	waiter := k.start(t, "killed", time.Minute, 1)
+	proc, err := os.FindProcess(child.Pid())
+	require.NoError(t, err)
+	require.NoError(t, proc.Kill()) // SIGKILL
+	killed, _ := child.Killed(t)
+	require.True(t, killed)
+	expireLease(t, b.db, "acct", "killed")
+
+	w := <-waiter
+	require.NoError(t, w.err)
+	require.False(t, w.res.Replayed, "the waiter resumed the key")
+	require.Equal(t, 201, w.res.Response.Status)
+	testflow.RequireOneEffect(t, b.db.Pool, b.provider, "acct", "killed")
 }
