@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,6 +75,20 @@ type watch struct {
 	row   *store.Row    // the key's row when done; nil when it has none
 }
 
+// result is the row wt read, once done, as a copy of the waiter's own: the waiters
+// share nothing they could change.
+func (wt *watch) result() *store.Row {
+	if wt.row == nil {
+		return nil
+	}
+	r := *wt.row
+	r.ResponseBody = slices.Clone(r.ResponseBody)
+	r.ResponseHeaders = slices.Clone(r.ResponseHeaders)
+	r.PhaseData = slices.Clone(r.PhaseData)
+	r.RequestBody = slices.Clone(r.RequestBody)
+	return &r
+}
+
 // run enters an attempt of this engine that runs (scope, key); the returned func
 // ends it and wakes the waiters once no attempt of this engine runs the key.
 func (w *waits) run(scope, key string) func() {
@@ -116,8 +131,8 @@ func (w *waits) note(step string, k waitKey) {
 	}
 }
 
-// waiter is one attempt's bounded wait. A nil *waiter never waits.
-type waiter struct {
+// keyWaiter is one attempt's bounded wait. A nil *keyWaiter never waits.
+type keyWaiter struct {
 	e        *Engine
 	k        waitKey
 	flow     string
@@ -127,16 +142,16 @@ type waiter struct {
 }
 
 // newWaiter returns the waiter of an attempt of req, or nil when it does not wait.
-func (e *Engine) newWaiter(flow string, req Request) *waiter {
+func (e *Engine) newWaiter(flow string, req Request) *keyWaiter {
 	if req.Wait <= 0 {
 		return nil
 	}
-	return &waiter{e: e, k: waitKey{req.Scope, req.Key}, flow: flow, bound: req.Wait, deadline: time.Now().Add(req.Wait)}
+	return &keyWaiter{e: e, k: waitKey{req.Scope, req.Key}, flow: flow, bound: req.Wait, deadline: time.Now().Add(req.Wait)}
 }
 
 // join takes one of the engine's waiter places, once per attempt. False when all are
 // taken: the attempt answers at once.
-func (w *waiter) join() bool {
+func (w *keyWaiter) join() bool {
 	if w.joined {
 		return true
 	}
@@ -152,7 +167,7 @@ func (w *waiter) join() bool {
 }
 
 // leave gives back the attempt's place. Safe on nil.
-func (w *waiter) leave() {
+func (w *keyWaiter) leave() {
 	if w == nil || !w.joined {
 		return
 	}
@@ -165,19 +180,19 @@ func (w *waiter) leave() {
 
 // ownerHere reports whether an attempt of this engine runs the key and the waiter
 // may wait for it: then the waiter waits without sending its look-up.
-func (w *waiter) ownerHere() bool {
+func (w *keyWaiter) ownerHere() bool {
 	return w != nil && time.Now().Before(w.deadline) && w.e.waits.busy(w.k) != nil && w.join()
 }
 
 // waits reports whether an attempt that got a should wait rather than answer.
-func (w *waiter) waits(a answer) bool {
+func (w *keyWaiter) waits(a answer) bool {
 	return w != nil && errors.Is(a.err, ErrInProgress) && time.Now().Before(w.deadline) && w.join()
 }
 
 // wait waits for the key's watch to learn something, the bound to pass or ctx to
 // end. It returns the row the watch read (nil for no row), or ok false when the
 // attempt should answer as it is.
-func (w *waiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) {
+func (w *keyWaiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) {
 	ws := &w.e.waits
 	ws.mu.Lock()
 	wt := ws.watches[w.k]
@@ -197,7 +212,7 @@ func (w *waiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) 
 	defer t.Stop()
 	select {
 	case <-wt.done:
-		return wt.row, true
+		return wt.result(), true
 	case <-t.C:
 	case <-ctx.Done():
 	}
@@ -205,7 +220,7 @@ func (w *waiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) 
 	defer ws.mu.Unlock()
 	select {
 	case <-wt.done: // the result came as the bound passed: take it
-		return wt.row, true
+		return wt.result(), true
 	default:
 	}
 	if wt.n--; wt.n == 0 {
@@ -218,7 +233,7 @@ func (w *waiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) 
 // late is a, the answer of an attempt whose bound passed: its Retry-After, reckoned
 // before the wait from the flow's average or the lease left, less the time waited (at
 // least a second, as always). A fixed Config.InProgressRetryAfter is kept as it is.
-func (w *waiter) late(a answer) answer {
+func (w *keyWaiter) late(a answer) answer {
 	var ip *InProgressError
 	if errors.As(a.err, &ip) && w.e.cfg.InProgressRetryAfter <= 0 {
 		waited := time.Since(w.deadline.Add(-w.bound))
