@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,4 +87,49 @@ func TestConfigWaitBounds(t *testing.T) {
 		_, err := idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope, Wait: bad})
 		require.ErrorContains(t, err, "Config.Wait")
 	}
+}
+
+// TestMiddlewareWaitsForTheOwner: the middleware's requests wait as the handler's do:
+// the overlapping request gets the first one's answer, and the wrapped handler runs
+// once.
+func TestMiddlewareWaitsForTheOwner(t *testing.T) {
+	t.Parallel()
+	waiting := make(chan struct{}, 10)
+	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
+		if ev.Kind == workflow.KeyWaiting {
+			waiting <- struct{}{}
+		}
+	}}}})
+	mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, Wait: time.Minute})
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"order_1"}`))
+	})))
+	t.Cleanup(srv.Close)
+	first := make(chan reply, 1)
+	go func() {
+		r, _ := send(context.Background(), srv, http.MethodPost, "/orders", keyed("acct", "m1"), `{"n":1}`)
+		first <- r
+	}()
+	<-entered
+	second := make(chan reply, 1)
+	go func() {
+		r, _ := send(context.Background(), srv, http.MethodPost, "/orders", keyed("acct", "m1"), `{"n":1}`)
+		second <- r
+	}()
+	<-waiting
+	close(release)
+	a, r := <-first, <-second
+	require.Equal(t, http.StatusCreated, a.status)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.True(t, r.replayed())
+	require.Equal(t, a.body, r.body)
+	require.EqualValues(t, 1, runs.Load(), "the handler ran once")
 }
