@@ -51,6 +51,16 @@ type Config struct {
 	// RetentionHeader of every answer under a key. Defaults to RetentionDefault;
 	// negative sends no header. At least one minute, like the sweeper's.
 	Retention time.Duration
+	// Wait is how long a request that finds its key held by another attempt (or being
+	// claimed by one) waits for that attempt's answer before it is answered 409
+	// key-in-progress: if the answer is stored within Wait, the request gets it as a
+	// replay; if the other attempt releases the key (a transient failure), the request
+	// takes it over and resumes it. A waiting request holds no database connection and
+	// waits on no lock (workflow.Request.Wait); the engine's
+	// workflow.Config.MaxWaiters caps how many wait at once, and beyond it the answer
+	// is 409 at once. Defaults to 0: no wait, 409 at once, as the IETF draft
+	// describes (docs/API.md says why). At most WaitMax.
+	Wait time.Duration
 }
 
 // Defaults for Config.
@@ -64,6 +74,9 @@ const (
 	// RetentionDefault is the sweeper's default retention (sweeper.RetentionDefault,
 	// which this package does not import); keep the two equal.
 	RetentionDefault = 24 * time.Hour
+	// WaitMax is the longest Config.Wait: a request held longer than a minute meets
+	// the idle timeouts of proxies and clients, which end it without an answer.
+	WaitMax = time.Minute
 )
 
 // WithDefaults returns a copy of c with zero fields set to their defaults. Scope and
@@ -89,6 +102,8 @@ func (c *Config) validate() error {
 		return errors.New("idemhttp: Config.Scope is required")
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > 16<<20:
 		return fmt.Errorf("idemhttp: Config.MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
+	case c.Wait < 0 || c.Wait > WaitMax:
+		return fmt.Errorf("idemhttp: Config.Wait %s is outside 0..%s", c.Wait, WaitMax)
 	case c.Retention >= 0 && c.Retention < time.Minute:
 		return fmt.Errorf("idemhttp: Config.Retention %s is under one minute (negative sends no header)", c.Retention)
 	}
@@ -162,9 +177,9 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     level: clients can cause them at will.
 //   - 405 method-not-allowed: a HEAD request. Allow names the route pattern's method
 //     when it has one, else DELETE, GET, PATCH, POST, PUT.
-//   - 409 key-in-progress: another attempt holds the key; Retry-After says when its
-//     answer is likely stored (whole seconds, at least 1; see
-//     workflow.Config.InProgressRetryAfter).
+//   - 409 key-in-progress: another attempt holds the key (after Config.Wait, if
+//     set); Retry-After says when its answer is likely stored (whole seconds, at
+//     least 1; see workflow.Config.InProgressRetryAfter).
 //   - 410 key-dead-lettered: the key was given up on (after too many failed attempts,
 //     or because a middleware's handler ran but its answer could not be stored) and
 //     finishes only if an operator re-drives it (workflow.Engine.Redrive). No Retry-After:
@@ -268,7 +283,7 @@ func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (r
 		f.problem(w, status, kindInvalidRequest, "The request body could not be read.")
 		return workflow.Request{}, false, false
 	}
-	return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body}, true, true
+	return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body, Wait: f.cfg.Wait}, true, true
 }
 
 // readBody reads at most limit bytes of the body. The status is 0 on success, 413 for

@@ -31,5 +31,16 @@
 // died is finished by a sweeper (package sweeper) even if the broker never
 // redelivers it.
 //
+// A delivery that finds its key held by another delivery is not held to wait for its
+// answer (workflow.Request.Wait is never set): it is answered Retry with a Delay from
+// the flow's observed answer time (workflow.InProgressError.RetryAfter), and the
+// broker redelivers it then. A wait would keep the delivery in flight: it takes one of
+// the consumer's unacknowledged slots (JetStream's MaxAckPending, SQS's in-flight
+// limit), runs against the broker's ack deadline (AckWait, visibility timeout), which
+// would have to outlast every wait, and on an ordered log (a Kafka partition) holds up
+// every later message behind it. A delayed redelivery holds nothing in the process,
+// survives the consumer's own crash, and costs one broker round trip; no one is
+// waiting on the other end for an answer, which is what the HTTP wait is for.
+//
 // This package imports idemflow's workflow package.
 package idemmsg

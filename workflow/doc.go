@@ -65,6 +65,19 @@
 // then per tx phase one commit, the engine's write of the key row pipelined with
 // COMMIT. A replay is one round trip. No transaction is open while a call phase runs.
 //
+// Bounded wait. An attempt with Request.Wait set that finds its key held by a live
+// attempt, or being claimed, waits up to that long for the holder's answer instead of
+// failing with *InProgressError at once, holding no connection and waiting on no
+// lock; it then replays the answer, or takes the key over if the holder released it
+// (a transient failure), or, when the bound passes, fails with *InProgressError as
+// without a wait. When the holder runs in the same engine, its end wakes the waiters
+// and nothing is sent while it runs; else one poller per key and engine sends the
+// ordinary look-up, paced from the flow's observed answer time and backing off with
+// jitter, for all that key's waiters. A waiter sends at most 8 statements for its
+// whole wait, whatever its bound. Config.MaxWaiters caps the waiters; KeyWaiting
+// reports each wait. No LISTEN/NOTIFY and no session state: it works behind a pooler
+// in transaction mode and on Citus.
+//
 // Observing and operating. Hooks observe attempts (AttemptStart, AttemptEnd with the
 // key row's id, attempt number, executor and outcome), phases and key events; several
 // observers combine with JoinHooks (package otelidemflow is one). Each key keeps a

@@ -36,6 +36,7 @@ const (
 	BackoffBaseDefault       = time.Second
 	BackoffMaxDefault        = 5 * time.Minute
 	HistoryDefault           = 20
+	MaxWaitersDefault        = 1000
 )
 
 // storedHeadersDefault is never handed out: StoredHeadersDefault returns copies.
@@ -135,6 +136,12 @@ type Config struct {
 	// synchronous_commit on or remote_apply, where every commit already waits for the
 	// standby. Defaults to 0: no wait. See docs/OPERATIONS.md, "Failover".
 	StandbyWait time.Duration
+	// MaxWaiters caps how many attempts of this engine wait at once for another
+	// attempt's answer (Request.Wait); an attempt that would wait beyond it is answered
+	// *InProgressError at once. A waiter holds no connection, only its goroutine and
+	// its caller (an HTTP request, say) until the answer or the bound. Defaults to
+	// 1000. -1 lets none wait.
+	MaxWaiters int
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
 	// Logger receives what the engine cannot return, such as a failed release after a
@@ -159,6 +166,7 @@ func (c *Config) WithDefaults() *Config {
 	out.BackoffMax = cmp.Or(out.BackoffMax, BackoffMaxDefault)
 	out.History = cmp.Or(out.History, HistoryDefault)
 	out.AdmitWait = cmp.Or(out.AdmitWait, AdmitWaitDefault)
+	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
 	if out.StoredHeaders == nil {
 		out.StoredHeaders = StoredHeadersDefault()
 	} else {
@@ -190,6 +198,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: MaxInFlight %d is negative; -1 sets no cap", c.MaxInFlight)
 	case c.AdmitWait < 0 && c.AdmitWait != -1:
 		return fmt.Errorf("workflow: AdmitWait %s is negative; -1 waits as long as the caller", c.AdmitWait)
+	case c.MaxWaiters < -1:
+		return fmt.Errorf("workflow: MaxWaiters %d is negative; -1 lets none wait", c.MaxWaiters)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
@@ -240,7 +250,8 @@ type Engine struct {
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
 
-	adm *admission // attempts in flight, executors running, the drain
+	adm   *admission // attempts in flight, executors running, the drain
+	waits waits      // the keys this engine runs, and the attempts that wait
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -333,6 +344,15 @@ type Request struct {
 	// fails with ErrNeedsClient for a client-only flow, and with them with
 	// ErrInvalidRequest for any other; nothing is written either way.
 	ClientPhases []phases.Phase
+	// Wait, when positive, lets this attempt wait up to that long when another attempt
+	// holds its key (or is claiming it): it waits for that attempt's answer and
+	// replays it, holding no connection and waiting on no lock (see the engine's doc,
+	// "Bounded wait"). If that attempt releases the key (a transient failure) or its
+	// lease ends, this one takes the key over and resumes it, as a retry would; if the
+	// bound passes first, or Config.MaxWaiters attempts already wait, Do returns
+	// *InProgressError as without a wait. Zero, the default, answers at once. Negative
+	// is refused (ErrInvalidRequest).
+	Wait time.Duration
 }
 
 // Result is the answer to an attempt.
@@ -417,6 +437,9 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 	if !storableText(req.Route) {
 		return phases.Flow{}, fmt.Errorf("%w: route is not UTF-8 text without NUL", ErrInvalidRequest)
 	}
+	if req.Wait < 0 {
+		return phases.Flow{}, fmt.Errorf("%w: negative wait %s", ErrInvalidRequest, req.Wait)
+	}
 	if len(req.Body) > e.cfg.MaxBodyBytes {
 		return phases.Flow{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(req.Body), e.cfg.MaxBodyBytes)
 	}
@@ -442,7 +465,10 @@ type answer struct {
 	err   error
 	again bool       // look the key up again
 	found *store.Row // fresh only: answer as this row
-	att   attempted  // what the attempt's end event reports
+	// claimLost: fresh only, the claim found another attempt in the key's first
+	// transaction (the answer is in progress)
+	claimLost bool
+	att       attempted // what the attempt's end event reports
 }
 
 // attempted is what an attempt learnt of its key, for AttemptEnd.
@@ -537,36 +563,79 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
 		a = answered(nil, err)
 	} else {
-		a = e.do(ctx, f, req)
-		e.adm.done()
+		held := true
+		a = e.do(ctx, f, req, &held)
+		if held {
+			e.adm.done()
+		}
 	}
 	e.end(ctx, ev, a.att, a.res, a.err)
 	return a.res, a.err
 }
 
-func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
+// do answers req, holding a place under MaxInFlight (*held) except while it waits for
+// another attempt's answer: a waiter runs nothing, so it gives its place back and
+// takes one again, bounded by AdmitWait, once there is something to run or replay.
+func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool) answer {
 	fp := Fingerprint(req.Method, req.Route, req.Body)
-	for range maxRaces {
-		row, err := e.lookup(ctx, req.Scope, req.Key)
+	w := e.newWaiter(f.Name, req)
+	defer w.leave()
+	var seen *store.Row // the key as a watch read it for this waiter
+	known := false      // seen is the key's state: no look-up needed (nil: no row)
+	for races := 0; races < maxRaces; {
+		var a answer
+		if !known && w.ownerHere() { // this engine runs the key: wait, sending nothing
+			a = answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
+		} else {
+			a = e.attempt(ctx, f, &req, fp, seen, known)
+		}
+		if a.again {
+			races++
+			known = false
+			continue
+		}
+		if !w.waits(a) {
+			return a
+		}
+		polls := pollsAfterLookup
+		if a.claimLost {
+			polls = pollsAfterClaim
+		}
+		e.adm.done()
+		*held = false
+		if seen, known = w.wait(ctx, polls); !known {
+			return w.late(a) // the bound passed: answer in progress, as without a wait
+		}
+		if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
+			return answered(nil, err)
+		}
+		*held = true
+	}
+	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
+}
+
+// attempt answers req once: as row when known (nil: the key has no row), else as
+// the key's row looked up now.
+func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *store.Row, known bool) answer {
+	if !known {
+		var err error
+		row, err = e.lookup(ctx, req.Scope, req.Key)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			row, err = nil, nil
+			row = nil
 		case err != nil:
 			return answered(nil, err)
 		}
-		var a answer
-		if row == nil {
-			a = e.fresh(ctx, f, req, fp)
-			row = a.found
-		}
-		if row != nil { // found, or the claim found it
-			a = e.existing(ctx, row, &req, fp)
-		}
-		if !a.again {
-			return a
-		}
 	}
-	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
+	var a answer
+	if row == nil {
+		a = e.fresh(ctx, f, *req, fp)
+		row = a.found
+	}
+	if row != nil { // found, or the claim found it
+		a = e.existing(ctx, row, req, fp)
+	}
+	return a
 }
 
 // Resume drives an existing key: it replays a finished key, and takes over and resumes
@@ -659,6 +728,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return answered(nil, unknownPoint(err))
 	}
+	defer e.waits.run(row.Scope, row.Key)() // wakes this engine's waiters when it ends
 	started := time.Now()
 	taken, err := e.takeover(ctx, row)
 	if errors.Is(err, store.ErrNotTaken) {
@@ -693,6 +763,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	if err != nil {
 		return answered(nil, err)
 	}
+	defer e.waits.run(req.Scope, req.Key)() // wakes this engine's waiters when it ends
 	origin := e.cfg.Hooks.origin(ctx)
 	x := &exec{
 		e:      e,
@@ -724,7 +795,9 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
-		return answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
+		a := answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
+		a.claimLost = true
+		return a
 	case st.kind == stepLost && st.found != nil:
 		return answer{found: st.found}
 	case st.kind == stepLost:

@@ -104,6 +104,7 @@ const (
 	KeyFinished   KeyEventKind = "finished"    // a response was stored
 	KeyReleased   KeyEventKind = "released"    // a transient failure released the lease
 	KeyLeaseLost  KeyEventKind = "lease_lost"  // a fenced commit found the lease gone
+	KeyWaiting    KeyEventKind = "waiting"     // a turned-away attempt waits for the holder's answer (Request.Wait)
 )
 
 // KeyEvent describes something that happened to a key.

@@ -27,6 +27,7 @@ func serve(ctx context.Context, args []string) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
 	grace := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM, how long running attempts may finish before their keys are released for another server")
+	wait := fs.Duration("wait", 0, "how long a request whose key another attempt holds waits for its answer before 409 (idemhttp.Config.Wait; 0: 409 at once)")
 	var c common
 	c.register(fs)
 	tf := registerTelemetry(fs)
@@ -49,7 +50,7 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 
-	api, err := newAPI(e)
+	api, err := newAPI(e, *wait)
 	if err != nil {
 		return err
 	}
@@ -183,11 +184,12 @@ func runProvider(ctx context.Context, args []string) error {
 	}
 }
 
-// newAPI is the charges HTTP API.
-func newAPI(e *env) (http.Handler, error) {
+// newAPI is the charges HTTP API; wait is idemhttp.Config.Wait.
+func newAPI(e *env, wait time.Duration) (http.Handler, error) {
 	create, err := idemhttp.Handler(e.engine, chargeflow.FlowName, &idemhttp.Config{
 		Scope:  bearerAccount,
 		Logger: e.log,
+		Wait:   wait,
 	})
 	if err != nil {
 		return nil, err

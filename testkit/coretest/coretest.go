@@ -10,7 +10,9 @@ package coretest
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
@@ -44,6 +46,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) *Env) {
 		{"FreshThenReplay", freshThenReplay},
 		{"Mismatch", mismatch},
 		{"InProgress", inProgress},
+		{"WaitForOtherEngine", waitForOtherEngine},
 		{"TransientThenResume", transientThenResume},
 		{"SweeperTakesOver", sweeperTakesOver},
 	}
@@ -121,6 +124,48 @@ func inProgress(t *testing.T, c *kit) {
 	require.ErrorIs(t, err, workflow.ErrInProgress)
 	close(release)
 	require.NoError(t, <-done)
+	testflow.RequireOneEffect(t, c.DB, c.Provider, "acct", "k")
+}
+
+// waitForOtherEngine: an attempt with a bounded wait, on another engine than the
+// key's owner (the database the only state they share), polls until the owner's answer
+// is stored and replays it.
+func waitForOtherEngine(t *testing.T, c *kit) {
+	inCall, release := make(chan struct{}), make(chan struct{})
+	holder := c.newEngine(t, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay {
+			close(inCall)
+			<-release
+		}
+		return nil
+	})
+	waiting := make(chan struct{}, 1)
+	waiter := testflow.Engine(t, c.Pool, &workflow.Config{Schema: c.Schema, Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
+		if ev.Kind == workflow.KeyWaiting {
+			waiting <- struct{}{}
+		}
+	}}}, c.Provider, nil)
+	owner := make(chan *workflow.Result, 1)
+	go func() {
+		res, err := holder.Do(c.ctx, req("k", `{"amount":500}`))
+		assert.NoError(t, err)
+		owner <- res
+	}()
+	<-inCall
+	got := make(chan *workflow.Result, 1)
+	go func() {
+		r := req("k", `{"amount":500}`)
+		r.Wait = 30 * time.Second // polled from about 1s on: the owner is let go first
+		res, err := waiter.Do(c.ctx, r)
+		assert.NoError(t, err)
+		got <- res
+	}()
+	<-waiting
+	close(release)
+	first, replay := <-owner, <-got
+	require.NotNil(t, replay)
+	require.True(t, replay.Replayed)
+	require.Equal(t, first.Response.Body, replay.Response.Body)
 	testflow.RequireOneEffect(t, c.DB, c.Provider, "acct", "k")
 }
 
