@@ -227,3 +227,42 @@ func TestCancelKeyBeforeCall(t *testing.T) {
 	require.Equal(t, []byte("no"), res.Response.Body)
 	require.Zero(t, called)
 }
+
+// TestBulkKeysRecheckEachKey: each key is re-checked by the statement that acts on it.
+// While the action runs (in the hook of its first key), one key's error is changed so
+// that the filter no longer matches it and another is re-driven by hand: both are
+// left alone and counted in Changed, not acted on.
+func TestBulkKeysRecheckEachKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var b *bundle
+	var meddled bool
+	hooks := workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
+		if ev.Kind != workflow.KeyRedriven || meddled || ev.Scope != "a" {
+			return
+		}
+		meddled = true
+		_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET last_error = 'something else' WHERE idempotency_key = 'a2'`)
+		require.NoError(t, err)
+		require.NoError(t, b.engine.Redrive(ctx, "a", "a3"))
+	}}
+	b = setup(t, setupOpts{cfg: &workflow.Config{Hooks: hooks}})
+	deadKeys(t, b, "a", "a1", "a2", "a3", "a4")
+	info, err := b.engine.InspectKey(ctx, "a", "a1")
+	require.NoError(t, err)
+	res, err := b.engine.BulkKeys(ctx, workflow.BulkOptions{Action: workflow.BulkRedrive, Scope: "a", ErrorContains: info.LastError})
+	require.NoError(t, err)
+	require.True(t, meddled)
+	require.Equal(t, workflow.BulkResult{Matched: 2, Acted: 2, Changed: 2}, res)
+	st := state(t, b.db, "a", "a2")
+	require.Equal(t, "dead", st.Status, "its error no longer matches: left dead")
+	a3, err := b.engine.InspectKey(ctx, "a", "a3")
+	require.NoError(t, err)
+	redrives := 0
+	for _, h := range a3.History {
+		if h.Outcome == workflow.OutcomeRedriven {
+			redrives++
+		}
+	}
+	require.Equal(t, 1, redrives, "re-driven once, by hand; not again by the bulk action")
+}
