@@ -35,7 +35,7 @@ func bulkFilter(n int) string {
 
 // sqlBulkScan reads the next page of keys of status $1 matching the filter $2-$5, in
 // claim order after ($6, $7, $8), at most $9. It locks nothing.
-var sqlBulkScan = `SELECT scope, idempotency_key, created_at
+var sqlBulkScan = `SELECT scope, idempotency_key, flow, created_at
 FROM idemflow_keys
 WHERE status = $1 AND ` + bulkFilter(2) + `
 	AND (created_at, scope, idempotency_key) > ($6::timestamptz, $7, $8)
@@ -64,8 +64,8 @@ WHERE scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $
 
 // BulkKey is a key a bulk scan found, and its place in the scan's order.
 type BulkKey struct {
-	Scope, Key string
-	CreatedAt  time.Time
+	Scope, Key, Flow string
+	CreatedAt        time.Time
 }
 
 // BulkScan returns up to limit keys of status (StatusDead or StatusInProgress)
@@ -86,7 +86,7 @@ func (s *Store) BulkScan(ctx context.Context, db DBTX, status string, f Filter, 
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BulkKey, error) {
 		var k BulkKey
-		err := r.Scan(&k.Scope, &k.Key, &k.CreatedAt)
+		err := r.Scan(&k.Scope, &k.Key, &k.Flow, &k.CreatedAt)
 		return k, err
 	})
 	if err != nil {

@@ -177,7 +177,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 		return err
 	}
 	res.Acted++
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: kind, Scope: k.Scope, Key: k.Key})
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
 	return nil
 }
 

@@ -19,7 +19,8 @@
 // line for scripts. The objects of keys list, redrive, release and purge have the
 // fields scope, key, id, flow, status, recovery_point, attempts, last_error,
 // created_at, updated_at and finished_at (null until finished); keys show adds the
-// key's request, lease, response status, origin, failed_phase and history (see
+// key's request, lease, stored response (response_status, and for a finished key
+// response_header and response_body), origin, failed_phase and history (see
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
 // with flow, status and keys; migrate prints version and latest.
 //
