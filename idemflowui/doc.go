@@ -1,7 +1,13 @@
 // Package idemflowui is an operator's web page for idemflow's key table: an overview
 // of unfinished keys and recent outcomes, lists of keys by status, one key with its
-// request, recovery point and history, and (with a write token) the re-drive of a
-// dead-lettered key and the release of a stuck lease. The pages are rendered on the
+// request, recovery point, history and stored response, and (with a write token) the
+// re-drive of a dead-lettered key, the release of a stuck lease, the re-drive or
+// release of many keys by flow, scope, recovery point or error text (counted first,
+// then confirmed: never more keys are acted on than the operator confirmed), and the
+// cancel of an unfinished key with a final answer the operator chooses (refused, until
+// the operator says the remote side is reconciled, when a call phase may have run; the
+// refusal shows the derived keys to reconcile with; see workflow.Engine.CancelKey). A
+// read-only page says how to enable writes. The pages are rendered on the
 // server with html/template; the style sheet is embedded; there is no JavaScript and
 // nothing is loaded from elsewhere, so it works on a closed network.
 //

@@ -45,12 +45,14 @@ func TestReadOnly(t *testing.T) {
 		require.NotContains(t, p.body, `id="release"`, k)
 		require.NotContains(t, p.body, "/login", k)
 		require.Contains(t, p.body, "read-only", k)
+		require.Contains(t, p.body, `id="enable-writes"`, "%s: the page says how to enable writes", k)
+		require.Contains(t, p.body, "-write-token-file", k)
 	}
 	rows := map[string]string{}
 	for _, k := range []string{"dead", "stuck"} {
 		rows[k] = testflow.KeyRow(t, f.DB.Pool, "acct", k)
 	}
-	for _, path := range []string{"/key/redrive", "/key/release", "/login", "/logout"} {
+	for _, path := range []string{"/key/redrive", "/key/release", "/key/cancel", "/bulk", "/login", "/logout"} {
 		for _, k := range []string{"dead", "stuck"} {
 			for _, tok := range []string{token, ""} { // an empty token is no token
 				p := f.post(t, c, path, withCSRF(url.Values{"scope": {"acct"}, "key": {k}, "token": {tok}}, "x"))
@@ -60,7 +62,8 @@ func TestReadOnly(t *testing.T) {
 			}
 		}
 	}
-	for _, path := range []string{"/login", "/key/confirm?action=redrive&scope=acct&key=dead"} {
+	for _, path := range []string{"/login", "/key/confirm?action=redrive&scope=acct&key=dead", "/key/cancel?scope=acct&key=dead",
+		"/bulk?action=redrive&scope=acct"} {
 		require.Equal(t, http.StatusForbidden, f.get(t, c, path).status, path)
 	}
 	for k, row := range rows {

@@ -2,6 +2,7 @@ package idemflowui
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -23,15 +24,24 @@ type keyData struct {
 	BodyURL  string
 	Limit    int
 	Flash    string
-	// Redrive and Release are the confirmation pages' paths, "" when the action does
-	// not apply to the key or the operator cannot write.
-	Redrive, Release string
+	// Redrive and Release are the confirmation pages' paths, Cancel the cancel form's,
+	// "" when the action does not apply to the key or the operator cannot write.
+	Redrive, Release, Cancel string
+	// The stored response (finished keys): its headers, one per value, sorted; its
+	// body as shown when asked for (response=1), like the request's.
+	Headers      [][2]string
+	ShowResponse bool
+	Response     string
+	ResponseCut  bool
+	ResponseText bool
+	ResponseURL  string
 }
 
 // flashes are the messages a key page shows after an action (its done parameter).
 var flashes = map[string]string{
-	"redriven": "Re-driven: the key is back in progress, due now, and the next sweep runs it from its recovery point.",
-	"released": "Released: the lease was taken away and the lock version bumped; the next sweep (or the client's retry) takes the key.",
+	"redriven":  "Re-driven: the key is back in progress, due now, and the next sweep runs it from its recovery point.",
+	"released":  "Released: the lease was taken away and the lock version bumped; the next sweep (or the client's retry) takes the key.",
+	"cancelled": "Cancelled: the answer below is stored and replayed to every retry; no sweeper runs the key again.",
 }
 
 func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
@@ -46,6 +56,8 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		msg = "done: unknown action"
 	case v.Get("body") != "" && v.Get("body") != "1":
 		msg = "body: want 1 or nothing"
+	case v.Get("response") != "" && v.Get("response") != "1":
+		msg = "response: want 1 or nothing"
 	}
 	if msg != "" {
 		h.fail(w, r, http.StatusBadRequest, msg)
@@ -62,12 +74,16 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		Limit: h.opts.BodyLimit, Flash: flash}
 	slices.Reverse(d.History)
 	if d.ShowBody {
-		b := info.Request
-		if len(b) > h.opts.BodyLimit {
-			b, d.BodyCut = b[:h.opts.BodyLimit], true
+		d.Body, d.BodyCut, d.BodyText = h.shown(info.Request)
+	}
+	d.ShowResponse, d.ResponseURL = v.Get("response") == "1", h.keyLink(scope, key, "response", "1")+"#response"
+	if d.ShowResponse {
+		d.Response, d.ResponseCut, d.ResponseText = h.shown(info.ResponseBody)
+	}
+	for _, name := range slices.Sorted(maps.Keys(info.ResponseHeader)) {
+		for _, val := range info.ResponseHeader[name] {
+			d.Headers = append(d.Headers, [2]string{name, val})
 		}
-		d.BodyText = utf8.Valid(b)
-		d.Body = strings.ToValidUTF8(string(b), "\uFFFD")
 	}
 	if d.CanWrite() {
 		switch info.Status {
@@ -76,8 +92,20 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		case workflow.KeysInProgress, workflow.KeysStuck:
 			d.Release = h.confirmLink("release", scope, key)
 		}
+		if info.Status != workflow.KeysFinished {
+			d.Cancel = h.link("/key/cancel?" + url.Values{"scope": {scope}, "key": {key}}.Encode())
+		}
 	}
 	h.render(w, r, http.StatusOK, "key", d)
+}
+
+// shown is a stored body as a page shows it: cut to the limit, invalid UTF-8 replaced;
+// cut says it was cut, text that the shown part is valid UTF-8.
+func (h *Handler) shown(b []byte) (s string, cut, text bool) {
+	if len(b) > h.opts.BodyLimit {
+		b, cut = b[:h.opts.BodyLimit], true
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), cut, utf8.Valid(b)
 }
 
 // confirmLink is the path of the page that confirms an action on a key.

@@ -50,7 +50,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 // key, 409 for a key in the wrong state; else 500, logged, with no detail shown.
 func (h *Handler) failErr(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
-	case errors.Is(err, workflow.ErrInvalidScope), errors.Is(err, workflow.ErrInvalidKey),
+	case errors.Is(err, workflow.ErrInvalidScope), errors.Is(err, workflow.ErrInvalidKey), errors.Is(err, workflow.ErrEmptyFilter),
 		errors.Is(err, workflow.ErrInvalidRequest), errors.Is(err, workflow.ErrUnknownStatus),
 		errors.Is(err, workflow.ErrInvalidCursor):
 		h.fail(w, r, http.StatusBadRequest, err.Error())
@@ -138,9 +138,12 @@ type listData struct {
 	base
 	Status           workflow.KeyStatus
 	Flow, Scope, Age string
-	Keys             []workflow.KeySummary
-	Next, First      string
-	Statuses         []workflow.KeyStatus
+	// Bulk is the action the list's keys can be given at once ("" for none): redrive
+	// on the dead list, release on the lists of keys in progress.
+	Bulk        string
+	Keys        []workflow.KeySummary
+	Next, First string
+	Statuses    []workflow.KeyStatus
 }
 
 // list is a page of keys of one status, filtered by flow, scope and age.
@@ -183,6 +186,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	d := &listData{base: h.base(r, "Keys: "+string(status)), Status: status, Flow: o.Flow, Scope: o.Scope,
 		Age: v.Get("age"), Keys: page.Keys, Statuses: statuses}
 	d.Nav = string(status)
+	if d.CanWrite() {
+		d.Bulk = map[workflow.KeyStatus]string{workflow.KeysDead: "redrive", workflow.KeysInProgress: "release", workflow.KeysStuck: "release"}[status]
+	}
 	filter := url.Values{"status": {string(status)}}
 	for _, f := range []string{"flow", "scope", "age"} {
 		if v.Get(f) != "" {

@@ -7,7 +7,7 @@ import (
 
 // pageNames are the pages, each templates/NAME.html defining "content" inside
 // templates/layout.html.
-var pageNames = []string{"overview", "list", "key", "confirm", "login", "error"}
+var pageNames = []string{"overview", "list", "key", "confirm", "login", "error", "bulk", "cancel"}
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}

@@ -36,7 +36,8 @@ type Options struct {
 	// requests it serves, so mount it at Prefix+"/". Defaults to "" (the root).
 	Prefix string
 	// WriteToken, when set, lets an operator who logs in with it re-drive dead-lettered
-	// keys and release leases. At least WriteTokenMinBytes bytes. Empty (the default)
+	// keys, release leases, act on many keys at once and cancel a key with a final
+	// answer. At least WriteTokenMinBytes bytes. Empty (the default)
 	// makes the pages read-only: no button is shown and every POST is refused (403).
 	WriteToken string
 	// BodyLimit is the most bytes of a stored request body the key page shows, when
@@ -152,6 +153,10 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /key/confirm", h.confirm)
 	h.mux.HandleFunc("POST /key/redrive", h.write(h.redrive))
 	h.mux.HandleFunc("POST /key/release", h.write(h.release))
+	h.mux.HandleFunc("GET /key/cancel", h.cancelForm)
+	h.mux.HandleFunc("POST /key/cancel", h.write(h.cancel))
+	h.mux.HandleFunc("GET /bulk", h.bulkCount)
+	h.mux.HandleFunc("POST /bulk", h.write(h.bulkAct))
 	h.mux.HandleFunc("GET /login", h.loginPage)
 	h.mux.HandleFunc("POST /login", h.login)
 	h.mux.HandleFunc("POST /logout", h.logout)

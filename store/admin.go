@@ -46,12 +46,14 @@ const summaryColumns = `scope, idempotency_key, id::text, flow,
 // unfinished keys (retention.go), built once by New or NewInSchema, qualified like
 // statements (see qualify).
 type adminStatements struct {
-	list                     map[string][2]string // by status: the first page, a later page
-	show, counts             string
-	gauges                   string
-	outcomes                 string
-	release, purge           string
-	expireDead, expireParked string
+	list           map[string][2]string // by status: the first page, a later page
+	show, counts   string
+	gauges         string
+	outcomes       string
+	release, purge string
+	// bulk.go's.
+	bulkScan, bulkRedrive, bulkRelease, cancel string
+	expireDead, expireParked                   string
 	// ScanPerKey's (scan.go).
 	scanDead, expireDeadKey, scanParked, expireParkedKey string
 }
@@ -76,7 +78,7 @@ LIMIT $4`
 	a.show = `SELECT ` + summaryColumns + `, method, route, request_body, octet_length(phase_data::text),
 	lock_version, CASE WHEN locked_until > statement_timestamp()
 		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint ELSE 0 END,
-	next_attempt_at, response_status::int, origin, history
+	next_attempt_at, response_status::int, origin, history, response_headers, response_body
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
 	a.counts = `SELECT flow, CASE WHEN ` + stuckCond + ` THEN 'stuck' ELSE status END AS s, count(*)
@@ -119,6 +121,12 @@ SET lock_version = lock_version + 1, locked_until = NULL,
 		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
 RETURNING lock_version`
+	a.bulkRelease = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, locked_until = NULL,
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
+	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
+		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
+WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress' AND ` + bulkFilter(4)
 	a.purge = `DELETE FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	// Every text above, qualified; TestStatementsInSchema fails on one left out.
@@ -128,6 +136,7 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	}
 	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
+	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(sqlBulkScan), q(sqlBulkRedrive), q(a.bulkRelease), q(sqlCancel)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
 	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
 	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)
@@ -187,6 +196,9 @@ type KeyDetail struct {
 	Origin          *string
 	// History is the history column, a JSON array.
 	History []byte
+	// ResponseHeaders (a JSON object) and ResponseBody are the stored response's;
+	// nil while unfinished.
+	ResponseHeaders, ResponseBody []byte
 }
 
 // ErrBadStatus: a list asked for a status there is none of.
@@ -237,7 +249,8 @@ func (s *Store) Show(ctx context.Context, db DBTX, scope, key string) (*KeyDetai
 	d, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (*KeyDetail, error) {
 		var d KeyDetail
 		err := r.Scan(summaryDest(&d.KeySummary, &d.Method, &d.Route, &d.RequestBody, &d.PhaseDataBytes,
-			&d.LockVersion, &d.LeaseLeftMillis, &d.NextAttemptAt, &d.ResponseStatus, &d.Origin, &d.History)...)
+			&d.LockVersion, &d.LeaseLeftMillis, &d.NextAttemptAt, &d.ResponseStatus, &d.Origin, &d.History,
+			&d.ResponseHeaders, &d.ResponseBody)...)
 		return &d, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -18,12 +18,12 @@ import (
 // that they hold in CI without Citus.
 
 // crossScope are the statements that read or change keys of many scopes: the
-// operators' lists and counts, and the sweeps' scans and single statements. Every
+// operators' lists, counts and bulk scans, and the sweeps' scans and single statements. Every
 // other statement works on one key and names it by scope.
 var crossScope = []string{
 	"counts", "gauges", "outcomes",
 	"takeDue", "expire", "expireDead", "expireParked",
-	"scanDue", "scanFinished", "scanDead", "scanParked",
+	"scanDue", "scanFinished", "scanDead", "scanParked", "bulkScan",
 }
 
 // singleOnly are the statements that only ScanSingle sends: they match rows by ctid,

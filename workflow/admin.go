@@ -39,14 +39,16 @@ const (
 const (
 	KeyOperatorReleased KeyEventKind = "operator_released" // ReleaseKey took a key's lease away
 	KeyPurged           KeyEventKind = "purged"            // PurgeKey deleted a finished key
+	// KeyOperatorCancelled: CancelKey finished a key with an operator's answer.
+	KeyOperatorCancelled KeyEventKind = "operator_cancelled"
 )
 
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
 	ErrUnknownStatus = store.ErrBadStatus
-	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered. Nothing was
-	// changed.
+	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered, or
+	// CancelKey found it finished. Nothing was changed.
 	ErrNotInProgress = errors.New("key not in progress")
 	// ErrNotFinished: PurgeKey found the key unfinished. Nothing was changed.
 	ErrNotFinished = errors.New("key not finished")
@@ -119,6 +121,10 @@ type KeyInfo struct {
 	NextAttemptAt time.Time `json:"next_attempt_at"`
 	// ResponseStatus is the stored response's status (finished keys), else 0.
 	ResponseStatus int `json:"response_status"`
+	// ResponseHeader and ResponseBody are the stored response's headers and body, as
+	// a replay sends them (finished keys), else nil.
+	ResponseHeader map[string][]string `json:"response_header,omitempty"`
+	ResponseBody   []byte              `json:"response_body,omitempty"`
 	// Origin is what Hooks.Origin gave when the key was claimed.
 	Origin string `json:"origin"`
 	// FailedPhase is the phase of the newest history entry that names one: where the
@@ -266,6 +272,13 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 	}
 	if d.Origin != nil {
 		info.Origin = *d.Origin
+	}
+	if d.ResponseStatus != nil {
+		info.ResponseBody = d.ResponseBody
+		// Headers in a newer format (see ErrNewerFormat) are not shown.
+		if json.Unmarshal(d.ResponseHeaders, &info.ResponseHeader) != nil {
+			info.ResponseHeader = nil
+		}
 	}
 	if err := json.Unmarshal(d.History, &info.History); err != nil {
 		return nil, fmt.Errorf("workflow: inspect key: decode history: %w", err)

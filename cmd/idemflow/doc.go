@@ -1,13 +1,16 @@
 // Command idemflow is the operator's tool for idemflow's key table: list keys by
-// status, inspect one with its history, re-drive a dead-lettered key, release a stuck
-// key's lease, purge a finished key, count keys, migrate the schema, and export the
-// migrations as a migration tool's files.
+// status, inspect one with its history and stored response, re-drive a dead-lettered
+// key, release a stuck key's lease, purge a finished key, re-drive or release many keys
+// by filter, cancel a key with a final answer, count keys, migrate the schema, and
+// export the migrations as a migration tool's files.
 //
 //	idemflow -database-url URL [-schema S] keys list [-status in_progress|stuck|dead|finished] [-flow F] [-scope S] [-older-than D] [-limit N] [-after CURSOR] [-json]
 //	idemflow -database-url URL [-schema S] keys show [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys redrive [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys release [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
+//	idemflow -database-url URL [-schema S] keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
+//	idemflow -database-url URL [-schema S] keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
 //	idemflow migrations export -format golang-migrate|goose|tern DIR
@@ -18,7 +21,8 @@
 // line for scripts. The objects of keys list, redrive, release and purge have the
 // fields scope, key, id, flow, status, recovery_point, attempts, last_error,
 // created_at, updated_at and finished_at (null until finished); keys show adds the
-// key's request, lease, response status, origin, failed_phase and history (see
+// key's request, lease, stored response (response_status, and for a finished key
+// response_header and response_body), origin, failed_phase and history (see
 // workflow.KeyInfo and workflow.Attempt); stats prints one object per flow and status
 // with flow, status and keys; migrate prints version and latest, key_table, tools (each
 // migration tool's version table found in the schema: tool, table, version, dirty),
@@ -29,6 +33,20 @@
 // migrations export writes the migrations as a migration tool's files into DIR
 // (created if need be) for teams that run the tool's own command; it needs no database
 // and overwrites no file.
+//
+// keys bulk selects the dead-lettered keys (redrive) or the keys in progress (release)
+// that match every filter given, at most -limit (1000 by default), and acts on each
+// alone (workflow.Engine.BulkKeys). It needs a filter, or -all. Without -yes it only
+// counts them, prints "would redrive N keys" and exits 1 having changed nothing; with
+// -dry-run it counts and exits 0; with -yes it acts. Its -json object has the fields
+// matched, acted, changed, newer and more (see workflow.BulkResult).
+//
+// keys cancel finishes an unfinished key with the answer given (-status 2xx or 4xx,
+// -header, -body or -body-file), stored and replayed like any other
+// (workflow.Engine.CancelKey). The CLI's engine knows no flow, so it cannot tell
+// whether one of the key's call phases reached the remote side: it refuses, printing
+// the key's derived keys (ID:PHASE), until given -force, after the operator has
+// reconciled with the remote side.
 //
 // Client text (scopes, keys, bodies, errors, history) is never printed raw: in tables
 // every non-printable rune is escaped as strconv.Quote writes it (\x1b, \u009b, \n)

@@ -9,6 +9,7 @@ import (
 	"io"
 	iofs "io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -46,6 +47,8 @@ commands:
   keys redrive [-json] SCOPE KEY
   keys release [-json] SCOPE KEY
   keys purge [-json] SCOPE KEY
+  keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
+  keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
   migrations export -format golang-migrate|goose|tern DIR   (needs no database)
@@ -174,7 +177,7 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 
 func (c *cli) keys(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return badUsage("keys: no subcommand (list, show, redrive, release, purge)")
+		return badUsage("keys: no subcommand (list, show, redrive, release, purge, bulk, cancel)")
 	}
 	switch args[0] {
 	case "list":
@@ -183,6 +186,10 @@ func (c *cli) keys(ctx context.Context, args []string) error {
 		return c.show(ctx, args[1:])
 	case "redrive", "release", "purge":
 		return c.act(ctx, args[0], args[1:])
+	case "bulk":
+		return c.bulk(ctx, args[1:])
+	case "cancel":
+		return c.cancel(ctx, args[1:])
 	}
 	return badUsage("keys: unknown subcommand %q", args[0])
 }
@@ -283,7 +290,8 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		{"request", oneLine(info.Method, 20) + " " + oneLine(info.Route, 100) + " " + oneLine(string(info.Request), 200)},
 		{"phase data", fmt.Sprintf("%d bytes", info.PhaseDataBytes)},
 		{"last error", info.LastError}, {"failed phase", info.FailedPhase},
-		{"response status", fmt.Sprint(info.ResponseStatus)}, {"origin", info.Origin},
+		{"response status", fmt.Sprint(info.ResponseStatus)}, {"response headers", headerLine(info.ResponseHeader)},
+		{"response body", oneLine(string(info.ResponseBody), 200)}, {"origin", info.Origin},
 		{"created", stamp(info.CreatedAt)}, {"updated", stamp(info.UpdatedAt)}, {"finished", stampPtr(info.FinishedAt)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], escape(kv[1]))
@@ -488,6 +496,17 @@ func (c *cli) json(v any) error {
 	}
 	_, err = fmt.Fprintf(c.out, "%s\n", escapeJSON(b))
 	return err
+}
+
+// headerLine is a stored response's headers on one line, sorted by name.
+func headerLine(h map[string][]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		for _, v := range h[k] {
+			parts = append(parts, k+": "+v)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func stamp(t time.Time) string {

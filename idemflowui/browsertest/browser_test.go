@@ -200,6 +200,63 @@ func TestBrowserRedrive(t *testing.T) {
 	testflow.RequireOneEffect(t, f.DB.Pool, f.Provider, "acct", "dead")
 }
 
+// TestBrowserBulkAndCancel: from the dead list the operator counts the keys of a
+// scope (nothing changes), confirms, and they are re-driven; then cancels another
+// key: refused with its derived key shown until the reconciliation box is ticked,
+// after which the key page shows the stored response, which a retry gets.
+func TestBrowserBulkAndCancel(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, writable())
+	f.Dead(t, "bulk", "b1")
+	f.Dead(t, "bulk", "b2")
+	f.Dead(t, "acct", "dead")
+	f.loginIn(ctx, t)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(f.Srv.URL+"/keys?status=dead"),
+		chromedp.WaitVisible(chromedp.CSS("#bulk")),
+		chromedp.SendKeys(chromedp.CSS("#b-scope"), "bulk"),
+		chromedp.Click(chromedp.CSS("#b-count")),
+	))
+	require.Equal(t, "2", text(ctx, t, "#count"))
+	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "bulk", "b1").Status, "counting changes nothing")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
+	require.Equal(t, "2", text(ctx, t, "#acted"))
+	for _, k := range []string{"b1", "b2"} {
+		require.Equal(t, "in_progress", testflow.State(t, f.DB.Pool, "bulk", k).Status, k)
+	}
+	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "acct", "dead").Status, "another scope's key")
+
+	info, err := f.Engine.InspectKey(context.Background(), "acct", "dead")
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=dead"),
+		chromedp.Click(chromedp.CSS("#cancel-key")),
+		chromedp.WaitVisible(chromedp.CSS("#c-status")),
+		chromedp.Click(chromedp.CSS("#confirm")),
+	))
+	require.Contains(t, text(ctx, t, "#refused"), info.ID+":pay")
+	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "acct", "dead").Status, "refused: nothing changed")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS("#c-force")),
+		chromedp.Click(chromedp.CSS("#confirm")),
+	))
+	require.Contains(t, text(ctx, t, "#flash"), "Cancelled")
+	require.Equal(t, "finished", text(ctx, t, "#status"))
+	require.Equal(t, "409", text(ctx, t, "#response-status"))
+	require.Contains(t, text(ctx, t, "#response-headers"), "application/problem+json")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#show-response"))))
+	shown := text(ctx, t, "#response-body")
+	res, err := f.Engine.Do(context.Background(), uitest.Req("acct", "dead", `{"amount":2}`))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, string(res.Response.Body), shown, "the page shows what a retry gets")
+	require.Contains(t, text(ctx, t, "#history"), "operator_cancelled")
+	cancelled := testflow.KeyRow(t, f.DB.Pool, "acct", "dead")
+	require.Equal(t, 2, f.Sweep(t, 0).Finished, "the sweep finishes the two re-driven keys")
+	require.Equal(t, cancelled, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "and leaves the cancelled key alone")
+}
+
 // TestBrowserScriptInBody: a stored body, a key and an error holding markup are shown
 // as text: no element is made from them and no script runs (the script would set the
 // title and a global).
@@ -344,6 +401,14 @@ func TestScreenshots(t *testing.T) {
 	}
 	shot(f.Srv.URL+"/", "ui-overview.png")
 	shot(f.Srv.URL+"/key?scope=acct_42&key=ch_0998&body=1", "ui-key.png")
+	shot(f.Srv.URL+"/bulk?action=redrive&scope=acct_42", "ui-bulk.png")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/key/cancel?scope=acct_42&key=ch_0998"),
+		chromedp.WaitVisible(chromedp.CSS("#confirm")), chromedp.Click(chromedp.CSS("#confirm")),
+		chromedp.WaitVisible(chromedp.CSS("#refused"))))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join("..", "..", "docs", "ui-cancel.png"), png, 0o644))
+	shot(f.Srv.URL+"/key?scope=acct_7&key=ch_1002&response=1", "ui-response.png")
 }
 
 // page is a response as the tests read it.
