@@ -200,6 +200,8 @@ type Engine struct {
 	mu        sync.RWMutex
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
+
+	members map[string]*memberSet // the flows' FingerprintMembers, validated
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -223,7 +225,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
-	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{}}, nil
+	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{}, members: map[string]*memberSet{}}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -231,10 +233,15 @@ func (e *Engine) Config() Config { return *e.cfg }
 
 // Register adds a flow. It fails if the flow is invalid (see phases.Flow.Validate) or a
 // flow of that name is already registered. A client-only flow (phases.Flow.ClientOnly)
-// is registered by the names and kinds of its phases; see Request.ClientPhases.
+// is registered by the names and kinds of its phases; see Request.ClientPhases. An
+// invalid phases.Flow.FingerprintMembers is refused too (wrapping phases.ErrInvalidFlow).
 func (e *Engine) Register(f phases.Flow) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("workflow: register: %w", err)
+	}
+	ms, err := newMemberSet(f.FingerprintMembers)
+	if err != nil {
+		return fmt.Errorf("workflow: register: %w: flow %q: %w", phases.ErrInvalidFlow, f.Name, err)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -242,7 +249,9 @@ func (e *Engine) Register(f phases.Flow) error {
 		return fmt.Errorf("workflow: register: %w: flow %q is already registered", phases.ErrInvalidFlow, f.Name)
 	}
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	f.FingerprintMembers = slices.Clone(f.FingerprintMembers)
 	e.flows[f.Name] = f
+	e.members[f.Name] = ms
 	return nil
 }
 
@@ -251,7 +260,15 @@ func (e *Engine) Register(f phases.Flow) error {
 func (e *Engine) Flow(name string) (phases.Flow, bool) {
 	f, ok := e.flow(name)
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	f.FingerprintMembers = slices.Clone(f.FingerprintMembers)
 	return f, ok
+}
+
+// memberSet is the member list of a registered flow, nil if it has none.
+func (e *Engine) memberSet(flow string) *memberSet {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.members[flow]
 }
 
 func (e *Engine) flow(name string) (phases.Flow, bool) {
@@ -272,7 +289,8 @@ type Request struct {
 	// Flow names a registered flow.
 	Flow string
 	// Method, Route and Body identify the request: a later attempt with the same key
-	// must match them (Body compared in canonical JSON form when it is JSON).
+	// must match them (Body compared in canonical JSON form when it is JSON, or only
+	// in the members its flow chooses: phases.Flow.FingerprintMembers).
 	Method string
 	Route  string
 	Body   []byte
@@ -462,7 +480,9 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 //
 // Errors: ErrInvalidKey, ErrInvalidScope (both also wrapping ErrControlCharacter for
 // a control character; no statement sent), ErrInvalidRequest, ErrBodyTooLarge and
-// ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
+// ErrUnknownFlow for bad input (nothing written); ErrBodyNotJSON (also
+// ErrInvalidRequest) for a body that is not JSON when the flow fingerprints chosen
+// members (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrNewerFormat for a row a newer
 // build wrote (nothing written; an unknown recovery point is also
 // ErrUnknownRecoveryPoint); ErrDeadLettered; ErrUnavailable or ErrConflict when the
@@ -480,7 +500,10 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 }
 
 func (e *Engine) do(ctx context.Context, f phases.Flow, req Request) answer {
-	fp := Fingerprint(req.Method, req.Route, req.Body)
+	fp, err := ruleFingerprint(e.memberSet(f.Name), req.Method, req.Route, req.Body)
+	if err != nil {
+		return answered(nil, err)
+	}
 	for range maxRaces {
 		row, err := e.lookup(ctx, req.Scope, req.Key)
 		switch {
@@ -553,7 +576,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 		return answered(nil, err) // a newer build's row: nothing final, nothing written
 	}
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
-	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
 		ev.Kind = KeyMismatch
 		e.cfg.Hooks.key(ctx, ev)
 		return answered(nil, ErrMismatch)
