@@ -1,6 +1,7 @@
 package workflow_test
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,6 +74,9 @@ func TestFingerprintMembersCanonical(t *testing.T) {
 	require.Equal(t, fpm(t, `{}`, "/x/01"), fpm(t, `{"x":[1,2]}`, "/x/01"))
 	require.Equal(t, fpm(t, `{}`, "/x/-"), fpm(t, `{"x":[1,2]}`, "/x/-"))
 	require.NotEqual(t, fpm(t, `{}`, "/x/-"), fpm(t, `{"x":{"-":1}}`, "/x/-"), `"-" is a name in an object`)
+	// "~01" is "~1" unescaped, the name "a~1b", not "a/b" (RFC 6901 unescapes ~1 first).
+	require.NotEqual(t, fpm(t, `{}`, "/a~01b"), fpm(t, `{"a~1b":1}`, "/a~01b"))
+	require.Equal(t, fpm(t, `{}`, "/a~01b"), fpm(t, `{"a/b":1,"a~b":1}`, "/a~01b"))
 	// The whole body, "", compares as version 2 does, and differs from it.
 	require.Equal(t, fpm(t, `{"a":1,"b":[1.0]}`, ""), fpm(t, ` {"b":[1],"a":10e-1}`, ""))
 	require.NotEqual(t, fpm(t, `{"a":1}`, ""), fpm(t, `{"a":1,"b":2}`, ""))
@@ -124,4 +128,38 @@ func TestFingerprintMembersRefused(t *testing.T) {
 		require.ErrorIs(t, err, workflow.ErrBodyNotJSON, "body %q", body)
 		require.ErrorIs(t, err, workflow.ErrInvalidRequest, "body %q", body)
 	}
+}
+
+// FuzzFingerprintMembers checks that no body and pointer make FingerprintMembers fail
+// other than by refusing them, and that re-encoding a JSON body (which reorders object
+// keys and drops whitespace) never changes the chosen members' part.
+func FuzzFingerprintMembers(f *testing.F) {
+	for _, seed := range [][2]string{
+		{`{"a":[{"b":1},{"b":[2,3]}],"c":"x"}`, "/a/1/b/0"},
+		{`{"a/b":{"m~n":[null,true]}}`, "/a~1b/m~0n/1"},
+		{`[1,[2,[3,{"":4}]]]`, "/1/1/1/"},
+		{`"s"`, "/0"},
+		{`{"a":1,"a":2}`, "/a"},
+		{`not json`, ""},
+	} {
+		f.Add([]byte(seed[0]), seed[1])
+	}
+	f.Fuzz(func(t *testing.T, body []byte, pointer string) {
+		list := []string{pointer, "/a/0", "/0/a"}
+		got, err := workflow.FingerprintMembers("POST", "/r", body, list)
+		if err != nil {
+			return // an invalid or repeated pointer, or a body that is not JSON
+		}
+		require.Len(t, got, 73)
+		v, ok := decodeStrict(body)
+		if !ok {
+			return
+		}
+		again, err := json.Marshal(v)
+		require.NoError(t, err)
+		re, err := workflow.FingerprintMembers("POST", "/r", again, list)
+		require.NoError(t, err)
+		require.Equal(t, got[:41], re[:41], "re-encoded JSON has the same members: %q vs %q", body, again)
+		require.Equal(t, got[41:], re[41:], "and is the same request")
+	})
 }
