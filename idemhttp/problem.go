@@ -112,6 +112,8 @@ func classify(err error) httpAnswer {
 		// a control character, too long), most likely copied from the request: no
 		// valid principal. read refuses it before the engine; this is the backstop.
 		return httpAnswer{status: http.StatusUnauthorized, kind: kindInvalidScope, level: slog.LevelDebug, detail: invalidScopeDetail}
+	case errors.Is(err, workflow.ErrBodyNotJSON):
+		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request body must be one JSON value without duplicate member names."}
 	case errors.Is(err, workflow.ErrInvalidRequest):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
 	case errors.Is(err, workflow.ErrBodyTooLarge):

@@ -106,6 +106,32 @@ type Flow struct {
 	// without the client fails (workflow.ErrNeedsClient). A client-only flow needs no
 	// tx phase: what its attempts do is theirs to say.
 	ClientOnly bool
+	// FingerprintMembers, when not empty, makes a retry of a key compare only these
+	// members of the JSON body with the first request's, each named by a JSON pointer
+	// (RFC 6901: "/amount", "/items/0/sku", "/a~1b" for the member "a/b", "/m~0n" for
+	// "m~n"; "" is the whole body), compared as the whole body is without it: exact
+	// decimal numbers, key order, whitespace and number spelling ignored. A chosen
+	// member that differs is a mismatch (HTTP 422), as is one present in one request
+	// and absent in the other (absent and null differ); a difference anywhere else
+	// replays the first request's stored answer. The body must then be one JSON value
+	// without duplicate member names, else the request is refused
+	// (workflow.ErrBodyNotJSON, HTTP 400). At most 64 distinct pointers; an invalid one
+	// is refused by workflow.Engine.Register. Nil or empty (the default) compares the
+	// whole body.
+	//
+	// Risk: a client that changes a member not listed here, meaning a new operation,
+	// gets the first operation's answer replayed and no new operation. List every
+	// member that makes an operation what it is (amount, currency, destination...),
+	// and leave out only what a client may vary between retries of one operation
+	// (a timestamp, a trace id).
+	//
+	// Upgrades: keys of such a flow are stored with a version 3 fingerprint, which
+	// releases before v0.4.0 do not read: they answer an identical retry of such a key
+	// 422. Set it only once every process on the key table runs a release that reads
+	// version 3 (docs/OPERATIONS.md, "Upgrades"). Setting, changing or removing the
+	// list applies to new keys; a key stored under another list (or none) is compared
+	// by its whole body, as without the option, until its retention ends.
+	FingerprintMembers []string
 }
 
 // ErrInvalidFlow is returned by Validate for a flow that cannot be registered.

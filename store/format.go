@@ -9,7 +9,8 @@ import "strconv"
 //   - status: one of StatusInProgress, StatusFinished, StatusDead; any other value is a
 //     newer build's.
 //   - fingerprint: v1 is 32 bytes (a bare sha256); every later version starts with its
-//     version byte and is never 32 bytes long (v2: 0x02 and a sha256, 33 bytes). The
+//     version byte and is never 32 bytes long (v2: 0x02 and a sha256, 33 bytes; v3:
+//     0x03, 8 bytes of a member list's hash and two sha256, 73 bytes). The
 //     engine (package workflow) computes and compares them.
 //   - recovery point: "started", "finished" or the name of one of the flow's phases.
 //   - phase data and the stored response's headers: JSON objects whose member
@@ -45,7 +46,8 @@ func KnownStatus(status string) bool {
 
 // knownFormat is the SQL condition that an unfinished row's fingerprint and phase
 // data are in formats this release reads: the sweeper takes no other.
-var knownFormat = `((octet_length(fingerprint) = 32 OR octet_length(fingerprint) = 33 AND get_byte(fingerprint, 0) = 2)
+var knownFormat = `((octet_length(fingerprint) = 32 OR octet_length(fingerprint) = 33 AND get_byte(fingerprint, 0) = 2
+		OR octet_length(fingerprint) = 73 AND get_byte(fingerprint, 0) = 3)
 	AND coalesce(phase_data ->> '` + FormatMember + `', '1') = '` + strconv.Itoa(PhaseDataFormat) + `')`
 
 // knownPoint is the SQL condition that a row's flow and recovery point are among the

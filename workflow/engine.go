@@ -250,8 +250,9 @@ type Engine struct {
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
 
-	adm   *admission // attempts in flight, executors running, the drain
-	waits waits      // the keys this engine runs, and the attempts that wait
+	adm     *admission            // attempts in flight, executors running, the drain
+	waits   waits                 // the keys this engine runs, and the attempts that wait
+	members map[string]*memberSet // the flows' FingerprintMembers, validated
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -276,7 +277,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
 	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
-		adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}, nil
+		members: map[string]*memberSet{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -284,10 +285,15 @@ func (e *Engine) Config() Config { return *e.cfg }
 
 // Register adds a flow. It fails if the flow is invalid (see phases.Flow.Validate) or a
 // flow of that name is already registered. A client-only flow (phases.Flow.ClientOnly)
-// is registered by the names and kinds of its phases; see Request.ClientPhases.
+// is registered by the names and kinds of its phases; see Request.ClientPhases. An
+// invalid phases.Flow.FingerprintMembers is refused too (wrapping phases.ErrInvalidFlow).
 func (e *Engine) Register(f phases.Flow) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("workflow: register: %w", err)
+	}
+	ms, err := newMemberSet(f.FingerprintMembers)
+	if err != nil {
+		return fmt.Errorf("workflow: register: %w: flow %q: %w", phases.ErrInvalidFlow, f.Name, err)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -295,7 +301,9 @@ func (e *Engine) Register(f phases.Flow) error {
 		return fmt.Errorf("workflow: register: %w: flow %q is already registered", phases.ErrInvalidFlow, f.Name)
 	}
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	f.FingerprintMembers = slices.Clone(f.FingerprintMembers)
 	e.flows[f.Name] = f
+	e.members[f.Name] = ms
 	return nil
 }
 
@@ -304,6 +312,7 @@ func (e *Engine) Register(f phases.Flow) error {
 func (e *Engine) Flow(name string) (phases.Flow, bool) {
 	f, ok := e.flow(name)
 	f.Phases = append([]phases.Phase(nil), f.Phases...)
+	f.FingerprintMembers = slices.Clone(f.FingerprintMembers)
 	return f, ok
 }
 
@@ -312,6 +321,13 @@ func (e *Engine) Flows() []string {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return slices.Sorted(maps.Keys(e.flows))
+}
+
+// memberSet is the member list of a registered flow, nil if it has none.
+func (e *Engine) memberSet(flow string) *memberSet {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.members[flow]
 }
 
 func (e *Engine) flow(name string) (phases.Flow, bool) {
@@ -332,7 +348,8 @@ type Request struct {
 	// Flow names a registered flow.
 	Flow string
 	// Method, Route and Body identify the request: a later attempt with the same key
-	// must match them (Body compared in canonical JSON form when it is JSON).
+	// must match them (Body compared in canonical JSON form when it is JSON, or only
+	// in the members its flow chooses: phases.Flow.FingerprintMembers).
 	Method string
 	Route  string
 	Body   []byte
@@ -539,7 +556,9 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 //
 // Errors: ErrInvalidKey, ErrInvalidScope (both also wrapping ErrControlCharacter for
 // a control character; no statement sent), ErrInvalidRequest, ErrBodyTooLarge and
-// ErrUnknownFlow for bad input (nothing written); ErrMismatch (nothing written);
+// ErrUnknownFlow for bad input (nothing written); ErrBodyNotJSON (also
+// ErrInvalidRequest) for a body that is not JSON when the flow fingerprints chosen
+// members (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrNewerFormat for a row a newer
 // build wrote (nothing written; an unknown recovery point is also
 // ErrUnknownRecoveryPoint); ErrDeadLettered; ErrUnavailable or ErrConflict when the
@@ -577,7 +596,10 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 // another attempt's answer: a waiter runs nothing, so it gives its place back and
 // takes one again, bounded by AdmitWait, once there is something to run or replay.
 func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool) answer {
-	fp := Fingerprint(req.Method, req.Route, req.Body)
+	fp, err := ruleFingerprint(e.memberSet(f.Name), req.Method, req.Route, req.Body)
+	if err != nil {
+		return answered(nil, err)
+	}
 	w := e.newWaiter(f.Name, req)
 	defer w.leave()
 	var seen *store.Row // the key as a watch read it for this waiter
@@ -690,7 +712,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 		return answered(nil, err) // a newer build's row: nothing final, nothing written
 	}
 	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
-	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req)) {
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
 		ev.Kind = KeyMismatch
 		e.cfg.Hooks.key(ctx, ev)
 		return answered(nil, ErrMismatch)

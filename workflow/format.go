@@ -25,14 +25,16 @@ var ErrNewerFormat = errors.New("key row written in a format this build does not
 const NewerFormatRetryAfter = 5 * time.Second
 
 // fingerprintFormat reports whether this build knows the version of a stored
-// fingerprint: v1 (32 bytes) or v2 (the byte 0x02 and a sha256). A later version
-// starts with its own version byte and is never 32 bytes long.
+// fingerprint: v1 (32 bytes), v2 (the byte 0x02 and a sha256) or v3 (41 bytes from
+// 0x03). A later version starts with its own version byte and is never 32 bytes long.
 func fingerprintFormat(stored []byte) bool {
 	switch len(stored) {
 	case fingerprintV1Len:
 		return true
 	case fingerprintV2Len:
 		return stored[0] == fingerprintV2
+	case fingerprintV3Len:
+		return stored[0] == fingerprintV3
 	}
 	return false
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 func TestMain(m *testing.M) { idemflowtest.Main(m) }
@@ -116,6 +117,40 @@ func TestSkew(t *testing.T) {
 		key := fmt.Sprintf("%s-then-%s/dead-lettered", w.name, r.name)
 		t.Run(key, func(t *testing.T) { deadCase(t, db, w, r, key) })
 	}
+	t.Run("fingerprint-version-3", func(t *testing.T) { v3Case(t, db, prev, cur) })
+}
+
+// v3Case gives a finished key the version 3 fingerprint a flow with
+// phases.Flow.FingerprintMembers writes and retries it on both builds. This tree's
+// driver, whose flow has no member list, compares the whole body: an identical retry
+// replays, another body is a mismatch. A previous release that reads version 3 answers
+// alike; one that predates it (v0.3.0) answers the identical retry 422, which is why
+// the option must stay off until no such process is left (docs/OPERATIONS.md).
+func v3Case(t *testing.T, db *pgtest.DB, prev, cur build) {
+	const key, body = "fingerprint-version-3", `{"amount": 700}`
+	a, _ := cur.do(t, "", key, body)
+	require.Equal(t, 201, a.Status, "%+v", a)
+	fp, err := workflow.FingerprintMembers("POST", "/skew", []byte(body), []string{"/amount"})
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(context.Background(),
+		`UPDATE idemflow_keys SET fingerprint = $2 WHERE scope = 'acct' AND idempotency_key = $1`, key, fp)
+	require.NoError(t, err)
+
+	a, _ = cur.do(t, "", key, `{"amount":7e2}`)
+	require.Equal(t, answer{Status: 201, Replayed: true, Body: a.Body}, a, "current on an identical retry")
+	a, _ = cur.do(t, "", key, `{"amount": 1}`)
+	require.Equal(t, "mismatch", a.Err, "current on another body: %+v", a)
+
+	root, commit := previousRelease(t)
+	readsV3 := exec.Command("git", "-C", root, "cat-file", "-e", commit+":workflow/fingerprint_members.go").Run() == nil
+	a, _ = prev.do(t, "", key, body)
+	if readsV3 {
+		require.Equal(t, answer{Status: 201, Replayed: true, Body: a.Body}, a, "previous on an identical retry")
+	} else {
+		require.Equal(t, "mismatch", a.Err, "previous (before version 3) on an identical retry: %+v", a)
+		t.Logf("the previous release answers an identical retry of a version 3 key %q: the option stays off while it runs", a.Err)
+	}
+	requireOneEffect(t, db, key)
 }
 
 // deadCase: w's attempt and sweep fail on the remote and dead-letter key; both builds
