@@ -151,30 +151,29 @@ LIMIT $2`
 // than $3 ms ago.
 var sqlExpireParkedKey = deleteOfScope(parkedGuard)
 
-// perKey reports whether s scans per key, asking db once for ScanAuto.
+// perKey reports whether s scans per key, asking db once for ScanAuto and ScanSingle:
+// a partitioned key table is always scanned per key, and refuses ScanSingle (ctid is
+// unique only within a partition; see scanLayout in partition.go).
 func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
-	switch s.scan {
-	case ScanSingle:
-		return false, nil
-	case ScanPerKey:
-		return true, nil
-	}
 	switch s.learnt.perKey.Load() {
 	case 1:
 		return false, nil
 	case 2:
 		return true, nil
 	}
-	var citus bool
-	rows, err := db.Query(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`)
-	if err == nil {
-		citus, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if s.scan == ScanPerKey {
+		return true, nil
 	}
-	if err != nil {
-		return false, fmt.Errorf("detect citus: %w", Classify(err))
+	citus, partitioned, err := s.scanLayout(ctx, db)
+	switch {
+	case err != nil:
+		return false, err
+	case partitioned && s.scan == ScanSingle:
+		return false, ErrScanSingleOnPartitioned
 	}
-	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[citus])
-	return citus, nil
+	perKey := (citus && s.scan == ScanAuto) || partitioned
+	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[perKey])
+	return perKey, nil
 }
 
 // expiry is one kind of key that retention deletes: what (for messages), its single
