@@ -164,7 +164,9 @@ func TestRemovePartitions(t *testing.T) {
 	db := setupPartitioned(t)
 	st := store.New()
 	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-20 * time.Minute)
-	at := func(m int) string { return `'` + base.Add(time.Duration(m)*time.Minute+time.Second).Format(time.RFC3339) + `'` }
+	at := func(m int) string {
+		return `'` + base.Add(time.Duration(m)*time.Minute+time.Second).Format(time.RFC3339) + `'`
+	}
 	pFinished, pUnfinished := addPartition(t, db, base), addPartition(t, db, base.Add(time.Minute))
 	pDead, pEmpty := addPartition(t, db, base.Add(2*time.Minute)), addPartition(t, db, base.Add(3*time.Minute))
 	insertRaw(t, db, "finished", "00000000-0000-4000-8000-000000000001", "f", at(0), finishedSet+`, finished_at = `+at(0))
