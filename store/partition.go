@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,8 +25,10 @@ const (
 	PartitionDay    = 24 * time.Hour
 	PartitionHour   = time.Hour
 	PartitionMinute = time.Minute // for tests that cross boundaries
-	// PartitionsAheadDefault is how far ahead EnsurePartitions creates partitions.
+	// PartitionsAheadDefault is how far ahead EnsurePartitions creates partitions of
+	// an hour or more; narrower ones (tests) are created partitionsAheadNarrow ahead.
 	PartitionsAheadDefault = 7 * 24 * time.Hour
+	partitionsAheadNarrow  = 10
 	// partitionLockTimeout bounds how long a maintenance statement waits for a lock
 	// (another maintenance step, a VACUUM). Live statements never wait on it: see
 	// docs/PARTITIONS.md.
@@ -75,6 +78,22 @@ type PartitionReport struct {
 	Kept int
 	// Busy: another process held the maintenance lock; nothing was created.
 	Busy bool
+	// Want is how many partitions the default ahead calls for: a warning is due when
+	// fewer than half as many are Ahead (Low).
+	Want int
+}
+
+// Low reports whether too few partitions exist ahead: fewer than half of Want. A row
+// whose creation time has no partition cannot be inserted (its claim fails with a
+// retryable error), so this is worth a warning.
+func (r PartitionReport) Low() bool { return r.Ahead*2 < r.Want }
+
+// defaultAhead is how far ahead partitions of width w are created by default.
+func defaultAhead(w time.Duration) time.Duration {
+	if w < time.Hour {
+		return partitionsAheadNarrow * w
+	}
+	return PartitionsAheadDefault
 }
 
 // partitionLayout is what the catalog says of the key table.
@@ -183,7 +202,39 @@ func (l *partitionLayout) width() (time.Duration, error) {
 			return p.To.Sub(*p.From), nil
 		}
 	}
-	return 0, errors.New("no partition with bounds to learn the width from")
+	return l.orphanWidth()
+}
+
+// orphanWidth is the width of the layout's detached partitions, when none is attached:
+// a day or an hour by their names' form, else the smallest gap between two of them
+// (a minute when there is only one).
+func (l *partitionLayout) orphanWidth() (time.Duration, error) {
+	var starts []time.Time
+	for _, o := range l.orphans {
+		if t, ok := partitionStart(o); ok {
+			starts = append(starts, t)
+		}
+	}
+	if len(starts) == 0 {
+		return 0, errors.New("no partition, attached or detached, to learn the width from")
+	}
+	switch len(strings.TrimPrefix(l.orphans[0], partitionPrefix)) {
+	case len("20060102"):
+		return 24 * time.Hour, nil
+	case len("2006010215"):
+		return time.Hour, nil
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	w := 24 * time.Hour
+	for i := 1; i < len(starts); i++ {
+		if d := starts[i].Sub(starts[i-1]); d > 0 && d < w {
+			w = d
+		}
+	}
+	if len(starts) == 1 {
+		w = time.Minute
+	}
+	return w, nil
 }
 
 // overlaps reports whether an attached partition overlaps [from, from+w).
@@ -296,4 +347,12 @@ func (s *Store) scanLayout(ctx context.Context, db DBTX) (citus, partitioned boo
 		return false, false, fmt.Errorf("detect key table layout: %w", Classify(err))
 	}
 	return citus, partitioned, nil
+}
+
+// noPartition reports whether a partitioned key table refused a row because no
+// partition holds its creation time: partitions were not created far enough ahead.
+// Nothing was written, and the same request succeeds once the partition exists, so
+// Classify makes it ErrUnavailable (retryable), not an invalid value.
+func noPartition(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }

@@ -20,7 +20,8 @@ const sqlPartitionLock = `SELECT pg_try_advisory_xact_lock($2::bigint # to_regcl
 // SetupPartitioned turns the key table, freshly migrated and empty, into the
 // partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay,
 // PartitionHour, or any width that divides a day into whole minutes), and creates
-// partitions from the current one to ahead from now (0: PartitionsAheadDefault). It
+// partitions from the current one to ahead from now (0: PartitionsAheadDefault, or ten
+// partitions for widths under an hour). It
 // runs in one transaction: the table keeps its columns, defaults, state checks and
 // indexes; its primary key becomes (scope, idempotency_key, created_at). A table
 // already partitioned is left as it is, and only its partitions are ensured. It fails
@@ -90,7 +91,8 @@ WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, tabl
 }
 
 // EnsurePartitions creates the partitions missing from the current one to ahead from
-// now by the database clock (0: PartitionsAheadDefault), each by creating a table and
+// now by the database clock (0: PartitionsAheadDefault, or ten partitions for widths
+// under an hour), each by creating a table and
 // then attaching it, which no live statement waits on (docs/PARTITIONS.md). It runs in
 // one short transaction under the key table's maintenance lock, taken without waiting:
 // when another process holds it, nothing is created and the report says Busy. A table
@@ -112,16 +114,17 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 			return err
 		case !l.partitioned:
 			return ErrNotPartitioned
-		case !locked:
-			r.Busy, r.Ahead = true, l.ahead()
-			return nil
 		}
 		w, err := l.width()
 		if err != nil {
 			return err
 		}
+		if !locked {
+			r.Busy, r.Ahead, r.Want = true, l.ahead(), int(defaultAhead(w)/w)
+			return nil
+		}
 		r.Created, err = createAhead(ctx, tx, l, w, ahead)
-		r.Ahead = l.ahead()
+		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
 		return err
 	})
 	if err != nil {
@@ -135,7 +138,7 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 // how many.
 func createAhead(ctx context.Context, tx pgx.Tx, l *partitionLayout, w, ahead time.Duration) (int, error) {
 	if ahead <= 0 {
-		ahead = PartitionsAheadDefault
+		ahead = defaultAhead(w)
 	}
 	orphan := map[string]bool{}
 	for _, o := range l.orphans {
@@ -315,4 +318,33 @@ func holdsLiveKeys(ctx context.Context, db DBTX, l *partitionLayout, name string
 		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
 	}
 	return live, nil
+}
+
+// KnownUnpartitioned reports whether s has learnt that its key table is not
+// partitioned (MaintainPartitions returned ErrNotPartitioned, or a sweep found it so),
+// so that a caller can skip even acquiring a connection for MaintainPartitions.
+func (s *Store) KnownUnpartitioned() bool { return s.learnt.partitioned.Load() == 1 }
+
+// MaintainPartitions is one maintenance step of a partitioned key table, as the
+// sweepers run it every pass: EnsurePartitions with the default ahead, then
+// RemovePartitions with retention (skipped when retention is not positive). On a key
+// table that is not partitioned it returns ErrNotPartitioned, and after the first time
+// it does so without asking the database again (a table is moved to the layout with
+// the sweepers stopped: docs/PARTITIONS.md).
+func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
+	if s.learnt.partitioned.Load() == 1 {
+		return PartitionReport{}, ErrNotPartitioned
+	}
+	r, err := s.EnsurePartitions(ctx, db, 0)
+	if errors.Is(err, ErrNotPartitioned) {
+		s.learnt.partitioned.Store(1)
+		return r, ErrNotPartitioned
+	}
+	if err != nil || retention <= 0 {
+		return r, err
+	}
+	s.learnt.partitioned.Store(2)
+	rr, err := s.RemovePartitions(ctx, db, retention)
+	r.Removed, r.Kept = rr.Removed, rr.Kept
+	return r, err
 }

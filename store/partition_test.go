@@ -245,3 +245,24 @@ func TestRemovePartitionsFinishesDetach(t *testing.T) {
 	require.Equal(t, 1, r.Removed)
 	require.NotContains(t, partitionNames(t, db), old)
 }
+
+// TestPartitionMissing: a claim whose creation time has no partition is refused as
+// ErrUnavailable (retryable), writes nothing, and succeeds once the partition exists.
+func TestPartitionMissing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	for _, name := range partitionNames(t, db) {
+		_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+name)
+		require.NoError(t, err)
+	}
+	c := claim("s", "k", "00000000-0000-4000-8000-000000000001")
+	err := tryClaim(t, db, c)
+	require.ErrorIs(t, err, store.ErrUnavailable)
+	require.NotErrorIs(t, err, store.ErrInvalid)
+
+	r, err := store.New().EnsurePartitions(ctx, db.Pool, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Created, 1, "the detached tables attached again")
+	require.NoError(t, tryClaim(t, db, c))
+}

@@ -52,7 +52,11 @@ func NewWith(opts Options) (*Store, error) {
 }
 
 // scanState is what a Store with ScanAuto learnt: 0 not asked yet, else a scan mode.
-type scanState struct{ perKey atomic.Int32 }
+type scanState struct {
+	perKey atomic.Int32
+	// partitioned: 0 not asked yet, 1 no, 2 yes (MaintainPartitions, partition.go).
+	partitioned atomic.Int32
+}
 
 // The statements of ScanPerKey. A scan reads candidates across scopes, oldest first,
 // without a lock (a multi-shard SELECT on Citus); each takeover names its key by scope
@@ -171,6 +175,7 @@ func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
 	case partitioned && s.scan == ScanSingle:
 		return false, ErrScanSingleOnPartitioned
 	}
+	s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
 	perKey := (citus && s.scan == ScanAuto) || partitioned
 	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[perKey])
 	return perKey, nil

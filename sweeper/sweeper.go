@@ -159,6 +159,8 @@ type Stats struct {
 	// deleted at the end of their retention (Config.DeadRetention, ParkedRetention).
 	ExpiredDead   int64
 	ExpiredParked int64
+	// Partitions is what the pass did to a partitioned key table (partition.go).
+	Partitions PartitionStats
 }
 
 func (s *Stats) add(o maint.Outcome) {
@@ -185,6 +187,8 @@ type Sweeper struct {
 
 	mu   sync.Mutex
 	loop *loop // the running background loop, nil when stopped
+
+	partitions partitionState // partition.go
 
 	stopping func() // test hook: runs in Stop after the loop was told to stop
 	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
@@ -364,6 +368,11 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 		n, err := s.cleanup(ctx, stop, c.name, c.retention, c.expire)
 		*c.count = n
 		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !stopped(ctx, stop) {
+		if err := s.maintainPartitions(ctx, &st); err != nil { // partition.go
 			errs = append(errs, err)
 		}
 	}
