@@ -82,12 +82,36 @@ WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, tabl
 		`ALTER TABLE ` + table + ` ADD CONSTRAINT ` + pgx.Identifier{keyTable + "_pkey"}.Sanitize() +
 			` PRIMARY KEY (scope, idempotency_key, created_at)`,
 	}
+	stmts = append(stmts, readCommittedOnly(l)...)
 	for _, sql := range append(stmts, indexes...) {
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%.60s…: %w", sql, err)
 		}
 	}
 	return nil
+}
+
+// readCommittedOnly are the statements that make l's partitioned key table refuse an
+// insert outside READ COMMITTED: a statement trigger on the table. Without a unique
+// index across partitions, one row per (scope, key) rests on the claim lock and a
+// look-up in a snapshot taken after it, which REPEATABLE READ and SERIALIZABLE do not
+// give (their snapshot is taken before the lock): such a claim would insert a second
+// row where the default layout's primary key refuses it (docs/PARTITIONS.md). The
+// refusal is SQLSTATE 0A000, which Classify makes ErrRefused.
+func readCommittedOnly(l *partitionLayout) []string {
+	fn, trigger := l.ident(keyTable+"_read_committed"), pgx.Identifier{keyTable + "_read_committed"}.Sanitize()
+	return []string{`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'idemflow: key rows of a partitioned key table are inserted at READ COMMITTED only, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '0A000', HINT = 'a flow whose first phase runs at REPEATABLE READ or SERIALIZABLE cannot claim keys on this layout (docs/PARTITIONS.md)';
+    END IF;
+    RETURN NULL;
+END
+$$`,
+		`CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + l.ident(keyTable) + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `()`,
+	}
 }
 
 // EnsurePartitions creates the partitions missing from the current one to ahead from

@@ -266,3 +266,47 @@ func TestPartitionMissing(t *testing.T) {
 	require.GreaterOrEqual(t, r.Created, 1, "the detached tables attached again")
 	require.NoError(t, tryClaim(t, db, c))
 }
+
+// TestPartitionedRepeatableReadClaim: a claim at REPEATABLE READ whose snapshot was
+// taken before another claim of the same key committed. On the default layout the
+// primary key refuses its insert (ErrClaimExists); on the partitioned layout, with no
+// unique index across partitions, its insert is refused outright (ErrRefused) instead
+// of making a second row for the key.
+func TestPartitionedRepeatableReadClaim(t *testing.T) {
+	t.Parallel()
+	for name, partitioned := range map[string]bool{"Default": false, "Partitioned": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var db *pgtest.DB
+			if partitioned {
+				db = setupPartitioned(t)
+			} else {
+				db = pgtest.New(t)
+			}
+			st := store.New()
+			late, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			require.NoError(t, err)
+			defer late.Rollback(ctx)
+			_, err = late.Exec(ctx, `SELECT 1`) // the snapshot, before the other claim commits
+			require.NoError(t, err)
+			claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+
+			b := &pgx.Batch{}
+			st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000002"), "started", []byte(`{}`))
+			br := late.SendBatch(ctx, b)
+			err = st.ReadClaimInsert(br)
+			_ = br.Close() // the error is err's
+			if partitioned {
+				require.ErrorIs(t, err, store.ErrRefused)
+				require.ErrorContains(t, err, "READ COMMITTED only")
+			} else {
+				require.ErrorIs(t, err, store.ErrClaimExists)
+			}
+			require.NoError(t, late.Rollback(ctx))
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key = 'k'`).Scan(&n))
+			require.Equal(t, 1, n, "one row for the key")
+		})
+	}
+}
