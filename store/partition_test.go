@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/store"
@@ -208,32 +209,44 @@ func TestRemovePartitions(t *testing.T) {
 	})
 }
 
-// TestRemovePartitionsFinishesDetach: a concurrent detach interrupted while it waited
-// for an older snapshot leaves its partition pending; the next removal finishes it.
+// TestRemovePartitionsFinishesDetach: the backend of a removal is terminated while
+// its concurrent detach waits for an older transaction, leaving the partition pending;
+// the next removal finishes the detach and drops it, and the other keys are intact.
 func TestRemovePartitionsFinishesDetach(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := setupPartitioned(t)
 	st := store.New()
 	old := addPartition(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-30*time.Minute))
+	claimNow(t, db, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
 
-	// A transaction whose snapshot may see the partition makes the detach wait in its
-	// second phase; the detach's statement timeout interrupts it there.
+	// A transaction that has read the key table makes the detach wait in its second
+	// phase, where the removal's backend is terminated.
 	holder, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
+	defer holder.Rollback(ctx)
 	_, err = holder.Exec(ctx, `SELECT count(*) FROM idemflow_keys`)
 	require.NoError(t, err)
-	conn, err := db.Pool.Acquire(ctx)
+	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `SET statement_timeout = '300ms'`)
+	app := "idemflow_remove_" + db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maint, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+old+` CONCURRENTLY`)
-	require.Error(t, err, "interrupted")
-	_, err = conn.Exec(ctx, `RESET statement_timeout`)
-	require.NoError(t, err)
-	conn.Release()
+	defer maint.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
+		done <- err
+	}()
+	var killed bool
+	for !killed {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
+FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
+	AND a.query LIKE '%DETACH PARTITION%CONCURRENTLY'`, app).Scan(&killed))
+	}
+	err = <-done
+	require.ErrorIs(t, err, store.ErrUnavailable, "the removal's backend was terminated")
 	require.NoError(t, holder.Rollback(ctx))
 	parts, err := st.Partitions(ctx, db.Pool)
 	require.NoError(t, err)
@@ -244,6 +257,8 @@ func TestRemovePartitionsFinishesDetach(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, r.Removed)
 	require.NotContains(t, partitionNames(t, db), old)
+	_, err = st.Lookup(ctx, db.Pool, "s", "live")
+	require.NoError(t, err)
 }
 
 // TestPartitionMissing: a claim whose creation time has no partition is refused as
