@@ -234,13 +234,13 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 		if p.To == nil || p.To.After(horizon) {
 			continue
 		}
-		removed, err := removePartition(ctx, db, l, p)
+		out, err := removePartition(ctx, db, l, p)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case removed:
+		case out == partitionRemoved:
 			r.Removed++
-		default:
+		case out == partitionKept:
 			r.Kept++
 		}
 	}
@@ -252,11 +252,12 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 			continue
 		}
 		to := from.Add(w)
-		if err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to}); err != nil {
+		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to})
+		if err != nil {
 			errs = append(errs, err)
-			continue
+		} else if dropped {
+			r.Removed++
 		}
-		r.Removed++
 	}
 	if err := errors.Join(errs...); err != nil {
 		return r, fmt.Errorf("remove partitions: %w", err)
@@ -264,13 +265,22 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 	return r, nil
 }
 
-// removePartition removes the attached partition p if it holds no live key: false
-// when it keeps it.
-func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
+// What removePartition did with a partition.
+const (
+	partitionKept    = iota // it holds a live key
+	partitionRemoved        // detached and dropped
+	partitionBusy           // another process is detaching it
+)
+
+// removePartition removes the attached partition p if it holds no live key.
+func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (int, error) {
 	if !p.DetachPending {
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
+		if isPgCode(err, "42P01") { // dropped by another process since the listing
+			return partitionBusy, nil
+		}
 		if err != nil || live {
-			return false, err
+			return partitionKept, err
 		}
 	}
 	how := "CONCURRENTLY"
@@ -282,20 +292,21 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	// 42P01: not a partition any more, 55000: a detach already pending (another
 	// process removes it); the next step sees how it ended.
 	case isPgCode(err, "42P01", "55000"):
-		return false, nil
+		return partitionBusy, nil
 	case err != nil:
-		return false, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
+		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
 	}
-	if err := dropDetached(ctx, db, l, p); err != nil {
-		return false, err
+	if _, err := dropDetached(ctx, db, l, p); err != nil {
+		return partitionKept, err
 	}
-	return true, nil
+	return partitionRemoved, nil
 }
 
 // dropDetached drops the detached partition p after checking, in the dropping
 // transaction, that it holds no unfinished or dead-lettered key; if it does, p is
-// attached back. A table already dropped (by another process) is not an error.
-func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) error {
+// attached back. A table already dropped (by another process) is not an error; the
+// result says whether this call dropped it.
+func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
 	back := false
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
@@ -319,13 +330,13 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 	})
 	switch {
 	case isPgCode(err, "42P01"): // dropped by another process
-		return nil
+		return false, nil
 	case err != nil:
-		return fmt.Errorf("drop partition %s: %w", p.Name, Classify(err))
+		return false, fmt.Errorf("drop partition %s: %w", p.Name, Classify(err))
 	case back:
-		return fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
+		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
 	}
-	return nil
+	return true, nil
 }
 
 // holdsLiveKeys reports whether the table name (a partition, attached or not) holds a

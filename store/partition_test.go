@@ -325,3 +325,37 @@ func TestPartitionedRepeatableReadClaim(t *testing.T) {
 		})
 	}
 }
+
+// TestRemovePartitionsConcurrent: two removals race over the same partitions past
+// retention: each partition is removed once, neither fails.
+func TestRemovePartitionsConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-40 * time.Minute)
+	for i := range 4 {
+		addPartition(t, db, base.Add(time.Duration(i)*time.Minute))
+	}
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION idemflow_keys_p`+base.Add(3*time.Minute).Format("200601021504"))
+	require.NoError(t, err) // one left detached by an interrupted removal
+	other := db.NewPool(t)
+	type out struct {
+		r   store.PartitionReport
+		err error
+	}
+	res := make(chan out, 2)
+	for _, pool := range []*pgxpool.Pool{db.Pool, other} {
+		go func() {
+			r, err := store.New().RemovePartitions(ctx, pool, 10*time.Minute)
+			res <- out{r, err}
+		}()
+	}
+	a, b := <-res, <-res
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	require.Equal(t, 4, a.r.Removed+b.r.Removed, "each removed once: %+v %+v", a.r, b.r)
+	var left int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE 'idemflow\_keys\_p%' AND relname < $1`,
+		"idemflow_keys_p"+base.Add(4*time.Minute).Format("200601021504")).Scan(&left))
+	require.Zero(t, left)
+}
