@@ -359,3 +359,31 @@ func TestRemovePartitionsConcurrent(t *testing.T) {
 		"idemflow_keys_p"+base.Add(4*time.Minute).Format("200601021504")).Scan(&left))
 	require.Zero(t, left)
 }
+
+// TestPartitionsThroughPgbouncer: set-up, creation ahead and removal (a concurrent
+// detach is one statement outside a transaction) through pgbouncer in transaction
+// mode, and a claim on the partitioned table.
+func TestPartitionsThroughPgbouncer(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped: the partitioned layout on Citus is not built yet")
+	}
+	ctx := context.Background()
+	p := pgtest.NewPooled(t)
+	st := store.New()
+	require.NoError(t, st.SetupPartitioned(ctx, p.DB.Pool, store.PartitionMinute, 3*time.Minute))
+	claimNow(t, p.DB, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
+	old := addPartition(t, p.Direct, dbNow(t, p.Direct).UTC().Truncate(time.Minute).Add(-30*time.Minute))
+	insertRaw(t, p.Direct, "old", "00000000-0000-4000-8000-000000000002", "f", `date_trunc('minute', now()) - interval '30 minutes'`,
+		finishedSet+`, finished_at = now() - interval '29 minutes'`)
+
+	r, err := st.EnsurePartitions(ctx, p.DB.Pool, 5*time.Minute)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Ahead, 5)
+	r, err = st.RemovePartitions(ctx, p.DB.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Removed)
+	require.NotContains(t, partitionNames(t, p.DB), old)
+	_, err = st.Lookup(ctx, p.DB.Pool, "s", "live")
+	require.NoError(t, err)
+}
