@@ -50,7 +50,10 @@ type Config struct {
 	// before a failed one dead-letters it. Defaults to 10; at least 1.
 	MaxAttempts int
 	// Retention is how long a finished key is remembered and replayed, at least, after
-	// it finished. Defaults to 24h; at least one minute.
+	// it finished. Defaults to 24h; at least one minute. On a partitioned key table
+	// (docs/PARTITIONS.md) it counts from the key's creation: a partition is removed
+	// once its newest possible row is Retention old and it holds no unfinished or
+	// dead-lettered key.
 	Retention time.Duration
 	// DeadRetention is how long a dead-lettered key is kept after it was dead-lettered
 	// (by the database clock), listed and ready to be re-driven; then it is deleted
