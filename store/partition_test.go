@@ -387,3 +387,41 @@ func TestPartitionsThroughPgbouncer(t *testing.T) {
 	_, err = st.Lookup(ctx, p.DB.Pool, "s", "live")
 	require.NoError(t, err)
 }
+
+// TestPartitionedInSchema: a Store with a schema sets up and maintains the partitioned
+// table of that schema on connections whose search_path does not name it.
+func TestPartitionedInSchema(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped: the partitioned layout on Citus is not built yet")
+	}
+	ctx := context.Background()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "idemflow_no_such_schema"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	st, err := store.NewInSchema(db.Schema)
+	require.NoError(t, err)
+
+	require.NoError(t, st.SetupPartitioned(ctx, pool, store.PartitionMinute, 3*time.Minute))
+	parts, err := st.Partitions(ctx, pool)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(parts), 4)
+	r, err := st.MaintainPartitions(ctx, pool, time.Hour)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Ahead, 3)
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000001"), "started", []byte(`{}`))
+	b.Queue("COMMIT")
+	require.NoError(t, pool.SendBatch(ctx, b).Close())
+	_, err = st.Lookup(ctx, pool, "s", "k")
+	require.NoError(t, err)
+	var kind string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'idemflow_keys'::regclass`).Scan(&kind))
+	require.Equal(t, "p", kind, "the schema's table is the partitioned one")
+}
