@@ -356,3 +356,11 @@ func (s *Store) scanLayout(ctx context.Context, db DBTX) (citus, partitioned boo
 func noPartition(pgErr *pgconn.PgError) bool {
 	return pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
+
+// ownTableRows begins the condition of the single-statement sweeps (ScanSingle), which
+// match rows by ctid: the row must belong to the key table itself. On a plain table
+// every row does; on a partitioned one every row belongs to a partition, so a Store
+// that learnt the plain layout before the table was moved to the partitioned one
+// (docs/PARTITIONS.md) matches nothing there, where a ctid alone could match another
+// partition's row.
+const ownTableRows = `tableoid = 'idemflow_keys'::regclass AND `

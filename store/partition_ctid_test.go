@@ -191,3 +191,41 @@ func TestPartitionedRefusesScanSingle(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE lock_version = 1`).Scan(&n))
 	require.Equal(t, 2, n, "both keys still there, neither taken over")
 }
+
+// TestPartitionedAfterLearningPlain: a Store that learnt the plain layout (and so
+// sweeps by ctid) before the table was partitioned, as a process left running across
+// a move would: its sweeps match no row of the partitioned table, rather than the row
+// at the same ctid in another partition.
+func TestPartitionedAfterLearningPlain(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped: the partitioned copy is built for plain PostgreSQL")
+	}
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := newScanStore(t, store.ScanAuto)
+	n, err := st.ExpireFinished(ctx, db.Pool, time.Hour, 10) // learns: plain, ScanSingle
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	partitionedCopy(t, db)
+	insertRaw(t, db, "expired", "00000000-0000-4000-8000-000000000001", "f", `'2025-12-30 00:00+00'`,
+		finishedSet+`, finished_at = '2025-12-30 00:00:01+00'`)
+	insertRaw(t, db, "recent", "00000000-0000-4000-8000-000000000002", "f", `now()`,
+		finishedSet+`, finished_at = statement_timestamp() - interval '1 second'`)
+	insertRaw(t, db, "due", "00000000-0000-4000-8000-000000000003", "f", `'2025-12-30 00:00+00'`, releasedSet)
+	insertRaw(t, db, "in-grace", "00000000-0000-4000-8000-000000000004", "f", `now()`, releasedSet)
+	requireSameCtid(t, db, "expired", "recent")
+
+	n, err = st.ExpireFinished(ctx, db.Pool, 24*time.Hour, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing deleted by ctid")
+	taken, err := st.TakeDue(ctx, db.Pool, store.TakeDue{Limit: 10, Grace: time.Minute, Lease: time.Minute, Flows: []string{"f"}})
+	require.NoError(t, err)
+	require.Empty(t, taken, "nothing taken by ctid")
+	for _, key := range []string{"expired", "recent", "due", "in-grace"} {
+		row, err := store.New().Lookup(ctx, db.Pool, "s", key)
+		require.NoError(t, err, key)
+		require.EqualValues(t, 1, row.LockVersion, key)
+	}
+}
