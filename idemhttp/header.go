@@ -17,7 +17,9 @@ const (
 	// ReplayedHeader is set to "true" on a response replayed from an earlier attempt.
 	ReplayedHeader = "Idempotent-Replayed"
 	// RetentionHeader is sent on every answer under a key: how many seconds the key
-	// and its stored answer are kept after the key finished (Config.Retention).
+	// and its stored answer are kept after the key finished (Config.Retention). On a
+	// partitioned key table (docs/PARTITIONS.md) the retention counts from the key's
+	// creation instead: a key is kept at least that long after its first attempt.
 	RetentionHeader = "Idempotency-Key-Retention"
 )
 

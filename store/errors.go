@@ -95,6 +95,8 @@ func Classify(err error) error {
 		switch {
 		case pgErr.Code == "40001" || pgErr.Code == "40P01":
 			return fmt.Errorf("%w: %w", ErrConflict, err)
+		case noPartition(pgErr): // partitioned key table (partition.go)
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":
 			return fmt.Errorf("%w: %w", errInvalid, err)
 		case pgErr.Code == "42P05" || pgErr.Code == "26000" ||

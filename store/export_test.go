@@ -8,3 +8,6 @@ var (
 	// ErrInvalid is errInvalid, which Classify wraps round a value the database refused.
 	ErrInvalid = errInvalid
 )
+
+// PartitionLockSalt is partitionLockSalt, for a test that holds the maintenance lock.
+const PartitionLockSalt = partitionLockSalt

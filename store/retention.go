@@ -14,7 +14,7 @@ import (
 // sqlExpireDead deletes up to $2 dead-lettered keys dead-lettered (last changed) more
 // than $1 ms ago. A re-drive makes a key in progress again, and so safe from it.
 const sqlExpireDead = `DELETE FROM idemflow_keys
-WHERE ctid = ANY(ARRAY(
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'dead'
@@ -29,7 +29,7 @@ WHERE ctid = ANY(ARRAY(
 // progress with no live lease and were claimed more than $1 ms ago: parked keys whose
 // client never finished them.
 const sqlExpireParked = `DELETE FROM idemflow_keys
-WHERE ctid = ANY(ARRAY(
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'in_progress'

@@ -52,7 +52,11 @@ func NewWith(opts Options) (*Store, error) {
 }
 
 // scanState is what a Store with ScanAuto learnt: 0 not asked yet, else a scan mode.
-type scanState struct{ perKey atomic.Int32 }
+type scanState struct {
+	perKey atomic.Int32
+	// partitioned: 0 not asked yet, 1 no, 2 yes (MaintainPartitions, partition.go).
+	partitioned atomic.Int32
+}
 
 // The statements of ScanPerKey. A scan reads candidates across scopes, oldest first,
 // without a lock (a multi-shard SELECT on Citus); each takeover names its key by scope
@@ -151,30 +155,30 @@ LIMIT $2`
 // than $3 ms ago.
 var sqlExpireParkedKey = deleteOfScope(parkedGuard)
 
-// perKey reports whether s scans per key, asking db once for ScanAuto.
+// perKey reports whether s scans per key, asking db once for ScanAuto and ScanSingle:
+// a partitioned key table is always scanned per key, and refuses ScanSingle (ctid is
+// unique only within a partition; see scanLayout in partition.go).
 func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
-	switch s.scan {
-	case ScanSingle:
-		return false, nil
-	case ScanPerKey:
-		return true, nil
-	}
 	switch s.learnt.perKey.Load() {
 	case 1:
 		return false, nil
 	case 2:
 		return true, nil
 	}
-	var citus bool
-	rows, err := db.Query(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`)
-	if err == nil {
-		citus, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if s.scan == ScanPerKey {
+		return true, nil
 	}
-	if err != nil {
-		return false, fmt.Errorf("detect citus: %w", Classify(err))
+	citus, partitioned, err := s.scanLayout(ctx, db)
+	switch {
+	case err != nil:
+		return false, err
+	case partitioned && s.scan == ScanSingle:
+		return false, ErrScanSingleOnPartitioned
 	}
-	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[citus])
-	return citus, nil
+	s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
+	perKey := (citus && s.scan == ScanAuto) || partitioned
+	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[perKey])
+	return perKey, nil
 }
 
 // expiry is one kind of key that retention deletes: what (for messages), its single

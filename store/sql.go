@@ -224,6 +224,11 @@ RETURNING ` + leasedColumns("5")
 // dead row version, whose newest version then fails the ctid condition: skipped, not
 // misapplied.
 
+// The single-statement sweeps match only rows of the key table itself (ownTableRows,
+// partition.go): on a table partitioned after the Store learnt its layout, where ctid
+// is unique only within a partition, they match nothing rather than another
+// partition's row.
+
 // sqlTakeDue takes over up to $1 due keys in one short statement: unfinished, lease
 // expired or released, due by next_attempt_at, older than the grace period ($2 ms), of
 // a flow in $4. Rows locked by anyone else (a request committing, another sweeper) are
@@ -237,7 +242,7 @@ var sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
-WHERE ctid = ANY(ARRAY(
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'in_progress'
@@ -302,7 +307,7 @@ RETURNING ` + releasedColumns
 // oldest first, skipping rows someone else has locked. Unfinished and dead keys are
 // never deleted.
 const sqlExpireFinished = `DELETE FROM idemflow_keys
-WHERE ctid = ANY(ARRAY(
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 		SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'finished'

@@ -140,11 +140,14 @@ type Store struct {
 	admin  adminStatements
 	scan   Scan
 	learnt scanState
+	part   partStatements // the partitioned layout's (partition.go)
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current
 // schema (the first schema of the connection's search_path that exists).
-func New() *Store { return &Store{sql: newStatements(""), admin: newAdminStatements("")} }
+func New() *Store {
+	return &Store{sql: newStatements(""), admin: newAdminStatements(""), part: newPartStatements("")}
+}
 
 // NewInSchema returns a Store whose statements name the key table in schema, quoted,
 // whatever the connection's search_path. An empty schema is New's current schema. It
@@ -153,7 +156,7 @@ func NewInSchema(schema string) (*Store, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema)}, nil
+	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema), part: newPartStatements(schema)}, nil
 }
 
 // ValidateSchema reports whether schema can name a PostgreSQL schema as it is: at most

@@ -49,7 +49,10 @@ type Config struct {
 	// before a failed one dead-letters it. Defaults to 10; at least 1.
 	MaxAttempts int
 	// Retention is how long a finished key is remembered and replayed, at least, after
-	// it finished. Defaults to 24h; at least one minute.
+	// it finished. Defaults to 24h; at least one minute. On a partitioned key table
+	// (docs/PARTITIONS.md) it counts from the key's creation: a partition is removed
+	// once its newest possible row is Retention old and it holds no unfinished or
+	// dead-lettered key.
 	Retention time.Duration
 	// DeadRetention is how long a dead-lettered key is kept after it was dead-lettered
 	// (by the database clock), listed and ready to be re-driven; then it is deleted
@@ -158,6 +161,8 @@ type Stats struct {
 	// deleted at the end of their retention (Config.DeadRetention, ParkedRetention).
 	ExpiredDead   int64
 	ExpiredParked int64
+	// Partitions is what the pass did to a partitioned key table (partition.go).
+	Partitions PartitionStats
 }
 
 func (s *Stats) add(o workflow.Outcome) {
@@ -184,6 +189,8 @@ type Sweeper struct {
 
 	mu   sync.Mutex
 	loop *loop // the running background loop, nil when stopped
+
+	partitions partitionState // partition.go
 
 	stopping func() // test hook: runs in Stop after the loop was told to stop
 	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
@@ -363,6 +370,11 @@ func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error)
 		n, err := s.cleanup(ctx, stop, c.name, c.retention, c.expire)
 		*c.count = n
 		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !stopped(ctx, stop) {
+		if err := s.maintainPartitions(ctx, &st); err != nil { // partition.go
 			errs = append(errs, err)
 		}
 	}

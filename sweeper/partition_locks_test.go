@@ -1,0 +1,150 @@
+package sweeper_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// namedPool opens a pool on the test's schema whose connections carry application
+// name, so that pg_stat_activity tells them apart.
+func namedPool(t *testing.T, url, name string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestPartitionMaintenanceUnderTraffic: while requests run, partitions are created
+// ahead and a partition past retention is removed, with a long request transaction
+// open on the key table all along (the case where a plain DETACH would queue every
+// new request behind its lock). pg_locks is sampled throughout: no request ever waits
+// on a lock.
+func TestPartitionMaintenanceUnderTraffic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupPartitioned(t)
+	old := addMinutePartition(t, b.db, -30)
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
+	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, status,
+	 recovery_point, response_status, response_headers, response_body, finished_at)
+SELECT 'acct', 'old', gen_random_uuid(), 'f', 'POST', '/r', sha256('x'), '', c, 'finished', 'finished', 200, '{}', '', c
+FROM (SELECT date_trunc('minute', statement_timestamp()) - interval '30 minutes' + interval '1 second' AS c) t`)
+	require.NoError(t, err)
+
+	app := "idemflow_traffic_" + b.db.Schema
+	traffic := namedPool(t, b.db.URL, app)
+	maint := namedPool(t, b.db.URL, "idemflow_maint_"+b.db.Schema)
+	cfg := (&workflow.Config{}).WithDefaults()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	e, err := workflow.New(traffic, cfg)
+	require.NoError(t, err)
+	require.NoError(t, registerFlows(e, b.provider.URL, nil))
+
+	// A request's transaction left open on the key table: a look-up in progress.
+	slow, err := traffic.Begin(ctx)
+	require.NoError(t, err)
+	defer slow.Rollback(ctx)
+	_, err = slow.Exec(ctx, `SELECT count(*) FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = 'old'`)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.Do(ctx, chargeReq(fmt.Sprintf("live-%d-%d", w, i))); err == nil {
+					done.Add(1)
+				}
+			}
+		})
+	}
+
+	st := store.New()
+	type result struct {
+		ensured, removed store.PartitionReport
+		err              error
+	}
+	res := make(chan result, 1)
+	go func() {
+		var r result
+		r.ensured, r.err = st.EnsurePartitions(ctx, maint, 20*time.Minute)
+		if r.err == nil {
+			r.removed, r.err = st.RemovePartitions(ctx, maint, 10*time.Minute)
+		}
+		res <- r
+	}()
+
+	// Sample until maintenance ends. Once its backend is seen waiting (for the slow
+	// transaction), take 50 more samples, then let the slow transaction end.
+	const sample = `SELECT
+	count(*) FILTER (WHERE a.application_name = $1),
+	count(*) FILTER (WHERE a.application_name = $2)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE NOT l.granted`
+	var samples, trafficWaits, maintWaits, afterWait int
+	var r result
+	for finished := false; !finished; {
+		var tw, mw int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, sample, app, "idemflow_maint_"+b.db.Schema).Scan(&tw, &mw))
+		samples++
+		trafficWaits += tw
+		if mw > 0 {
+			maintWaits++
+		}
+		if maintWaits > 0 || samples == 20000 {
+			afterWait++
+			if afterWait == 50 || samples == 20000 { // the latter only if it never waits
+				require.NoError(t, slow.Commit(ctx))
+			}
+		}
+		select {
+		case r = <-res:
+			finished = true
+		default:
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("samples %d, with maintenance waiting %d, requests finished %d, created %d, removed %d",
+		samples, maintWaits, done.Load(), r.ensured.Created, r.removed.Removed)
+	require.NoError(t, r.err)
+	require.Equal(t, 1, r.removed.Removed)
+	require.GreaterOrEqual(t, r.ensured.Created, 1)
+	require.NotContains(t, partitionNamesOf(t, b), old)
+	require.Positive(t, maintWaits, "the detach waited for the slow transaction")
+	require.Positive(t, done.Load())
+	require.Zero(t, trafficWaits, "no request waited on a lock")
+}
+
+func partitionNamesOf(t *testing.T, b *bundle) []string {
+	t.Helper()
+	parts, err := store.New().Partitions(context.Background(), b.db.Pool)
+	require.NoError(t, err)
+	var names []string
+	for _, p := range parts {
+		names = append(names, p.Name)
+	}
+	return names
+}
