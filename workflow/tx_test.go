@@ -29,6 +29,8 @@ func TestTxEndsWithPhase(t *testing.T) {
 	var sp pgx.Tx
 	var rows pgx.Rows
 	var br pgx.BatchResults
+	var lo *pgx.LargeObject
+	var oid uint32
 	s.Phase["a"] = func(ctx context.Context, tx phases.DBTX) (*phases.Response, error) {
 		kept = tx.(pgx.Tx)
 		var err error
@@ -50,6 +52,16 @@ func TestTxEndsWithPhase(t *testing.T) {
 		b.Queue(`SELECT 1`)
 		br = tx.SendBatch(ctx, b)
 		if err := br.Close(); err != nil {
+			return nil, err
+		}
+		los := kept.LargeObjects() // large objects work in the phase's transaction
+		if oid, err = los.Create(ctx, 0); err != nil {
+			return nil, err
+		}
+		if lo, err = los.Open(ctx, oid, pgx.LargeObjectModeWrite); err != nil {
+			return nil, err
+		}
+		if _, err := lo.Write([]byte("in the phase")); err != nil {
 			return nil, err
 		}
 		return tenants.Created(ctx, tx)
@@ -87,8 +99,20 @@ func TestTxEndsWithPhase(t *testing.T) {
 		require.Nil(t, rows.RawValues(), "rows kept past the phase")
 		_, err = br.Exec()
 		require.ErrorIs(t, err, phases.ErrTxDone, "batch results kept past the phase")
+		los := kept.LargeObjects()
+		_, err = los.Create(ctx, 0)
+		require.ErrorIs(t, err, phases.ErrTxDone, "LargeObjects().Create")
+		require.ErrorIs(t, los.Unlink(ctx, oid), phases.ErrTxDone, "LargeObjects().Unlink")
+		_, err = lo.Write([]byte("late"))
+		require.ErrorIs(t, err, phases.ErrTxDone, "a large object opened in the phase")
+		spLos := sp.LargeObjects()
+		_, err = spLos.Create(ctx, 0)
+		require.ErrorIs(t, err, phases.ErrTxDone, "a savepoint's LargeObjects().Create")
 	})
 	require.Equal(t, []string{"a", "b"}, s.Notes(t), "nothing of a's late calls committed, in b's transaction or elsewhere")
+	var data []byte
+	require.NoError(t, s.DB.Pool.QueryRow(ctx, `SELECT lo_get($1)`, oid).Scan(&data))
+	require.Equal(t, "in the phase", string(data), "the large object written in the phase committed with it, and nothing after it")
 }
 
 // TestTxEndsWithPhaseRowsLeftOpen: a phase that returns with rows still open fails (its
