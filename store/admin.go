@@ -81,6 +81,40 @@ LIMIT $4`
 	next_attempt_at, response_status::int, origin, history, response_headers, response_body
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
+	a.counts, a.gauges, a.outcomes = countStatements()
+	a.release = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, locked_until = NULL,
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
+	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
+		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
+WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
+RETURNING lock_version`
+	a.bulkRelease = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, locked_until = NULL,
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
+	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
+		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
+WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress' AND ` + bulkFilter(4)
+	a.purge = `DELETE FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
+	// Every text above, qualified; TestStatementsInSchema fails on one left out.
+	q := func(sql string) string { return qualify(sql, schema) }
+	for status, texts := range a.list {
+		a.list[status] = [2]string{q(texts[0]), q(texts[1])}
+	}
+	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
+	a.release, a.purge = q(a.release), q(a.purge)
+	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(sqlBulkScan), q(sqlBulkRedrive), q(a.bulkRelease), q(sqlCancel)
+	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
+	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
+	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)
+	return a
+}
+
+// countStatements are the unqualified texts of the key counts, the gauges and the
+// outcomes over time.
+func countStatements() (counts, gauges, outcomes string) {
+	var a struct{ counts, gauges, outcomes string }
 	a.counts = `SELECT flow, CASE WHEN ` + stuckCond + ` THEN 'stuck' ELSE status END AS s, count(*)
 FROM idemflow_keys
 GROUP BY 1, 2
@@ -114,33 +148,7 @@ WHERE status = 'dead' AND updated_at > statement_timestamp() - $1::bigint * inte
 	AND $3 IN ('', 'dead')
 GROUP BY 1, 3
 ORDER BY 3, 1, 2`
-	a.release = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, locked_until = NULL,
-	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
-	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
-		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
-RETURNING lock_version`
-	a.bulkRelease = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, locked_until = NULL,
-	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
-	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
-		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress' AND ` + bulkFilter(4)
-	a.purge = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
-	// Every text above, qualified; TestStatementsInSchema fails on one left out.
-	q := func(sql string) string { return qualify(sql, schema) }
-	for status, texts := range a.list {
-		a.list[status] = [2]string{q(texts[0]), q(texts[1])}
-	}
-	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
-	a.release, a.purge = q(a.release), q(a.purge)
-	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(sqlBulkScan), q(sqlBulkRedrive), q(a.bulkRelease), q(sqlCancel)
-	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
-	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
-	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)
-	return a
+	return a.counts, a.gauges, a.outcomes
 }
 
 // ListKeys selects the keys List returns.

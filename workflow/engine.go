@@ -49,7 +49,9 @@ var storedHeadersDefault = []string{
 // replayed when Config.StoredHeaders is nil. Each call returns a fresh slice; changing
 // it changes nothing else. Headers such as Set-Cookie, Date and authentication headers
 // are never stored, whatever the configuration says.
-func StoredHeadersDefault() []string { return slices.Clone(storedHeadersDefault) }
+func StoredHeadersDefault() []string {
+	return slices.Clone(storedHeadersDefault)
+}
 
 // Config configures an Engine. The zero value (or a nil *Config) means all defaults. A
 // field's zero value always means its default; special values (such as -1 for TxRetries)

@@ -113,30 +113,7 @@ func Flow(o Options) phases.Flow {
 			if err := before(ctx, nil, run); err != nil {
 				return nil, err
 			}
-			var req request
-			if err := json.Unmarshal(run.Body(), &req); err != nil {
-				return nil, err
-			}
-			body, _ := json.Marshal(req)
-			hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, o.ProviderURL+"/pay", bytes.NewReader(body))
-			if err != nil {
-				return nil, err
-			}
-			hreq.Header.Set("Idempotency-Key", run.DerivedKey())
-			resp, err := client.Do(hreq)
-			if err != nil {
-				return nil, err
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusCreated {
-				return nil, fmt.Errorf("provider answered %d: %s", resp.StatusCode, b)
-			}
-			var out struct{ ID string }
-			if err := json.Unmarshal(b, &out); err != nil {
-				return nil, err
-			}
-			return nil, paymentID.Set(run, out.ID)
+			return nil, pay(ctx, client, o.ProviderURL, run)
 		}),
 		phases.Tx(Settle, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 			if err := before(ctx, tx, run); err != nil {
@@ -197,3 +174,32 @@ func CountEffects(ctx context.Context, db Querier, scope, key string) (Effects, 
 
 // ErrInjected is what Before hooks return to inject a failure.
 var ErrInjected = errors.New("injected failure")
+
+// pay is the Pay phase's call: the provider's /pay under the run's derived key; the
+// payment id it answers goes in the run's data.
+func pay(ctx context.Context, client *http.Client, providerURL string, run *phases.Run) error {
+	var req request
+	if err := json.Unmarshal(run.Body(), &req); err != nil {
+		return err
+	}
+	body, _ := json.Marshal(req)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/pay", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hreq.Header.Set("Idempotency-Key", run.DerivedKey())
+	resp, err := client.Do(hreq)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("provider answered %d: %s", resp.StatusCode, b)
+	}
+	var out struct{ ID string }
+	if err := json.Unmarshal(b, &out); err != nil {
+		return err
+	}
+	return paymentID.Set(run, out.ID)
+}
