@@ -20,7 +20,9 @@
 // origin, in the write that creates the row, as a W3C traceparent), so that a later
 // attempt on the key — the client's retry, a sweeper finishing the work — carries a
 // span link to the original request's span: in a trace viewer, the sweep that
-// finished a charge points back to the request that started it.
+// finished a charge points back to the request that started it. A sweeper's attempt
+// is the root span of a trace of its own (a sweeper pass makes no span); put the HTTP
+// server behind otelhttp and a request's attempt is a child of its server span.
 //
 // Span attributes: idemflow.flow, idemflow.executor (client, sweeper),
 // idemflow.key.id (the key row's id, never the client's key unless

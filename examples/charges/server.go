@@ -58,7 +58,7 @@ func serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := newHTTPServer(api)
+	hs := newHTTPServer(tel.handler(api))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 

@@ -12,10 +12,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemflow/idemflow/otelidemflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -38,6 +41,7 @@ func registerTelemetry(fs *flag.FlagSet) *telemetryFlags {
 // telemetry is what -telemetry started.
 type telemetry struct {
 	obs  *otelidemflow.Observer
+	tp   trace.TracerProvider // nil unless spans are made
 	stop []func(context.Context) error
 }
 
@@ -56,6 +60,7 @@ func (f *telemetryFlags) start() (*telemetry, error) {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 		t.stop = append(t.stop, tp.Shutdown)
 		cfg.TracerProvider = tp
+		t.tp = tp
 	case "prometheus":
 		reg := prometheus.NewRegistry()
 		exp, err := otelprom.New(otelprom.WithRegisterer(reg))
@@ -92,6 +97,17 @@ func (t *telemetry) hooks() workflow.Hooks {
 		return workflow.Hooks{}
 	}
 	return t.obs.Hooks()
+}
+
+// handler is h with a server span per request (otelhttp), a child of the span of the
+// request's traceparent header if it has one, when t makes spans; h itself otherwise.
+// An attempt's span is then a child of its request's server span.
+func (t *telemetry) handler(h http.Handler) http.Handler {
+	if t.tp == nil {
+		return h
+	}
+	return otelhttp.NewHandler(h, "charges", otelhttp.WithTracerProvider(t.tp),
+		otelhttp.WithPropagators(propagation.TraceContext{}))
 }
 
 // observe reports engine's key gauges.
