@@ -80,8 +80,8 @@ type Phase struct {
 	// TxFunc is a tx phase's function, CallFunc a call phase's: Tx and Call set the one
 	// their Kind needs. Both are nil in a client-only flow's declaration (Flow.ClientOnly).
 	// The engine calls them; a phase function has no reason to.
-	TxFunc   TxFunc
-	CallFunc CallFunc
+	TxFunc   TxFunc   `json:"-"`
+	CallFunc CallFunc `json:"-"`
 }
 
 // Tx returns a tx phase.

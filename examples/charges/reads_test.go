@@ -73,7 +73,7 @@ func TestNoClientTriggered500(t *testing.T) {
 	}
 	// A C0 control character or DEL in a header never reaches the handlers: net/http
 	// answers 400 itself (text/plain, before any routing), so nothing runs.
-	for _, account := range []string{"acct", "acct[2J", "acct"} {
+	for _, account := range []string{"acct\x01", "acct\x1b[2J", "acct\x7f"} {
 		require.Equal(t, http.StatusBadRequest, rawStatus(t, base, "GET /v1/charges HTTP/1.1", "Authorization: Bearer "+account))
 		require.Equal(t, http.StatusBadRequest, rawStatus(t, base, "POST /v1/charges HTTP/1.1",
 			"Authorization: Bearer "+account, "Idempotency-Key: k-raw", "Content-Length: 2"))
