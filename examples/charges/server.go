@@ -25,6 +25,7 @@ func serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
+	bare := fs.Bool("bare-control", false, "also serve POST /v1/bare: one plain INSERT, no idempotency (a load test's control)")
 	var c common
 	c.register(fs)
 	tf := registerTelemetry(fs)
@@ -50,6 +51,11 @@ func serve(ctx context.Context, args []string) error {
 	api, err := newAPI(e)
 	if err != nil {
 		return err
+	}
+	if *bare {
+		if api, err = withBareControl(ctx, e, api); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
