@@ -46,7 +46,7 @@ func soakChartFile(samplesPath, killsPath string, cfg soakConfig) (string, error
 	if err != nil {
 		return "", err
 	}
-	kills, err := readCSV(killsPath)
+	kills, err := readKills(killsPath)
 	if err != nil {
 		return "", err
 	}
@@ -56,7 +56,7 @@ func soakChartFile(samplesPath, killsPath string, cfg soakConfig) (string, error
 func soakChart(samples, kills *csvTable, title string) string {
 	const width, panelH, left, right, top, gap = 960, 170, 70, 130, 50, 40
 	panels := soakPanels()
-	height := top + len(panels)*(panelH+gap)
+	height := top + len(panels)*(panelH+gap) + 10
 	end := 1.0
 	for i := range samples.rows {
 		end = max(end, samples.col(i, "t_s"))
@@ -100,10 +100,14 @@ func soakChart(samples, kills *csvTable, title string) string {
 			p(`<text x="%d" y="%.1f" fill="%s">%s</text>`+"\n", width-right+10, y0+14+float64(si)*15, s.color, s.name)
 		}
 	}
-	axisY := height - gap + 20
+	axisY := top + (len(panels)-1)*(panelH+gap) + 20 + panelH + 16
 	for i := 0; i <= 6; i++ {
 		ts := end * float64(i) / 6
-		p(`<text x="%.1f" y="%d" text-anchor="middle">%.0f min</text>`+"\n", x(ts), axisY, ts/60)
+		label := fmt.Sprintf("%.0f min", ts/60)
+		if end < 600 {
+			label = fmt.Sprintf("%.0f s", ts)
+		}
+		p(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(ts), axisY, label)
 	}
 	p("</svg>\n")
 	return b.String()
@@ -141,7 +145,7 @@ func TestSoakChart(t *testing.T) {
 	}
 	samples, err := readCSV(filepath.Join(dir, "samples.csv"))
 	require.NoError(t, err)
-	kills, err := readCSV(filepath.Join(dir, "kills.csv"))
+	kills, err := readKills(filepath.Join(dir, "kills.csv"))
 	require.NoError(t, err)
 	title := os.Getenv("IDEMFLOW_SOAK_CHART_TITLE")
 	if title == "" {

@@ -2,7 +2,9 @@ package reliability
 
 import (
 	"encoding/csv"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"strconv"
@@ -83,6 +85,14 @@ func readCSV(path string) (*csvTable, error) {
 	return t, nil
 }
 
+// readKills reads kills.csv; a run stopped before its first kill has none.
+func readKills(path string) (*csvTable, error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return &csvTable{cols: map[string]int{"from_s": 0, "to_s": 1}}, nil
+	}
+	return readCSV(path)
+}
+
 // col returns column name of row i (NaN if there is no such column).
 func (t *csvTable) col(i int, name string) float64 {
 	c, ok := t.cols[name]
@@ -140,7 +150,7 @@ func computeSoakLines(cfg soakConfig, samplesPath, latenciesPath, killsPath stri
 	if err != nil {
 		return nil, err
 	}
-	kills, err := readCSV(killsPath)
+	kills, err := readKills(killsPath)
 	if err != nil {
 		return nil, err
 	}

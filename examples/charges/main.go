@@ -9,7 +9,10 @@
 //	charges worker    the sweeper alone: finishes charges whose client went away
 //	charges demo      starts everything and shows each promise working
 //
-// Run `charges <command> -h` for a command's flags.
+// Run `charges <command> -h` for a command's flags. With CHARGES_STATS_EVERY set to a
+// duration (such as 5s), serve and worker print every that long a line
+// "charges-stats {json}" on stderr: the live heap after the last GC, the goroutines
+// and the pool's connections (the reliability suite's soak reads them).
 package main
 
 import (
