@@ -89,7 +89,7 @@ func (s *soak) startProc(slot string) (*soakProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"worker", "-retention", s.cfg.retention.String(), "-sweep-interval", "1s"}
+	args := []string{"worker", "-retention", s.cfg.retention.String(), "-sweep-interval", "1s", "-mail-url", s.mail.URL}
 	ready := "worker: sweeping"
 	if strings.HasPrefix(slot, "srv") {
 		args, ready = []string{"serve", "-addr", "127.0.0.1:0", "-sweeper=false", "-bare-control"}, "listening on "

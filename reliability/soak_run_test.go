@@ -5,11 +5,14 @@ import (
 	"encoding/csv"
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -26,6 +29,11 @@ type soak struct {
 	procs   map[string]*soakProc
 	windows []killWindow
 	files   map[string]*soakFile
+	// mail is the workers' mail service (-mail-url), in this process: the worker's
+	// own fake mailbox remembers every key it was sent, which would grow the worker's
+	// heap by itself.
+	mail  *httptest.Server
+	mails atomic.Int64
 }
 
 // soakFile is one CSV file the soak appends to as it goes, so that a run stopped
@@ -38,6 +46,15 @@ type soakFile struct {
 func newSoak(t testing.TB, env *env, cfg soakConfig) *soak {
 	s := &soak{t: t, env: env, cfg: cfg, procs: map[string]*soakProc{}, files: map[string]*soakFile{}}
 	s.load = newSoakLoad(s)
+	s.mail = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/mail" || r.Header.Get("Idempotency-Key") == "" {
+			http.Error(w, "POST /v1/mail with an Idempotency-Key", http.StatusBadRequest)
+			return
+		}
+		s.mails.Add(1)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	t.Cleanup(s.mail.Close)
 	return s
 }
 

@@ -136,11 +136,12 @@ func TestSoak(t *testing.T) {
 
 	r := env.check(t, checkOpts{keys: s.load.submittedKeys(), retired: true})
 	c := s.load.counts()
-	t.Logf("soak: %s kills=%d retired=%d", c, s.kills(), r.Retired)
+	t.Logf("soak: %s kills=%d retired=%d receipts_mailed=%d", c, s.kills(), r.Retired, s.mails.Load())
 	require.Zero(t, r.DuplicateEffects+r.DuplicatePayments, "duplicate effects")
 	require.Zero(t, r.Unfinished, "unfinished keys")
 	require.Positive(t, r.Retired, "the cleanup deleted finished keys during the run")
 	require.Positive(t, s.kills(), "a server was killed and restarted")
+	require.Positive(t, s.mails.Load(), "the workers mailed receipts (their River client works)")
 	c.require(t)
 
 	samples, err := readCSV(s.samplesPath())
