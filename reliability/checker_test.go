@@ -69,6 +69,10 @@ type checkOpts struct {
 	redrove map[[2]string]bool
 	// side tunes the side-effect check (envs made withSide).
 	side sideOpts
+	// retired checks the key rows the cleanup deleted too, as the env's rel_retired
+	// table (retiredSQL) kept them: as finished keys, with their effects, payments
+	// and answers.
+	retired bool
 }
 
 // report is what the checker found.
@@ -78,6 +82,7 @@ type report struct {
 	Payments, DuplicatePayments, OrphanPayment int
 	Answers, Retryable, BadAnswers             int
 	AuditRows, AuditViolations                 int
+	Retired                                    int // deleted by the cleanup (checkOpts.retired)
 	Side                                       *sideReport
 	History                                    *historyReport
 	Violations                                 []string
@@ -128,6 +133,9 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		byID[k.id] = k
 	}
 	require.NoError(t, rows.Err())
+	if o.retired {
+		e.addRetired(ctx, t, r, keys, byID)
+	}
 	r.Keys = len(keys)
 	for _, sk := range o.keys {
 		if keys[sk] == nil {
@@ -310,6 +318,28 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
 	}
 	return r
+}
+
+// addRetired adds the key rows the cleanup deleted (rel_retired) to keys and byID. A
+// retired key with a row again was executed a second time after its retention: the
+// experiments that retire keys never send a key again that late.
+func (e *env) addRetired(ctx context.Context, t testing.TB, r *report, keys map[[2]string]*keyRow, byID map[string]*keyRow) {
+	t.Helper()
+	rows, err := e.db.Pool.Query(ctx, `SELECT scope, idem_key, id::text, flow, status, response_status, response_body FROM rel_retired`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		k := &keyRow{rp: phases.Finished}
+		require.NoError(t, rows.Scan(&k.scope, &k.key, &k.id, &k.flow, &k.status, &k.respStatus, &k.respBody))
+		r.Retired++
+		sk := [2]string{k.scope, k.key}
+		if prev := keys[sk]; prev != nil {
+			r.violate("key %s/%s was deleted by the cleanup (id %s) and has a row again (id %s)", k.scope, k.key, k.id, prev.id)
+			continue
+		}
+		keys[sk], byID[k.id] = k, k
+	}
+	require.NoError(t, rows.Err())
 }
 
 // rank orders a flow's recovery points: started, its phases, finished.

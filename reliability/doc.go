@@ -19,7 +19,10 @@
 // tier (CI runs it); `IDEMFLOW_LONG=1 go test -count=1 -timeout 60m ./reliability/`
 // runs the same experiments at full counts; `IDEMFLOW_NIGHTLY=1 go test -count=1
 // -timeout 70m -v ./reliability/` runs them at the nightly tier's scale (more than ten
-// thousand destructive faults, five hundred model seeds). docs/RELIABILITY.md
+// thousand destructive faults, five hundred model seeds); `IDEMFLOW_SOAK=1 go test
+// -count=1 -timeout 90m -run 'TestSoak$' -v ./reliability/` runs the soak for an hour
+// (IDEMFLOW_SOAK_DURATION, default 1h; its CSV files and chart go to
+// IDEMFLOW_SOAK_OUT), which the quick tier runs for 90 seconds. docs/RELIABILITY.md
 // describes each experiment, the guarantee it backs and the figures of the last
 // nightly run.
 //

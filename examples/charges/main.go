@@ -9,7 +9,10 @@
 //	charges worker    the sweeper alone: finishes charges whose client went away
 //	charges demo      starts everything and shows each promise working
 //
-// Run `charges <command> -h` for a command's flags.
+// Run `charges <command> -h` for a command's flags. With CHARGES_STATS_EVERY set to a
+// duration (such as 5s), serve and worker print every that long a line
+// "charges-stats {json}" on stderr: the live heap after the last GC, the goroutines
+// and the pool's connections (the reliability suite's soak reads them).
 package main
 
 import (
@@ -89,6 +92,7 @@ type common struct {
 	migrate       bool
 	distribute    bool
 	sweepGrace    time.Duration
+	retention     time.Duration
 	// hooks are more hooks for the engine: serve's -telemetry.
 	hooks workflow.Hooks
 }
@@ -101,6 +105,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.migrate, "migrate", true, "apply migrations at start (safe when several processes start at once)")
 	fs.BoolVar(&c.distribute, "distribute", false, "on Citus: distribute charges by account and idemflow's keys by scope, colocated, after migrating (safe when several processes start at once)")
 	fs.DurationVar(&c.sweepGrace, "sweep-grace", 0, "how old a stuck charge must be before the sweeper takes it (0: the sweeper default)")
+	fs.DurationVar(&c.retention, "retention", 0, "how long the sweeper keeps finished keys, at least 1m (0: the sweeper default, 24h)")
 }
 
 // env is what serve and worker run on.
@@ -182,6 +187,11 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 		return nil, err
 	}
 	e.engine = engine
+	sctx, stopStats := context.WithCancel(context.Background())
+	e.cleanup = append(e.cleanup, stopStats)
+	if err := startStats(sctx, pool, os.Stderr); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -260,7 +270,7 @@ func crashHooks() workflow.Hooks {
 }
 
 func newSweeper(e *env, c *common) (*sweeper.Sweeper, error) {
-	return sweeper.New(e.engine, &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Logger: e.log})
+	return sweeper.New(e.engine, &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log})
 }
 
 func logger(w io.Writer) *slog.Logger {

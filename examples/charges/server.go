@@ -28,6 +28,7 @@ func serve(ctx context.Context, args []string) error {
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
 	grace := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM, how long running attempts may finish before their keys are released for another server")
 	wait := fs.Duration("wait", 0, "how long a request whose key another attempt holds waits for its answer before 409 (idemhttp.Config.Wait; 0: 409 at once)")
+	bare := fs.Bool("bare-control", false, "also serve POST /v1/bare: one plain INSERT, no idempotency (a load test's control)")
 	var c common
 	c.register(fs)
 	tf := registerTelemetry(fs)
@@ -53,6 +54,11 @@ func serve(ctx context.Context, args []string) error {
 	api, err := newAPI(e, *wait)
 	if err != nil {
 		return err
+	}
+	if *bare {
+		if api, err = withBareControl(ctx, e, api); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
