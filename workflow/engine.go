@@ -761,6 +761,9 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	ev.Kind = KeyTakenOver
 	e.cfg.Hooks.key(ctx, ev)
+	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
+		taken.RequestBody = req.Body // a retry brings the body that was not stored
+	}
 	x, err := e.newExec(f, taken, started)
 	if err != nil {
 		return answered(nil, err)
@@ -796,7 +799,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// no row yet: stored is set by the first commit
 		claim: &store.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: req.Body,
+			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: storedBody(f, req.Body),
 			Lease: e.cfg.Lease, Origin: origin,
 		},
 		leaseEnd: time.Now().Add(e.cfg.Lease),
