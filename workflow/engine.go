@@ -144,6 +144,10 @@ type Config struct {
 	MaxWaiters int
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
+	// Sealer, when set, seals (encrypts or redacts) every answer a key stores and
+	// opens it before a replay (see Sealer). Nil (the default) stores answers as they
+	// are, and refuses to replay a sealed one (ErrNewerFormat).
+	Sealer Sealer
 	// Logger receives what the engine cannot return, such as a failed release after a
 	// transient failure. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -719,7 +723,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	switch row.Status {
 	case store.StatusFinished:
-		resp, err := storedResponse(row)
+		resp, err := e.openResponse(ctx, row)
 		if err != nil {
 			return answered(nil, err)
 		}
