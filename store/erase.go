@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -12,15 +13,20 @@ import (
 // (scope, idempotency key) and re-checks the status on the row it deletes.
 
 // sqlEraseBatch deletes up to $3 keys of scope $1, unfinished ones ('in_progress')
-// only when $2. It returns, for each key deleted, whether its lease was live: a live
-// holder is fenced by the deletion (every statement it commits matches no row).
+// only when $2. It returns, for each key deleted, whether it was leased beyond $4 (the
+// database's time just before): a live holder is fenced by the deletion (every
+// statement it commits matches no row). The RETURNING list calls no function, as
+// Citus wants.
 var sqlEraseBatch = `DELETE FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key IN (
 	SELECT idempotency_key FROM idemflow_keys
 	WHERE scope = $1 AND ($2 OR status <> 'in_progress')
 	LIMIT $3)
 	AND ($2 OR status <> 'in_progress')
-RETURNING (locked_until > statement_timestamp()) IS TRUE AND status = 'in_progress'`
+RETURNING status = 'in_progress' AND (locked_until > $4::timestamptz) IS TRUE`
+
+// sqlDatabaseTime reads the database's clock; it names no table.
+const sqlDatabaseTime = `SELECT statement_timestamp()`
 
 // sqlEraseCount counts the keys of scope $1: finished or dead-lettered, in progress,
 // and in progress with a live lease.
@@ -53,7 +59,11 @@ func (s *Store) EraseCount(ctx context.Context, db DBTX, scope string) (ScopeCou
 // those were unfinished keys with a live lease. Fewer than limit deleted means none
 // that it may delete was left when it ran.
 func (s *Store) EraseBatch(ctx context.Context, db DBTX, scope string, inProgress bool, limit int) (deleted, leased int, err error) {
-	rows, err := db.Query(ctx, s.admin.eraseBatch, scope, inProgress, limit)
+	var now time.Time
+	if err := queryRow(ctx, db, []any{&now}, sqlDatabaseTime); err != nil {
+		return 0, 0, fmt.Errorf("erase keys: %w", Classify(err))
+	}
+	rows, err := db.Query(ctx, s.admin.eraseBatch, scope, inProgress, limit, now)
 	if err != nil {
 		return 0, 0, fmt.Errorf("erase keys: %w", Classify(err))
 	}
