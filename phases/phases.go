@@ -132,6 +132,19 @@ type Flow struct {
 	// list applies to new keys; a key stored under another list (or none) is compared
 	// by its whole body, as without the option, until its retention ends.
 	FingerprintMembers []string
+	// ForgetBody stores an empty request body on the flow's keys, keeping only the
+	// request's fingerprint, for a flow whose phases need the body only in the attempt
+	// that claims the key (they save in their phase data what later phases need).
+	// Then: the attempt that claims a key runs every phase with the request's body; a
+	// retry that resumes an unfinished key runs the phases left with the body the
+	// retry carries (its fingerprint matched the first request's); a sweeper's resume,
+	// or Engine.Resume, runs them with an empty body (Run.Body returns no bytes). A
+	// retry with a different body is still refused as a mismatch. Changing it applies
+	// to new keys. Defaults to false: the body is stored until the key finishes.
+	//
+	// Upgrades: an empty body is a value every release reads; a release before v0.4.0
+	// resumes such a key, on a retry too, with the empty body, as a sweeper does.
+	ForgetBody bool
 }
 
 // ErrInvalidFlow is returned by Validate for a flow that cannot be registered.

@@ -53,7 +53,9 @@ type adminStatements struct {
 	release, purge string
 	// bulk.go's.
 	bulkScan, bulkRedrive, bulkRelease, cancel string
-	expireDead, expireParked                   string
+	// erase.go's.
+	eraseBatch, eraseCount   string
+	expireDead, expireParked string
 	// ScanPerKey's (scan.go).
 	scanDead, expireDeadKey, scanParked, expireParkedKey string
 }
@@ -105,6 +107,7 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
 	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(sqlBulkScan), q(sqlBulkRedrive), q(a.bulkRelease), q(sqlCancel)
+	a.eraseBatch, a.eraseCount = q(sqlEraseBatch), q(sqlEraseCount)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
 	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
 	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)

@@ -26,6 +26,10 @@ var crossScope = []string{
 	"scanDue", "scanFinished", "scanDead", "scanParked", "bulkScan",
 }
 
+// oneScope are the statements on every key of one scope (the erasure of a scope): they
+// name the scope ($1), so Citus routes them to that scope's shard.
+var oneScope = []string{"eraseBatch", "eraseCount"}
+
 // singleOnly are the statements that only ScanSingle sends: they match rows by ctid,
 // which Citus refuses on a distributed table.
 var singleOnly = []string{"takeDue", "expire", "expireDead", "expireParked"}
@@ -87,7 +91,10 @@ func citusViolations(name, sql string, vol map[string]byte) []string {
 	if regexp.MustCompile(`\bctid\b`).MatchString(lower) && !slices.Contains(singleOnly, name) {
 		bad = append(bad, "ctid")
 	}
-	if !slices.Contains(crossScope, name) && !slices.Contains(noTable, name) && !strings.HasPrefix(name, "list ") {
+	if slices.Contains(oneScope, name) && !regexp.MustCompile(`where scope = \$1\b`).MatchString(lower) {
+		bad = append(bad, "does not name its scope ($1)")
+	}
+	if !slices.Contains(crossScope, name) && !slices.Contains(oneScope, name) && !slices.Contains(noTable, name) && !strings.HasPrefix(name, "list ") {
 		insert := strings.HasPrefix(strings.TrimSpace(lower), "insert into") &&
 			strings.Contains(lower, "(scope, idempotency_key") && regexp.MustCompile(`(values \(|select )\$1, \$2,`).MatchString(lower)
 		byKey := strings.Contains(lower, "scope = $1 and idempotency_key = $2") ||

@@ -146,6 +146,10 @@ type Config struct {
 	MaxWaiters int
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
+	// Sealer, when set, seals (encrypts or redacts) every answer a key stores and
+	// opens it before a replay (see Sealer). Nil (the default) stores answers as they
+	// are, and refuses to replay a sealed one (ErrNewerFormat).
+	Sealer Sealer
 	// Logger receives what the engine cannot return, such as a failed release after a
 	// transient failure. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -721,7 +725,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	switch row.Status {
 	case store.StatusFinished:
-		resp, err := storedResponse(row)
+		resp, err := e.openResponse(ctx, row)
 		if err != nil {
 			return answered(nil, err)
 		}
@@ -763,6 +767,9 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	ev.Kind = KeyTakenOver
 	e.cfg.Hooks.key(ctx, ev)
+	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
+		taken.RequestBody = req.Body // a retry brings the body that was not stored
+	}
 	x, err := e.newExec(f, taken, started)
 	if err != nil {
 		return answered(nil, err)
@@ -798,7 +805,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// no row yet: stored is set by the first commit
 		claim: &store.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: req.Body,
+			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: storedBody(f, req.Body),
 			Lease: e.cfg.Lease, Origin: origin,
 		},
 		leaseEnd: time.Now().Add(e.cfg.Lease),

@@ -269,7 +269,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
 		return step{kind: stepNext}
 	case respond:
-		stored, data, err := x.storable(v.resp)
+		stored, data, err := x.storable(ctx, v.resp)
 		if err != nil {
 			return failed(err)
 		}
@@ -340,7 +340,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 // COMMIT, in one round trip. A failure other than a lost claim or lease is transient:
 // the key is released, never left leased.
 func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
-	stored, data, err := x.storable(resp)
+	stored, data, err := x.storable(ctx, resp)
 	if err == nil {
 		stored.History = x.history(OutcomeFinished, "", nil)
 		err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
@@ -601,7 +601,7 @@ func (x *exec) data() ([]byte, error) {
 
 // storable returns the response as stored (allow-listed headers only) and the phase
 // data, or an error if either is too large. Nothing is ever truncated.
-func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, error) {
+func (x *exec) storable(ctx context.Context, resp *phases.Response) (store.StoredResponse, []byte, error) {
 	if resp.Status < 200 || resp.Status > 499 { // 1xx is not a final answer
 		return store.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, errNotFinal)
 	}
@@ -629,7 +629,8 @@ func (x *exec) storable(resp *phases.Response) (store.StoredResponse, []byte, er
 	if body == nil {
 		body = []byte{}
 	}
-	return store.StoredResponse{Status: resp.Status, Headers: headers, Body: body}, data, nil
+	stored, err := x.e.sealResponse(ctx, x.fence.Scope, x.fence.Key, store.StoredResponse{Status: resp.Status, Headers: headers, Body: body})
+	return stored, data, err
 }
 
 // newRun returns the run a phase function gets, with the stored phase data (a JSON

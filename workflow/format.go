@@ -80,7 +80,7 @@ func checkFormat(row *store.Row) error {
 		return fmt.Errorf("%w: phase data format %d", ErrNewerFormat, v)
 	}
 	if row.Status == store.StatusFinished {
-		if v, ok := jsonFormat(row.ResponseHeaders); !ok || v > store.ResponseFormat {
+		if v, ok := jsonFormat(row.ResponseHeaders); !ok || v > store.ResponseFormat && v != responseSealed {
 			return fmt.Errorf("%w: stored response format %d", ErrNewerFormat, v)
 		}
 	}
@@ -94,7 +94,7 @@ func (e *Engine) checkRow(row *store.Row) error {
 		return err
 	}
 	if row.Status == store.StatusFinished {
-		return nil
+		return e.checkSealed(row)
 	}
 	if f, ok := e.flow(row.Flow); ok {
 		if _, err := f.Index(row.RecoveryPoint); err != nil {

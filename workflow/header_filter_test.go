@@ -58,7 +58,7 @@ func FuzzStoredHeaders(f *testing.F) {
 			run, err := newRun(runstate.Info{}, nil)
 			require.NoError(t, err)
 			x := &exec{e: e, run: run}
-			stored, _, err := x.storable(&phases.Response{Status: 201, Header: h, Body: []byte("b")})
+			stored, _, err := x.storable(t.Context(), &phases.Response{Status: 201, Header: h, Body: []byte("b")})
 			require.NoError(t, err)
 			resp, err := storedResponse(&store.Row{ResponseStatus: &stored.Status, ResponseHeaders: stored.Headers, ResponseBody: stored.Body})
 			require.NoError(t, err)

@@ -10,6 +10,7 @@
 //	idemflow -database-url URL [-schema S] keys release [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
+//	idemflow -database-url URL [-schema S] keys erase [-json] -scope S [-force] [-dry-run|-yes]
 //	idemflow -database-url URL [-schema S] keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
@@ -47,6 +48,13 @@
 // whether one of the key's call phases reached the remote side: it refuses, printing
 // the key's derived keys (ID:PHASE), until given -force, after the operator has
 // reconciled with the remote side.
+//
+// keys erase deletes every key of the scope -scope, with its request and answer, for a
+// data subject's request (workflow.Engine.EraseScope). Keys in progress are left and
+// counted unless -force is given, which erases them too and fences their holders.
+// Without -yes it only counts, prints "would erase N keys" and exits 1 having changed
+// nothing; with -dry-run it counts and exits 0; with -yes it erases. Its -json object
+// has the fields erased, left and fenced (see workflow.EraseResult).
 //
 // Client text (scopes, keys, bodies, errors, history) is never printed raw: in tables
 // every non-printable rune is escaped as strconv.Quote writes it (\x1b, \u009b, \n)

@@ -48,6 +48,7 @@ commands:
   keys release [-json] SCOPE KEY
   keys purge [-json] SCOPE KEY
   keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
+  keys erase [-json] -scope S [-force] [-dry-run|-yes]
   keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
   stats [-json]
   migrate [-json] up|down|status
@@ -177,7 +178,7 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 
 func (c *cli) keys(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return badUsage("keys: no subcommand (list, show, redrive, release, purge, bulk, cancel)")
+		return badUsage("keys: no subcommand (list, show, redrive, release, purge, bulk, cancel, erase)")
 	}
 	switch args[0] {
 	case "list":
@@ -190,6 +191,8 @@ func (c *cli) keys(ctx context.Context, args []string) error {
 		return c.bulk(ctx, args[1:])
 	case "cancel":
 		return c.cancel(ctx, args[1:])
+	case "erase":
+		return c.erase(ctx, args[1:])
 	}
 	return badUsage("keys: unknown subcommand %q", args[0])
 }
