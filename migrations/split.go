@@ -23,32 +23,13 @@ func statements(src string) []string {
 		}
 	}
 	for i < len(src) {
-		switch c := src[i]; {
-		case c == ';':
+		if src[i] == ';' {
 			emit(i)
 			i++
 			start = i
-		case c == '-' && strings.HasPrefix(src[i:], "--"):
-			i = lineEnd(src, i)
-		case c == '/' && strings.HasPrefix(src[i:], "/*"):
-			i = blockCommentEnd(src, i)
-		case c == '\'':
-			i = quotedEnd(src, i+1, '\'', precededByE(src, i))
-		case c == '"':
-			i = quotedEnd(src, i+1, '"', false)
-		case c == '$':
-			if tag, ok := dollarTag(src, i); ok {
-				if end := strings.Index(src[i+len(tag):], tag); end >= 0 {
-					i += len(tag) + end + len(tag)
-				} else {
-					i = len(src) // unterminated: the server reports it
-				}
-			} else {
-				i++
-			}
-		default:
-			i++
+			continue
 		}
+		i = skip(src, i)
 	}
 	emit(len(src))
 	return out
@@ -109,41 +90,46 @@ func topLevelCommas(s string) []string {
 	var out []string
 	start, depth := 0, 0
 	for i := 0; i < len(s); {
-		switch c := s[i]; {
-		case c == '(':
+		switch s[i] {
+		case '(':
 			depth++
-			i++
-		case c == ')':
+		case ')':
 			depth--
-			i++
-		case c == ',' && depth == 0:
-			out = append(out, s[start:i])
-			i++
-			start = i
-		case c == '-' && strings.HasPrefix(s[i:], "--"):
-			i = lineEnd(s, i)
-		case c == '/' && strings.HasPrefix(s[i:], "/*"):
-			i = blockCommentEnd(s, i)
-		case c == '\'':
-			i = quotedEnd(s, i+1, '\'', precededByE(s, i))
-		case c == '"':
-			i = quotedEnd(s, i+1, '"', false)
-		case c == '$':
-			tag, ok := dollarTag(s, i)
-			if !ok {
-				i++
-				continue
+		case ',':
+			if depth == 0 {
+				out = append(out, s[start:i])
+				start = i + 1
 			}
-			end := strings.Index(s[i+len(tag):], tag)
-			if end < 0 {
-				return []string{s}
-			}
-			i += len(tag) + end + len(tag)
-		default:
-			i++
 		}
+		i = skip(s, i)
 	}
 	return append(out, s[start:])
+}
+
+// skip returns the index just past what starts at s[i]: a comment, a string literal, a
+// quoted identifier or a dollar-quoted body whole (to the end of s when it is not
+// closed: the server reports that), any other byte alone.
+func skip(s string, i int) int {
+	switch c := s[i]; {
+	case c == '-' && strings.HasPrefix(s[i:], "--"):
+		return lineEnd(s, i)
+	case c == '/' && strings.HasPrefix(s[i:], "/*"):
+		return blockCommentEnd(s, i)
+	case c == '\'':
+		return quotedEnd(s, i+1, '\'', precededByE(s, i))
+	case c == '"':
+		return quotedEnd(s, i+1, '"', false)
+	case c == '$':
+		tag, ok := dollarTag(s, i)
+		if !ok {
+			return i + 1
+		}
+		if end := strings.Index(s[i+len(tag):], tag); end >= 0 {
+			return i + len(tag) + end + len(tag)
+		}
+		return len(s)
+	}
+	return i + 1
 }
 
 func hasPrefixFold(s, prefix string) bool {
