@@ -137,21 +137,7 @@ func hasPrefixFold(s, prefix string) bool {
 }
 
 // hasCode reports whether s holds anything but comments and white space.
-func hasCode(s string) bool {
-	for i := 0; i < len(s); {
-		switch {
-		case strings.HasPrefix(s[i:], "--"):
-			i = lineEnd(s, i)
-		case strings.HasPrefix(s[i:], "/*"):
-			i = blockCommentEnd(s, i)
-		case s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f':
-			i++
-		default:
-			return true
-		}
-	}
-	return false
-}
+func hasCode(s string) bool { return codeStart(s) < len(s) }
 
 // lineEnd returns the index just past the end of the line holding i.
 func lineEnd(s string, i int) int {
