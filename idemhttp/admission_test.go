@@ -52,13 +52,21 @@ func TestHandlerClientGoneBeforeClaim(t *testing.T) {
 	h, err := idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope})
 	require.NoError(t, err)
 	done := make(chan struct{})
-	srv := httptest.NewServer(served(h, done))
+	reqCtx := make(chan context.Context, 1)
+	inner := served(h, done)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqCtx <- r.Context()
+		inner.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-entered; cancel() }()
 	_, err = srv.Client().Do(keyedPost(ctx, t, srv.URL, "k1"))
 	require.ErrorIs(t, err, context.Canceled)
+	// The phase is let go only once the server has seen the client leave (the request's
+	// context ended): before that, nothing tells the engine the client is gone.
+	<-(<-reqCtx).Done()
 	close(release)
 	<-done
 	require.Equal(t, 0, countKeys(t, b.db), "the attempt of a client that went away before the claim wrote its key")
