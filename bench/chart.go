@@ -11,6 +11,7 @@ var chartColors = map[string]string{
 	vBare:   "#8c8c8c",
 	vRecipe: "#e07b39",
 	vFused:  "#c9a227",
+	vSafe:   "#8e5ea2",
 	vIdem:   "#3b75af",
 	vReplay: "#519e3e",
 }
@@ -23,7 +24,7 @@ func chartSVG(aggs []agg, concs []int) string {
 		left, right   = 72, 20
 		top, bottom   = 64, 56
 	)
-	variants := []string{vBare, vRecipe, vFused, vIdem, vReplay}
+	variants := []string{vBare, vRecipe, vFused, vSafe, vIdem, vReplay}
 	lo, hi := math.Inf(1), 0.0
 	for _, a := range aggs {
 		if a.RPS > 0 {

@@ -56,7 +56,8 @@ type machine struct {
 type env struct {
 	o       *options
 	db      benchDB
-	srv     *pgtest.Server // nil when $DATABASE_URL was used
+	srv     *pgtest.Server // nil when -db or $DATABASE_URL was used
+	citus   bool           // a Citus coordinator: the key and charges tables are distributed
 	machine machine
 	admin   *pgx.Conn     // on the server's own database: snapshots, never in the bench database's stats
 	check   *pgxpool.Pool // on the bench database, untraced: set-up and verification outside the cells
@@ -69,7 +70,7 @@ type env struct {
 	httpClient *http.Client
 	fast, slow *httptest.Server // providers at latency 0 and at o.slowLatency
 
-	variants []*variant // bare, recipe, recipe-fused, idemflow, idemflow-replay
+	variants []*variant // bare, recipe, recipe-fused, recipe-fused-safe, idemflow, idemflow-replay
 	control  *variant   // holds a transaction across the call: the slow run's negative control
 	replay   *keyRing
 	seq      seqCounter
@@ -82,7 +83,10 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 			e.close(false)
 		}
 	}()
-	serverURL := os.Getenv("DATABASE_URL")
+	serverURL := o.db
+	if serverURL == "" {
+		serverURL = os.Getenv("DATABASE_URL")
+	}
 	if serverURL == "" {
 		logf("starting a throwaway PostgreSQL server (set DATABASE_URL to use another)")
 		srv, err := pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: pgssSettings})
@@ -99,7 +103,10 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 		serverURL = srv.URL
 		e.machine.throwaway = os.Getenv(pgtest.EnvDatabaseURL) == ""
 	}
-	e.db, err = createDB(ctx, serverURL, "idemflow_bench_"+e.runID)
+	if e.citus, err = hasCitus(ctx, serverURL, o.distribute); err != nil {
+		return nil, err
+	}
+	e.db, err = createDB(ctx, serverURL, "idemflow_bench_"+e.runID, e.citus)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +185,7 @@ func (e *env) close(keep bool) {
 }
 
 // createDB creates a fresh database, or a fresh schema if the server refuses.
-func createDB(ctx context.Context, serverURL, name string) (benchDB, error) {
+func createDB(ctx context.Context, serverURL, name string, inSchema bool) (benchDB, error) {
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
 		return benchDB{}, fmt.Errorf("connect to %s: %w", redactURL(serverURL), err)
@@ -186,7 +193,10 @@ func createDB(ctx context.Context, serverURL, name string) (benchDB, error) {
 	defer conn.Close(context.WithoutCancel(ctx))
 	db := benchDB{serverURL: serverURL, name: name}
 	quoted := pgx.Identifier{name}.Sanitize()
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+quoted); err == nil {
+	if inSchema {
+		// Citus: a new database would need the extension and the workers set up in it.
+		logf("Citus coordinator: using a fresh schema of %s", conn.Config().Database)
+	} else if _, err := conn.Exec(ctx, "CREATE DATABASE "+quoted); err == nil {
 		db.drop = func(ctx context.Context) error {
 			c, err := pgx.Connect(ctx, serverURL)
 			if err != nil {
@@ -263,10 +273,18 @@ func (e *env) migrate(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, chargeflow.Schema); err != nil {
 		return fmt.Errorf("create charges table: %w", err)
 	}
+	if e.citus {
+		if err := e.distribute(ctx); err != nil {
+			return err
+		}
+	}
 	for _, table := range []string{"recipe_keys", "fused_keys"} {
 		if _, err := pool.Exec(ctx, keyTableSchema(table)); err != nil {
 			return fmt.Errorf("create %s: %w", table, err)
 		}
+	}
+	if _, err := pool.Exec(ctx, safeKeysDDL); err != nil {
+		return fmt.Errorf("create safe_keys: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE bench_dup_effects (scope text NOT NULL, idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now())"); err != nil {
 		return fmt.Errorf("create the duplicates experiment's table: %w", err)

@@ -202,31 +202,36 @@ type fusedCheck struct {
 	Keys, Finished, Charges, Linked, ProviderKeys, ProviderTwice int
 }
 
-// verifyFused checks the fused recipe's effects over the whole run: every key row
-// finished with its response, exactly one charge per key, succeeded, and exactly one
-// provider request and payment per derived key.
-func (e *env) verifyFused(ctx context.Context, providerURLs ...string) (fusedCheck, []string) {
+// verifyFused checks a fused recipe's effects over the whole run (its key table, and
+// the prefix of its derived keys): every key row finished with its response, exactly
+// one charge per key, succeeded, and exactly one provider request and payment per
+// derived key.
+func (e *env) verifyFused(ctx context.Context, table, prefix string, providerURLs ...string) (fusedCheck, []string) {
 	var c fusedCheck
 	var problems []string
+	lease := "locked_at" // recipe-fused's lease column; recipe-fused-safe's is locked_until
+	if table == "safe_keys" {
+		lease = "locked_until"
+	}
 	err := e.check.QueryRow(ctx, `SELECT count(*),
-			count(*) FILTER (WHERE recovery_point = 'finished' AND response_code = 201 AND locked_at IS NULL)
-		FROM fused_keys`).Scan(&c.Keys, &c.Finished)
+			count(*) FILTER (WHERE recovery_point = 'finished' AND response_code = 201 AND `+lease+` IS NULL)
+		FROM `+table).Scan(&c.Keys, &c.Finished)
 	if err == nil {
 		err = e.check.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE c.id = k.charge_id AND c.status = 'succeeded'
 				AND c.provider_payment_id IS NOT NULL)
-			FROM charges c JOIN fused_keys k ON k.scope = c.account_id AND k.idempotency_key = c.idempotency_key`).
+			FROM charges c JOIN `+table+` k ON k.scope = c.account_id AND k.idempotency_key = c.idempotency_key`).
 			Scan(&c.Charges, &c.Linked)
 	}
 	if err != nil {
-		return c, []string{"fused: verify: " + err.Error()}
+		return c, []string{table + ": verify: " + err.Error()}
 	}
 	for _, u := range providerURLs {
 		st, err := e.providerStats(ctx, u)
 		if err != nil {
-			return c, []string{"fused: verify: " + err.Error()}
+			return c, []string{table + ": verify: " + err.Error()}
 		}
 		for k, st := range st.ByKey {
-			if strings.HasPrefix(k, "fused:") {
+			if strings.HasPrefix(k, prefix) {
 				c.ProviderKeys++
 				if st.Requests != 1 || st.PaymentID == "" {
 					c.ProviderTwice++
@@ -235,13 +240,13 @@ func (e *env) verifyFused(ctx context.Context, providerURLs ...string) (fusedChe
 		}
 	}
 	if c.Finished != c.Keys {
-		problems = append(problems, fmt.Sprintf("fused: %d of %d key rows finished", c.Finished, c.Keys))
+		problems = append(problems, fmt.Sprintf("%s: %d of %d key rows finished", table, c.Finished, c.Keys))
 	}
 	if c.Charges != c.Keys || c.Linked != c.Keys {
-		problems = append(problems, fmt.Sprintf("fused: %d charges (%d succeeded and named by their key row) for %d keys", c.Charges, c.Linked, c.Keys))
+		problems = append(problems, fmt.Sprintf("%s: %d charges (%d succeeded and named by their key row) for %d keys", table, c.Charges, c.Linked, c.Keys))
 	}
 	if c.ProviderKeys != c.Keys || c.ProviderTwice != 0 {
-		problems = append(problems, fmt.Sprintf("fused: provider saw %d derived keys for %d keys, %d of them not exactly one request and payment", c.ProviderKeys, c.Keys, c.ProviderTwice))
+		problems = append(problems, fmt.Sprintf("%s: provider saw %d derived keys for %d keys, %d of them not exactly one request and payment", table, c.ProviderKeys, c.Keys, c.ProviderTwice))
 	}
 	return c, problems
 }

@@ -188,7 +188,7 @@ func (e *env) growthCells(ctx context.Context, empty, grown *growthDB, res *grow
 // newGrowthDB creates one side: a database of its own, migrated, with a pool and an
 // engine on it.
 func (e *env) newGrowthDB(ctx context.Context, name, providerURL string, maxConns int) (*growthDB, error) {
-	db, err := createDB(ctx, e.db.serverURL, e.db.name+"_"+name)
+	db, err := createDB(ctx, e.db.serverURL, e.db.name+"_"+name, false)
 	if err != nil {
 		return nil, err
 	}

@@ -9,10 +9,13 @@
 //	go run ./bench -smoke             # a tiny run of every part for CI (under a minute); writes nothing
 //	go run ./bench -cell 1s -rounds 2 -warmup 1s -growth 1000000 -docs ''   # a quick full run
 //
-// The database is $DATABASE_URL's server, else a throwaway one from local PostgreSQL
-// binaries (testkit/pgtest, fsync on, pg_stat_statements loaded; TEST_DATABASE_URL is
-// honoured there). The bench creates a database of its own on it (and two more for the
-// growth experiment) and drops them at the end.
+// The database is -db's server, else $DATABASE_URL's, else a throwaway one from local
+// PostgreSQL binaries (testkit/pgtest, fsync on, pg_stat_statements loaded;
+// TEST_DATABASE_URL is honoured there). The bench creates a database of its own on it
+// (and two more for the growth experiment) and drops them at the end. On a Citus
+// coordinator (the database named by -db has the citus extension) it works in a fresh
+// schema of that database instead, and distributes idemflow_keys and charges by scope,
+// colocated (migrations.Distribute); see citus.go for what runs there.
 //
 // Variants, each a function call (no HTTP layer in front), each calling the fake
 // provider over HTTP:
@@ -23,6 +26,9 @@
 //     own, then a transaction per phase, one statement per round trip.
 //   - recipe-fused: the best a careful team would hand-write: the claim inside the
 //     first phase's transaction, each transaction one pgx batch (fused.go).
+//   - recipe-fused-safe: recipe-fused with idemflow's guarantees: a claim that never
+//     waits and lets a loser run nothing, a fenced finish, the sweeper's index
+//     (fusedsafe.go).
 //   - idemflow: workflow.Engine running chargeflow.Flow, fresh keys.
 //   - idemflow-replay: retries of keys idemflow finished.
 //
@@ -75,6 +81,8 @@ type options struct {
 	growth      int           // finished key rows of the growth experiment (0: not run)
 	dupSleep    time.Duration // the duplicates experiment's first phase
 	ops         bool          // also run idemflow-nohistory and idemflow-otel
+	db          string        // server to run on (else $DATABASE_URL, else a throwaway server)
+	distribute  string        // "auto", "on" or "off": distribute the key and charges tables on Citus
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -99,6 +107,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
+	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
+		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
+	fs.StringVar(&o.distribute, "distribute", "auto", "distribute idemflow_keys and charges by scope, colocated, on Citus (auto: when the database has the citus extension; on; off)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
 	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
 	if err := fs.Parse(args); err != nil {
@@ -178,6 +189,8 @@ func (o *options) check() error {
 		return errors.New("-growth must not be negative")
 	case o.dupSleep < 100*time.Millisecond:
 		return errors.New("-dup-sleep must be at least 100ms")
+	case o.distribute != "auto" && o.distribute != "on" && o.distribute != "off":
+		return errors.New("-distribute must be auto, on or off")
 	}
 	return nil
 }
@@ -264,8 +277,11 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	// The fused recipe's effects over the whole run.
-	fc, problems := env.verifyFused(ctx, env.fast.URL, env.slow.URL)
+	fc, problems := env.verifyFused(ctx, "fused_keys", "fused:", env.fast.URL, env.slow.URL)
 	rep.fused = &fc
+	violations = append(violations, problems...)
+	sc, problems := env.verifyFused(ctx, "safe_keys", "safe:", env.fast.URL, env.slow.URL)
+	rep.fusedSafe = &sc
 	violations = append(violations, problems...)
 
 	violations = append(violations, rep.violations()...)

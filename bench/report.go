@@ -31,6 +31,7 @@ type report struct {
 	wal       []walProfile
 	perf      []perfProfile
 	fused     *fusedCheck
+	fusedSafe *fusedCheck
 	growth    *growthResult
 	dups      *dupResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
@@ -62,7 +63,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-var variantOrder = []string{vBare, vRecipe, vFused, vIdem, vIdemNoHistory, vIdemOtel, vReplay, vControl}
+var variantOrder = []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemNoHistory, vIdemOtel, vReplay, vControl}
 
 // aggregate groups cells by variant and concurrency, in report order.
 func aggregate(cells []cell) []agg {
@@ -95,7 +96,7 @@ func aggregate(cells []cell) []agg {
 			}
 			a := agg{Variant: v, Conc: conc, Rounds: len(g)}
 			var rps, ratio, p50, p99 []float64
-			var per [9][]float64
+			per := make([][]float64, len(perReq{}.vals()))
 			for _, c := range g {
 				a.N += c.N
 				rps = append(rps, c.RPS)
@@ -281,9 +282,16 @@ func (r *report) replayLines(aggs []agg) []budgetLine {
 // fusedLines: the fused recipe has the same effects as idemflow.
 func (r *report) fusedLines() []budgetLine {
 	var out []budgetLine
-	if f := r.fused; f != nil {
+	for _, c := range []struct {
+		name string
+		f    *fusedCheck
+	}{{vFused, r.fused}, {vSafe, r.fusedSafe}} {
+		f := c.f
+		if f == nil {
+			continue
+		}
 		out = append(out, budgetLine{
-			Line: "recipe-fused: same effects", Target: "one charge and one provider payment per key",
+			Line: c.name + ": same effects", Target: "one charge and one provider payment per key",
 			Measured: fmt.Sprintf("%d keys finished of %d; %d charges, %d succeeded and named by their key; %d derived keys at the provider, %d not called exactly once",
 				f.Finished, f.Keys, f.Charges, f.Linked, f.ProviderKeys, f.ProviderTwice),
 			Met: f.Finished == f.Keys && f.Charges == f.Keys && f.Linked == f.Keys && f.ProviderKeys == f.Keys && f.ProviderTwice == 0,
@@ -594,7 +602,7 @@ func (r *report) mdRounds(b *strings.Builder) {
 	o := r.opts
 	p("\n## Per-round ratios to bare\n\n")
 	p("| variant | conc | %s |\n|---|---|%s\n", roundHeads(o.rounds), strings.Repeat("---|", o.rounds))
-	for _, v := range []string{vRecipe, vFused, vIdem, vReplay} {
+	for _, v := range []string{vRecipe, vFused, vSafe, vIdem, vReplay} {
 		for _, conc := range o.conc {
 			var cols []string
 			for rd := range o.rounds {
@@ -614,6 +622,7 @@ func (r *report) mdHow(b *strings.Builder) {
 	p("- **Variants.** `bare`: insert a pending charge, call the provider, mark it succeeded; two autocommit statements, plain pgx. ")
 	p("`recipe`: the textbook key-table recipe written in `bench/variants.go`: the claim in a transaction of its own (INSERT … ON CONFLICT DO NOTHING), then one transaction per phase that also advances the key's recovery point (fenced by `locked_at`), every statement, BEGIN and COMMIT a round trip of its own: 11 round trips, 3 commits. ")
 	p("`recipe-fused`: the best a careful team would hand-write (`bench/fused.go`): a lookup (replay, 409, 422 as a server would answer), then the claim inside the first phase's transaction: one pgx batch, run as one implicit transaction, of the key row's INSERT … ON CONFLICT DO NOTHING (already at the phase's recovery point, naming the charge by an id the client chose in the table default's format) and the charge's INSERT, which inserts only if that key row is this attempt's; the provider call with a key derived from the row's id; then one batch of the charge's UPDATE, fenced by the key's lease (`EXISTS (… FOR UPDATE)`, so no takeover can come between) and the key's finish with the stored response (known before the update: every field of the charge is). 3 round trips, 5 statements, 2 writing commits; no CTE, no plpgsql; its effects (one charge and one provider payment per key) are checked at the end of the run. ")
+	p("`recipe-fused-safe`: recipe-fused with idemflow's guarantees (`bench/fusedsafe.go`): the claim batch starts with a transaction-scoped advisory lock taken without waiting that raises when held, and inserts the key row with a plain INSERT that raises on a committed row, so that a loser never waits and none of the phase's statements runs after a lost claim; the finish batch starts with a fence that locks the key row without waiting at the claim's lock version (`FOR NO KEY UPDATE NOWAIT`, raising when the version moved or the row is locked), then the charge's UPDATE and a plain UPDATE of the key row; its key table has the sweeper's partial index of unfinished keys by due time, so its finish is not HOT (idemflow's is not either); no retention index, no history. 3 round trips, 7 statements, 2 writing commits; effects checked like recipe-fused's. ")
 	p("`idemflow`: `workflow.Engine.Do` running `chargeflow.Flow` (the example's phases), fresh keys. `idemflow-replay`: `Do` with keys idemflow finished. ")
 	p("All call the fake provider (`chargeflow.NewProvider`) over HTTP on 127.0.0.1 in this process; none has an HTTP layer in front. Each variant has a pool of its own (max %d connections, warm: every connection used in the warm-up).\n", slices.Max(o.conc))
 	p("- **Load.** Closed loop: `conc` goroutines each send the next request as soon as the last one is answered, for %s per cell. Cells are interleaved: each round runs every variant at every concurrency, and the order of the variants rotates between concurrencies and rounds.\n", o.cell)
@@ -623,7 +632,7 @@ func (r *report) mdHow(b *strings.Builder) {
 	p("This counts read-only transactions too (idemflow's lookup, a replay). **Writing transactions** are the advance of the transaction-id counter (`pg_snapshot_xmax(pg_current_snapshot())`, read while no bench transaction is open): only a transaction that writes gets an xid. The tracer's count of COMMITs and autocommit statements agrees with xact_commit (column *tracer*). Autovacuum and checkpoints in the same window add a little to commits, xids and WAL.\n")
 	p("- **WAL bytes**: the advance of `pg_current_wal_insert_lsn()` over the cell (cluster-wide; includes full-page images after checkpoints, which is real cost).\n")
 	p("- **Latency**: per request, wall clock in the client; p50/p99 per cell, medians over rounds.\n")
-	p("- **CPU**: server CPU is the advance over the cell of user + system time (`/proc/<pid>/stat`, 10 ms ticks) of the postmaster and all its children (backends, WAL writer, checkpointer, autovacuum), when the server runs on this machine; client CPU is this process's getrusage (the variant's Go code, pgx, the in-process fake provider and the tracer). Both are divided by the cell's requests.\n")
+	p("- **CPU**: server CPU is the advance over the cell of user + system time (`/proc/<pid>/stat`, 10 ms ticks) of the postmaster and all its children (backends, WAL writer, checkpointer, autovacuum), when the server runs on this machine; client CPU is this process's getrusage (the variant's Go code, pgx, the in-process fake provider and the tracer). Both are divided by the cell's requests. **allocs (client)** are the heap objects this process allocated over the cell (runtime/metrics `/gc/heap/allocs:objects`) per request: the variant's code, pgx, the tracer and the in-process fake provider's HTTP server and client, which every variant pays alike.\n")
 	p("- **Statements (pg_stat_statements)**: loaded on the throwaway server (track = top, planning tracked); its counters of the bench database are read just before and after each cell's load, outside the CPU window, from another database. Every variant pays its small overhead alike.\n")
 	p("- **Noise.** The machine has %d cores shared by PostgreSQL, this process and its in-process provider; other engineers may run tests on the same machine at the same time (load average at the start: %s). The rotation and the per-round ratios are there so that a disturbance hits all variants of a round alike; look at the per-round ratios before trusting a single figure.\n", m.cpus, orDash(m.loadAverage))
 	if m.sharedDB {
@@ -633,8 +642,8 @@ func (r *report) mdHow(b *strings.Builder) {
 
 // costTable writes the per-variant table.
 func costTable(b *strings.Builder, aggs []agg) {
-	fmt.Fprintf(b, "| variant | conc | req/s | × bare | p50 (ms) | p99 (ms) | statements | round trips (tracer / wire) | commits (xact_commit / tracer) | writing transactions | WAL bytes | CPU ms (server / client) |\n")
-	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "| variant | conc | req/s | × bare | p50 (ms) | p99 (ms) | statements | round trips (tracer / wire) | commits (xact_commit / tracer) | writing transactions | WAL bytes | CPU ms (server / client) | allocs (client) |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, a := range aggs {
 		ratio := "—"
 		if a.Variant != vBare && !math.IsNaN(a.Ratio) && a.Ratio > 0 {
@@ -644,9 +653,9 @@ func costTable(b *strings.Builder, aggs []agg) {
 				ratio = fmt.Sprintf("%.2f", a.Ratio)
 			}
 		}
-		fmt.Fprintf(b, "| %s | %d | %.0f | %s | %.2f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f | %s / %.2f |\n",
+		fmt.Fprintf(b, "| %s | %d | %.0f | %s | %.2f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f | %s / %.2f | %.0f |\n",
 			a.Variant, a.Conc, a.RPS, ratio, a.P50, a.P99, a.Per.Statements, a.Per.RoundTrips, a.Per.Wire,
-			a.Per.Commits, a.Per.TracerCommits, a.Per.Writes, a.Per.WAL, fmtMaybe(a.Per.ServerCPU), a.Per.ClientCPU)
+			a.Per.Commits, a.Per.TracerCommits, a.Per.Writes, a.Per.WAL, fmtMaybe(a.Per.ServerCPU), a.Per.ClientCPU, a.Per.Allocs)
 	}
 }
 
@@ -775,7 +784,7 @@ func (r *report) whereTimeGoes(b *strings.Builder) {
 		p("CPU per request (ms), medians over the rounds: the database server (all its processes, from /proc) and this process (client, provider, tracer). ")
 		p("On %d cores, req/s can not exceed %d000 ms ÷ (server + client CPU per request).\n\n", r.machine.cpus, r.machine.cpus)
 		p("| variant | %s |\n|---|%s\n", concHeads(r.opts.conc, "server / client"), strings.Repeat("---|", len(r.opts.conc)))
-		for _, v := range []string{vBare, vRecipe, vFused, vIdem, vReplay} {
+		for _, v := range []string{vBare, vRecipe, vFused, vSafe, vIdem, vReplay} {
 			var cols []string
 			for _, c := range r.opts.conc {
 				a, ok := find(aggs, v, c)

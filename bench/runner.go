@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"time"
@@ -38,14 +39,15 @@ type perReq struct {
 	WAL           float64 // bytes: pg_current_wal_insert_lsn() advance
 	ClientCPU     float64 // ms of this process's CPU (client, provider, tracer)
 	ServerCPU     float64 // ms of the database server's CPU (all its processes); NaN when remote
+	Allocs        float64 // heap objects allocated by this process (client, provider, tracer)
 }
 
 func (p perReq) vals() []float64 {
-	return []float64{p.Statements, p.RoundTrips, p.Wire, p.TracerCommits, p.Commits, p.Writes, p.WAL, p.ClientCPU, p.ServerCPU}
+	return []float64{p.Statements, p.RoundTrips, p.Wire, p.TracerCommits, p.Commits, p.Writes, p.WAL, p.ClientCPU, p.ServerCPU, p.Allocs}
 }
 
 func perReqOf(v []float64) perReq {
-	return perReq{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]}
+	return perReq{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]}
 }
 
 // dbStats is a snapshot of the server's counters.
@@ -202,12 +204,12 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 			return c, err
 		}
 	}
-	cpu0 := e.cpu.Read(false)
+	cpu0, allocs0 := e.cpu.Read(false), heapAllocs()
 	l := e.runLoad(ctx, fn, conc, dur, k)
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	cpu1 := e.cpu.Read(true)
+	cpu1, allocs1 := e.cpu.Read(true), heapAllocs()
 	if e.pgss {
 		st1, err := e.stmtSnapshot(ctx)
 		if err != nil {
@@ -245,11 +247,22 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 		WAL:           float64(s1.wal-s0.wal) / n,
 		ClientCPU:     ms(cpu1.Client-cpu0.Client) / n,
 		ServerCPU:     math.NaN(),
+		Allocs:        float64(allocs1-allocs0) / n,
 	}
 	if e.cpu.Local() {
 		c.Per.ServerCPU = ms(cpu1.Server-cpu0.Server) / n
 	}
 	return c, nil
+}
+
+// heapAllocs is how many heap objects this process has allocated so far.
+func heapAllocs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
 
 // pools are every pool on the bench database.
@@ -266,6 +279,10 @@ func (e *env) pools() []*pgxpool.Pool {
 func (e *env) warmup(ctx context.Context, dur time.Duration) error {
 	conc := slices.Max(e.o.conc)
 	for _, v := range e.variants {
+		// Replays need keys that idemflow finished.
+		if !e.o.runs(v.name) && !(v.name == vIdem && e.o.runs(vReplay)) {
+			continue
+		}
 		logf("warm-up: %s", v.name)
 		// Every connection of the pool gets used: first one request per connection at
 		// once, then the closed loop.
@@ -292,7 +309,7 @@ func (e *env) round(ctx context.Context, r int, slow bool) ([]cell, error) {
 	for ci, conc := range e.o.conc {
 		order := rotate(e.variants, r+ci)
 		for _, v := range order {
-			if len(e.o.only) > 0 && !slices.Contains(e.o.only, v.name) {
+			if !e.o.runs(v.name) {
 				continue
 			}
 			c, err := e.measure(ctx, v, v.fast, conc, e.o.cell, nil)
@@ -300,8 +317,8 @@ func (e *env) round(ctx context.Context, r int, slow bool) ([]cell, error) {
 				return out, err
 			}
 			c.Round = r
-			logf("round %d/%d  c=%-3d %-16s %7.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %4.1f RT  %4.2f writes  %5.0f WAL B  CPU ms %5.2f server %5.2f client",
-				r+1, e.o.rounds, conc, v.name, c.RPS, ms(c.P50), ms(c.P99), c.Per.RoundTrips, c.Per.Writes, c.Per.WAL, c.Per.ServerCPU, c.Per.ClientCPU)
+			logf("round %d/%d  c=%-3d %-16s %7.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %4.1f RT  %4.2f writes  %5.0f WAL B  CPU ms %5.2f server %5.2f client  %4.0f allocs",
+				r+1, e.o.rounds, conc, v.name, c.RPS, ms(c.P50), ms(c.P99), c.Per.RoundTrips, c.Per.Writes, c.Per.WAL, c.Per.ServerCPU, c.Per.ClientCPU, c.Per.Allocs)
 			out = append(out, c)
 		}
 	}

@@ -25,6 +25,7 @@ const (
 	vBare    = "bare"
 	vRecipe  = "recipe"
 	vFused   = "recipe-fused"
+	vSafe    = "recipe-fused-safe"
 	vIdem    = "idemflow"
 	vReplay  = "idemflow-replay"
 	vControl = "control: tx held across the call"
@@ -118,7 +119,7 @@ func (e *env) newVariants(ctx context.Context) error {
 	for _, h := range []struct {
 		name string
 		do   func(context.Context, *pgxpool.Pool, *chargeflow.ProviderClient, *worker) error
-	}{{vBare, doBare}, {vRecipe, doRecipe}, {vFused, doFused}} {
+	}{{vBare, doBare}, {vRecipe, doRecipe}, {vFused, doFused}, {vSafe, doFusedSafe}} {
 		v, err := mk(h.name)
 		if err != nil {
 			return err
