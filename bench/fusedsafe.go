@@ -113,11 +113,15 @@ func safeLost(err error) bool {
 
 // doFusedSafe runs a fresh key through the safe fused recipe.
 func doFusedSafe(ctx context.Context, pool *pgxpool.Pool, provider *chargeflow.ProviderClient, w *worker) error {
+	return fusedSafeKey(ctx, pool, provider, w.scope(), w.key())
+}
+
+// fusedSafeKey runs key through the safe fused recipe.
+func fusedSafeKey(ctx context.Context, pool *pgxpool.Pool, provider *chargeflow.ProviderClient, scope, key string) error {
 	req, err := chargeflow.ParseRequest(chargeBody)
 	if err != nil {
 		return err
 	}
-	scope, key := w.scope(), w.key()
 	if rep, err := safeLookup(ctx, pool, scope, key); err != nil || rep != nil {
 		return fusedTaken(rep, err)
 	}

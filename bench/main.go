@@ -111,7 +111,7 @@ func parseFlags(args []string) (*options, error) {
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
 	fs.StringVar(&o.distribute, "distribute", "auto", "distribute idemflow_keys and charges by scope, colocated, on Citus (auto: when the database has the citus extension; on; off)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
-	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
+	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N; losers, the losing path per pgx exec mode and beside fresh requests, runs only when named)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth":
 			o.phases[p] = true
 		default:
 			return fmt.Errorf("-phases: unknown part %q", p)
@@ -261,6 +261,9 @@ func run(ctx context.Context, o *options) error {
 	}
 	if rep.dups != nil {
 		violations = append(violations, rep.dups.violations()...)
+	}
+	if rep.losers != nil {
+		violations = append(violations, rep.losers.violations()...)
 	}
 	if env.pgss {
 		texts, err := env.stmtTexts(ctx)
@@ -370,6 +373,14 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 			return err
 		}
 		rep.dups = d
+	}
+	// Copies of held keys: round trips per exec mode, and beside fresh requests.
+	if o.phases["losers"] {
+		l, err := env.losers(ctx)
+		if err != nil {
+			return err
+		}
+		rep.losers = l
 	}
 	// Many retained finished keys against an empty table.
 	if o.phases["growth"] && o.growth > 0 {

@@ -34,6 +34,7 @@ type report struct {
 	fusedSafe *fusedCheck
 	growth    *growthResult
 	dups      *dupResult
+	losers    *loserResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
 }
 
@@ -160,6 +161,7 @@ func (r *report) budget() []budgetLine {
 	out = append(out, r.fusedLines()...)
 	out = append(out, r.growthLines()...)
 	out = append(out, r.dupLines()...)
+	out = append(out, r.loserLines()...)
 	out = append(out, r.slowLines()...)
 	out = append(out, r.sweeperLines(aggs)...)
 	out = append(out, r.retentionLines()...)
@@ -483,6 +485,7 @@ func (r *report) markdown() string {
 	r.mdDrain(&b)
 	r.mdRetention(&b)
 	r.dupSection(&b)
+	r.loserSection(&b)
 	r.growthSection(&b)
 	r.whereTimeGoes(&b)
 	r.extraBreakdown(&b)
