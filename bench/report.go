@@ -88,8 +88,15 @@ func aggregate(cells []cell) []agg {
 		}
 	}
 	slices.Sort(concs)
+	order := slices.Clone(variantOrder)
+	for _, c := range cells {
+		// Variants added by files of their own (laterVariants) go after the built-in ones.
+		if !slices.Contains(order, c.Variant) {
+			order = append(order, c.Variant)
+		}
+	}
 	var out []agg
-	for _, v := range variantOrder {
+	for _, v := range order {
 		for _, conc := range concs {
 			g := groups[key{v, conc}]
 			if len(g) == 0 {

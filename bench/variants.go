@@ -93,6 +93,13 @@ func (r *keyRing) pick(rng *rand.Rand) ([2]string, bool) {
 	return r.keys[rng.IntN(len(r.keys))], true
 }
 
+// laterVariants make variants that files of their own add to the rounds (an init
+// function appends the constructor): the place for idemflow-pipelined, the charges flow
+// with pipelined tx phases (issue 26). Each gets a pool from mk, sets its fast and
+// slow functions, and runs in every round after the built-in variants; the report
+// lists it after them, with × bare and CPU per request like the others.
+var laterVariants []func(e *env, mk func(name string) (*variant, error)) (*variant, error)
+
 // newVariants builds the variants, each on a pool of its own sized for the largest
 // concurrency, and the slow run's negative control.
 func (e *env) newVariants(ctx context.Context) error {
@@ -139,6 +146,13 @@ func (e *env) newVariants(ctx context.Context) error {
 		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
 
 	e.variants = append(hand, idem, replay)
+	for _, later := range laterVariants {
+		v, err := later(e, mk)
+		if err != nil {
+			return err
+		}
+		e.variants = append(e.variants, v)
+	}
 	if e.o.ops {
 		return e.opsVariants(mk)
 	}
