@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/migrations"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // On a Citus coordinator (-db naming a database with the citus extension) the bench
@@ -63,11 +65,43 @@ func (e *env) distribute(ctx context.Context) error {
 	if n != 1 {
 		return fmt.Errorf("charges and idemflow_keys are in %d colocation groups, want 1", n)
 	}
+	e.machine.citus = true
 	if len(e.o.only) == 0 {
 		e.o.only = slices.Clone(citusVariants)
 	}
 	logf("Citus: charges and idemflow_keys distributed by scope, colocated; variants %v", e.o.only)
 	return nil
+}
+
+// startCitus starts a throwaway cluster for -citus and returns its coordinator's URL;
+// the workers' CPU is read with the coordinator's.
+func (e *env) startCitus(ctx context.Context) (string, error) {
+	logf("starting a throwaway Citus cluster (a coordinator and its workers)")
+	c, err := pgtest.StartCitus(ctx)
+	if err != nil {
+		return "", err
+	}
+	e.cluster = c
+	e.machine.citusNodes = 1 + len(c.Workers)
+	for _, w := range c.Workers {
+		conn, err := pgx.Connect(ctx, w.URL)
+		if err != nil {
+			return "", fmt.Errorf("connect to a worker: %w", err)
+		}
+		e.nodes = append(e.nodes, cpumeter.New(ctx, conn))
+		conn.Close(ctx)
+	}
+	return c.Coordinator.URL, nil
+}
+
+// readCPU reads the client's and the server's CPU: the server's is every node's that
+// the bench can see (the coordinator's, and a -citus cluster's workers').
+func (e *env) readCPU(end bool) cpumeter.Times {
+	t := e.cpu.Read(end)
+	for _, m := range e.nodes {
+		t.Server += m.Read(end).Server
+	}
+	return t
 }
 
 // runs reports whether the rounds run variant name (-only, or Citus's default).

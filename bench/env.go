@@ -50,6 +50,8 @@ type machine struct {
 	throwaway   bool
 	sharedDB    bool   // a schema in an existing database: pg_stat_database counts others too
 	loadAverage string // at the start
+	citus       bool   // the key and charges tables are distributed on a Citus coordinator
+	citusNodes  int    // nodes of a -citus cluster (0: not started by the bench)
 }
 
 // env is everything the rounds share.
@@ -64,8 +66,10 @@ type env struct {
 	sampler *pgx.Conn     // on the server's own database: pg_stat_activity samples
 	runID   string
 	cpu     *cpumeter.Meter
-	pgss    bool   // pg_stat_statements can be read: the statement breakdown
-	dbOID   uint32 // the bench database, in pg_stat_statements
+	nodes   []*cpumeter.Meter // a throwaway Citus cluster's workers: their CPU is the server's too
+	cluster *pgtest.Citus     // -citus
+	pgss    bool              // pg_stat_statements can be read: the statement breakdown
+	dbOID   uint32            // the bench database, in pg_stat_statements
 
 	httpClient *http.Client
 	fast, slow *httptest.Server // providers at latency 0 and at o.slowLatency
@@ -86,6 +90,11 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	serverURL := o.db
 	if serverURL == "" {
 		serverURL = os.Getenv("DATABASE_URL")
+	}
+	if o.citus {
+		if serverURL, err = e.startCitus(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if serverURL == "" {
 		logf("starting a throwaway PostgreSQL server (set DATABASE_URL to use another)")
@@ -180,6 +189,11 @@ func (e *env) close(keep bool) {
 	if e.srv != nil && !keep {
 		if err := e.srv.Stop(); err != nil {
 			logf("stop the server: %v", err)
+		}
+	}
+	if e.cluster != nil && !keep {
+		if err := e.cluster.Stop(); err != nil {
+			logf("stop the Citus cluster: %v", err)
 		}
 	}
 }

@@ -316,7 +316,7 @@ func (e *env) loserCell(ctx context.Context, pool *pgxpool.Pool, t loserTarget, 
 		return c, err
 	}
 	waits0 := pool.Stat().EmptyAcquireCount()
-	cpu0 := e.cpu.Read(false)
+	cpu0 := e.readCPU(false)
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -351,7 +351,7 @@ func (e *env) loserCell(ctx context.Context, pool *pgxpool.Pool, t loserTarget, 
 	defer timer.Stop()
 	l := e.runLoadUntil(ctx, t.fresh, loserFreshConc, stop, nil)
 	wg.Wait()
-	cpu1 := e.cpu.Read(true)
+	cpu1 := e.readCPU(true)
 	if l.errs > 0 {
 		return c, fmt.Errorf("losers: %s fresh requests with %d copies: %d failed; the first: %w", t.name, copies, l.errs, l.firstErr)
 	}

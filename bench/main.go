@@ -83,6 +83,7 @@ type options struct {
 	ops         bool          // also run idemflow-nohistory and idemflow-otel
 	db          string        // server to run on (else $DATABASE_URL, else a throwaway server)
 	distribute  string        // "auto", "on" or "off": distribute the key and charges tables on Citus
+	citus       bool          // start a throwaway Citus cluster and run on its coordinator
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -109,6 +110,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
+	fs.BoolVar(&o.citus, "citus", false, "start a throwaway Citus cluster from the local binaries (a coordinator and 2 workers, testkit/pgtest.StartCitus) and run on its coordinator, "+
+		"with the key and charges tables distributed; server CPU is then every node's")
 	fs.StringVar(&o.distribute, "distribute", "auto", "distribute idemflow_keys and charges by scope, colocated, on Citus (auto: when the database has the citus extension; on; off)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
 	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N; losers, the losing path per pgx exec mode and beside fresh requests, runs only when named)")
@@ -191,6 +194,8 @@ func (o *options) check() error {
 		return errors.New("-dup-sleep must be at least 100ms")
 	case o.distribute != "auto" && o.distribute != "on" && o.distribute != "off":
 		return errors.New("-distribute must be auto, on or off")
+	case o.citus && (o.db != "" || o.distribute == "off"):
+		return errors.New("-citus starts a cluster of its own: not with -db or -distribute off")
 	}
 	return nil
 }

@@ -538,11 +538,19 @@ func (r *report) mdMachine(b *strings.Builder) {
 	p("| memory | %s |\n", orDash(m.memory))
 	p("| Go | %s |\n", m.goVersion)
 	p("| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, max_wal_size=%s |\n", m.pgVersion, m.fsync, m.syncCommit, m.sharedBufs, m.maxWalSize)
-	server := "`$DATABASE_URL` / `TEST_DATABASE_URL`"
+	server := "`-db` / `$DATABASE_URL` / `TEST_DATABASE_URL`"
 	if m.throwaway {
 		server = "throwaway server from local binaries (testkit/pgtest), same machine, TCP on 127.0.0.1"
 	}
-	p("| server | %s; a fresh database per run |\n", server)
+	where := "a fresh database per run"
+	switch {
+	case m.citusNodes > 0:
+		server = fmt.Sprintf("throwaway Citus cluster from local binaries (testkit/pgtest.StartCitus): a coordinator and %d workers on 127.0.0.1; server CPU is every node's", m.citusNodes-1)
+		fallthrough
+	case m.citus:
+		where = "a fresh schema of the coordinator's database per run, charges (by account_id) and idemflow_keys (by scope) distributed in one colocation group"
+	}
+	p("| server | %s; %s |\n", server, where)
 	p("| load average at start | %s |\n", orDash(m.loadAverage))
 	p("| command | `%s` |\n", r.command())
 	p("| rounds | %d interleaved rounds of %s per cell, concurrency %s; slow-provider run: 1 round at %s |\n",

@@ -204,12 +204,12 @@ func (e *env) measure(ctx context.Context, v *variant, fn doFunc, conc int, dur 
 			return c, err
 		}
 	}
-	cpu0, allocs0 := e.cpu.Read(false), heapAllocs()
+	cpu0, allocs0 := e.readCPU(false), heapAllocs()
 	l := e.runLoad(ctx, fn, conc, dur, k)
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	cpu1, allocs1 := e.cpu.Read(true), heapAllocs()
+	cpu1, allocs1 := e.readCPU(true), heapAllocs()
 	if e.pgss {
 		st1, err := e.stmtSnapshot(ctx)
 		if err != nil {
