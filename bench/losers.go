@@ -36,10 +36,9 @@ import (
 //     requests at concurrency 8, and every 10 ms a burst of K copies of one held key,
 //     against the same fresh load without copies, in interleaved cells.
 
-const (
-	loserFreshConc = 8
-	loserBurstGap  = 50 * time.Millisecond
-)
+// loserFreshConc is the fresh requests' concurrency in the contention run; the gap
+// between bursts of copies is -loser-gap (50 ms by default).
+const loserFreshConc = 8
 
 // loserCopies are the copies per key of the contention run.
 var loserCopies = []int{8, 16}
@@ -322,7 +321,7 @@ func (e *env) loserCell(ctx context.Context, pool *pgxpool.Pool, t loserTarget, 
 	var wg sync.WaitGroup
 	if copies > 0 {
 		wg.Go(func() {
-			tick := time.NewTicker(loserBurstGap)
+			tick := time.NewTicker(e.o.loserGap)
 			defer tick.Stop()
 			for {
 				select {
@@ -422,7 +421,8 @@ func (r *report) loserLines() []budgetLine {
 				continue
 			}
 			out = append(out, budgetLine{
-				Line:     fmt.Sprintf("Concurrent duplicates: %s fresh requests while %d copies per key lose on the same pool", v, k),
+				Line: fmt.Sprintf("Concurrent duplicates: %s fresh requests while %d copies per key lose on the same pool (a key every %s)",
+					v, k, r.opts.loserGap),
 				Target:   "≥ 0.90× fresh req/s without copies",
 				Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", med, lo, hi),
 				Met:      med >= 0.90,
@@ -454,7 +454,7 @@ func (r *report) loserSection(b *strings.Builder) {
 		p("| %s | %s | %.0f | %.1f | %.0f | %.0f | %s | %s | %s |\n", t.Variant, t.Mode, t.FreshCold, t.FreshWarm, t.Loser, t.AfterLoser,
 			dash(t.Replay, t.Variant == vIdem), dash(t.LoserBegin, t.Variant == vSafe), dash(t.AfterLoserBegin, t.Variant == vSafe))
 	}
-	p("\nFresh requests at concurrency %d on a pool of 32 connections (default exec mode), alone and while every %s a burst of *copies* copies of one held key is sent on the same pool; cells of %s, interleaved, %d round(s). ", loserFreshConc, loserBurstGap, r.opts.cell, r.opts.rounds)
+	p("\nFresh requests at concurrency %d on a pool of 32 connections (default exec mode), alone and while every %s (`-loser-gap`) a burst of *copies* copies of one held key is sent on the same pool; cells of %s, interleaved, %d round(s). ", loserFreshConc, r.opts.loserGap, r.opts.cell, r.opts.rounds)
 	p("CPU per fresh request includes the copies' work. Rollbacks are pg_stat_database's xact_rollback per fresh request (an implicit transaction that fails counts as one).\n\n")
 	p("| variant | copies per key | round | fresh req/s | p50 (ms) | p99 (ms) | copies answered 409 | rollbacks per fresh request | CPU ms server / client per fresh request | acquisitions that waited |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range x.Cells {

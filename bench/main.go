@@ -84,6 +84,7 @@ type options struct {
 	db          string        // server to run on (else $DATABASE_URL, else a throwaway server)
 	distribute  string        // "auto", "on" or "off": distribute the key and charges tables on Citus
 	citus       bool          // start a throwaway Citus cluster and run on its coordinator
+	loserGap    time.Duration // losers part: the gap between bursts of copies
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -112,6 +113,7 @@ func parseFlags(args []string) (*options, error) {
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
 	fs.BoolVar(&o.citus, "citus", false, "start a throwaway Citus cluster from the local binaries (a coordinator and 2 workers, testkit/pgtest.StartCitus) and run on its coordinator, "+
 		"with the key and charges tables distributed; server CPU is then every node's")
+	fs.DurationVar(&o.loserGap, "loser-gap", 50*time.Millisecond, "losers part: a burst of 8 or 16 copies of a held key every this long, beside the fresh requests")
 	fs.StringVar(&o.distribute, "distribute", "auto", "distribute idemflow_keys and charges by scope, colocated, on Citus (auto: when the database has the citus extension; on; off)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
 	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N; losers, the losing path per pgx exec mode and beside fresh requests, runs only when named)")
@@ -190,6 +192,8 @@ func (o *options) check() error {
 		return errors.New("-backlog and -live-window must be positive")
 	case o.growth < 0:
 		return errors.New("-growth must not be negative")
+	case o.loserGap < time.Millisecond:
+		return errors.New("-loser-gap must be at least 1ms")
 	case o.dupSleep < 100*time.Millisecond:
 		return errors.New("-dup-sleep must be at least 100ms")
 	case o.distribute != "auto" && o.distribute != "on" && o.distribute != "off":
