@@ -36,7 +36,9 @@
 // retention cleanup of a large expired backlog under live traffic; concurrent
 // duplicates of a key whose first attempt sits in a long first phase (dup.go); and,
 // with -growth N, fresh and replay latency with N retained finished keys against an
-// empty key table (growth.go). Where idemflow's cost over recipe-fused goes comes from
+// empty key table (growth.go); with -phases naming losers, the losing path: a copy of a
+// held key's round trips per pgx exec mode and what it leaves the next request on its
+// connection, and fresh requests beside 8 and 16 losing copies per key (losers.go). Where idemflow's cost over recipe-fused goes comes from
 // pg_stat_statements, read around every cell of the rounds (stmts.go).
 //
 // The command exits non-zero on errors and invariant violations (a request failed, a
