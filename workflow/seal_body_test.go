@@ -180,3 +180,115 @@ func TestSealedCrashMatrix(t *testing.T) {
 	require.Equal(t, len(idemflowtest.Boundaries(testflow.Flow(testflow.Options{})))*3, cases)
 	require.Equal(t, cases, provider.Made(), "one provider payment per key")
 }
+
+// TestSealedCancelAndInspect: an engine without a Sealer shows a sealed request body
+// and a sealed answer as their sizes, never their bytes, and still acts on the key
+// (operator actions open nothing); CancelKey on a sealing engine stores its answer
+// sealed like any other, replayed by the sealing engine and refused (ErrNewerFormat)
+// by one without a Sealer.
+func TestSealedCancelAndInspect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var down atomic.Bool
+	before := func(_ context.Context, _ phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay && down.Load() {
+			return errors.New("provider down")
+		}
+		return nil
+	}
+	b := setup(t, setupOpts{before: before}) // b.engine has no Sealer
+	sealing := b.newEngine(t, setupOpts{before: before, cfg: &workflow.Config{Sealer: newGCMSealer(t)}})
+	down.Store(true)
+	_, err := sealing.Do(ctx, chargeReq("s", "k", `{"amount":77}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+
+	stored, _ := sealedBody(t, b, "s", "k")
+	info, err := b.engine.InspectKey(ctx, "s", "k")
+	require.NoError(t, err)
+	require.True(t, info.RequestSealed)
+	require.Equal(t, len(stored), info.RequestSealedBytes)
+	require.Nil(t, info.Request, "the sealed bytes are not shown as a body")
+	require.NoError(t, b.engine.ReleaseKey(ctx, "s", "k"), "an operator action needs no Sealer")
+
+	const answer = `{"cancelled":"by operator"}`
+	require.NoError(t, sealing.CancelKey(ctx, "s", "k", workflow.CancelOptions{Status: 409, Force: true,
+		Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(answer)}))
+	var body []byte
+	var headers string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT response_body, response_headers::text FROM idemflow_keys
+		WHERE scope = 's' AND idempotency_key = 'k'`).Scan(&body, &headers))
+	require.NotContains(t, string(body), "operator", "the cancel's answer is sealed")
+	require.Contains(t, headers, `"idemflow:format": 2`)
+	res, err := sealing.Do(ctx, chargeReq("s", "k", `{"amount":77}`))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, 409, res.Response.Status)
+	require.Equal(t, answer, string(res.Response.Body))
+	_, err = b.engine.Do(ctx, chargeReq("s", "k", `{"amount":77}`))
+	require.ErrorIs(t, err, workflow.ErrNewerFormat)
+
+	info, err = b.engine.InspectKey(ctx, "s", "k")
+	require.NoError(t, err)
+	require.False(t, info.RequestSealed, "a finished key keeps no body")
+	require.True(t, info.ResponseSealed)
+	require.Equal(t, len(body), info.ResponseSealedBytes)
+	require.Nil(t, info.ResponseBody)
+	require.Equal(t, map[string][]string{"Content-Type": {"application/json"}}, info.ResponseHeader, "headers are not sealed")
+	require.Zero(t, b.provider.Made())
+}
+
+// redactor is a Sealer that redacts: the member "card" of a JSON object is replaced,
+// and Open returns what was stored.
+type redactor struct{}
+
+func (redactor) Seal(_ context.Context, _, _ string, plain []byte) ([]byte, error) {
+	var m map[string]any
+	if json.Unmarshal(plain, &m) != nil || m["card"] == nil {
+		return plain, nil
+	}
+	m["card"] = "redacted"
+	return json.Marshal(m)
+}
+
+func (redactor) Open(_ context.Context, _, _ string, sealed []byte) ([]byte, error) {
+	return sealed, nil
+}
+
+// TestSealerRedacts: with a Sealer that redacts, the key table never holds the card;
+// the claiming attempt runs with the body as sent, a resumption (here a sweep) runs
+// the phases left with the redacted body, and replays send the redacted answer while
+// the first attempt's client got the answer as the phase gave it.
+func TestSealerRedacts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{cfg: &workflow.Config{Sealer: redactor{}}})
+	var seen []string
+	failB := true
+	phase := func(name string) phases.Phase {
+		return phases.Tx(name, func(_ context.Context, _ phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			seen = append(seen, name+" "+string(run.Body()))
+			switch {
+			case name == "a":
+				return nil, nil
+			case failB:
+				return nil, errors.New("b fails")
+			}
+			return &phases.Response{Status: 201, Body: run.Body()}, nil
+		})
+	}
+	require.NoError(t, b.engine.Register(phases.Flow{Name: "redact", Phases: []phases.Phase{phase("a"), phase("b")}}))
+	req := workflow.Request{Scope: "s", Key: "k", Flow: "redact", Method: "POST", Route: "/p", Body: []byte(`{"card":"4111111111111111"}`)}
+	_, err := b.engine.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	stored, _ := sealedBody(t, b, "s", "k")
+	require.JSONEq(t, `{"card":"redacted"}`, string(stored))
+
+	failB = false
+	sweepable(t, b.db)
+	require.Equal(t, []workflow.Outcome{workflow.OutcomeFinished}, sweepOnce(t, b.engine, 5))
+	require.Equal(t, []string{`a {"card":"4111111111111111"}`, `b {"card":"4111111111111111"}`, `b {"card":"redacted"}`}, seen)
+	res, err := b.engine.Do(ctx, req)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.JSONEq(t, `{"card":"redacted"}`, string(res.Response.Body))
+}
