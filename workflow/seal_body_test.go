@@ -1,10 +1,7 @@
 package workflow_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -136,17 +133,6 @@ func TestSealedBodyWrongSealerSweep(t *testing.T) {
 	require.Zero(t, b.provider.Made())
 }
 
-// fixedSealer is AES-256-GCM under a key fixed in the test, so that a crash matrix's
-// child processes (which run the test again from the top) seal and open alike.
-func fixedSealer(t *testing.T) *gcmSealer {
-	t.Helper()
-	block, err := aes.NewCipher(bytes.Repeat([]byte{0x5e}, 32))
-	require.NoError(t, err)
-	aead, err := cipher.NewGCM(block)
-	require.NoError(t, err)
-	return &gcmSealer{aead: aead}
-}
-
 // TestSealedCrashMatrix kills a real child process (SIGKILL) at every boundary of the
 // flow with a Sealer on every engine, and recovers each key by a retry, a sweeper, and
 // a sweeper after a killed sweeper: the resumptions open the sealed body (the call
@@ -161,7 +147,7 @@ func TestSealedCrashMatrix(t *testing.T) {
 		DB:      db,
 		Flow:    testflow.Flow(testflow.Options{ProviderURL: provider.URL}),
 		Request: chargeReq("acct", "sealed", body),
-		Config:  &workflow.Config{Sealer: fixedSealer(t)},
+		Config:  &workflow.Config{Sealer: testflow.NewSealer(0x5e)}, // the same key in the children
 		Check: func(t testing.TB, c *idemflowtest.Case) {
 			cases++
 			e, err := testflow.CountEffects(context.Background(), c.DB.Pool, c.Request.Scope, c.Request.Key)
