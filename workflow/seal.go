@@ -35,7 +35,7 @@ import (
 // with it as its last error, as a failed attempt.
 //
 // A sealed request body is stored as phase data format 2, a sealed answer as response
-// format 2 (docs/OPERATIONS.md, "Sealed request bodies and answers"). Keys stored
+// format 2 (docs/OPERATIONS.md, "Sealing request bodies and answers"). Keys stored
 // before the Sealer was set stay in plain text until they finish or their retention
 // ends; those stored with it cannot be resumed or replayed by a process without it,
 // which answers ErrNewerFormat (retry later), does not sweep them and leaves them

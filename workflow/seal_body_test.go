@@ -195,6 +195,9 @@ func TestSealedCancelAndInspect(t *testing.T) {
 	require.Equal(t, len(stored), info.RequestSealedBytes)
 	require.Nil(t, info.Request, "the sealed bytes are not shown as a body")
 	require.NoError(t, b.engine.ReleaseKey(ctx, "s", "k"), "an operator action needs no Sealer")
+	bulk, err := b.engine.BulkKeys(ctx, workflow.BulkOptions{Action: workflow.BulkRelease, Scope: "s"})
+	require.NoError(t, err)
+	require.Equal(t, workflow.BulkResult{Matched: 1, Acted: 1}, bulk, "nor does a bulk one")
 
 	const answer = `{"cancelled":"by operator"}`
 	require.NoError(t, sealing.CancelKey(ctx, "s", "k", workflow.CancelOptions{Status: 409, Force: true,
