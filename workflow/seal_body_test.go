@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -251,10 +252,13 @@ func TestSealerRedacts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{cfg: &workflow.Config{Sealer: redactor{}}})
+	var mu sync.Mutex
 	var seen []string
 	failB := true
 	phase := func(name string) phases.Phase {
 		return phases.Tx(name, func(_ context.Context, _ phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			mu.Lock()
+			defer mu.Unlock()
 			seen = append(seen, name+" "+string(run.Body()))
 			switch {
 			case name == "a":
@@ -272,9 +276,13 @@ func TestSealerRedacts(t *testing.T) {
 	stored, _ := sealedBody(t, b, "s", "k")
 	require.JSONEq(t, `{"card":"redacted"}`, string(stored))
 
+	mu.Lock()
 	failB = false
+	mu.Unlock()
 	sweepable(t, b.db)
 	require.Equal(t, []workflow.Outcome{workflow.OutcomeFinished}, sweepOnce(t, b.engine, 5))
+	mu.Lock()
+	defer mu.Unlock()
 	require.Equal(t, []string{`a {"card":"4111111111111111"}`, `b {"card":"4111111111111111"}`, `b {"card":"redacted"}`}, seen)
 	res, err := b.engine.Do(ctx, req)
 	require.NoError(t, err)
