@@ -416,9 +416,9 @@ func (m *matrix) run(t testing.TB, cs matrixCase) {
 		}
 	}
 	k := RequireFinished(t, m.c.DB.Pool, req.Scope, req.Key)
-	stored := &phases.Response{Status: k.ResponseStatus, Header: http.Header{}, Body: k.ResponseBody}
-	if err := json.Unmarshal(k.ResponseHeaders, &stored.Header); err != nil {
-		t.Fatalf("%s: stored headers %q: %v", cs.name(), k.ResponseHeaders, err)
+	stored, err := m.storedAnswer(k)
+	if err != nil {
+		t.Fatalf("%s: %v", cs.name(), err)
 	}
 	if d := differs(stored, first.Response, true); d != "" {
 		t.Errorf("%s: the replay differs from the stored response: %s", cs.name(), d)
@@ -426,6 +426,33 @@ func (m *matrix) run(t testing.TB, cs matrixCase) {
 	if m.c.Check != nil {
 		m.c.Check(t, &Case{Boundary: cs.boundary, Recovery: cs.recovery, Request: req, DB: m.c.DB, Engine: m.engine, Left: left, Key: k, Answer: first.Response})
 	}
+}
+
+// storedAnswer is the answer stored on the finished key k, opened by the engines'
+// Sealer when they have one (a sealed answer's headers carry the format member).
+func (m *matrix) storedAnswer(k Key) (*phases.Response, error) {
+	stored := &phases.Response{Status: k.ResponseStatus, Header: http.Header{}, Body: k.ResponseBody}
+	var h map[string]json.RawMessage
+	if err := json.Unmarshal(k.ResponseHeaders, &h); err != nil {
+		return nil, fmt.Errorf("stored headers %q: %w", k.ResponseHeaders, err)
+	}
+	_, sealed := h["idemflow:format"]
+	delete(h, "idemflow:format")
+	for name, raw := range h {
+		var vals []string
+		if err := json.Unmarshal(raw, &vals); err != nil {
+			return nil, fmt.Errorf("stored header %s %s: %w", name, raw, err)
+		}
+		stored.Header[name] = vals
+	}
+	if sealed && m.c.Config != nil && m.c.Config.Sealer != nil {
+		body, err := m.c.Config.Sealer.Open(context.Background(), k.Scope, k.Key, k.ResponseBody)
+		if err != nil {
+			return nil, fmt.Errorf("open the stored answer: %w", err)
+		}
+		stored.Body = body
+	}
+	return stored, nil
 }
 
 // differs describes how replay differs from want: status, body bytes and, for each

@@ -342,3 +342,34 @@ func TestNew(t *testing.T) {
 	_, err = idemflowui.New(e, nil)
 	require.NoError(t, err)
 }
+
+// TestSealedKey: the page (its engine has no Sealer) shows a sealed request body and a
+// sealed answer as "sealed" with their size, offers no link to show their bytes, and
+// never shows them.
+func TestSealedKey(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	sealing := testflow.Engine(t, f.DB.Pool, &workflow.Config{Sealer: testflow.NewSealer(9)}, f.Provider, nil)
+	ctx := context.Background()
+	f.Provider.FailNext(1)
+	_, err := sealing.Do(ctx, uitest.Req("acct", "open", `{"amount":31}`))
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	_, err = sealing.Do(ctx, uitest.Req("acct", "done", `{"amount":32}`))
+	require.NoError(t, err)
+	c := client(t)
+
+	p := f.get(t, c, "/key?scope=acct&key=open&body=1")
+	require.Equal(t, http.StatusOK, p.status)
+	require.Regexp(t, `body <strong id="body-sealed">sealed</strong>, \d+ bytes as stored`, p.body)
+	require.NotContains(t, p.body, `id="show-body"`)
+	require.NotContains(t, p.body, `id="body"`, "not even empty")
+	require.NotContains(t, p.body, "amount")
+
+	p = f.get(t, c, "/key?scope=acct&key=done&response=1")
+	require.Equal(t, http.StatusOK, p.status)
+	require.Regexp(t, `body <strong id="response-sealed">sealed</strong>, \d+ bytes as stored`, p.body)
+	require.Contains(t, p.body, `id="response-headers"`, "the headers are not sealed")
+	require.NotContains(t, p.body, `id="show-response"`)
+	require.NotContains(t, p.body, `id="response-body"`)
+	require.NotContains(t, p.body, "payment_id")
+}

@@ -80,7 +80,8 @@ LIMIT $4`
 	a.show = `SELECT ` + summaryColumns + `, method, route, request_body, octet_length(phase_data::text),
 	lock_version, CASE WHEN locked_until > statement_timestamp()
 		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint ELSE 0 END,
-	next_attempt_at, response_status::int, origin, history, response_headers, response_body
+	next_attempt_at, response_status::int, origin, history, response_headers, response_body,
+	coalesce(phase_data ->> '` + FormatMember + `', '1')
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
 	a.counts, a.gauges, a.outcomes = countStatements()
@@ -210,6 +211,9 @@ type KeyDetail struct {
 	// ResponseHeaders (a JSON object) and ResponseBody are the stored response's;
 	// nil while unfinished.
 	ResponseHeaders, ResponseBody []byte
+	// PhaseDataFormat is the phase data's format version as stored (FormatMember, "1"
+	// when absent): "2" (PhaseDataSealed) says that RequestBody is sealed.
+	PhaseDataFormat string
 }
 
 // ErrBadStatus: a list asked for a status there is none of.
@@ -261,7 +265,7 @@ func (s *Store) Show(ctx context.Context, db DBTX, scope, key string) (*KeyDetai
 		var d KeyDetail
 		err := r.Scan(summaryDest(&d.KeySummary, &d.Method, &d.Route, &d.RequestBody, &d.PhaseDataBytes,
 			&d.LockVersion, &d.LeaseLeftMillis, &d.NextAttemptAt, &d.ResponseStatus, &d.Origin, &d.History,
-			&d.ResponseHeaders, &d.ResponseBody)...)
+			&d.ResponseHeaders, &d.ResponseBody, &d.PhaseDataFormat)...)
 		return &d, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -1,6 +1,9 @@
 package store
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // Stored formats and their versions. Every part of a key row whose encoding may change
 // between releases says which version it is written in, so that a build can tell a row
@@ -16,7 +19,9 @@ import "strconv"
 //   - phase data and the stored response's headers: JSON objects whose member
 //     FormatMember, when present, holds the version as a JSON number; absent means 1.
 //     Version 1 never writes the member, so rows written by releases that did not know
-//     it read the same.
+//     it read the same. Phase data format 2 (PhaseDataSealed) is format 1 on a row
+//     whose request body is sealed (the engine's Sealer); response format 2 is an
+//     answer whose body is sealed. Both are written only by an engine with a Sealer.
 //   - history entries: JSON objects read by name; a release may add members, never
 //     change the meaning of one, so they carry no version.
 //
@@ -33,6 +38,10 @@ const (
 	// ResponseFormat is the newest stored response format this release reads, and the
 	// one it writes (without FormatMember).
 	ResponseFormat = 1
+	// PhaseDataSealed is the phase data format of an unfinished row whose request body
+	// is sealed: the phase data as in format 1, with FormatMember 2. Only a Store made
+	// with Options.SealedBodies takes such keys in a sweep.
+	PhaseDataSealed = 2
 )
 
 // KnownStatus reports whether status is one this release knows.
@@ -45,10 +54,27 @@ func KnownStatus(status string) bool {
 }
 
 // knownFormat is the SQL condition that an unfinished row's fingerprint and phase
-// data are in formats this release reads: the sweeper takes no other.
-var knownFormat = `((octet_length(fingerprint) = 32 OR octet_length(fingerprint) = 33 AND get_byte(fingerprint, 0) = 2
+// data are in formats this release reads: the sweeper takes no other. A Store made
+// with Options.SealedBodies sends knownSealedFormat in its place (withSealedBodies).
+var knownFormat = knownFormatOf(strconv.Itoa(PhaseDataFormat))
+
+// knownSealedFormat is knownFormat that also reads phase data format 2 (a sealed
+// request body).
+var knownSealedFormat = knownFormatOf(strconv.Itoa(PhaseDataFormat), strconv.Itoa(PhaseDataSealed))
+
+func knownFormatOf(phaseData ...string) string {
+	return `((octet_length(fingerprint) = 32 OR octet_length(fingerprint) = 33 AND get_byte(fingerprint, 0) = 2
 		OR octet_length(fingerprint) = 73 AND get_byte(fingerprint, 0) = 3)
-	AND coalesce(phase_data ->> '` + FormatMember + `', '1') = '` + strconv.Itoa(PhaseDataFormat) + `')`
+	AND coalesce(phase_data ->> '` + FormatMember + `', '1') IN ('` + strings.Join(phaseData, `', '`) + `'))`
+}
+
+// withSealedBodies makes the sweeps' statements take keys whose request body is
+// sealed too: the engine that uses s opens them (Options.SealedBodies).
+func (s *Store) withSealedBodies() {
+	for _, stmt := range []*string{&s.sql.takeDue, &s.sql.scanDue, &s.sql.takeKey} {
+		*stmt = strings.ReplaceAll(*stmt, knownFormat, knownSealedFormat)
+	}
+}
 
 // knownPoint is the SQL condition that a row's flow and recovery point are among the
 // encoded pairs $n (see pointKeys), or that $n is NULL (any).

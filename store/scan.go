@@ -33,6 +33,10 @@ type Options struct {
 	Schema string
 	// Scan is how sweeps and expiries work. Defaults to ScanAuto.
 	Scan Scan
+	// SealedBodies makes sweeps take keys whose request body is sealed (phase data
+	// format PhaseDataSealed) as well: set it when the caller can open them. Without
+	// it such keys are left for a caller that can.
+	SealedBodies bool
 }
 
 // NewWith returns a Store with opts. It fails on a schema NewInSchema refuses and on
@@ -48,6 +52,9 @@ func NewWith(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.scan = opts.Scan
+	if opts.SealedBodies {
+		s.withSealedBodies()
+	}
 	return s, nil
 }
 

@@ -110,8 +110,12 @@ type KeyInfo struct {
 	Method string `json:"method"`
 	Route  string `json:"route"`
 	// Request is the stored request body (empty once finished: a finished key keeps
-	// only what a replay needs).
+	// only what a replay needs); nil when it is sealed.
 	Request []byte `json:"request"`
+	// RequestSealed says that the stored request body is sealed (Config.Sealer), and
+	// RequestSealedBytes is its size as stored. InspectKey never opens a sealed value.
+	RequestSealed      bool `json:"request_sealed,omitempty"`
+	RequestSealedBytes int  `json:"request_sealed_bytes,omitempty"`
 	// PhaseDataBytes is the size of the phase data carried between phases.
 	PhaseDataBytes int   `json:"phase_data_bytes"`
 	LockVersion    int64 `json:"lock_version"`
@@ -125,6 +129,11 @@ type KeyInfo struct {
 	// a replay sends them (finished keys), else nil.
 	ResponseHeader map[string][]string `json:"response_header,omitempty"`
 	ResponseBody   []byte              `json:"response_body,omitempty"`
+	// ResponseSealed says that the stored answer's body is sealed (ResponseBody is
+	// then nil; its headers are not sealed), and ResponseSealedBytes is its size as
+	// stored.
+	ResponseSealed      bool `json:"response_sealed,omitempty"`
+	ResponseSealedBytes int  `json:"response_sealed_bytes,omitempty"`
 	// Origin is what Hooks.Origin gave when the key was claimed.
 	Origin string `json:"origin"`
 	// FailedPhase is the phase of the newest history entry that names one: where the
@@ -280,6 +289,7 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 			info.ResponseHeader = nil
 		}
 	}
+	showSealed(info, d)
 	if err := json.Unmarshal(d.History, &info.History); err != nil {
 		return nil, fmt.Errorf("workflow: inspect key: decode history: %w", err)
 	}
@@ -335,7 +345,7 @@ func (e *Engine) readable(ctx context.Context, scope, key string) error {
 	case err != nil:
 		return err
 	}
-	if err := e.checkRow(row); err != nil {
+	if err := e.checkKnown(row); err != nil {
 		return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
 	}
 	return nil

@@ -258,6 +258,9 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		return err
 	}
 	resp, err := e.cancelResponse(opts)
+	if err == nil {
+		resp, err = e.sealResponse(ctx, scope, key, resp) // stored like any answer
+	}
 	if err != nil {
 		return fmt.Errorf("workflow: cancel key: %w", err)
 	}
@@ -269,7 +272,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err != nil {
 			return err
 		}
-		if err := e.checkRow(row); err != nil {
+		if err := e.checkKnown(row); err != nil {
 			return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
 		}
 		if row.Status == store.StatusFinished {

@@ -146,9 +146,10 @@ type Config struct {
 	MaxWaiters int
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
-	// Sealer, when set, seals (encrypts or redacts) every answer a key stores and
-	// opens it before a replay (see Sealer). Nil (the default) stores answers as they
-	// are, and refuses to replay a sealed one (ErrNewerFormat).
+	// Sealer, when set, seals (encrypts or redacts) every request body and answer a
+	// key stores, and opens them before a resumption or a replay (see Sealer). Nil
+	// (the default) stores them as they are, and refuses to resume or replay a sealed
+	// one (ErrNewerFormat).
 	Sealer Sealer
 	// Logger receives what the engine cannot return, such as a failed release after a
 	// transient failure. Defaults to slog.Default().
@@ -278,7 +279,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	st, err := store.NewWith(store.Options{Schema: c.Schema, Scan: c.Scan})
+	st, err := store.NewWith(store.Options{Schema: c.Schema, Scan: c.Scan, SealedBodies: c.Sealer != nil})
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
@@ -756,6 +757,10 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return answered(nil, unknownPoint(err))
 	}
+	body, err := e.openBody(ctx, row) // before the takeover: a body it cannot open changes no row
+	if err != nil {
+		return answered(nil, err)
+	}
 	defer e.waits.run(row.Scope, row.Key)() // wakes this engine's waiters when it ends
 	started := time.Now()
 	taken, err := e.takeover(ctx, row)
@@ -767,6 +772,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	}
 	ev.Kind = KeyTakenOver
 	e.cfg.Hooks.key(ctx, ev)
+	taken.RequestBody = body // opened; the fence names the same row
 	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
 		taken.RequestBody = req.Body // a retry brings the body that was not stored
 	}
@@ -794,6 +800,10 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	if err != nil {
 		return answered(nil, err)
 	}
+	body, sealed, err := e.storedBody(ctx, f, req)
+	if err != nil {
+		return answered(nil, err)
+	}
 	defer e.waits.run(req.Scope, req.Key)() // wakes this engine's waiters when it ends
 	origin := e.cfg.Hooks.origin(ctx)
 	x := &exec{
@@ -805,7 +815,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// no row yet: stored is set by the first commit
 		claim: &store.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: storedBody(f, req.Body),
+			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
 			Lease: e.cfg.Lease, Origin: origin,
 		},
 		leaseEnd: time.Now().Add(e.cfg.Lease),
@@ -817,6 +827,9 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
+	if sealed {
+		x.state().SetValue(store.FormatMember, sealedMark) // phase data format 2: the body is sealed
+	}
 	started := time.Now()
 	st := x.drive(ctx, 0)
 	switch {

@@ -76,7 +76,7 @@ func checkFormat(row *store.Row) error {
 		}
 		return fmt.Errorf("%w: fingerprint of %d bytes (version byte %d)", ErrNewerFormat, len(row.Fingerprint), v)
 	}
-	if v, ok := jsonFormat(row.PhaseData); !ok || v > store.PhaseDataFormat {
+	if v, ok := jsonFormat(row.PhaseData); !ok || v > store.PhaseDataFormat && v != store.PhaseDataSealed {
 		return fmt.Errorf("%w: phase data format %d", ErrNewerFormat, v)
 	}
 	if row.Status == store.StatusFinished {
@@ -87,14 +87,24 @@ func checkFormat(row *store.Row) error {
 	return nil
 }
 
-// checkRow is checkFormat, and for an unfinished row of a registered flow, that the
-// flow has its recovery point.
+// checkRow is checkKnown, and that the engine can open what the row holds sealed
+// (checkSealed): what an attempt on the key needs before it decides anything.
 func (e *Engine) checkRow(row *store.Row) error {
+	if err := e.checkKnown(row); err != nil {
+		return err
+	}
+	return e.checkSealed(row)
+}
+
+// checkKnown is checkFormat, and for an unfinished row of a registered flow, that the
+// flow has its recovery point. An operator's action on one key needs no more: it
+// opens nothing sealed.
+func (e *Engine) checkKnown(row *store.Row) error {
 	if err := checkFormat(row); err != nil {
 		return err
 	}
 	if row.Status == store.StatusFinished {
-		return e.checkSealed(row)
+		return nil
 	}
 	if f, ok := e.flow(row.Flow); ok {
 		if _, err := f.Index(row.RecoveryPoint); err != nil {

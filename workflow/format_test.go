@@ -35,8 +35,9 @@ var newerFormats = []struct {
 	{"status", false, `ALTER TABLE idemflow_keys DROP CONSTRAINT idemflow_keys_status;
 		UPDATE idemflow_keys SET status = 'paused'`},
 	{"recovery point", false, `UPDATE idemflow_keys SET recovery_point = 'refund'`},
-	{"phase data format", false, `UPDATE idemflow_keys SET phase_data = phase_data || '{"idemflow:format": 2}'`},
-	{"stored response format", true, `UPDATE idemflow_keys SET response_headers = response_headers || '{"idemflow:format": 2}'`},
+	// Format 2 of both is this release's (a Sealer's: TestSealedBodyWithoutSealer).
+	{"phase data format", false, `UPDATE idemflow_keys SET phase_data = phase_data || '{"idemflow:format": 3}'`},
+	{"stored response format", true, `UPDATE idemflow_keys SET response_headers = response_headers || '{"idemflow:format": 3}'`},
 }
 
 // TestNewerFormatLeftAlone plants a key row in each format a newer build could write

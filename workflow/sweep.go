@@ -249,7 +249,11 @@ func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts, rp *stri
 		return RunResult{Outcome: OutcomeReleased, Err: err}, nil
 	}
 	next, _ := f.Index(t.RecoveryPoint) // checkRow has found it
-	x, err := e.newExec(f, t.row, t.at)
+	row, err := e.openedRow(ctx, t.row)
+	if err != nil {
+		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
+	}
+	x, err := e.newExec(f, row, t.at)
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, maxAttempts(opts))
 	}

@@ -290,11 +290,11 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		{"status", string(info.Status)}, {"recovery point", info.RecoveryPoint},
 		{"attempts", fmt.Sprint(info.Attempts)}, {"lock version", fmt.Sprint(info.LockVersion)},
 		{"lease left", info.LeaseLeft.String()}, {"next attempt", stamp(info.NextAttemptAt)},
-		{"request", oneLine(info.Method, 20) + " " + oneLine(info.Route, 100) + " " + oneLine(string(info.Request), 200)},
+		{"request", oneLine(info.Method, 20) + " " + oneLine(info.Route, 100) + " " + shownBody(info.Request, info.RequestSealed, info.RequestSealedBytes)},
 		{"phase data", fmt.Sprintf("%d bytes", info.PhaseDataBytes)},
 		{"last error", info.LastError}, {"failed phase", info.FailedPhase},
 		{"response status", fmt.Sprint(info.ResponseStatus)}, {"response headers", headerLine(info.ResponseHeader)},
-		{"response body", oneLine(string(info.ResponseBody), 200)}, {"origin", info.Origin},
+		{"response body", shownBody(info.ResponseBody, info.ResponseSealed, info.ResponseSealedBytes)}, {"origin", info.Origin},
 		{"created", stamp(info.CreatedAt)}, {"updated", stamp(info.UpdatedAt)}, {"finished", stampPtr(info.FinishedAt)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], escape(kv[1]))
@@ -314,6 +314,15 @@ func (c *cli) show(ctx context.Context, args []string) error {
 			escape(strings.Join(a.Phases, ",")), escape(string(a.Outcome)), escape(a.Phase), oneLine(a.Error, 60))
 	}
 	return tw.Flush()
+}
+
+// shownBody is a stored body as keys show prints it: a sealed one as its size, never
+// its bytes (the CLI has no Sealer and opens nothing).
+func shownBody(b []byte, sealed bool, size int) string {
+	if sealed {
+		return fmt.Sprintf("(sealed, %d bytes)", size)
+	}
+	return oneLine(string(b), 200)
 }
 
 // inspect is InspectKey with a missing key as a plain message.

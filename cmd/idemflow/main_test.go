@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"unicode/utf8"
@@ -625,4 +626,45 @@ func TestNonsenseFlags(t *testing.T) {
 		require.Empty(t, r.stdout, name)
 	}
 	require.Equal(t, row, testflow.KeyRow(t, b.db.Pool, "acct", "dead"), "nothing changed")
+}
+
+// TestKeysShowSealed: keys show (the CLI has no Sealer) prints a sealed request body
+// and a sealed answer as "sealed" with their size, never their bytes; -json says so in
+// request_sealed and response_sealed.
+func TestKeysShowSealed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	var down atomic.Bool
+	down.Store(true)
+	sealing := testflow.Engine(t, b.db.Pool, &workflow.Config{Sealer: testflow.NewSealer(7)}, b.provider,
+		func(_ context.Context, _ phases.DBTX, run *phases.Run) error {
+			if down.Load() && run.Phase() == testflow.Pay {
+				return errors.New("provider down")
+			}
+			return nil
+		})
+	req := workflow.Request{Scope: "acct", Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(`{"amount":9}`)}
+	req.Key = "open"
+	_, err := sealing.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	down.Store(false)
+	req.Key = "done"
+	_, err = sealing.Do(ctx, req)
+	require.NoError(t, err)
+
+	human := b.cli(t, "keys", "show", "acct", "open").ok(t).stdout
+	require.Regexp(t, `(?m)^request:\s+POST /charges \(sealed, \d+ bytes\)$`, human)
+	human = b.cli(t, "keys", "show", "acct", "done").ok(t).stdout
+	require.Regexp(t, `(?m)^response body:\s+\(sealed, \d+ bytes\)$`, human)
+	require.Regexp(t, `(?m)^response headers:.*Content-Type`, human)
+	require.NotContains(t, human, `"amount"`)
+
+	open := b.cli(t, "keys", "show", "-json", "acct", "open").ok(t).lines(t)[0]
+	require.Equal(t, true, open["request_sealed"])
+	require.Positive(t, open["request_sealed_bytes"])
+	require.Empty(t, open["request"])
+	done := b.cli(t, "keys", "show", "-json", "acct", "done").ok(t).lines(t)[0]
+	require.Equal(t, true, done["response_sealed"])
+	require.Nil(t, done["response_body"])
 }

@@ -126,6 +126,45 @@ func TestSkew(t *testing.T) {
 	}
 	t.Run("fingerprint-version-3", func(t *testing.T) { v3Case(t, db, prev, cur) })
 	t.Run("sealed-answer", func(t *testing.T) { sealedCase(t, db, prev, cur) })
+	t.Run("sealed-request", func(t *testing.T) { sealedRequestCase(t, db, prev, cur) })
+}
+
+// sealedRequestCase marks a key left in progress by a crash as an engine with
+// workflow.Config.Sealer stores it (phase data format 2, the request body sealed) and
+// meets it with both builds, neither of which has a Sealer. This tree answers a retry
+// newer_format and its sweep takes nothing, leaving the row as it was. The previous
+// release (v0.3.0) predates the format: it would resume the key with the sealed bytes
+// as its body, which is why a Sealer is set only once no such process is left
+// (docs/OPERATIONS.md); here its phases fail on them and it answers nothing final.
+func sealedRequestCase(t *testing.T, db *pgtest.DB, prev, cur build) {
+	const key, body = "sealed-request", `{"amount": 700}`
+	ctx := context.Background()
+	_, code := cur.do(t, "debit", key, body)
+	require.Equal(t, 3, code, "current did not crash after debit")
+	idemflowtest.ExpireLease(t, db.Pool, "acct", key)
+	_, err := db.Pool.Exec(ctx, `UPDATE idemflow_keys SET phase_data = phase_data || '{"idemflow:format": 2}',
+		request_body = '\x5345414c4544ff00' WHERE scope = 'acct' AND idempotency_key = $1`, key)
+	require.NoError(t, err)
+	row := func() string {
+		var s string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_jsonb(k)::text FROM idemflow_keys k
+			WHERE scope = 'acct' AND idempotency_key = $1`, key).Scan(&s))
+		return s
+	}
+	before := row()
+	a, _ := cur.do(t, "", key, body)
+	require.Equal(t, "newer_format", a.Err, "current without a Sealer: %+v", a)
+	out, _ := cur.run(t, "", "resume", key)
+	require.NoError(t, json.Unmarshal(out, &a))
+	require.Equal(t, "newer_format", a.Err, "current's Resume without a Sealer: %+v", a)
+	st := cur.sweep(t, "")
+	require.Zero(t, st["Taken"]+st["Finished"]+st["Released"]+st["DeadLettered"], "current's sweep took the key: %v", st)
+	require.Equal(t, before, row(), "current changed the row")
+
+	a, _ = prev.do(t, "", key, body)
+	require.NotEqual(t, 201, a.Status, "previous on a sealed request: %+v", a)
+	require.False(t, a.Replayed)
+	t.Logf("the previous release on a sealed request body: %s (%s)", a.Err, a.Detail)
 }
 
 // sealedCase marks a finished key's answer sealed (response format 2, as an engine
