@@ -110,7 +110,8 @@ func pipeSetup(t *testing.T, mode pgx.QueryExecMode, url string) *pipeBundle {
 type tripCounter struct {
 	trips atomic.Int64
 	mu    sync.Mutex
-	user  int
+	user  int // statements on pipe_effects sent
+	ran   int // statements on pipe_effects that the server ran without error
 }
 
 func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -126,7 +127,13 @@ func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 	}
 	return ctx
 }
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.Err == nil && strings.Contains(d.SQL, "pipe_effects") {
+		c.mu.Lock()
+		c.ran++
+		c.mu.Unlock()
+	}
+}
 func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 func (c *tripCounter) count(sql string) {
