@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
@@ -235,4 +236,32 @@ func testPipelinedRoundTrips(t *testing.T, b *pipeBundle) {
 	}
 	require.EqualValues(t, 6, seqRuns(t, b.db), "two inserts per key, each run once")
 	require.EqualValues(t, 3, b.calls.Load())
+}
+
+// TestPipelinedCrashMatrix kills a real child process at every boundary of pipeFlow,
+// including between settle's two round trips (its BeforeCommit: the statements ran,
+// uncommitted), and recovers each key by a retry, a sweeper, and a sweeper after a
+// killed sweeper: one reserve row and one settle row per key, and the answer sums them.
+func TestPipelinedCrashMatrix(t *testing.T) {
+	t.Parallel()
+	db := idemflowtest.NewDB(t, pipeSchema)
+	var calls atomic.Int32
+	flow := pipeFlow("pipe", &calls, nil)
+	cases := 0
+	idemflowtest.CrashMatrix(t, idemflowtest.Crash{
+		DB:      db,
+		Flow:    flow,
+		Request: pipeReq("crash", `{"a":1}`),
+		Check: func(t testing.TB, c *idemflowtest.Case) {
+			cases++
+			var reserve, settle int
+			require.NoError(t, c.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE phase = 'reserve'),
+				count(*) FILTER (WHERE phase = 'settle') FROM pipe_effects WHERE scope = $1 AND idem_key = $2`,
+				c.Request.Scope, c.Request.Key).Scan(&reserve, &settle))
+			require.Equal(t, [2]int{1, 1}, [2]int{reserve, settle}, "effects per key")
+			require.Equal(t, http.StatusCreated, c.Answer.Status)
+			require.JSONEq(t, `{"key":"`+c.Request.Key+`","sum":14}`, string(c.Answer.Body))
+		},
+	})
+	require.Equal(t, len(idemflowtest.Boundaries(flow))*3, cases)
 }
