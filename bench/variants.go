@@ -137,7 +137,11 @@ func (e *env) newVariants(ctx context.Context) error {
 	e.control = &variant{name: vControl, pool: bare.pool, tr: bare.tr,
 		slow: func(ctx context.Context, w *worker) error { return doHeldTx(ctx, bare.pool, slowClient, w) }}
 
-	e.variants = append(hand, idem, replay)
+	pipe, err := e.pipelinedVariant(mk)
+	if err != nil {
+		return err
+	}
+	e.variants = append(hand, idem, pipe, replay)
 	if e.o.ops {
 		return e.opsVariants(mk)
 	}
