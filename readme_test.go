@@ -164,8 +164,9 @@ var _ = []any{chargesService, refunds, consume, ownSchema}
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
 // snippetFiles are the markdown files whose every Go block is a marked snippet,
-// compiled: the README, the docs that hold its moved sections, and docs/API.md.
-var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md"}
+// compiled: the README, the docs that hold its moved sections, docs/API.md and
+// docs/PHASES.md.
+var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md", "docs/PHASES.md"}
 
 // readmeMaxLines is the most lines the README may have: the rest goes to docs/.
 const readmeMaxLines = 250
