@@ -135,7 +135,7 @@ func (c *tripCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Trac
 		c.mu.Unlock()
 	}
 }
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (c *tripCounter) count(sql string) {
 	if strings.Contains(sql, "pipe_effects") {
