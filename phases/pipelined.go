@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/internal/pipestate"
 )
 
 // PipelineFunc builds a pipelined tx phase: it declares the phase's statements on p,
@@ -36,11 +38,9 @@ func Pipelined(name string, build PipelineFunc) Phase {
 
 // Pipeline is what a pipelined phase declares: its statements, in order, with their
 // result callbacks, and the function that decides the phase's answer from them. The
-// engine makes one for each run of the builder; it is used by one goroutine.
-type Pipeline struct {
-	batch pgx.Batch
-	then  func(run *Run) (*Response, error)
-}
+// engine makes one for each run of the builder and reads it (its side is not on
+// Pipeline's API); it is used by one goroutine.
+type Pipeline pipestate.Pipeline[*Run, *Response]
 
 // Queue adds a statement with its arguments. Its result can be read by a callback set
 // on the returned query, as with a pgx.Batch: QueryRow(func(pgx.Row) error),
@@ -51,25 +51,22 @@ type Pipeline struct {
 // phase. Arguments are encoded when the statements are sent; pgx query options
 // (pgx.QueryExecMode and the like) are not accepted.
 func (p *Pipeline) Queue(sql string, args ...any) *pgx.QueuedQuery {
-	return p.batch.Queue(sql, args...)
+	return p.state().Queue(sql, args)
 }
 
 // Then registers fn to decide the phase's answer once every statement's result has
 // been read (and their callbacks have run), with the transaction still open: its
 // return means what a PipelineFunc's does, and phase data it sets on run commits with
 // the phase. The PipelineFunc must then return neither a response nor an error.
-func (p *Pipeline) Then(fn func(run *Run) (*Response, error)) { p.then = fn }
+func (p *Pipeline) Then(fn func(run *Run) (*Response, error)) { p.state().SetThen(fn) }
 
 // Len is the number of statements queued.
-func (p *Pipeline) Len() int { return p.batch.Len() }
+func (p *Pipeline) Len() int { return len(p.state().Statements()) }
 
-// Statements returns the statements queued, in order. The engine sends them; a phase
-// has no reason to call it.
-func (p *Pipeline) Statements() []*pgx.QueuedQuery { return p.batch.QueuedQueries }
-
-// ThenFunc returns the function registered with Then, or nil. The engine calls it; a
-// phase has no reason to.
-func (p *Pipeline) ThenFunc() func(run *Run) (*Response, error) { return p.then }
+// state is p as the engine reads it.
+func (p *Pipeline) state() *pipestate.Pipeline[*Run, *Response] {
+	return (*pipestate.Pipeline[*Run, *Response])(p)
+}
 
 // RowsAffected returns an Exec callback that fails the phase unless its statement
 // affected exactly n rows: p.Queue(sql, args...).Exec(phases.RowsAffected(1)). The

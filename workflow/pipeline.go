@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemflow/idemflow/internal/pipestate"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
 )
@@ -43,7 +44,8 @@ func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
 		}
 	}()
 	v = decide(p.Pipeline(run, &pl.p))
-	pl.stmts, pl.then = pl.p.Statements(), pl.p.ThenFunc()
+	st := (*pipestate.Pipeline[*phases.Run, *phases.Response])(&pl.p)
+	pl.stmts, pl.then = st.Statements(), st.Then()
 	pl.results = pl.then != nil
 	for _, q := range pl.stmts {
 		pl.results = pl.results || q.Fn != nil
