@@ -67,12 +67,9 @@ func chargesService() error {
 	var chargeID = phases.NewSlot[string]("charge_id")
 
 	flow := phases.Flow{Name: "create_charge", Phases: []phases.Phase{
-		phases.Tx("create_charge", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			var id string
-			err := tx.QueryRow(ctx, `INSERT INTO charges (amount) VALUES ($1) RETURNING id`, 500).Scan(&id)
-			if err != nil {
-				return nil, err // transient: nothing stored, the key is released
-			}
+		phases.Pipelined("create_charge", func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
+			id := "ch_" + run.ID() // the key row's id: the same on every retry
+			p.Queue(`INSERT INTO charges (id, amount) VALUES ($1, $2)`, id, 500)
 			return nil, chargeID.Set(run, id) // no response: go on
 		}),
 		phases.Call("provider_charge", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
@@ -87,7 +84,7 @@ func chargesService() error {
 			err = tx.QueryRow(ctx, `UPDATE charges SET status = 'succeeded' WHERE id = $1
 				RETURNING id, amount, status`, id).Scan(&c.ID, &c.Amount, &c.Status)
 			if err != nil {
-				return nil, err
+				return nil, err // transient: nothing stored, the key is released
 			}
 			return phases.JSON(201, c) // a response finishes the key
 		}),
@@ -167,8 +164,9 @@ var _ = []any{chargesService, refunds, consume, ownSchema}
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
 // snippetFiles are the markdown files whose every Go block is a marked snippet,
-// compiled: the README, the docs that hold its moved sections, and docs/API.md.
-var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md"}
+// compiled: the README, the docs that hold its moved sections, docs/API.md and
+// docs/PHASES.md.
+var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md", "docs/PHASES.md"}
 
 // readmeMaxLines is the most lines the README may have: the rest goes to docs/.
 const readmeMaxLines = 250

@@ -64,7 +64,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-var variantOrder = []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemNoHistory, vIdemOtel, vReplay, vControl}
+var variantOrder = []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemPipe, vIdemNoHistory, vIdemOtel, vReplay, vControl}
 
 // aggregate groups cells by variant and concurrency, in report order.
 func aggregate(cells []cell) []agg {

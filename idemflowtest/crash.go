@@ -25,11 +25,13 @@ import (
 const (
 	// AfterClaim: a new key's claim lock is held in its first tx phase's transaction;
 	// nothing of the key is committed and nothing of the flow has run. Only for a flow
-	// that starts with a tx phase (one that starts with a call commits its claim alone,
-	// right before BeforeCall of that call).
+	// that starts with a Go-code tx phase (one that starts with a call commits its claim
+	// alone, right before BeforeCall of that call; a pipelined phase sends its claim
+	// with its statements).
 	AfterClaim = childproc.AfterClaim
 	// BeforeCommit: a tx phase's function succeeded; its COMMIT, which carries the key
-	// row's write, was not sent.
+	// row's write, was not sent. For a pipelined phase that reads its statements'
+	// results, this is between its two round trips: the statements ran, uncommitted.
 	BeforeCommit = childproc.BeforeCommit
 	// AfterCommit: a tx phase committed.
 	AfterCommit = childproc.AfterCommit
@@ -58,7 +60,7 @@ func (b Boundary) String() string {
 }
 
 // Boundaries returns a flow's boundaries in the order an attempt reaches them: after
-// the claim (for a flow that starts with a tx phase), before and after each tx phase's
+// the claim (for a flow that starts with a Go-code tx phase), before and after each tx phase's
 // commit, before and after each call, and after the response is stored. Adding a phase
 // adds its boundaries. A phase that answers (stores the response) ends the run there in
 // practice; its later boundaries are still listed, and a case whose boundary the
@@ -67,7 +69,7 @@ func Boundaries(f phases.Flow) []Boundary {
 	var out []Boundary
 	for i, p := range f.Phases {
 		if p.Kind == phases.KindTx {
-			if i == 0 {
+			if i == 0 && p.Pipeline == nil { // a pipelined phase claims in its commit's round trip
 				out = append(out, Boundary{p.Name, AfterClaim})
 			}
 			out = append(out, Boundary{p.Name, BeforeCommit}, Boundary{p.Name, AfterCommit})

@@ -82,6 +82,8 @@ type Phase struct {
 	// The engine calls them; a phase function has no reason to.
 	TxFunc   TxFunc   `json:"-"`
 	CallFunc CallFunc `json:"-"`
+	// Pipeline builds a pipelined tx phase (see Pipelined): set instead of TxFunc.
+	Pipeline PipelineFunc `json:"-"`
 }
 
 // Tx returns a tx phase.
@@ -178,16 +180,18 @@ func (f Flow) Validate() error {
 			return fmt.Errorf("%w: flow %q: duplicate phase name %q", ErrInvalidFlow, f.Name, p.Name)
 		}
 		seen[p.Name] = true
-		hasFunc := p.TxFunc != nil || p.CallFunc != nil
+		hasFunc := p.TxFunc != nil || p.CallFunc != nil || p.Pipeline != nil
 		switch {
 		case p.Kind != KindTx && p.Kind != KindCall:
 			return fmt.Errorf("%w: flow %q phase %q: kind %s (build phases with phases.Tx or phases.Call)", ErrInvalidFlow, f.Name, p.Name, p.Kind)
-		case p.TxFunc != nil && p.CallFunc != nil:
-			return fmt.Errorf("%w: flow %q phase %q has both a tx and a call function", ErrInvalidFlow, f.Name, p.Name)
+		case p.TxFunc != nil && p.CallFunc != nil, p.Pipeline != nil && (p.TxFunc != nil || p.CallFunc != nil):
+			return fmt.Errorf("%w: flow %q phase %q has more than one function", ErrInvalidFlow, f.Name, p.Name)
+		case p.Pipeline != nil && (p.Kind != KindTx || p.IsoLevel != "" && p.IsoLevel != pgx.ReadCommitted):
+			return fmt.Errorf("%w: flow %q phase %q: a pipelined phase is a tx phase at READ COMMITTED (build it with phases.Pipelined)", ErrInvalidFlow, f.Name, p.Name)
 		case f.ClientOnly && hasFunc:
 			return fmt.Errorf("%w: client-only flow %q phase %q has a function: its attempts bring the functions", ErrInvalidFlow, f.Name, p.Name)
 		case f.ClientOnly:
-		case p.Kind == KindTx && p.TxFunc != nil:
+		case p.Kind == KindTx && (p.TxFunc != nil || p.Pipeline != nil):
 			hasTx = true
 		case p.Kind == KindCall && p.CallFunc != nil:
 		default:

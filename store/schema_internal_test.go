@@ -19,6 +19,10 @@ func texts(st *Store) map[string]string {
 			}
 		}
 	}
+	pipe := reflect.ValueOf(st.pipe) // pipeline.go's, whose names repeat sql.go's
+	for i := range pipe.NumField() {
+		out["pipe "+pipe.Type().Field(i).Name] = pipe.Field(i).String()
+	}
 	for status, pages := range st.admin.list {
 		out["list "+status+" first"], out["list "+status+" later"] = pages[0], pages[1]
 	}

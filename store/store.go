@@ -141,12 +141,13 @@ type Store struct {
 	scan   Scan
 	learnt scanState
 	part   partStatements // the partitioned layout's (partition.go)
+	pipe   pipeStatements // pipelined phases' (pipeline.go)
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current
 // schema (the first schema of the connection's search_path that exists).
 func New() *Store {
-	return &Store{sql: newStatements(""), admin: newAdminStatements(""), part: newPartStatements("")}
+	return &Store{sql: newStatements(""), admin: newAdminStatements(""), part: newPartStatements(""), pipe: newPipeStatements("")}
 }
 
 // NewInSchema returns a Store whose statements name the key table in schema, quoted,
@@ -156,7 +157,7 @@ func NewInSchema(schema string) (*Store, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema), part: newPartStatements(schema)}, nil
+	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema), part: newPartStatements(schema), pipe: newPipeStatements(schema)}, nil
 }
 
 // ValidateSchema reports whether schema can name a PostgreSQL schema as it is: at most

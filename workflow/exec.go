@@ -34,6 +34,7 @@ type exec struct {
 	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
 	claim    *store.Claim
+	created  time.Time // the key row's creation time, once a pipelined phase learnt it
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -206,8 +207,12 @@ func (x *exec) settle(ctx context.Context, phase string, st step) step {
 func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
+	once := x.txOnce
+	if p.Pipeline != nil {
+		once = x.pipeOnce
+	}
 	for try := 0; ; try++ {
-		st := x.txOnce(ctx, p, ev)
+		st := once(ctx, p, ev)
 		if st.kind == stepConflict && try < x.e.cfg.txRetries() && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
 			continue
 		}

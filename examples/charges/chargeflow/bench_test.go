@@ -13,16 +13,23 @@ import (
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// BenchmarkChargeFlow is a fresh key through the charges example's flow, with its fake
-// provider in process at latency 0, on a one-connection pool (so its statement cache is
-// warm); it reports round trips per request. It moved here from workflow's benchmarks
-// when the examples became a module of their own:
+// BenchmarkChargeFlow is a fresh key through the charges example's flow, with Go-code
+// phases (Flow) and pipelined ones (PipelinedFlow), with its fake provider in process
+// at latency 0, on a one-connection pool (so its statement cache is warm); it reports
+// round trips per request. It moved here from workflow's benchmarks when the examples
+// became a module of their own:
 //
 //	go test -run '^$' -bench ChargeFlow -benchtime 2000x ./examples/charges/chargeflow
 func BenchmarkChargeFlow(b *testing.B) {
+	b.Run("Go", func(b *testing.B) { benchChargeFlow(b, chargeflow.Flow) })
+	b.Run("Pipelined", func(b *testing.B) { benchChargeFlow(b, chargeflow.PipelinedFlow) })
+}
+
+func benchChargeFlow(b *testing.B, flow func(*chargeflow.ProviderClient) phases.Flow) {
 	ctx := context.Background()
 	srv := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
 	b.Cleanup(srv.Close)
@@ -37,7 +44,7 @@ func BenchmarkChargeFlow(b *testing.B) {
 	b.Cleanup(pool.Close)
 	e, err := workflow.New(pool, nil)
 	require.NoError(b, err)
-	require.NoError(b, e.Register(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: srv.URL, HTTP: srv.Client()})))
+	require.NoError(b, e.Register(flow(&chargeflow.ProviderClient{BaseURL: srv.URL, HTTP: srv.Client()})))
 
 	var keys int
 	req := func() workflow.Request {

@@ -10,14 +10,25 @@ import (
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
 // TestChargeSurvivesCrashes: a charge, paid or declined, killed at any boundary and
 // finished by a retry or a sweeper, is one charge row and one provider payment, and
-// its answer is the stored one.
+// its answer is the stored one; with Go-code phases (Flow) and pipelined ones
+// (PipelinedFlow).
 func TestChargeSurvivesCrashes(t *testing.T) {
 	t.Parallel()
+	for name, flow := range map[string]func(*chargeflow.ProviderClient) phases.Flow{"Go": chargeflow.Flow, "Pipelined": chargeflow.PipelinedFlow} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testChargeSurvivesCrashes(t, flow)
+		})
+	}
+}
+
+func testChargeSurvivesCrashes(t *testing.T, flow func(*chargeflow.ProviderClient) phases.Flow) {
 	for _, tc := range []struct {
 		name, source, status string
 		code                 int
@@ -34,7 +45,7 @@ func TestChargeSurvivesCrashes(t *testing.T) {
 			}})
 			idemflowtest.CrashMatrix(t, idemflowtest.Crash{
 				DB:   db,
-				Flow: chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: provider.URL, HTTP: http.DefaultClient}),
+				Flow: flow(&chargeflow.ProviderClient{BaseURL: provider.URL, HTTP: http.DefaultClient}),
 				Request: workflow.Request{Scope: "acct", Key: "ch", Route: "/v1/charges",
 					Body: []byte(`{"amount":1299,"currency":"usd","source":"` + tc.source + `"}`)},
 				Check: func(t testing.TB, c *idemflowtest.Case) {

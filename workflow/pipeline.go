@@ -1,0 +1,398 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/internal/pipestate"
+	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
+)
+
+// A pipelined tx phase (phases.Pipelined) declares its statements before any is sent,
+// so its transaction goes out whole: BEGIN, the claim of a new key or the fence of an
+// existing one, the phase's statements, the write of the key row and COMMIT, in one
+// round trip. A phase whose statements have result callbacks, or whose answer is
+// decided by a Then function, takes two: BEGIN, the claim or fence and the statements;
+// then, once the callbacks and Then have run, the key row's write and COMMIT.
+//
+// The claim or the fence goes first and raises only when this attempt may not run the
+// phase (store/pipeline.go): the server then skips everything after it, so a loser runs
+// none of the phase's statements and never waits for a lock.
+
+// pipeline is one run of a pipelined phase's builder.
+type pipeline struct {
+	p     phases.Pipeline
+	stmts []*pgx.QueuedQuery
+	then  func(*phases.Run) (*phases.Response, error)
+	// results: a statement has a callback or the answer has a Then function, so the
+	// statements' results are read before the commit, in a round trip of their own.
+	results bool
+}
+
+// build runs the phase's builder, turning a panic into a transient error.
+func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
+	pl = &pipeline{}
+	defer func() {
+		if r := recover(); r != nil {
+			v = verdict{kind: fail, err: &phases.PanicError{Value: r, Stack: debug.Stack()}}
+		}
+	}()
+	v = decide(p.Pipeline(run, &pl.p))
+	st := (*pipestate.Pipeline[*phases.Run, *phases.Response])(&pl.p)
+	pl.stmts, pl.then = st.Statements(), st.Then()
+	pl.results = pl.then != nil
+	for _, q := range pl.stmts {
+		pl.results = pl.results || q.Fn != nil
+	}
+	if pl.then != nil && v.kind != goOn && v.kind != fail {
+		v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q registered Then and also answered", p.Name)}
+	}
+	return pl, v
+}
+
+// queue adds the phase's statements to b, without their callbacks: the engine reads
+// their results itself (readStatements), so that pgx never runs a callback on its own.
+func (pl *pipeline) queue(b *pgx.Batch) {
+	for _, q := range pl.stmts {
+		b.Queue(q.SQL, q.Arguments...)
+	}
+}
+
+// readStatements reads the results of the phase's statements, in order, running their
+// callbacks. It returns the verdict of the first that failed (a statement's error, a
+// callback's error or panic), or goOn.
+func (pl *pipeline) readStatements(br pgx.BatchResults) verdict {
+	for _, q := range pl.stmts {
+		if err := readOne(q, br); err != nil {
+			return decide(nil, err)
+		}
+	}
+	return verdict{kind: goOn}
+}
+
+// readOne reads one statement's result, through its callback if it has one.
+func readOne(q *pgx.QueuedQuery, br pgx.BatchResults) (err error) {
+	if q.Fn == nil {
+		_, err = br.Exec()
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = &phases.PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return q.Fn(br)
+}
+
+// runThen runs the phase's Then function, turning a panic into a transient error.
+func (pl *pipeline) runThen(run *phases.Run) (v verdict) {
+	defer func() {
+		if r := recover(); r != nil {
+			v = verdict{kind: fail, err: &phases.PanicError{Value: r, Stack: debug.Stack()}}
+		}
+	}()
+	return decide(pl.then(run))
+}
+
+// keyRow is the key row as the fence of a pipelined phase names it.
+func (x *exec) keyRow() store.KeyRow { return store.KeyRow{Fence: x.fence, CreatedAt: x.created} }
+
+// head queues the claim (a new key) or the fence (an existing key) at the head of a
+// pipelined phase's transaction.
+func (x *exec) head(b *pgx.Batch) {
+	if x.claim != nil {
+		x.e.store.QueuePipeClaim(b, *x.claim)
+		return
+	}
+	x.e.store.QueuePipeFence(b, x.keyRow())
+}
+
+// readHead reads the result of head.
+func (x *exec) readHead(br pgx.BatchResults) error {
+	if x.claim != nil {
+		return x.e.store.ReadPipeClaim(br)
+	}
+	created, err := x.e.store.ReadPipeFence(br)
+	if err == nil {
+		x.created = created
+	}
+	return err
+}
+
+// pipeOnce runs one transaction of a pipelined tx phase: the builder, then one round
+// trip with everything, or two with the statements' results read in between. Its
+// connection is back in the pool when it returns; what else its step needs is for
+// settle.
+func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
+	ctx, cancel := context.WithTimeoutCause(ctx, x.e.cfg.Lease, ErrLeaseExpired)
+	defer cancel()
+	x.state().Enter(p.Name)
+	defer func() {
+		if st.kind != stepNext && st.kind != stepFinished {
+			x.state().Revert()
+		}
+	}()
+	pl, v := build(p, x.run)
+	if v.kind == respondAlone || v.kind == fail { // nothing was sent
+		return verdictStep(v)
+	}
+	tx, err := x.open(ctx, "")
+	if err != nil {
+		return failed(err)
+	}
+	defer tx.done(ctx)
+	var pre func(*pgx.Batch)
+	var readPre func(pgx.BatchResults) error
+	if pl.results {
+		if st, ok := x.pipeStatements(ctx, tx, pl, ev); !ok {
+			return st
+		}
+		if pl.then != nil {
+			if v = pl.runThen(x.run); v.kind == respondAlone || v.kind == fail {
+				return verdictStep(v)
+			}
+		}
+	} else {
+		pre = func(b *pgx.Batch) { x.head(b); pl.queue(b) }
+		readPre = func(br pgx.BatchResults) error {
+			if err := x.readHead(br); err != nil {
+				return err
+			}
+			if v := pl.readStatements(br); v.kind != goOn {
+				return pipeFailure{v}
+			}
+			return nil
+		}
+	}
+	return x.pipeFinish(ctx, tx, p.Name, ev, v, pre, readPre)
+}
+
+// verdictStep is the step of a phase that failed before anything of it could commit.
+func verdictStep(v verdict) step {
+	if v.kind == respondAlone {
+		return step{kind: stepAlone, resp: v.resp, err: v.err}
+	}
+	st := failed(store.Classify(v.err))
+	st.resp = v.resp
+	return st
+}
+
+// pipeFailure carries the verdict of a phase's statement that failed inside the round
+// trip that also carries the commit.
+type pipeFailure struct{ v verdict }
+
+func (f pipeFailure) Error() string { return f.v.err.Error() }
+func (f pipeFailure) Unwrap() error { return f.v.err }
+
+// pipeStatements sends the first round trip of a two-round-trip phase: BEGIN, the
+// claim or fence and the phase's statements, and reads their results through the
+// callbacks. It reports whether the phase may go on; if not, the step says why.
+func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev PhaseEvent) (step, bool) {
+	b := &pgx.Batch{}
+	b.Queue(tx.begin)
+	tx.begun = true
+	x.head(b)
+	pl.queue(b)
+	br := tx.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if err := readBegin(br); err != nil {
+		return failed(err), false
+	}
+	if err := x.readHead(br); err != nil {
+		return x.headLost(ctx, err), false
+	}
+	if x.claim != nil {
+		x.e.cfg.Hooks.claimHeld(ctx, ev)
+	}
+	if v := pl.readStatements(br); v.kind != goOn {
+		return verdictStep(v), false
+	}
+	if err := br.Close(); err != nil {
+		return failed(store.Classify(err)), false
+	}
+	return step{}, true
+}
+
+// headLost is the step of a claim or fence that refused this attempt.
+func (x *exec) headLost(ctx context.Context, err error) step {
+	switch {
+	case errors.Is(err, store.ErrClaimBusy):
+		return step{kind: stepLost, lost: claimBusy, err: err}
+	case errors.Is(err, store.ErrClaimExists):
+		return step{kind: stepLost, lost: claimExists, err: err}
+	case errors.Is(err, store.ErrLeaseLost):
+		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+	}
+	return failed(err)
+}
+
+// pipeFinish writes the key row as v asks and commits: in the round trip that also
+// carries pre (BEGIN, the claim or fence and the statements) when pre is set, or in a
+// round trip of its own.
+func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, pre func(*pgx.Batch), readPre func(pgx.BatchResults) error) step {
+	w := keyWrite{target: phase}
+	var err error
+	if v.kind == respond {
+		var stored store.StoredResponse
+		stored, w.data, err = x.storable(ctx, v.resp)
+		stored.History = x.history(OutcomeFinished, "", nil)
+		w.target, w.resp = phases.Finished, &stored
+	} else {
+		w.data, err = x.data()
+	}
+	if err != nil {
+		return failed(err)
+	}
+	x.e.cfg.Hooks.beforeCommit(ctx, ev)
+	sent := time.Now()
+	err = x.pipeCommit(ctx, tx, w, pre, readPre)
+	var pf pipeFailure
+	switch {
+	case errors.As(err, &pf):
+		return verdictStep(pf.v)
+	case err != nil:
+		return failed(err)
+	case v.kind == respond:
+		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
+	}
+	x.rp = phase
+	x.leaseEnd = sent.Add(x.e.cfg.Lease)
+	return step{kind: stepNext}
+}
+
+// pipeQueue returns how a pipelined phase writes w: the plain insert of a new key's
+// row (its claim is held), or the plain update of the row its fence locked.
+func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
+	st := x.e.store
+	switch c := x.claim; {
+	case c != nil && w.resp != nil:
+		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
+	case c != nil:
+		return func(b *pgx.Batch) { st.QueuePipeInsertKey(b, *c, w.target, w.data) }, func(br pgx.BatchResults) error {
+			created, err := st.ReadPipeInsertKey(br)
+			x.created = created
+			return err
+		}
+	case w.resp != nil:
+		return func(b *pgx.Batch) { st.QueuePipeFinish(b, x.keyRow(), *w.resp) }, st.ReadPipeWrite
+	}
+	return func(b *pgx.Batch) {
+		st.QueuePipeAdvance(b, x.keyRow(), store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+	}, st.ReadPipeWrite
+}
+
+// pipeCommit sends the key row's write w and COMMIT, after pre when set, and settles
+// what a failure means as commit does for a Go-code phase: a commit whose outcome is
+// unknown is resolved by reading the key row again, and the commit that carries a new
+// key's claim is sent only if the caller still waits and no drain gave the attempt up.
+func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func(*pgx.Batch), readPre func(pgx.BatchResults) error) error {
+	if x.claim != nil {
+		cctx, done, err := x.claiming(ctx)
+		if err != nil {
+			return err
+		}
+		defer done()
+		ctx = cctx
+	}
+	write, read := x.pipeQueue(w)
+	err := pipeSend(ctx, tx, func(b *pgx.Batch) {
+		if pre != nil {
+			pre(b)
+		}
+		write(b)
+	}, func(br pgx.BatchResults) error {
+		if readPre != nil {
+			if err := readPre(br); err != nil {
+				return err
+			}
+		}
+		return read(br)
+	})
+	if err == nil {
+		x.stored = w.target
+		if x.claim != nil {
+			x.claim = nil
+			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
+		}
+		return nil
+	}
+	tx.done(ctx) // before anything else uses the pool
+	var pf pipeFailure
+	switch {
+	case errors.As(err, &pf), claimLost(err), errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotSent):
+		return err
+	case errors.Is(err, store.ErrLeaseLost):
+		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+		return err
+	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
+		return x.unknownCommit(ctx, w, err)
+	}
+	return err
+}
+
+// unknownCommit resolves a commit whose outcome is unknown by reading the key row.
+func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
+	committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
+	if rerr != nil {
+		// Neither outcome can be ruled out, so nothing may be released or redone here:
+		// the lease runs out and the next attempt reads the truth.
+		return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
+	}
+	if committed {
+		x.stored = w.target
+		x.claim = nil
+		return nil
+	}
+	return err
+}
+
+// pipeSend sends, in one round trip, BEGIN if the transaction has not begun, what
+// queue adds and COMMIT, and reads their results (read reads queue's). Once the lease
+// that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is sent, and a
+// commit that fails after it ran out says so.
+func pipeSend(ctx context.Context, tx *phaseTx, queue func(*pgx.Batch), read func(pgx.BatchResults) error) (err error) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
+		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+	}
+	defer func() {
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}()
+	b := &pgx.Batch{}
+	opened := !tx.begun
+	if opened {
+		b.Queue(tx.begin)
+		tx.begun = true
+	}
+	queue(b)
+	b.Queue("COMMIT")
+	br := tx.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if opened {
+		if err := readBegin(br); err != nil {
+			return err
+		}
+	}
+	if err := read(br); err != nil {
+		return err
+	}
+	tag, err := br.Exec()
+	if err == nil {
+		err = br.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("commit: %w", store.Classify(err))
+	}
+	if !store.IsCommitted(tag) {
+		return fmt.Errorf("commit: server answered %q: %w", tag.String(), store.ErrConflict)
+	}
+	tx.begun = false
+	return nil
+}
