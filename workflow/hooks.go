@@ -22,29 +22,6 @@ const (
 	ExecutorOperator Executor = "operator"
 )
 
-// Outcome is how an attempt ended.
-type Outcome string
-
-// Outcomes of an attempt (AttemptEvent.Outcome, Attempt.Outcome).
-const (
-	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
-	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
-	OutcomeInProgress   Outcome = "in_progress"   // turned away: another attempt holds the key (409)
-	OutcomeMismatch     Outcome = "mismatch"      // the key was used before for another request (422)
-	OutcomeReleased     Outcome = "released"      // a transient failure; the key was released for a retry
-	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
-	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
-	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
-	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
-	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
-	// crash, a pause, a partition) and its lease ran out.
-	OutcomeAbandoned Outcome = "abandoned"
-	// OutcomeRedriven and OutcomeOperatorReleased are only in a key's history: an
-	// operator re-drove the dead-lettered key, or took its lease away (ReleaseKey).
-	OutcomeRedriven         Outcome = "redriven"
-	OutcomeOperatorReleased Outcome = "operator_released"
-)
-
 // AttemptEvent describes one attempt on a key: a call of Do or Resume, or a sweeper's
 // run of a key it took over. AttemptStart sees what is known before the key is read
 // (for Do and Resume: the executor, scope, key and, for Do, flow); AttemptEnd sees it
@@ -91,20 +68,18 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// KeyEventKind names what happened to a key.
-type KeyEventKind string
+// KeyEventKind names what happened to a key: an Outcome, the one vocabulary of
+// results, events, history and metrics. The end of an attempt is its Outcome
+// (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
+// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); the
+// constants below name what happens to a key on the way, or outside an attempt.
+type KeyEventKind = Outcome
 
-// Key events.
+// Key events that are not the end of an attempt.
 const (
-	KeyClaimed    KeyEventKind = "claimed"     // a new key row was created
-	KeyReplayed   KeyEventKind = "replayed"    // a stored response was returned
-	KeyInProgress KeyEventKind = "in_progress" // an attempt was turned away by a live lease
-	KeyMismatch   KeyEventKind = "mismatch"    // the key was reused for another request
-	KeyTakenOver  KeyEventKind = "taken_over"  // an expired or released lease was taken
-	KeyFinished   KeyEventKind = "finished"    // a response was stored
-	KeyReleased   KeyEventKind = "released"    // a transient failure released the lease
-	KeyLeaseLost  KeyEventKind = "lease_lost"  // a fenced commit found the lease gone
-	KeyWaiting    KeyEventKind = "waiting"     // a turned-away attempt waits for the holder's answer (Request.Wait)
+	KeyClaimed   Outcome = "claimed"    // a new key row was created
+	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
+	KeyWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
 )
 
 // KeyEvent describes something that happened to a key.
@@ -115,7 +90,8 @@ type KeyEvent struct {
 	Key   string
 	// RecoveryPoint is the key's recovery point after the event, where known.
 	RecoveryPoint string
-	// Err is the failure behind KeyReleased and KeyLeaseLost.
+	// Err is the failure behind OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost
+	// and OutcomeParked.
 	Err error
 }
 
