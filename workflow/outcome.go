@@ -1,17 +1,17 @@
 package workflow
 
 import (
-	"context"
 	"errors"
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
 )
 
-// An attempt on a key decides how it ended once, as a Result, and one place (report)
-// hands that value to every reader: the key event, AttemptEnd and, through it, the
-// metrics; Do, Resume and Maintenance.Run return it. The history entry rides in the
-// statement that ends the attempt, written with the same Outcome.
+// An attempt on a key decides how it ended once, as a Result, and one place
+// (Engine.report, in hooks.go beside the hooks it calls) hands that value to every
+// reader: the key event, AttemptEnd and, through it, the metrics; Do, Resume and
+// Maintenance.Run return it. The history entry rides in the statement that ends the
+// attempt, written with the same Outcome.
 
 // Outcome is how an attempt ended, or what happened to a key: one vocabulary for
 // results (Result.Outcome), key events (KeyEvent.Kind), history entries
@@ -120,35 +120,4 @@ func (r Result) with(id, flow, origin, rp string, attempt int) Result {
 		r.id, r.flow, r.origin, r.rp, r.attempt = id, flow, origin, rp, attempt
 	}
 	return r
-}
-
-// runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
-// runs first, and its context is run's.
-func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	r, unrecorded := run(ctx)
-	e.report(ctx, ev, r, unrecorded)
-	return r, unrecorded
-}
-
-// report is the one place an attempt's result goes out: the key's event (for an
-// outcome the key's row records) and AttemptEnd. unrecorded, when set, is why a
-// sweep's result could not be recorded (the key's fate is left to its lease): the
-// attempt then ends failed, with no key event.
-func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
-	if r.id != "" {
-		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
-	}
-	if ev.Flow == "" { // Resume learns the flow from the key row
-		ev.Flow = r.flow
-	}
-	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
-	if unrecorded != nil {
-		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
-	} else if r.recorded {
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
-	}
-	if e.cfg.Hooks.AttemptEnd != nil {
-		e.cfg.Hooks.AttemptEnd(ctx, ev)
-	}
 }
