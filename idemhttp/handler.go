@@ -232,8 +232,7 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req.Flow = h.flow
 	// The client's cancellation is honoured until the claim; after it the engine
 	// detaches the attempt, so that its answer is stored for the retry.
-	res, err := h.front.e.Do(r.Context(), req)
-	h.front.answer(w, r, req, res, err)
+	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
 }
 
 // allowed is the Allow header of a 405 to a HEAD: the method of the route's pattern

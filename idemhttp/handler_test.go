@@ -371,7 +371,7 @@ func TestHandlerFinishesAfterClientLeaves(t *testing.T) {
 	finished := make(chan struct{}, 1)
 	b := setup(t, setupOpts{
 		cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(ctx context.Context, ev workflow.KeyEvent) {
-			if ev.Kind == workflow.KeyFinished {
+			if ev.Kind == workflow.OutcomeFinished {
 				select {
 				case finished <- struct{}{}:
 				default:

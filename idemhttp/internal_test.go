@@ -16,50 +16,63 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-func TestClassify(t *testing.T) {
+func TestAnswerOf(t *testing.T) {
 	t.Parallel()
 	busy := &phases.Response{Status: 503, Body: []byte("busy")}
+	// released and fail are results as the engine makes them: released after a
+	// transient failure, failed with a cause.
+	released := func(te *workflow.TransientError) *workflow.Result {
+		return &workflow.Result{Outcome: workflow.OutcomeReleased, Phase: te.Phase, RetryAfter: te.RetryAfter, Response: te.Response, Err: te}
+	}
+	fail := func(err error) *workflow.Result { return &workflow.Result{Outcome: workflow.OutcomeFailed, Err: err} }
 	cases := []struct {
 		name       string
-		err        error
+		out        *workflow.Result
 		status     int
 		retryAfter time.Duration
 		pass       bool
 	}{
-		{"InvalidKey", fmt.Errorf("%w: empty", workflow.ErrInvalidKey), 400, 0, false},
-		{"InvalidRequest", workflow.ErrInvalidRequest, 400, 0, false},
-		{"BodyTooLarge", workflow.ErrBodyTooLarge, 413, 0, false},
-		{"Mismatch", workflow.ErrMismatch, 422, 0, false},
-		{"InProgress", &workflow.InProgressError{RetryAfter: 2500 * time.Millisecond}, 409, 2500 * time.Millisecond, false},
-		{"LeaseLost", fmt.Errorf("%w: %w", workflow.ErrLeaseLost, workflow.ErrLeaseLost), 409, time.Second, false},
-		{"ResponseTooLarge", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrResponseTooLarge}, 500, 0, false},
-		{"DeadLettered", fmt.Errorf("%w: gave up", workflow.ErrDeadLettered), 410, 0, false},
-		{"NoResponse", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrNoResponse}, 500, 0, false},
-		{"Panic", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}, 500, 0, false},
-		{"FiveHundredResponse", &workflow.TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}, 503, 3 * time.Second, true},
-		{"Transient", &workflow.TransientError{Phase: "p", RetryAfter: 1500 * time.Millisecond, Err: errors.New("provider down")}, 503, 1500 * time.Millisecond, false},
-		{"TransientDatabase", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrUnavailable}, 503, time.Second, false},
-		{"DatabaseUnavailable", fmt.Errorf("look up key: %w", workflow.ErrUnavailable), 503, time.Second, false},
-		{"KeptChanging", fmt.Errorf("workflow: key kept changing: %w", workflow.ErrConflict), 503, time.Second, false},
-		{"Canceled", context.Canceled, 503, time.Second, false},
-		{"UnknownFlow", fmt.Errorf("%w: %q", workflow.ErrUnknownFlow, "x"), 500, 0, false},
-		{"UnknownRecoveryPoint", workflow.ErrUnknownRecoveryPoint, 500, 0, false},
-		{"NewerFormat", fmt.Errorf("%w: status %q", workflow.ErrNewerFormat, "paused"), 503, workflow.NewerFormatRetryAfter, false},
-		{"NewerRecoveryPoint", fmt.Errorf("%w (%w): no phase", workflow.ErrUnknownRecoveryPoint, workflow.ErrNewerFormat), 503, workflow.NewerFormatRetryAfter, false},
-		{"InvalidScope", fmt.Errorf("%w: not UTF-8 text without NUL", workflow.ErrInvalidScope), 401, 0, false},
-		{"NotFinal", &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101 is not a final response: %w", workflow.ErrNoResponse)}, 500, 0, false},
-		{"Other", errors.New("something internal"), 500, 0, false},
+		{"InvalidKey", fail(fmt.Errorf("%w: empty", workflow.ErrInvalidKey)), 400, 0, false},
+		{"InvalidRequest", fail(workflow.ErrInvalidRequest), 400, 0, false},
+		{"BodyTooLarge", fail(workflow.ErrBodyTooLarge), 413, 0, false},
+		{"Mismatch", &workflow.Result{Outcome: workflow.OutcomeMismatch, Err: workflow.ErrMismatch}, 422, 0, false},
+		{"InProgress", &workflow.Result{Outcome: workflow.OutcomeInProgress, RetryAfter: 2500 * time.Millisecond,
+			Err: &workflow.InProgressError{RetryAfter: 2500 * time.Millisecond}}, 409, 2500 * time.Millisecond, false},
+		{"LeaseLost", &workflow.Result{Outcome: workflow.OutcomeLeaseLost, RetryAfter: time.Second,
+			Err: fmt.Errorf("%w: %w", workflow.ErrLeaseLost, workflow.ErrLeaseLost)}, 409, time.Second, false},
+		{"Shed", &workflow.Result{Outcome: workflow.OutcomeShed, RetryAfter: time.Second,
+			Err: &workflow.ShedError{RetryAfter: time.Second, Err: workflow.ErrOverloaded}}, 503, time.Second, false},
+		{"ResponseTooLarge", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrResponseTooLarge}), 500, 0, false},
+		{"DeadLettered", fail(fmt.Errorf("%w: gave up", workflow.ErrDeadLettered)), 410, 0, false},
+		{"DeadLetteredNow", &workflow.Result{Outcome: workflow.OutcomeDeadLettered,
+			Err: fmt.Errorf("%w: %v", workflow.ErrDeadLettered, workflow.ErrUnstorable)}, 410, 0, false},
+		{"Refused", &workflow.Result{Outcome: workflow.OutcomeDeadLettered, Err: workflow.ErrRefused}, 500, 0, false},
+		{"NoResponse", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrNoResponse}), 500, 0, false},
+		{"Panic", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: &phases.PanicError{Value: "boom"}}), 500, 0, false},
+		{"FiveHundredResponse", released(&workflow.TransientError{Phase: "p", RetryAfter: 3 * time.Second, Response: busy, Err: errors.New("phase responded 503")}), 503, 3 * time.Second, true},
+		{"Transient", released(&workflow.TransientError{Phase: "p", RetryAfter: 1500 * time.Millisecond, Err: errors.New("provider down")}), 503, 1500 * time.Millisecond, false},
+		{"TransientDatabase", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrUnavailable}), 503, time.Second, false},
+		{"DatabaseUnavailable", fail(fmt.Errorf("look up key: %w", workflow.ErrUnavailable)), 503, time.Second, false},
+		{"KeptChanging", fail(fmt.Errorf("workflow: key kept changing: %w", workflow.ErrConflict)), 503, time.Second, false},
+		{"Canceled", fail(context.Canceled), 503, time.Second, false},
+		{"UnknownFlow", fail(fmt.Errorf("%w: %q", workflow.ErrUnknownFlow, "x")), 500, 0, false},
+		{"UnknownRecoveryPoint", fail(workflow.ErrUnknownRecoveryPoint), 500, 0, false},
+		{"NewerFormat", fail(fmt.Errorf("%w: status %q", workflow.ErrNewerFormat, "paused")), 503, workflow.NewerFormatRetryAfter, false},
+		{"NewerRecoveryPoint", fail(fmt.Errorf("%w (%w): no phase", workflow.ErrUnknownRecoveryPoint, workflow.ErrNewerFormat)), 503, workflow.NewerFormatRetryAfter, false},
+		{"InvalidScope", fail(fmt.Errorf("%w: not UTF-8 text without NUL", workflow.ErrInvalidScope)), 401, 0, false},
+		{"NotFinal", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: fmt.Errorf("status 101 is not a final response: %w", workflow.ErrNoResponse)}), 500, 0, false},
+		{"Other", fail(errors.New("something internal")), 500, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			a := classify(c.err)
+			a := answerOf(c.out)
 			require.Equal(t, c.status, a.status)
 			require.Equal(t, c.retryAfter, a.retryAfter)
 			require.Equal(t, c.pass, a.pass != nil)
 			if !c.pass {
 				require.NotEmpty(t, a.detail)
-				require.NotContains(t, a.detail, c.err.Error(), "the error's text is not sent")
+				require.NotContains(t, a.detail, c.out.Err.Error(), "the error's text is not sent")
 			}
 		})
 	}
@@ -80,11 +93,12 @@ func TestAnswerLogsOnlyServerFailures(t *testing.T) {
 	f := &front{log: slog.New(slog.DiscardHandler)}
 	req := httptest.NewRequest(http.MethodPost, "/", nil)
 	rec := httptest.NewRecorder()
-	f.answer(rec, req, workflow.Request{}, &workflow.Result{Response: &phases.Response{Status: 0}}, nil)
+	f.answer(rec, req, workflow.Request{}, &workflow.Result{Outcome: workflow.OutcomeFinished, Response: &phases.Response{Status: 0}})
 	require.Equal(t, http.StatusInternalServerError, rec.Code, "a response without a status is a server failure")
 
 	rec = httptest.NewRecorder()
-	f.answer(rec, req, workflow.Request{}, nil, &workflow.InProgressError{RetryAfter: 1100 * time.Millisecond})
+	f.answer(rec, req, workflow.Request{}, &workflow.Result{Outcome: workflow.OutcomeInProgress, RetryAfter: 1100 * time.Millisecond,
+		Err: &workflow.InProgressError{RetryAfter: 1100 * time.Millisecond}})
 	require.Equal(t, http.StatusConflict, rec.Code)
 	require.Equal(t, "2", rec.Header().Get("Retry-After"))
 }

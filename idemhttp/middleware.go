@@ -167,8 +167,7 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	res, err := h.front.e.Do(r.Context(), req)
-	h.front.answer(w, r, req, res, err)
+	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
 }
 
 // kindUpgrade is the problem kind of a keyed upgrade request (400); the other kinds

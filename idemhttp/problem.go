@@ -42,22 +42,15 @@ type problem struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// answer writes the engine's answer to an attempt: the response, or what err means
+// answer writes the result of an attempt: its response, or what its outcome means
 // over HTTP. Every answer carries RetentionHeader, since the request had a key.
-func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Request, res *workflow.Result, err error) {
+func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Request, out *workflow.Result) {
 	if f.cfg != nil && f.cfg.Retention > 0 {
 		w.Header().Set(RetentionHeader, strconv.FormatInt(int64(f.cfg.Retention/time.Second), 10))
 	}
-	if err == nil && res != nil && res.Response != nil && res.Response.Status >= 200 && res.Response.Status <= 999 {
-		writeResponse(w, r, res.Response, res.Replayed, 0)
-		return
-	}
-	if err == nil {
-		err = errors.New("the engine answered without a valid final response")
-	}
-	a := classify(err)
+	a := answerOf(out)
 	if a.pass != nil {
-		writeResponse(w, r, a.pass, false, a.retryAfter)
+		writeResponse(w, r, a.pass, out.Replayed, a.retryAfter)
 		return
 	}
 	if a.level != 0 || a.status >= 500 {
@@ -71,7 +64,7 @@ func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Requ
 		f.log.Log(r.Context(), level, "idemhttp: request failed",
 			slog.Int("status", a.status), slog.String("flow", req.Flow), slog.String("method", req.Method),
 			slog.String("route", req.Route), slog.String("scope", req.Scope), slog.String("key", req.Key),
-			slog.Any("err", err))
+			slog.Any("err", a.err))
 	}
 	if a.retryAfter > 0 {
 		w.Header().Set("Retry-After", retryAfter(a.retryAfter))
@@ -79,32 +72,81 @@ func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Requ
 	f.problem(w, a.status, a.kind, a.detail)
 }
 
-// httpAnswer is what an engine error means over HTTP.
+// httpAnswer is what the result of an attempt means over HTTP.
 type httpAnswer struct {
 	status     int
 	kind       string
 	detail     string
 	retryAfter time.Duration    // sent as Retry-After when positive
-	pass       *phases.Response // a 5xx response to pass on as it is
+	pass       *phases.Response // the response to send as it is: the answer, or a 5xx to pass on
 	level      slog.Level       // log at this level when non-zero; 5xx log as errors by default
+	err        error            // what is logged
 }
 
-// classify maps an error of workflow.Engine.Do to its HTTP answer. The detail never
-// carries the error's text. Errors a client can cause at will (bad input, an invalid
-// scope) are 4xx and never logged as errors.
-func classify(err error) httpAnswer {
-	var (
-		inProgress *workflow.InProgressError
-		transient  *workflow.TransientError
-		panicked   *phases.PanicError
-		shedErr    *workflow.ShedError
-	)
-	switch {
-	case errors.As(err, &shedErr):
+// answerOf maps the result of workflow.Engine.Run to its HTTP answer, by its outcome;
+// a failure's cause decides only among the failures (failed). The detail never carries
+// the error's text.
+func answerOf(out *workflow.Result) httpAnswer {
+	var a httpAnswer
+	switch out.Outcome {
+	case workflow.OutcomeFinished, workflow.OutcomeReplayed:
+		if resp := out.Response; resp != nil && resp.Status >= 200 && resp.Status <= 999 {
+			return httpAnswer{pass: resp}
+		}
+		a = failed(errors.New("the engine answered without a valid final response"))
+	case workflow.OutcomeShed:
 		// Load or a deploy, not a fault: logged at debug level, since under overload
 		// every refusal would otherwise be a line.
-		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: shedErr.RetryAfter, level: slog.LevelDebug,
-			detail: "The service is busy or restarting; nothing was done: retry after " + retryAfter(shedErr.RetryAfter) + " s with the same key."}
+		a = httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: out.RetryAfter, level: slog.LevelDebug,
+			detail: "The service is busy or restarting; nothing was done: retry after " + retryAfter(out.RetryAfter) + " s with the same key."}
+	case workflow.OutcomeInProgress:
+		a = httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: out.RetryAfter,
+			detail: "Another request with this idempotency key is in progress; retry after " + retryAfter(out.RetryAfter) +
+				" s with the same key and the same request to get its answer."}
+	case workflow.OutcomeMismatch:
+		a = httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
+			detail: "The idempotency key was already used for a different request (method, route or body). " +
+				"Resend the first request unchanged to get its answer; use a new key for a different request."}
+	case workflow.OutcomeLeaseLost:
+		a = httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
+			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
+	case workflow.OutcomeReleased, workflow.OutcomeDeadLettered:
+		a = released(out)
+	default:
+		a = failed(out.Err)
+	}
+	if a.err == nil {
+		a.err = out.Err
+	}
+	return a
+}
+
+// released is the answer to an attempt that failed after its claim: a fault of the
+// flow is a 500 (failed), a phase's 5xx response is passed on, and any other transient
+// failure is a 503, all with the engine's Retry-After. An attempt that dead-lettered
+// the key without a transient failure is answered as its failure.
+func released(out *workflow.Result) httpAnswer {
+	var panicked *phases.PanicError
+	switch {
+	case out.RetryAfter <= 0, // not transient: dead-lettered as it failed
+		errors.Is(out.Err, workflow.ErrNewerFormat), errors.Is(out.Err, workflow.ErrResponseTooLarge),
+		errors.Is(out.Err, workflow.ErrNoResponse), errors.Is(out.Err, workflow.ErrPhaseDataTooLarge), errors.As(out.Err, &panicked):
+		return failed(out.Err)
+	case errors.Is(out.Err, workflow.ErrLeaseExpired):
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindLeaseExpired, retryAfter: out.RetryAfter, detail: leaseExpiredDetail}
+	case out.Response != nil && out.Response.Status >= 500 && out.Response.Status <= 999:
+		return httpAnswer{status: out.Response.Status, pass: out.Response, retryAfter: out.RetryAfter, level: slog.LevelWarn}
+	}
+	return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: out.RetryAfter, level: slog.LevelWarn,
+		detail: "The request could not be completed now; nothing was lost: retry after " + retryAfter(out.RetryAfter) + " s with the same key."}
+}
+
+// failed is the answer to an attempt that failed (workflow.OutcomeFailed), by what
+// failed. Errors a client can cause at will (bad input, an invalid scope) are 4xx and
+// never logged as errors.
+func failed(err error) httpAnswer {
+	var panicked *phases.PanicError
+	switch {
 	case errors.Is(err, workflow.ErrInvalidKey):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
 	case errors.Is(err, workflow.ErrInvalidScope):
@@ -123,17 +165,6 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: workflow.NewerFormatRetryAfter, level: slog.LevelWarn,
 			detail: "The request is being handled by a newer version of the service; retry after " +
 				retryAfter(workflow.NewerFormatRetryAfter) + " s with the same key and the same request to get its answer."}
-	case errors.Is(err, workflow.ErrMismatch):
-		return httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
-			detail: "The idempotency key was already used for a different request (method, route or body). " +
-				"Resend the first request unchanged to get its answer; use a new key for a different request."}
-	case errors.As(err, &inProgress):
-		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: inProgress.RetryAfter,
-			detail: "Another request with this idempotency key is in progress; retry after " + retryAfter(inProgress.RetryAfter) +
-				" s with the same key and the same request to get its answer."}
-	case errors.Is(err, workflow.ErrLeaseLost):
-		return httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
-			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
 	case errors.Is(err, workflow.ErrDeadLettered):
 		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
 			detail: "The request under this idempotency key was given up on: it failed too often, or it ran but its answer " +
@@ -144,20 +175,12 @@ func classify(err error) httpAnswer {
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
 	case errors.Is(err, workflow.ErrNoResponse), errors.Is(err, workflow.ErrPhaseDataTooLarge), errors.As(err, &panicked):
 		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
-	case errors.As(err, &transient) && errors.Is(err, workflow.ErrLeaseExpired):
-		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindLeaseExpired, retryAfter: transient.RetryAfter, detail: leaseExpiredDetail}
-	case errors.As(err, &transient) && transient.Response != nil && transient.Response.Status >= 500 && transient.Response.Status <= 999:
-		return httpAnswer{status: transient.Response.Status, pass: transient.Response, retryAfter: transient.RetryAfter, level: slog.LevelWarn}
-	case transient != nil:
-		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: transient.RetryAfter, level: slog.LevelWarn,
-			detail: "The request could not be completed now; nothing was lost: retry after " + retryAfter(transient.RetryAfter) + " s with the same key."}
 	case errors.Is(err, workflow.ErrUnavailable), errors.Is(err, workflow.ErrConflict),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
 			detail: "The service is briefly unavailable; retry after 1 s with the same key."}
-	default:
-		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
 	}
+	return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed.", err: err}
 }
 
 // noScopeDetail is the detail of a 401: Scope resolved no scope, or one that is not

@@ -72,27 +72,25 @@ func Example() {
 	// payouts recorded: 1
 }
 
-// Decide maps each answer of the engine to what a consumer does with the delivery.
+// Decide maps the result of each attempt to what a consumer does with the delivery.
 func ExampleDecide() {
-	answers := []struct {
+	results := []struct {
 		name string
-		err  error
+		out  workflow.Result
 	}{
-		{"finished or replayed", nil},
-		{"in progress", &workflow.InProgressError{RetryAfter: 3 * time.Second}},
-		{"transient", &workflow.TransientError{Phase: "bank_payout", RetryAfter: 2 * time.Second}},
-		{"database unavailable", workflow.ErrUnavailable},
-		{"mismatch", workflow.ErrMismatch},
-		{"invalid key", workflow.ErrInvalidKey},
-		{"dead-lettered", workflow.ErrDeadLettered},
+		{"finished or replayed", workflow.Result{Outcome: workflow.OutcomeFinished, Response: &phases.Response{Status: 200}}},
+		{"in progress", workflow.Result{Outcome: workflow.OutcomeInProgress, RetryAfter: 3 * time.Second,
+			Err: &workflow.InProgressError{RetryAfter: 3 * time.Second}}},
+		{"transient", workflow.Result{Outcome: workflow.OutcomeReleased, RetryAfter: 2 * time.Second,
+			Err: &workflow.TransientError{Phase: "bank_payout", RetryAfter: 2 * time.Second}}},
+		{"database unavailable", workflow.Result{Outcome: workflow.OutcomeFailed, Err: workflow.ErrUnavailable}},
+		{"mismatch", workflow.Result{Outcome: workflow.OutcomeMismatch, Err: workflow.ErrMismatch}},
+		{"invalid key", workflow.Result{Outcome: workflow.OutcomeFailed, Err: workflow.ErrInvalidKey}},
+		{"dead-lettered", workflow.Result{Outcome: workflow.OutcomeFailed, Err: workflow.ErrDeadLettered}},
 	}
-	for _, a := range answers {
-		var res *workflow.Result
-		if a.err == nil {
-			res = &workflow.Result{Response: &phases.Response{Status: 200}}
-		}
-		d := idemmsg.Decide(res, a.err)
-		fmt.Printf("%-21s %-9v %v\n", a.name, d.Action, d.Delay)
+	for _, r := range results {
+		d := idemmsg.Decide(&r.out)
+		fmt.Printf("%-21s %-9v %v\n", r.name, d.Action, d.Delay)
 	}
 	// Output:
 	// finished or replayed  ack       0s

@@ -46,10 +46,10 @@ func (m Message) Request() workflow.Request {
 	return workflow.Request{Scope: m.Scope, Key: m.Key, Flow: m.Flow, Method: Method, Route: Route, Body: m.Payload}
 }
 
-// Handle runs one delivery of m through engine.Do and says what the consumer should do
-// with it: see Decide.
+// Handle runs one delivery of m through engine.Run and says what the consumer should
+// do with it: see Decide.
 func Handle(ctx context.Context, engine *workflow.Engine, m Message) Decision {
-	return Decide(engine.Do(ctx, m.Request()))
+	return Decide(engine.Run(ctx, m.Request()))
 }
 
 // Action is what a consumer does with a delivery.
@@ -96,45 +96,51 @@ type Decision struct {
 	Err error
 }
 
-// Decide maps an answer of workflow.Engine.Do (or Resume) to a Decision:
+// Decide maps the result of an attempt (workflow.Engine.Run) to a Decision, by its
+// outcome:
 //
-//	answer                                          action     delay
-//	nil error (finished now or replayed)            Ack        -
-//	ErrInProgress (*InProgressError)                Retry      its RetryAfter
-//	ErrTransient (*TransientError)                  Retry      its RetryAfter
-//	ErrNewerFormat (a newer build wrote the key),   Retry      NewerFormatRetryAfter
-//	ErrUnknownRecoveryPoint
-//	ErrUnavailable, ErrConflict, ErrLeaseLost,      Retry      RetryDelayDefault
-//	ErrUnknownFlow, ErrMisconfigured,
-//	a context's error,
-//	any other error
-//	ErrMismatch, ErrInvalidKey, ErrInvalidScope,    Terminate  -
+//	outcome                                     action     delay
+//	finished, replayed                          Ack        -
+//	in_progress, released, shed, lease_lost     Retry      its RetryAfter
+//	mismatch, dead_lettered                     Terminate  -
+//	failed: ErrInvalidKey, ErrInvalidScope,     Terminate  -
 //	ErrInvalidRequest, ErrBodyTooLarge,
 //	ErrNeedsClient, ErrDeadLettered
+//	failed: ErrNewerFormat (a newer build       Retry      NewerFormatRetryAfter
+//	wrote the key; ErrUnknownRecoveryPoint)
+//	failed: anything else (ErrUnavailable,      Retry      RetryDelayDefault
+//	ErrConflict, ErrUnknownFlow,
+//	ErrMisconfigured, a context's error)
 //
 // An unregistered flow or recovery point is retried, not terminated: nothing was
 // written, and it is what a delivery meets while a deployment rolls out; bound
 // redeliveries in the broker (JetStream's MaxDeliver) to catch a real mistake.
 // ErrMisconfigured (the pgx settings do not fit a pooler) is retried for the same
 // reason: retrying does not help until the setting is fixed, but terminating would lose
-// the message, and nothing of it was written.
-func Decide(res *workflow.Result, err error) Decision {
-	if err == nil {
-		return Decision{Action: Ack, Result: res}
+// the message, and nothing of it was written. A key dead-lettered by a transient
+// failure (a sweep's last attempt) is retried like a release: the redelivery finds it
+// dead-lettered and terminates.
+func Decide(out *workflow.Result) Decision {
+	switch out.Outcome {
+	case workflow.OutcomeFinished, workflow.OutcomeReplayed:
+		return Decision{Action: Ack, Result: out}
+	case workflow.OutcomeInProgress, workflow.OutcomeReleased, workflow.OutcomeShed, workflow.OutcomeLeaseLost:
+		return Decision{Action: Retry, Delay: positive(out.RetryAfter), Err: out.Err}
+	case workflow.OutcomeDeadLettered:
+		if out.RetryAfter > 0 {
+			return Decision{Action: Retry, Delay: out.RetryAfter, Err: out.Err}
+		}
+		return Decision{Action: Terminate, Err: out.Err}
+	case workflow.OutcomeMismatch:
+		return Decision{Action: Terminate, Err: out.Err}
 	}
-	var ip *workflow.InProgressError
-	var te *workflow.TransientError
+	err := out.Err
 	switch {
-	case errors.As(err, &ip):
-		return Decision{Action: Retry, Delay: positive(ip.RetryAfter), Err: err}
-	case errors.As(err, &te):
-		return Decision{Action: Retry, Delay: positive(te.RetryAfter), Err: err}
 	case errors.Is(err, workflow.ErrNewerFormat):
 		return Decision{Action: Retry, Delay: workflow.NewerFormatRetryAfter, Err: err}
-	case errors.Is(err, workflow.ErrMismatch), errors.Is(err, workflow.ErrInvalidKey),
-		errors.Is(err, workflow.ErrInvalidScope), errors.Is(err, workflow.ErrInvalidRequest),
-		errors.Is(err, workflow.ErrBodyTooLarge), errors.Is(err, workflow.ErrNeedsClient),
-		errors.Is(err, workflow.ErrDeadLettered):
+	case errors.Is(err, workflow.ErrInvalidKey), errors.Is(err, workflow.ErrInvalidScope),
+		errors.Is(err, workflow.ErrInvalidRequest), errors.Is(err, workflow.ErrBodyTooLarge),
+		errors.Is(err, workflow.ErrNeedsClient), errors.Is(err, workflow.ErrDeadLettered):
 		return Decision{Action: Terminate, Err: err}
 	}
 	return Decision{Action: Retry, Delay: RetryDelayDefault, Err: err}

@@ -108,7 +108,7 @@ func runModel(t *testing.T, seed uint64, steps, nkeys int) {
 	m := &modelRun{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), env: env, counts: map[string]int{}}
 	cfg := &workflow.Config{Lease: 5 * time.Minute, BackoffBase: time.Hour, BackoffMax: time.Hour,
 		Hooks: workflow.Hooks{Key: func(ctx context.Context, ev workflow.KeyEvent) {
-			if ev.Kind == workflow.KeyReleased {
+			if ev.Kind == workflow.OutcomeReleased {
 				if errors.Is(ev.Err, store.ErrUnavailable) {
 					m.unavail.Add(1)
 				}

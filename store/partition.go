@@ -25,9 +25,9 @@ const (
 	PartitionDay    = 24 * time.Hour
 	PartitionHour   = time.Hour
 	PartitionMinute = time.Minute // for tests that cross boundaries
-	// PartitionsAheadDefault is how far ahead EnsurePartitions creates partitions of
+	// partitionsAheadDefault is how far ahead EnsurePartitions creates partitions of
 	// an hour or more; narrower ones (tests) are created partitionsAheadNarrow ahead.
-	PartitionsAheadDefault = 7 * 24 * time.Hour
+	partitionsAheadDefault = 7 * 24 * time.Hour
 	partitionsAheadNarrow  = 10
 	// partitionLockTimeout bounds how long a maintenance statement waits for a lock
 	// (another maintenance step, a VACUUM). Live statements never wait on it: see
@@ -93,7 +93,7 @@ func defaultAhead(w time.Duration) time.Duration {
 	if w < time.Hour {
 		return partitionsAheadNarrow * w
 	}
-	return PartitionsAheadDefault
+	return partitionsAheadDefault
 }
 
 // partitionLayout is what the catalog says of the key table.

@@ -20,7 +20,7 @@ const sqlPartitionLock = `SELECT pg_try_advisory_xact_lock($2::bigint # to_regcl
 // SetupPartitioned turns the key table, freshly migrated and empty, into the
 // partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay,
 // PartitionHour, or any width that divides a day into whole minutes), and creates
-// partitions from the current one to ahead from now (0: PartitionsAheadDefault, or ten
+// partitions from the current one to ahead from now (0: partitionsAheadDefault, or ten
 // partitions for widths under an hour). It
 // runs in one transaction: the table keeps its columns, defaults, state checks and
 // indexes; its primary key becomes (scope, idempotency_key, created_at). A table
@@ -115,7 +115,7 @@ $$`,
 }
 
 // EnsurePartitions creates the partitions missing from the current one to ahead from
-// now by the database clock (0: PartitionsAheadDefault, or ten partitions for widths
+// now by the database clock (0: partitionsAheadDefault, or ten partitions for widths
 // under an hour), each by creating a table and
 // then attaching it, which no live statement waits on (docs/PARTITIONS.md). It runs in
 // one short transaction under the key table's maintenance lock, taken without waiting:

@@ -52,12 +52,13 @@
 // # Events
 //
 // Per-key events go through the engine's workflow.Hooks.Key: KeySwept when a sweeper
-// takes a key over, KeyFinished, KeyReleased (a failed attempt; Err says why),
-// KeyParked (a client-only key released for its client; Err says why), KeyLeaseLost,
-// KeyDeadLettered, KeyGivenBack (taken but
-// returned unrun when stopping), and KeyRedriven from workflow.Engine.Redrive. Per-pass
-// counts, including the number of keys expired, go to Config.Hooks.Pass. Failures of
-// the background loop and dead-lettered keys are logged through Config.Logger.
+// takes a key over; then the outcome of its attempt: OutcomeFinished, OutcomeReleased
+// (a failed attempt; Err says why), OutcomeParked (a client-only key released for its
+// client; Err says why), OutcomeLeaseLost or OutcomeDeadLettered; KeyGivenBack (taken
+// but returned unrun when stopping), and OutcomeRedriven from workflow.Engine.Redrive.
+// Per-pass counts, including the number of keys expired, go to Config.Hooks.Pass.
+// Failures of the background loop and dead-lettered keys are logged through
+// Config.Logger.
 //
 // This package imports idemflow's workflow package; the engine hands a sweeper its
 // maintenance calls as a typed value (workflow.Engine.Maintenance), which services

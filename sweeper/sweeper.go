@@ -433,7 +433,7 @@ func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*w
 // logFate logs a key the sweeper finished, parked or dead-lettered: its id, scope,
 // client key, flow and the recovery point it was resumed from, never its body or
 // response. A dead-lettered key is a warning with its last error.
-func (s *Sweeper) logFate(ctx context.Context, t *workflow.Taken, res workflow.RunResult) {
+func (s *Sweeper) logFate(ctx context.Context, t *workflow.Taken, res workflow.Result) {
 	level, msg := slog.LevelInfo, ""
 	switch res.Outcome {
 	case workflow.OutcomeFinished:

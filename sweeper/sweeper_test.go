@@ -259,7 +259,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	stats, err := s.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, sweeper.Stats{Taken: 1, DeadLettered: 1}, stats)
-	require.Equal(t, 1, ev.count(workflow.KeyDeadLettered))
+	require.Equal(t, 1, ev.count(workflow.OutcomeDeadLettered))
 	st = state(t, b.db, "k")
 	require.Equal(t, "dead", st.Status)
 	require.Equal(t, maxAttempts, st.Attempts)
@@ -282,7 +282,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	// Re-drive: back in progress, released, attempts reset, due now.
 	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "nope"), workflow.ErrNotFound)
 	require.NoError(t, b.engine.Redrive(ctx, "acct", "k"))
-	require.Equal(t, 1, ev.count(workflow.KeyRedriven))
+	require.Equal(t, 1, ev.count(workflow.OutcomeRedriven))
 	st = state(t, b.db, "k")
 	require.Equal(t, "in_progress", st.Status)
 	require.Equal(t, 0, st.Attempts)

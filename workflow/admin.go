@@ -35,13 +35,10 @@ const (
 	KeysFinished KeyStatus = "finished"
 )
 
-// Admin events (KeyEvent.Kind).
-const (
-	KeyOperatorReleased KeyEventKind = "operator_released" // ReleaseKey took a key's lease away
-	KeyPurged           KeyEventKind = "purged"            // PurgeKey deleted a finished key
-	// KeyOperatorCancelled: CancelKey finished a key with an operator's answer.
-	KeyOperatorCancelled KeyEventKind = "operator_cancelled"
-)
+// KeyPurged is the key event of PurgeKey deleting a finished key. The other admin
+// events are the outcomes their history entries record: OutcomeOperatorReleased
+// (ReleaseKey), OutcomeOperatorCancelled (CancelKey) and OutcomeRedriven (Redrive).
+const KeyPurged Outcome = "purged"
 
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
@@ -328,7 +325,7 @@ func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyOperatorReleased, Scope: scope, Key: key})
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key})
 	return nil
 }
 

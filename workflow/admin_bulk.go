@@ -162,10 +162,10 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 	}
 	var kind KeyEventKind
 	if opts.Action == BulkRedrive {
-		kind = KeyRedriven
+		kind = OutcomeRedriven
 		err = e.store.BulkRedrive(ctx, e.pool, k.Scope, k.Key, f, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 	} else {
-		kind = KeyOperatorReleased
+		kind = OutcomeOperatorReleased
 		err = e.store.BulkRelease(ctx, e.pool, k.Scope, k.Key, f, e.cfg.historyKeep())
 	}
 	switch {
@@ -290,7 +290,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err != nil {
 			return err
 		}
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
+		e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
 		return nil
 	}
 	return fmt.Errorf("workflow: cancel key: scope %q key %q kept changing: %w", scope, key, ErrLeaseLost)

@@ -238,7 +238,7 @@ func TestBulkKeysRecheckEachKey(t *testing.T) {
 	var b *bundle
 	var meddled bool
 	hooks := workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind != workflow.KeyRedriven || meddled || ev.Scope != "a" {
+		if ev.Kind != workflow.OutcomeRedriven || meddled || ev.Scope != "a" {
 			return
 		}
 		meddled = true

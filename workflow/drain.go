@@ -83,7 +83,7 @@ func (e *Engine) abandon(ctx context.Context) error {
 		switch {
 		case err == nil:
 			released++
-			e.cfg.Hooks.key(rctx, KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
+			e.cfg.Hooks.key(rctx, KeyEvent{Kind: OutcomeReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
 		case errors.Is(err, store.ErrLeaseLost): // it released its key, or lost it, meanwhile
 		default:
 			errs = append(errs, err)
@@ -126,7 +126,7 @@ func (x *exec) enter(ctx context.Context) (pre, after context.Context, release f
 // taken over is released at once; a new key was never written.
 func (x *exec) drained(ctx context.Context) step {
 	if x.claim != nil {
-		return step{kind: stepStop, err: shed(ErrDraining)}
+		return stop(failure(shed(ErrDraining)))
 	}
 	return x.settle(ctx, x.rp, step{kind: stepTransient, err: fmt.Errorf("%w: the drain's deadline passed", ErrDraining)})
 }

@@ -379,13 +379,6 @@ type Request struct {
 	Wait time.Duration
 }
 
-// Result is the answer to an attempt.
-type Result struct {
-	Response *phases.Response
-	// Replayed is true when the response was stored by an earlier attempt.
-	Replayed bool
-}
-
 // ValidateKey reports whether key is a valid idempotency key: 1-255 bytes of printable
 // ASCII (space through tilde). The error wraps ErrInvalidKey, and also
 // ErrControlCharacter when the key holds a C0 or C1 control character or DEL. Do,
@@ -481,91 +474,30 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 // attempt on it; each race means another attempt made progress.
 const maxRaces = 8
 
-// answer is how an attempt on a key ends: with a result or an error; or, when the key
-// changed under it (another attempt made progress), with another look-up; or, for a
-// new key whose claim found the row, as that row.
+// answer is how an attempt on a key ends: with its result; or, when the key changed
+// under it (another attempt made progress), with another look-up; or, for a new key
+// whose claim found the row, as that row.
 type answer struct {
-	res   *Result
-	err   error
+	out   Result
 	again bool       // look the key up again
 	found *store.Row // fresh only: answer as this row
 	// claimLost: fresh only, the claim found another attempt in the key's first
 	// transaction (the answer is in progress)
 	claimLost bool
-	att       attempted // what the attempt's end event reports
 }
 
-// attempted is what an attempt learnt of its key, for AttemptEnd.
-type attempted struct {
-	id, flow, origin, rp string
-	attempt              int
-	dead                 bool // the attempt dead-lettered the key
-}
+// ended is the answer of an attempt that ended with out.
+func ended(out Result) answer { return answer{out: out} }
 
-// of is what the key row tells.
-func (a attempted) of(row *store.Row) attempted {
-	a.id, a.flow, a.rp, a.origin = row.ID, row.Flow, row.RecoveryPoint, row.Origin
-	return a
-}
-
-// ran is what the executor of an attempt tells.
-func (a attempted) ran(x *exec) attempted {
-	a.id, a.flow, a.rp, a.attempt, a.dead = x.fence.ID, x.flow.Name, x.rp, x.run.Attempt(), x.deadLettered
-	return a
-}
-
-// end reports the end of an attempt to the hooks.
-func (e *Engine) end(ctx context.Context, ev AttemptEvent, a attempted, res *Result, err error) {
-	if e.cfg.Hooks.AttemptEnd == nil {
-		return
-	}
-	ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = a.id, a.attempt, a.rp, a.origin
-	if ev.Flow == "" { // Resume learns the flow from the key row
-		ev.Flow = a.flow
-	}
-	ev.Outcome, ev.Phase, ev.Err = outcomeOf(res, err, a.dead)
-	e.cfg.Hooks.AttemptEnd(ctx, ev)
-}
-
-// outcomeOf is the outcome of an attempt that returned res and err.
-func outcomeOf(res *Result, err error, dead bool) (Outcome, string, error) {
-	var te *TransientError
-	switch {
-	case err == nil && res.Replayed:
-		return OutcomeReplayed, "", nil
-	case err == nil:
-		return OutcomeFinished, "", nil
-	case errors.As(err, new(*ShedError)):
-		return OutcomeShed, "", err
-	case dead:
-		phase := ""
-		if errors.As(err, &te) {
-			phase = te.Phase
-		}
-		return OutcomeDeadLettered, phase, err
-	case errors.Is(err, ErrInProgress):
-		return OutcomeInProgress, "", err
-	case errors.Is(err, ErrMismatch):
-		return OutcomeMismatch, "", err
-	case errors.Is(err, ErrLeaseLost):
-		return OutcomeLeaseLost, "", err
-	case errors.As(err, &te):
-		return OutcomeReleased, te.Phase, err
-	}
-	return OutcomeFailed, "", err
-}
-
-func answered(res *Result, err error) answer { return answer{res: res, err: err} }
-
-// Do runs one attempt of req. A new key runs its flow from the start; a finished key
-// replays its stored response; an unfinished key whose lease ended is taken over and
-// resumed from its recovery point.
+// Do runs one attempt of req: Run, with its Result as a result and an error. A new key
+// runs its flow from the start; a finished key replays its stored response; an
+// unfinished key whose lease ended is taken over and resumed from its recovery point.
 //
-// Errors: ErrInvalidKey, ErrInvalidScope (both also wrapping ErrControlCharacter for
-// a control character; no statement sent), ErrInvalidRequest, ErrBodyTooLarge and
-// ErrUnknownFlow for bad input (nothing written); ErrBodyNotJSON (also
-// ErrInvalidRequest) for a body that is not JSON when the flow fingerprints chosen
-// members (nothing written); ErrMismatch (nothing written);
+// Errors (Result.Err): ErrInvalidKey, ErrInvalidScope (both also wrapping
+// ErrControlCharacter for a control character; no statement sent), ErrInvalidRequest,
+// ErrBodyTooLarge and ErrUnknownFlow for bad input (nothing written); ErrBodyNotJSON
+// (also ErrInvalidRequest) for a body that is not JSON when the flow fingerprints
+// chosen members (nothing written); ErrMismatch (nothing written);
 // *InProgressError; *TransientError; ErrLeaseLost; ErrNewerFormat for a row a newer
 // build wrote (nothing written; an unknown recovery point is also
 // ErrUnknownRecoveryPoint); ErrDeadLettered; ErrUnavailable or ErrConflict when the
@@ -579,24 +511,31 @@ func answered(res *Result, err error) answer { return answer{res: res, err: err}
 // and runs on, so that a retry finds its answer (callers such as HTTP handlers pass
 // the request's context as it is).
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
+	return e.Run(ctx, req).answer()
+}
+
+// Run runs one attempt of req, as Do does, and returns how it ended: never nil, with
+// Outcome OutcomeFinished or OutcomeReplayed and the Response, or another Outcome and
+// Err (the error Do returns). Bad input ends OutcomeFailed before any hook runs.
+func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	f, err := e.validate(&req)
 	if err != nil {
-		return nil, err
+		out := failure(err)
+		return &out
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Flow: f.Name, Scope: req.Scope, Key: req.Key}
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	var a answer
-	if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
-		a = answered(nil, err)
-	} else {
+	out, _ := e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) {
+		if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
+			return failure(err), nil
+		}
 		held := true
-		a = e.do(ctx, f, req, &held)
+		a := e.do(ctx, f, req, &held)
 		if held {
 			e.adm.done()
 		}
-	}
-	e.end(ctx, ev, a.att, a.res, a.err)
-	return a.res, a.err
+		return a.out, nil
+	})
+	return &out
 }
 
 // do answers req, holding a place under MaxInFlight (*held) except while it waits for
@@ -605,7 +544,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool) answer {
 	fp, err := ruleFingerprint(e.memberSet(f.Name), req.Method, req.Route, req.Body)
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	w := e.newWaiter(f.Name, req)
 	defer w.leave()
@@ -614,7 +553,7 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 	for races := 0; races < maxRaces; {
 		var a answer
 		if !known && w.ownerHere() { // this engine runs the key: wait, sending nothing
-			a = answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
+			a = ended(inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), false))
 		} else {
 			a = e.attempt(ctx, f, &req, fp, seen, known)
 		}
@@ -636,11 +575,11 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 			return w.late(a) // the bound passed: answer in progress, as without a wait
 		}
 		if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
-			return answered(nil, err)
+			return ended(failure(err))
 		}
 		*held = true
 	}
-	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
+	return ended(failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)))
 }
 
 // attempt answers req once: as row when known (nil: the key has no row), else as
@@ -653,7 +592,7 @@ func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []
 		case errors.Is(err, store.ErrNotFound):
 			row = nil
 		case err != nil:
-			return answered(nil, err)
+			return ended(failure(err))
 		}
 	}
 	var a answer
@@ -683,83 +622,72 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 		return nil, shed(ErrDraining)
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	a := e.resume(ctx, scope, key)
-	e.end(ctx, ev, a.att, a.res, a.err)
-	return a.res, a.err
+	out, _ := e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) { return e.resume(ctx, scope, key), nil })
+	return out.answer()
 }
 
-func (e *Engine) resume(ctx context.Context, scope, key string) answer {
+func (e *Engine) resume(ctx context.Context, scope, key string) Result {
 	for range maxRaces {
 		row, err := e.lookup(ctx, scope, key)
 		if errors.Is(err, store.ErrNotFound) {
-			return answered(nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key))
+			return failure(fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key))
 		}
 		if err != nil {
-			return answered(nil, err)
+			return failure(err)
 		}
 		if a := e.existing(ctx, row, nil, nil); !a.again {
-			return a
+			return a.out
 		}
 	}
-	return answered(nil, fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
+	return failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
 }
 
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
 func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
 	a := e.existingRow(ctx, row, req, fp)
-	if a.att.id == "" {
-		a.att = a.att.of(row)
-	}
+	a.out = a.out.with(row.ID, row.Flow, row.Origin, row.RecoveryPoint, 0)
 	return a
 }
 
 func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
 	if err := e.checkRow(row); err != nil {
-		return answered(nil, err) // a newer build's row: nothing final, nothing written
+		return ended(failure(err)) // a newer build's row: nothing final, nothing written
 	}
-	ev := KeyEvent{Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}
 	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
-		ev.Kind = KeyMismatch
-		e.cfg.Hooks.key(ctx, ev)
-		return answered(nil, ErrMismatch)
+		return ended(Result{Outcome: OutcomeMismatch, Err: ErrMismatch, recorded: true})
 	}
 	switch row.Status {
 	case store.StatusFinished:
 		resp, err := e.openResponse(ctx, row)
 		if err != nil {
-			return answered(nil, err)
+			return ended(failure(err))
 		}
-		ev.Kind = KeyReplayed
-		e.cfg.Hooks.key(ctx, ev)
-		return answered(&Result{Response: resp, Replayed: true}, nil)
+		return ended(answered(resp, true))
 	case store.StatusDead:
 		last := ""
 		if row.LastError != nil {
 			last = *row.LastError
 		}
-		return answered(nil, fmt.Errorf("%w: %s", ErrDeadLettered, last))
+		return ended(failure(fmt.Errorf("%w: %s", ErrDeadLettered, last)))
 	}
 	if row.LeaseLive {
-		ev.Kind = KeyInProgress
-		e.cfg.Hooks.key(ctx, ev)
-		return answered(nil, &InProgressError{RetryAfter: e.retryAfter(row.Flow, row.LeaseLeft(), row.LeaseLeft())})
+		return ended(inProgress(e.retryAfter(row.Flow, row.LeaseLeft(), row.LeaseLeft()), true))
 	}
 	f, ok := e.flow(row.Flow)
 	if !ok {
-		return answered(nil, fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key))
+		return ended(failure(fmt.Errorf("%w: %q (stored on key %q)", ErrUnknownFlow, row.Flow, row.Key)))
 	}
 	f, err := attemptFlow(f, req)
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	next, err := f.Index(row.RecoveryPoint)
 	if err != nil {
-		return answered(nil, unknownPoint(err))
+		return ended(failure(unknownPoint(err)))
 	}
 	body, err := e.openBody(ctx, row) // before the takeover: a body it cannot open changes no row
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	defer e.waits.run(row.Scope, row.Key)() // wakes this engine's waiters when it ends
 	started := time.Now()
@@ -768,22 +696,20 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 		return answer{again: true}
 	}
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
-	ev.Kind = KeyTakenOver
-	e.cfg.Hooks.key(ctx, ev)
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyTakenOver, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
 	taken.RequestBody = body // opened; the fence names the same row
 	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
 		taken.RequestBody = req.Body // a retry brings the body that was not stored
 	}
 	x, err := e.newExec(f, taken, started)
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	x.detach = req != nil // Do's attempt, not Resume's
-	a := answered(x.drive(ctx, next+1).result())
-	a.att = a.att.of(taken).ran(x)
-	return a
+	out := x.drive(ctx, next+1).out
+	return ended(out.with(x.fence.ID, x.flow.Name, taken.Origin, x.rp, x.run.Attempt()))
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -798,11 +724,11 @@ const claimRetryAfter = time.Second
 func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byte) answer {
 	id, err := newUUID()
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	body, sealed, err := e.storedBody(ctx, f, req)
 	if err != nil {
-		return answered(nil, err)
+		return ended(failure(err))
 	}
 	defer e.waits.run(req.Scope, req.Key)() // wakes this engine's waiters when it ends
 	origin := e.cfg.Hooks.origin(ctx)
@@ -838,19 +764,15 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	case st.kind == stepLost && st.lost == claimBusy:
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyInProgress, Flow: f.Name, Scope: req.Scope, Key: req.Key, RecoveryPoint: phases.Started})
-		a := answered(nil, &InProgressError{RetryAfter: e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease)})
-		a.claimLost = true
-		return a
+		out := inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), true)
+		out.rp = phases.Started
+		return answer{out: out, claimLost: true}
 	case st.kind == stepLost && st.found != nil:
 		return answer{found: st.found}
 	case st.kind == stepLost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	a := answered(st.result())
-	a.att = a.att.ran(x)
-	a.att.origin = x.origin
-	return a
+	return ended(st.out.with(x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
 }
 
 func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {

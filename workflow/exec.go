@@ -40,7 +40,7 @@ type exec struct {
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
 	// failed attempt that was its maxAttempts-th or later (sweeps set it).
 	maxAttempts  int
-	deadLettered bool // the failure dead-lettered the key
+	lostAtCommit bool // a commit found the lease gone
 
 	// For the attempt's history entry: who runs it and since when, the index of the
 	// phase it started at and how many phases it completed; and the origin stored
@@ -66,52 +66,65 @@ type stepKind int
 
 const (
 	stepNext      stepKind = iota // the phase's effects are durable: run the next phase
-	stepFinished                  // the key finished: res is the answer
+	stepFinished                  // the key finished: out is the attempt's result
 	stepAlone                     // a response to store in a transaction of its own (resp)
 	stepTransient                 // nothing new is durable: release the key (err the cause, resp a 5xx to pass on)
 	stepConflict                  // a serialization failure or deadlock: the transaction may run again
 	stepLost                      // a new key's claim did not give this attempt the key; nothing of the flow ran
-	stepStop                      // the attempt ends with err, already settled (lease lost, released)
+	stepStop                      // the attempt ends with out, already settled (lease lost, released)
 )
 
 // step is the outcome of one phase.
 type step struct {
 	kind  stepKind
-	res   *Result
+	out   Result // stepFinished, stepStop: how the attempt ended
 	resp  *phases.Response
 	err   error
 	lost  claimed    // stepLost: claimBusy or claimExists
 	found *store.Row // stepLost with claimExists: the row, when the claim read it
 }
 
-// result is what an attempt that ended with st returns to its caller.
-func (st step) result() (*Result, error) {
-	if st.kind == stepFinished {
-		return st.res, nil
+// stop is the step that ends the attempt with out.
+func stop(out Result) step { return step{kind: stepStop, out: out} }
+
+// error is the failure st reports to PhaseEnd: the attempt's for a step that ends it,
+// the claim's refusal for a lost claim.
+func (st step) error() error {
+	if st.kind == stepStop || st.kind == stepFinished {
+		return st.out.Err
 	}
-	return nil, st.err
+	return st.err
 }
 
 // failed is the step of an error met while running a phase, read once where the
 // error comes back from the store: a claim lost to another attempt (an insert that
 // found the row, or a claim statement that found the key busy), outcomes that end the
-// attempt as they are (the lease was lost, or the failure was settled already), a
-// conflict that may be retried, or a transient failure to settle.
-func failed(err error) step {
+// attempt as they are (turned away by a drain, the lease was lost, or a commit whose
+// outcome is unknown left the key to its lease), a conflict that may be retried, or a
+// transient failure to settle.
+func (x *exec) failed(err error) step {
 	var te *TransientError
 	switch {
 	case errors.As(err, new(*ShedError)):
-		return step{kind: stepStop, err: err}
+		return stop(failure(err))
 	case errors.Is(err, store.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
 	case errors.Is(err, store.ErrClaimExists):
 		return step{kind: stepLost, lost: claimExists, err: err}
-	case errors.Is(err, ErrLeaseLost), errors.As(err, &te):
-		return step{kind: stepStop, err: err}
+	case errors.Is(err, ErrLeaseLost):
+		return stop(x.leaseLost(err))
+	case errors.As(err, &te):
+		return stop(Result{Outcome: OutcomeReleased, Phase: te.Phase, RetryAfter: te.RetryAfter, Err: err})
 	case errors.Is(err, store.ErrConflict):
 		return step{kind: stepConflict, err: err}
 	}
 	return step{kind: stepTransient, err: err}
+}
+
+// leaseLost is the result of an attempt whose fenced statement found its lease gone:
+// recorded as such when a commit found it (the commit is what the lease fenced).
+func (x *exec) leaseLost(err error) Result {
+	return Result{Outcome: OutcomeLeaseLost, RetryAfter: time.Second, Err: err, cause: err, recorded: x.lostAtCommit}
 }
 
 // verdictKind is what a phase function's return asks for.
@@ -185,7 +198,7 @@ func (x *exec) drive(ctx context.Context, start int) step {
 		}
 		x.done++
 	}
-	return step{kind: stepStop, err: x.transient(ctx, last, ErrNoResponse, nil)}
+	return stop(x.transient(ctx, last, ErrNoResponse, nil))
 }
 
 // settle acts on a step that needs more than the phase itself: a response stored on
@@ -197,7 +210,7 @@ func (x *exec) settle(ctx context.Context, phase string, st step) step {
 	case stepAlone:
 		return x.finishAlone(ctx, st.resp)
 	case stepTransient, stepConflict:
-		return step{kind: stepStop, err: x.transient(ctx, phase, st.err, st.resp)}
+		return stop(x.transient(ctx, phase, st.err, st.resp))
 	}
 	return st
 }
@@ -220,7 +233,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 		// reported with that error, even when the answer was stored.
 		alone, rolledBack := st.kind == stepAlone, st.err
 		st = x.settle(ctx, p.Name, st)
-		end := st.err
+		end := st.error()
 		if end == nil && alone {
 			end = rolledBack
 		}
@@ -240,7 +253,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	defer cancel()
 	tx, err := x.open(ctx, p.IsoLevel)
 	if err != nil {
-		return failed(err)
+		return x.failed(err)
 	}
 	defer tx.done(ctx)
 	if x.claim != nil {
@@ -263,12 +276,12 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	case goOn:
 		data, err := x.data()
 		if err != nil {
-			return failed(err)
+			return x.failed(err)
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		sent := time.Now()
 		if err := x.commit(ctx, tx, keyWrite{target: p.Name, data: data}); err != nil {
-			return failed(err)
+			return x.failed(err)
 		}
 		x.rp = p.Name
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
@@ -276,18 +289,18 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	case respond:
 		stored, data, err := x.storable(ctx, v.resp)
 		if err != nil {
-			return failed(err)
+			return x.failed(err)
 		}
 		stored.History = x.history(OutcomeFinished, "", nil)
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		if err := x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored}); err != nil {
-			return failed(err)
+			return x.failed(err)
 		}
-		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
+		return step{kind: stepFinished, out: x.finished(v.resp)}
 	case respondAlone:
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	st = failed(store.Classify(v.err))
+	st = x.failed(store.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -305,7 +318,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 			err = x.commitAlone(ctx, keyWrite{target: x.rp, data: data})
 		}
 		if err != nil {
-			return x.settle(ctx, p.Name, failed(err))
+			return x.settle(ctx, p.Name, x.failed(err))
 		}
 		x.leaseEnd = sent.Add(x.e.cfg.Lease)
 	}
@@ -318,7 +331,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
 	if !time.Now().Before(deadline) {
 		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: errors.New("too little of the lease is left to make the call")})
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.err)
+		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.error())
 		return st
 	}
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
@@ -351,11 +364,11 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 		err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	}
 	if err == nil {
-		return step{kind: stepFinished, res: x.finished(ctx, resp)}
+		return step{kind: stepFinished, out: x.finished(resp)}
 	}
-	st := failed(err)
+	st := x.failed(err)
 	if st.kind == stepTransient || st.kind == stepConflict {
-		return step{kind: stepStop, err: x.transient(ctx, x.run.Phase(), err, nil)}
+		return stop(x.transient(ctx, x.run.Phase(), err, nil))
 	}
 	return st
 }
@@ -384,7 +397,7 @@ func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 	got, row, err := tx.claim(ctx, x.claim)
 	switch {
 	case err != nil:
-		return failed(err), false
+		return x.failed(err), false
 	case got == claimOwned:
 		return step{}, true
 	}
@@ -411,11 +424,11 @@ func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
 	return x.commit(ctx, tx, w)
 }
 
-func (x *exec) finished(ctx context.Context, resp *phases.Response) *Result {
+// finished is the result of the attempt that stored resp.
+func (x *exec) finished(resp *phases.Response) Result {
 	x.claim = nil
 	x.rp = phases.Finished
-	x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyFinished, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: phases.Finished})
-	return &Result{Response: resp}
+	return answered(resp, false)
 }
 
 // keyWrite is what a commit writes to the key row: the recovery point it moves to and
@@ -481,7 +494,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	case claimLost(err):
 		return err
 	case errors.Is(err, store.ErrLeaseLost):
-		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+		x.lostAtCommit = true
 		return err
 	case errors.Is(err, store.ErrConflict):
 		return err
@@ -533,9 +546,15 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 }
 
 // transient releases the key after a failure worth retrying, keeping what is durable,
-// and returns the *TransientError for the caller. A permanent refusal (ErrRefused)
-// dead-letters a key whose row exists instead, and comes back as it is.
-func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) error {
+// and returns the attempt's result: released, with a *TransientError for the caller. A
+// permanent refusal (ErrRefused), a failure whose answer cannot be stored
+// (ErrUnstorable) and the last attempt a sweep allows dead-letter a key whose row
+// exists instead. Released and dead-lettered are recorded (their key event is due)
+// only when the statement that says so committed.
+func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) Result {
+	if errors.Is(cause, store.ErrLeaseLost) {
+		return x.leaseLost(cause)
+	}
 	after := time.Duration(0)
 	var te *phases.RetryError
 	if errors.As(cause, &te) {
@@ -544,49 +563,57 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if after <= 0 {
 		after = x.backoff()
 	}
-	if errors.Is(cause, store.ErrLeaseLost) {
-		return cause
-	}
+	out := Result{Outcome: OutcomeReleased, Phase: phase, cause: cause}
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		data, derr := x.state().Data()
-		switch {
-		case derr != nil:
-		case dead:
-			derr = x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
-				History: x.history(OutcomeDeadLettered, phase, cause)})
-		default:
-			derr = x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
-				History: x.history(OutcomeReleased, phase, cause)})
-		}
-		cancel()
-		ev := KeyEvent{Kind: KeyReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: x.rp, Err: cause}
+		derr := x.release(ctx, phase, cause, after, dead)
 		switch {
 		case errors.Is(derr, store.ErrLeaseLost):
-			return derr
+			return x.leaseLost(derr)
 		case derr != nil:
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)
 		case dead:
-			x.deadLettered = true
-			ev.Kind = KeyDeadLettered
-			x.e.cfg.Hooks.key(ctx, ev)
+			out.Outcome, out.recorded = OutcomeDeadLettered, true
 		default:
-			x.e.cfg.Hooks.key(ctx, ev)
+			out.recorded = true
 		}
 	}
-	if errors.Is(cause, ErrRefused) {
-		return cause // permanent: not a *TransientError, whatever became of the key
-	}
-	if x.deadLettered && errors.Is(cause, ErrUnstorable) {
-		return fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered
+	dead := out.Outcome == OutcomeDeadLettered
+	switch {
+	case errors.Is(cause, ErrRefused): // permanent: not a *TransientError, whatever became of the key
+		out.Phase, out.Err = "", cause
+		if !dead {
+			out.Outcome = OutcomeFailed
+		}
+		return out
+	case dead && errors.Is(cause, ErrUnstorable):
+		out.Phase, out.Err = "", fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered
+		return out
 	}
 	retry := time.Second
 	if te != nil && te.After > retry {
 		retry = te.After
 	}
-	return &TransientError{Phase: phase, RetryAfter: retry, Response: resp, Err: cause}
+	out.RetryAfter, out.Response = retry, resp
+	out.Err = &TransientError{Phase: phase, RetryAfter: retry, Response: resp, Err: cause}
+	return out
+}
+
+// release releases the key, or dead-letters it, with the attempt's history entry.
+func (x *exec) release(ctx context.Context, phase string, cause error, after time.Duration, dead bool) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	data, err := x.state().Data()
+	switch {
+	case err != nil:
+		return err
+	case dead:
+		return x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
+			History: x.history(OutcomeDeadLettered, phase, cause)})
+	}
+	return x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
+		History: x.history(OutcomeReleased, phase, cause)})
 }
 
 // backoff is how long a released key waits before the sweeper may take it again.

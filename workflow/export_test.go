@@ -21,3 +21,6 @@ func SetPollFloor(e *Engine, d time.Duration) { e.waits.pollFloor = d }
 func ObserveWaits(e *Engine, f func(step string)) {
 	e.waits.observe = func(step string, _ waitKey) { f(step) }
 }
+
+// FingerprintMatches is fingerprintMatches, for TestFingerprintMatches.
+var FingerprintMatches = fingerprintMatches

@@ -67,14 +67,14 @@ func writeRequestLine(h hash.Hash, method, route string) {
 	}
 }
 
-// FingerprintMatches reports whether stored, a fingerprint read from a key row, is the
+// fingerprintMatches reports whether stored, a fingerprint read from a key row, is the
 // fingerprint of this request: a v2 fingerprint equal to Fingerprint's, or a v1
 // fingerprint (32 bytes, written by releases before v2) equal to the one they computed.
 // A stored value of any other length matches nothing, and so does a v3 fingerprint,
 // which only a flow's member list can compute (see FingerprintMembers). v1 compared numbers as float64,
 // so a v1 row still matches a body whose numbers differ only beyond float64's
 // precision; such rows age out with retention.
-func FingerprintMatches(stored []byte, method, route string, body []byte) bool {
+func fingerprintMatches(stored []byte, method, route string, body []byte) bool {
 	switch len(stored) {
 	case fingerprintV2Len:
 		return bytes.Equal(stored, Fingerprint(method, route, body))
@@ -99,7 +99,7 @@ func storedMatches(stored, fp []byte, req *Request, ms *memberSet) bool {
 	case bytes.Equal(stored, fp):
 		return true
 	case len(stored) == fingerprintV1Len:
-		return FingerprintMatches(stored, req.Method, req.Route, req.Body)
+		return fingerprintMatches(stored, req.Method, req.Route, req.Body)
 	case ms != nil && ms.sameList(stored):
 		return bytes.Equal(stored[:fingerprintV3Members], fp[:fingerprintV3Members])
 	case !fingerprintFormat(stored):

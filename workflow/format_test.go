@@ -102,9 +102,12 @@ func checkLeftAlone(t *testing.T, b *bundle, req workflow.Request, post func(str
 		require.NotErrorIs(t, err, workflow.ErrMismatch, what)
 		require.NotErrorIs(t, err, workflow.ErrDeadLettered, what)
 	}
+	out := b.engine.Run(ctx, req)
+	newer("Run", out.Err)
+	require.Equal(t, workflow.OutcomeFailed, out.Outcome)
 	_, err := b.engine.Do(ctx, req)
 	newer("Do", err)
-	d := idemmsg.Decide(nil, err)
+	d := idemmsg.Decide(out)
 	require.Equal(t, idemmsg.Retry, d.Action, "idemmsg")
 	require.Equal(t, workflow.NewerFormatRetryAfter, d.Delay, "idemmsg")
 	other := req

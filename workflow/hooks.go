@@ -22,29 +22,6 @@ const (
 	ExecutorOperator Executor = "operator"
 )
 
-// Outcome is how an attempt ended.
-type Outcome string
-
-// Outcomes of an attempt (AttemptEvent.Outcome, Attempt.Outcome).
-const (
-	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
-	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
-	OutcomeInProgress   Outcome = "in_progress"   // turned away: another attempt holds the key (409)
-	OutcomeMismatch     Outcome = "mismatch"      // the key was used before for another request (422)
-	OutcomeReleased     Outcome = "released"      // a transient failure; the key was released for a retry
-	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
-	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
-	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
-	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
-	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
-	// crash, a pause, a partition) and its lease ran out.
-	OutcomeAbandoned Outcome = "abandoned"
-	// OutcomeRedriven and OutcomeOperatorReleased are only in a key's history: an
-	// operator re-drove the dead-lettered key, or took its lease away (ReleaseKey).
-	OutcomeRedriven         Outcome = "redriven"
-	OutcomeOperatorReleased Outcome = "operator_released"
-)
-
 // AttemptEvent describes one attempt on a key: a call of Do or Resume, or a sweeper's
 // run of a key it took over. AttemptStart sees what is known before the key is read
 // (for Do and Resume: the executor, scope, key and, for Do, flow); AttemptEnd sees it
@@ -91,20 +68,18 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// KeyEventKind names what happened to a key.
-type KeyEventKind string
+// KeyEventKind names what happened to a key: an Outcome, the one vocabulary of
+// results, events, history and metrics. The end of an attempt is its Outcome
+// (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
+// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); the
+// constants below name what happens to a key on the way, or outside an attempt.
+type KeyEventKind = Outcome
 
-// Key events.
+// Key events that are not the end of an attempt.
 const (
-	KeyClaimed    KeyEventKind = "claimed"     // a new key row was created
-	KeyReplayed   KeyEventKind = "replayed"    // a stored response was returned
-	KeyInProgress KeyEventKind = "in_progress" // an attempt was turned away by a live lease
-	KeyMismatch   KeyEventKind = "mismatch"    // the key was reused for another request
-	KeyTakenOver  KeyEventKind = "taken_over"  // an expired or released lease was taken
-	KeyFinished   KeyEventKind = "finished"    // a response was stored
-	KeyReleased   KeyEventKind = "released"    // a transient failure released the lease
-	KeyLeaseLost  KeyEventKind = "lease_lost"  // a fenced commit found the lease gone
-	KeyWaiting    KeyEventKind = "waiting"     // a turned-away attempt waits for the holder's answer (Request.Wait)
+	KeyClaimed   Outcome = "claimed"    // a new key row was created
+	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
+	KeyWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
 )
 
 // KeyEvent describes something that happened to a key.
@@ -115,7 +90,8 @@ type KeyEvent struct {
 	Key   string
 	// RecoveryPoint is the key's recovery point after the event, where known.
 	RecoveryPoint string
-	// Err is the failure behind KeyReleased and KeyLeaseLost.
+	// Err is the failure behind OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost
+	// and OutcomeParked.
 	Err error
 }
 
@@ -243,6 +219,37 @@ func joinOrigin(hs []Hooks) func(context.Context) string {
 		}
 		return ""
 	})
+}
+
+// runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
+// runs first, and its context is run's.
+func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	r, unrecorded := run(ctx)
+	e.report(ctx, ev, r, unrecorded)
+	return r, unrecorded
+}
+
+// report is the one place an attempt's result goes out: the key's event (for an
+// outcome the key's row records) and AttemptEnd. unrecorded, when set, is why a
+// sweep's result could not be recorded (the key's fate is left to its lease): the
+// attempt then ends failed, with no key event.
+func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
+	if r.id != "" {
+		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
+	}
+	if ev.Flow == "" { // Resume learns the flow from the key row
+		ev.Flow = r.flow
+	}
+	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
+	if unrecorded != nil {
+		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
+	} else if r.recorded {
+		e.cfg.Hooks.key(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+	}
+	if e.cfg.Hooks.AttemptEnd != nil {
+		e.cfg.Hooks.AttemptEnd(ctx, ev)
+	}
 }
 
 func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {

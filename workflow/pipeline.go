@@ -140,11 +140,11 @@ func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st 
 	}()
 	pl, v := build(p, x.run)
 	if v.kind == respondAlone || v.kind == fail { // nothing was sent
-		return verdictStep(v)
+		return x.verdictStep(v)
 	}
 	tx, err := x.open(ctx, "")
 	if err != nil {
-		return failed(err)
+		return x.failed(err)
 	}
 	defer tx.done(ctx)
 	var pre func(*pgx.Batch)
@@ -155,7 +155,7 @@ func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st 
 		}
 		if pl.then != nil {
 			if v = pl.runThen(x.run); v.kind == respondAlone || v.kind == fail {
-				return verdictStep(v)
+				return x.verdictStep(v)
 			}
 		}
 	} else {
@@ -174,11 +174,11 @@ func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st 
 }
 
 // verdictStep is the step of a phase that failed before anything of it could commit.
-func verdictStep(v verdict) step {
+func (x *exec) verdictStep(v verdict) step {
 	if v.kind == respondAlone {
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	st := failed(store.Classify(v.err))
+	st := x.failed(store.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -202,7 +202,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 	br := tx.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := readBegin(br); err != nil {
-		return failed(err), false
+		return x.failed(err), false
 	}
 	if err := x.readHead(br); err != nil {
 		return x.headLost(ctx, err), false
@@ -211,10 +211,10 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	}
 	if v := pl.readStatements(br); v.kind != goOn {
-		return verdictStep(v), false
+		return x.verdictStep(v), false
 	}
 	if err := br.Close(); err != nil {
-		return failed(store.Classify(err)), false
+		return x.failed(store.Classify(err)), false
 	}
 	return step{}, true
 }
@@ -227,9 +227,9 @@ func (x *exec) headLost(ctx context.Context, err error) step {
 	case errors.Is(err, store.ErrClaimExists):
 		return step{kind: stepLost, lost: claimExists, err: err}
 	case errors.Is(err, store.ErrLeaseLost):
-		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+		x.lostAtCommit = true // the fence is the commit's check, sent first: reported as lost
 	}
-	return failed(err)
+	return x.failed(err)
 }
 
 // pipeFinish writes the key row as v asks and commits: in the round trip that also
@@ -247,7 +247,7 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 		w.data, err = x.data()
 	}
 	if err != nil {
-		return failed(err)
+		return x.failed(err)
 	}
 	x.e.cfg.Hooks.beforeCommit(ctx, ev)
 	sent := time.Now()
@@ -255,11 +255,11 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 	var pf pipeFailure
 	switch {
 	case errors.As(err, &pf):
-		return verdictStep(pf.v)
+		return x.verdictStep(pf.v)
 	case err != nil:
-		return failed(err)
+		return x.failed(err)
 	case v.kind == respond:
-		return step{kind: stepFinished, res: x.finished(ctx, v.resp)}
+		return step{kind: stepFinished, out: x.finished(v.resp)}
 	}
 	x.rp = phase
 	x.leaseEnd = sent.Add(x.e.cfg.Lease)
@@ -328,7 +328,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 	case errors.As(err, &pf), claimLost(err), errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotSent):
 		return err
 	case errors.Is(err, store.ErrLeaseLost):
-		x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyLeaseLost, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: err})
+		x.lostAtCommit = true
 		return err
 	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
 		return x.unknownCommit(ctx, w, err)

@@ -15,13 +15,11 @@ import (
 // through the same phase code a retry runs, dead-lettering, re-driving and retention.
 // The sweeper package schedules these calls; this file decides what they mean.
 
-// Key events of sweeps, re-drives, give-backs and parked keys.
+// Key events of sweeps that are not the end of an attempt (a sweep's attempt ends
+// with its Outcome, a re-drive with OutcomeRedriven).
 const (
-	KeySwept        KeyEventKind = "swept"         // a sweeper took over an expired or released lease
-	KeyDeadLettered KeyEventKind = "dead_lettered" // the key was given up on; Err is its last error
-	KeyRedriven     KeyEventKind = "redriven"      // a dead-lettered key was put back in progress
-	KeyGivenBack    KeyEventKind = "given_back"    // a key taken by a sweeper was returned unrun
-	KeyParked       KeyEventKind = "parked"        // a client-only key was released for its client's retry; Err says why
+	KeySwept     Outcome = "swept"      // a sweeper took over an expired or released lease
+	KeyGivenBack Outcome = "given_back" // a key taken by a sweeper was returned unrun
 )
 
 var (
@@ -98,17 +96,6 @@ type RunOpts struct {
 	// ParkFor is how long a parked key is left alone by sweeps. Defaults to the
 	// engine's BackoffMax.
 	ParkFor time.Duration
-}
-
-// RunResult reports what Maintenance.Run did with a key.
-type RunResult struct {
-	// Outcome is OutcomeFinished, OutcomeReleased, OutcomeDeadLettered,
-	// OutcomeLeaseLost or OutcomeParked.
-	Outcome Outcome
-	// Response is the stored answer when Outcome is OutcomeFinished.
-	Response *phases.Response
-	// Err is why the attempt failed, for every other outcome.
-	Err error
 }
 
 // TakeDue takes over, in one short statement, up to opts.Limit keys that are in
@@ -204,37 +191,24 @@ func maxAttempts(o *RunOpts) int {
 // The error is non-nil only when the key's fate could not be recorded (the database
 // failed while releasing or dead-lettering it); its lease then runs out and a later
 // sweep takes it again. opts may be nil.
-func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (RunResult, error) {
+func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (Result, error) {
 	e := m.e
 	if t == nil || t.row == nil {
-		return RunResult{}, errors.New("workflow: run taken key: not a key from TakeDue")
+		return Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
 	}
 	ev := AttemptEvent{Executor: ExecutorSweeper, Flow: t.Flow, Scope: t.Scope, Key: t.Key, ID: t.ID,
 		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.row.Origin}
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	rp := t.RecoveryPoint
-	res, err := e.runTaken(ctx, t, opts, &rp)
-	if e.cfg.Hooks.AttemptEnd != nil {
-		ev.RecoveryPoint, ev.Err = rp, res.Err
-		var te *TransientError
-		if errors.As(res.Err, &te) {
-			ev.Phase = te.Phase
+	return e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) {
+		if opts == nil {
+			opts = &RunOpts{}
 		}
-		ev.Outcome = res.Outcome
-		if err != nil { // the key's fate was not recorded: nothing was released
-			ev.Outcome, ev.Err = OutcomeFailed, err
-		}
-		e.cfg.Hooks.AttemptEnd(ctx, ev)
-	}
-	return res, err
+		out, err := e.runTaken(ctx, t, opts)
+		return out.with(t.ID, t.Flow, t.row.Origin, t.RecoveryPoint, t.Attempts), err
+	})
 }
 
-// runTaken is Run without its hooks. It sets *rp to the key's recovery point as the
-// run left it.
-func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts, rp *string) (RunResult, error) {
-	if opts == nil {
-		opts = &RunOpts{}
-	}
+// runTaken is Run without its hooks.
+func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts) (Result, error) {
 	f, ok := e.flow(t.Flow)
 	if ok && f.ClientOnly {
 		return e.park(ctx, t, opts.ParkFor)
@@ -243,10 +217,7 @@ func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts, rp *stri
 		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), maxAttempts(opts))
 	}
 	if err := e.checkRow(t.row); err != nil { // a newer build's key: give it back unrun, for a build that reads it
-		if gerr := (Maintenance{e}).GiveBack(ctx, t); gerr != nil {
-			return RunResult{Outcome: OutcomeReleased, Err: err}, gerr
-		}
-		return RunResult{Outcome: OutcomeReleased, Err: err}, nil
+		return Result{Outcome: OutcomeReleased, Err: err}, (Maintenance{e}).GiveBack(ctx, t)
 	}
 	next, _ := f.Index(t.RecoveryPoint) // checkRow has found it
 	row, err := e.openedRow(ctx, t.row)
@@ -260,28 +231,17 @@ func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts, rp *stri
 	x.maxAttempts = maxAttempts(opts)
 	x.by = ExecutorSweeper
 
-	res, err := x.drive(ctx, next+1).result()
-	*rp = x.rp
-	if err == nil {
-		return RunResult{Outcome: OutcomeFinished, Response: res.Response}, nil
-	}
-	var te *TransientError
-	if !x.deadLettered && !errors.Is(err, ErrLeaseLost) && !errors.As(err, &te) {
+	out := x.drive(ctx, next+1).out
+	if out.Outcome == OutcomeFailed || out.Outcome == OutcomeShed {
 		// Should drive ever return a failure without releasing the key, it is a failed
 		// attempt all the same: release it rather than leave it leased.
-		err = x.transient(ctx, x.rp, err, nil)
+		out = x.transient(ctx, x.rp, out.Err, nil)
 	}
-	switch {
-	case x.deadLettered:
-		return RunResult{Outcome: OutcomeDeadLettered, Err: err}, nil
-	case errors.Is(err, ErrLeaseLost):
-		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
-	}
-	return RunResult{Outcome: OutcomeReleased, Err: err}, nil
+	return out.with(t.ID, t.Flow, t.row.Origin, x.rp, t.Attempts), nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
-func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (RunResult, error) {
+func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (Result, error) {
 	if maxAttempts > 0 && t.Attempts >= maxAttempts {
 		return e.deadLetter(ctx, t, cause)
 	}
@@ -289,18 +249,25 @@ func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAtte
 	defer cancel()
 	err := e.store.Release(rctx, e.pool, t.fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
 		History: e.sweepEntry(t, OutcomeReleased, cause)})
+	return settled(OutcomeReleased, cause, err)
+}
+
+// settled is the result of a sweep that recorded outcome for a taken key it did not
+// run, with cause, by a statement that returned err: recorded if err is nil, lease
+// lost if the key was taken over meanwhile, else unrecorded (err is returned: the
+// lease runs out and a later sweep takes the key again).
+func settled(outcome Outcome, cause, err error) (Result, error) {
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
+		return Result{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
-		return RunResult{Outcome: OutcomeReleased, Err: cause}, err
+		return Result{Outcome: outcome, Err: cause}, err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyReleased, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return RunResult{Outcome: OutcomeReleased, Err: cause}, nil
+	return Result{Outcome: outcome, Err: cause, cause: cause, recorded: true}, nil
 }
 
 // park releases a taken key of a client-only flow for its client.
-func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (RunResult, error) {
+func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (Result, error) {
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
@@ -308,32 +275,22 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (RunResult
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.Park(rctx, e.pool, t.fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
-	switch {
-	case errors.Is(err, store.ErrLeaseLost):
-		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
-	case err != nil:
-		return RunResult{Outcome: OutcomeParked, Err: cause}, err
-	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyParked, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint, Err: cause})
-	return RunResult{Outcome: OutcomeParked, Err: cause}, nil
+	return settled(OutcomeParked, cause, err)
 }
 
-// deadLetter marks a taken key that was not run dead with cause, under its fence. If the fence no longer
-// matches, the key was released and taken by someone else in between: that executor
-// decides its fate.
-func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (RunResult, error) {
+// deadLetter marks a taken key that was not run dead with cause, under its fence. If
+// the fence no longer matches, the key was released and taken by someone else in
+// between: that executor decides its fate.
+func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.DeadLetter(rctx, e.pool, t.fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
 		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
-	switch {
-	case errors.Is(err, store.ErrLeaseLost):
-		return RunResult{Outcome: OutcomeLeaseLost, Err: err}, nil
-	case err != nil:
-		return RunResult{Outcome: OutcomeReleased, Err: cause}, err
+	out, uerr := settled(OutcomeDeadLettered, cause, err)
+	if uerr != nil {
+		out.Outcome = OutcomeReleased // unrecorded: the key stays as it was, in progress
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyDeadLettered, Flow: t.Flow, Scope: t.Scope, Key: t.Key, Err: cause})
-	return RunResult{Outcome: OutcomeDeadLettered, Err: cause}, nil
+	return out, uerr
 }
 
 // sweepEntry is the history entry of a sweep that did not run taken key t.
@@ -391,7 +348,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
 	return nil
 }
 

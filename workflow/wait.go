@@ -186,7 +186,7 @@ func (w *keyWaiter) ownerHere() bool {
 
 // waits reports whether an attempt that got a should wait rather than answer.
 func (w *keyWaiter) waits(a answer) bool {
-	return w != nil && errors.Is(a.err, ErrInProgress) && time.Now().Before(w.deadline) && w.join()
+	return w != nil && a.out.Outcome == OutcomeInProgress && time.Now().Before(w.deadline) && w.join()
 }
 
 // wait waits for the key's watch to learn something, the bound to pass or ctx to
@@ -234,10 +234,10 @@ func (w *keyWaiter) wait(ctx context.Context, polls int) (row *store.Row, ok boo
 // before the wait from the flow's average or the lease left, less the time waited (at
 // least a second, as always). A fixed Config.InProgressRetryAfter is kept as it is.
 func (w *keyWaiter) late(a answer) answer {
-	var ip *InProgressError
-	if errors.As(a.err, &ip) && w.e.cfg.InProgressRetryAfter <= 0 {
+	if a.out.Outcome == OutcomeInProgress && w.e.cfg.InProgressRetryAfter <= 0 {
 		waited := time.Since(w.deadline.Add(-w.bound))
-		a.err = &InProgressError{RetryAfter: max(ip.RetryAfter-waited, time.Second)}
+		a.out.RetryAfter = max(a.out.RetryAfter-waited, time.Second)
+		a.out.Err = &InProgressError{RetryAfter: a.out.RetryAfter}
 	}
 	return a
 }

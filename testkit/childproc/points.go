@@ -93,7 +93,7 @@ func (ps *Points) Hooks(next workflow.Hooks) workflow.Hooks {
 		},
 		Key: func(ctx context.Context, ev workflow.KeyEvent) {
 			switch {
-			case ev.Kind == workflow.KeyFinished:
+			case ev.Kind == workflow.OutcomeFinished:
 				ps.At(Finished)
 			case ps.point == "":
 			case ev.Kind == workflow.KeyClaimed:

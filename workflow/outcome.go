@@ -1,0 +1,123 @@
+package workflow
+
+import (
+	"errors"
+	"time"
+
+	"github.com/idemflow/idemflow/phases"
+)
+
+// An attempt on a key decides how it ended once, as a Result, and one place
+// (Engine.report, in hooks.go beside the hooks it calls) hands that value to every
+// reader: the key event, AttemptEnd and, through it, the metrics; Do, Resume and
+// Maintenance.Run return it. The history entry rides in the statement that ends the
+// attempt, written with the same Outcome.
+
+// Outcome is how an attempt ended, or what happened to a key: one vocabulary for
+// results (Result.Outcome), key events (KeyEvent.Kind), history entries
+// (Attempt.Outcome), attempt events and their metrics. The strings are stored in
+// history rows and exported as metric attribute values: they never change.
+type Outcome string
+
+// Outcomes of an attempt (Result.Outcome, AttemptEvent.Outcome, Attempt.Outcome), each
+// also the key event of the key the attempt ended on (KeyEvent.Kind), where one is
+// emitted: finished, replayed, in_progress, mismatch, released, dead_lettered,
+// lease_lost and parked.
+const (
+	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
+	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
+	OutcomeInProgress   Outcome = "in_progress"   // turned away: another attempt holds the key (409)
+	OutcomeMismatch     Outcome = "mismatch"      // the key was used before for another request (422)
+	OutcomeReleased     Outcome = "released"      // a transient failure; the key was released for a retry
+	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
+	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
+	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
+	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
+	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
+	// crash, a pause, a partition) and its lease ran out.
+	OutcomeAbandoned Outcome = "abandoned"
+	// OutcomeRedriven and OutcomeOperatorReleased are in a key's history and are key
+	// events: an operator re-drove the dead-lettered key, or took its lease away
+	// (ReleaseKey).
+	OutcomeRedriven         Outcome = "redriven"
+	OutcomeOperatorReleased Outcome = "operator_released"
+)
+
+// Result is how one attempt on a key ended (Engine.Run, Do, Resume, Maintenance.Run):
+// decided once by the attempt, read by everything downstream (package idemhttp's
+// status, package idemmsg's Decision, the sweeper's Stats, the hooks) as a switch on
+// Outcome.
+type Result struct {
+	// Outcome is how the attempt ended.
+	Outcome Outcome
+	// Response is the answer: stored by this attempt (OutcomeFinished) or an earlier one
+	// (OutcomeReplayed). For OutcomeReleased it may be a 5xx response a phase produced,
+	// to pass on as it is (it was not stored).
+	Response *phases.Response
+	// Replayed is true when the response was stored by an earlier attempt (Outcome is
+	// OutcomeReplayed).
+	Replayed bool
+	// RetryAfter is, for an attempt the client may retry with the same key (in
+	// progress, released, turned away: OutcomeShed, lease lost), when to retry: at
+	// least one second. Zero otherwise.
+	RetryAfter time.Duration
+	// Phase is the phase the attempt failed in (released, dead-lettered), if any.
+	Phase string
+	// Err is why the attempt has no answer, and what Do returns: an *InProgressError,
+	// a *TransientError, a *ShedError, ErrMismatch, ErrLeaseLost and so on (see Do).
+	// Nil for OutcomeFinished and OutcomeReplayed.
+	Err error
+
+	// recorded says that the key's row holds what Outcome says (or, for a replay, a
+	// refusal or a mismatch, that the row decided it): its key event is emitted.
+	recorded bool
+	// cause is the failure behind a released or dead-lettered key or a lost lease, as
+	// its key event reports it (KeyEvent.Err).
+	cause error
+	// id, flow, origin and rp are what the attempt learnt of its key (the row's
+	// identity, flow, origin, and where it stands at the end), attempt its attempt
+	// number: for AttemptEnd and the key event.
+	id, flow, origin, rp string
+	attempt              int
+}
+
+// answer returns r as Do and Resume return it: r for an answer, else r.Err.
+func (r *Result) answer() (*Result, error) {
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	return r, nil
+}
+
+// answered is the result of an attempt that found resp: stored now, or replayed.
+func answered(resp *phases.Response, replayed bool) Result {
+	if replayed {
+		return Result{Outcome: OutcomeReplayed, Response: resp, Replayed: true, recorded: true}
+	}
+	return Result{Outcome: OutcomeFinished, Response: resp, recorded: true}
+}
+
+// failure is the result of an attempt that ended with err before it decided anything
+// of the key: turned away before the claim (a *ShedError from admission or a drain),
+// or failed (bad input, the database failing, a key a newer build wrote).
+func failure(err error) Result {
+	var shedErr *ShedError
+	if errors.As(err, &shedErr) {
+		return Result{Outcome: OutcomeShed, RetryAfter: shedErr.RetryAfter, Err: err}
+	}
+	return Result{Outcome: OutcomeFailed, Err: err}
+}
+
+// inProgress is the result of an attempt turned away by another attempt holding the
+// key; recorded when the key's row (or its claim) turned it away, not a wait's bound.
+func inProgress(retry time.Duration, recorded bool) Result {
+	return Result{Outcome: OutcomeInProgress, RetryAfter: retry, Err: &InProgressError{RetryAfter: retry}, recorded: recorded}
+}
+
+// with is r with what the attempt learnt of its key, where r did not learn it itself.
+func (r Result) with(id, flow, origin, rp string, attempt int) Result {
+	if r.id == "" {
+		r.id, r.flow, r.origin, r.rp, r.attempt = id, flow, origin, rp, attempt
+	}
+	return r
+}
