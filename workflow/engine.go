@@ -585,7 +585,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 	ev := AttemptEvent{Executor: ExecutorClient, Flow: f.Name, Scope: req.Scope, Key: req.Key}
 	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
 	var a answer
-	if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
+	if err := e.admitNew(ctx); err != nil {
 		a = answered(nil, err)
 	} else {
 		held := true
