@@ -160,7 +160,7 @@ func (s *sessionSampler) run(ctx context.Context, pool *pgxpool.Pool, app string
 			SELECT count(*) FILTER (WHERE state LIKE 'idle in transaction%' AND now() - state_change > interval '100 ms'),
 			       count(*) FILTER (WHERE wait_event_type = 'Lock'),
 			       count(*) FILTER (WHERE xact_start IS NOT NULL),
-			       coalesce(array_agg(state || ': ' || left(regexp_replace(query, '\s+', ' ', 'g'), 80))
+			       coalesce(array_agg(state || coalesce(' waiting on ' || wait_event, '') || ': ' || left(regexp_replace(query, '\s+', ' ', 'g'), 80))
 			         FILTER (WHERE (state LIKE 'idle in transaction%' AND now() - state_change > interval '100 ms') OR wait_event_type = 'Lock'), '{}')
 			FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&x.idleInTx, &x.lockWait, &x.inTx, &x.queries)
 		if err != nil {

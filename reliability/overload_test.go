@@ -130,6 +130,17 @@ func runOverload(t *testing.T, env *env, su overloadSetup) {
 	}
 	stop()
 	reportOverload(t, su, capacity, phases, servers, &sessions)
+	closeIdle() // the clients' idle connections each hold a server goroutine
+	closed := time.Now()
+	for i, s := range servers { // back to where they were? Each one's first statistics after the close
+		var m procMax
+		for tries := 0; m.samples == 0 && tries < 50; tries++ {
+			<-time.After(100 * time.Millisecond) // the next sample (CHARGES_STATS_EVERY=100ms)
+			m = serverStats(s, closed.Add(200*time.Millisecond), time.Now())
+		}
+		t.Logf("%s: server %d once every operation ended and the clients closed their connections: live heap %.1f MiB, %d goroutines, %d connections in use",
+			su.name, i, float64(m.heapLive)/(1<<20), m.goroutines, m.poolInUse)
+	}
 }
 
 // reportOverload logs the setup's table and checks the pass lines in the full tier.
