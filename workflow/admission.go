@@ -45,7 +45,9 @@ const shedRetryAfter = time.Second
 var (
 	// ErrOverloaded: the attempt was turned away before its claim, because the engine
 	// had Config.MaxInFlight attempts in flight or no pool connection came within
-	// Config.AdmitWait. Nothing was written. It comes inside a *ShedError.
+	// Config.AdmitWait, or at once because the queue it would have joined was hopeless
+	// (its last waits took over a quarter of AdmitWait, or over what was left of the
+	// caller's deadline). Nothing was written. It comes inside a *ShedError.
 	ErrOverloaded = errors.New("overloaded")
 	// ErrDraining: the attempt was turned away, or released its key before a call
 	// phase, because the engine is draining (Engine.Drain). It comes inside a
