@@ -196,10 +196,10 @@ func (c *overloadClient) offer(r *overloadRun, prefix string, rate float64, d ti
 		due := min(total, int(rate*time.Since(start).Seconds()))
 		for ; i < due; i++ {
 			wg.Add(1)
-			go func() {
+			go func(n int) { // n, not i: the loop goes on changing i
 				defer wg.Done()
-				c.operation(r, fmt.Sprintf("%s-%d", prefix, i), int64(1+i%1000), i%2 == 1)
-			}()
+				c.operation(r, fmt.Sprintf("%s-%d", prefix, n), int64(1+n%1000), n%2 == 1)
+			}(i)
 		}
 	}
 	return wg.Wait
