@@ -312,7 +312,7 @@ func (a *answers) all() map[[2]string][]answer {
 
 // fromDo turns the outcome of Engine.Do into the answer the HTTP layer would give: the
 // response, or 409 (in progress, lease lost), 503 (transient, database unavailable,
-// deadline) or a non-retryable error.
+// deadline, turned away before the claim) or a non-retryable error.
 func fromDo(res *workflow.Result, err error, via string) answer {
 	if err == nil {
 		if res == nil || res.Response == nil {
@@ -329,7 +329,8 @@ func fromDo(res *workflow.Result, err error, via string) answer {
 	case errors.As(err, &te) && te.Response != nil && te.Response.Status >= 500:
 		a.Status, a.Retryable = te.Response.Status, true
 	case errors.Is(err, workflow.ErrTransient), errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrConflict),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.As(err, new(*workflow.ShedError)): // turned away before the claim: idemhttp answers 503
 		a.Status, a.Retryable = http.StatusServiceUnavailable, true
 	case errors.Is(err, workflow.ErrDeadLettered):
 		a.Status, a.Dead = http.StatusInternalServerError, true

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,7 +45,9 @@ const shedRetryAfter = time.Second
 var (
 	// ErrOverloaded: the attempt was turned away before its claim, because the engine
 	// had Config.MaxInFlight attempts in flight or no pool connection came within
-	// Config.AdmitWait. Nothing was written. It comes inside a *ShedError.
+	// Config.AdmitWait, or at once because the queue it would have joined was hopeless
+	// (its last waits took over a quarter of AdmitWait, or over what was left of the
+	// caller's deadline). Nothing was written. It comes inside a *ShedError.
 	ErrOverloaded = errors.New("overloaded")
 	// ErrDraining: the attempt was turned away, or released its key before a call
 	// phase, because the engine is draining (Engine.Drain). It comes inside a
@@ -83,13 +86,45 @@ type admission struct {
 	overloadAfter time.Duration // see overloaded
 
 	mu        sync.Mutex
-	used      int       // attempts admitted and not yet done
-	waiting   []*waiter // a stack: the newest waiter last
-	busySince time.Time // since when waiting has not been empty
-	draining  bool      // no attempt is admitted
-	closed    bool      // the drain's deadline passed: no executor may start
+	used      int           // attempts admitted and not yet done
+	waiting   []*waiter     // a stack: the newest waiter last
+	busySince time.Time     // since when waiting has not been empty
+	waitAvg   time.Duration // moving average of the last waits for a place (1/8 the newest)
+	draining  bool          // no attempt is admitted
+	closed    bool          // the drain's deadline passed: no executor may start
 	running   map[*exec]struct{}
 	changed   chan struct{} // closed (and replaced) when used or running shrinks
+
+	conns connQueue // the waits for a pool connection before the claim
+}
+
+// connQueue follows the waits for a pool connection before the claim (look-ups, first
+// transactions, takeovers), so that a new attempt can be turned away at once when
+// the queue it would join is hopeless, instead of after AdmitWait: the pool's queue
+// is first come, first served, so a new waiter waits about as long as the last ones
+// did. Lock-free: every attempt passes here.
+type connQueue struct {
+	pending atomic.Int64 // waits under way
+	wait    atomic.Int64 // moving average of the last waits (1/8 the newest), ns
+}
+
+// observe adds a wait that ended (with a connection, or at its bound).
+func (q *connQueue) observe(d time.Duration) {
+	for {
+		old := q.wait.Load()
+		if q.wait.CompareAndSwap(old, old+(int64(d)-old)/8) {
+			return
+		}
+	}
+}
+
+// expected is how long a wait that began now would likely last: none while nobody
+// waits, else about as long as the last waits.
+func (q *connQueue) expected() time.Duration {
+	if q.pending.Load() == 0 {
+		return 0
+	}
+	return time.Duration(q.wait.Load())
 }
 
 type waiter struct {
@@ -133,6 +168,10 @@ func (a *admission) admit(ctx context.Context, wait time.Duration) error {
 		return nil
 	}
 	now := time.Now()
+	if bound := hopeless(ctx, wait); bound >= 0 && len(a.waiting) > 0 && a.waitAvg > bound {
+		a.mu.Unlock() // the last waiters waited too long: this one would too
+		return shed(ErrOverloaded)
+	}
 	w := &waiter{ready: make(chan struct{}), since: now}
 	if len(a.waiting) == 0 {
 		a.busySince = now
@@ -157,6 +196,9 @@ func (a *admission) admit(ctx context.Context, wait time.Duration) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if w.granted || w.refused == nil && ctx.Err() == nil { // a caller that gave up says nothing of the queue
+		a.waitAvg += (time.Since(w.since) - a.waitAvg) / 8
+	}
 	switch {
 	case w.granted && err == nil:
 		return nil
@@ -256,6 +298,35 @@ func (a *admission) isDraining() bool {
 	return a.draining
 }
 
+// admitNew admits a new attempt (Do): it is turned away at once, having sent
+// nothing, when the wait for a pool connection it would join is hopeless (see
+// hopeless), and otherwise takes a place in flight (admission.admit).
+func (e *Engine) admitNew(ctx context.Context) error {
+	if bound := hopeless(ctx, e.cfg.AdmitWait); bound >= 0 && e.adm.conns.expected() > bound {
+		return shed(ErrOverloaded)
+	}
+	return e.adm.admit(ctx, e.cfg.AdmitWait)
+}
+
+// hopeless is the expected wait over which a new attempt is turned away at once
+// rather than queued (-1: never): a quarter of wait (AdmitWait), or what is left of
+// ctx's deadline if that is less. Waiting out a queue that cannot be served in time
+// would only make the refusal slow, or answer a client that is gone; the quarter
+// leaves room for the queue's ups and downs (most waits end well before wait), and
+// bursts of a few hundred attempts on a small pool wait well under it.
+func hopeless(ctx context.Context, wait time.Duration) time.Duration {
+	bound := time.Duration(-1)
+	if wait > 0 {
+		bound = wait / 4
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); bound < 0 || left < bound {
+			bound = max(left, 0)
+		}
+	}
+	return bound
+}
+
 // acquire takes a pool connection for a statement before the claim: it waits at most
 // AdmitWait (a *ShedError with ErrOverloaded after it) and as long as ctx.
 func (e *Engine) acquire(ctx context.Context) (*pgxpool.Conn, error) {
@@ -264,7 +335,14 @@ func (e *Engine) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 		actx, cancel = context.WithTimeout(ctx, e.cfg.AdmitWait)
 	}
 	defer cancel()
+	q := &e.adm.conns
+	q.pending.Add(1)
+	start := time.Now()
 	pc, err := e.pool.Acquire(actx)
+	if err == nil || ctx.Err() == nil {
+		q.observe(time.Since(start)) // a caller that gave up says nothing of the queue
+	}
+	q.pending.Add(-1)
 	switch {
 	case err == nil:
 		return pc, nil

@@ -216,3 +216,60 @@ func TestAdmitOldestFirstWhenBusy(t *testing.T) {
 		require.NoError(t, <-done)
 	}
 }
+
+// A new attempt is turned away at once, before it waits, when the queue for a place
+// is hopeless: the last waiters waited over a quarter of AdmitWait.
+func TestAdmitRefusesHopelessQueueAtOnce(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: time.Hour}, before: g.before})
+	g.openAtEnd(t)
+	workflow.SetOverloadAfter(b.engine, time.Hour)
+	done := make(chan error, 2)
+	run := func(key string) {
+		_, err := b.engine.Do(context.Background(), chargeReq("acct", key, `{"amount":5}`))
+		done <- err
+	}
+	go run("first")
+	require.Equal(t, "first", <-g.entered)
+	go run("waiting")
+	for workflow.Waiting(b.engine) != 1 {
+		runtimeGosched()
+	}
+	workflow.SetWaitAvg(b.engine, 20*time.Minute)
+	_, err := b.engine.Do(context.Background(), chargeReq("acct", "late", `{"amount":5}`))
+	shedWith(t, err, workflow.ErrOverloaded) // returned while first still holds the place
+	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "late"))
+	g.open()
+	for range 2 {
+		require.NoError(t, <-done)
+	}
+}
+
+// A new attempt is turned away at once, having sent nothing, when the wait for a pool
+// connection before the claim is hopeless: others wait, and the last waits lasted over
+// a quarter of AdmitWait or over what is left of the caller's deadline. While nobody
+// waits, nothing is refused.
+func TestAdmitRefusesHopelessConnectionWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: &workflow.Config{AdmitWait: time.Hour}})
+	e := b.newEngine(t, setupOpts{cfg: &workflow.Config{AdmitWait: -1}})
+	workflow.SetConnQueue(b.engine, 1, 20*time.Minute)
+	_, err := b.engine.Do(context.Background(), chargeReq("acct", "k1", `{"amount":5}`))
+	shedWith(t, err, workflow.ErrOverloaded)
+	workflow.SetConnQueue(e, 1, 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	_, err = e.Do(ctx, chargeReq("acct", "k1", `{"amount":5}`))
+	shedWith(t, err, workflow.ErrOverloaded) // no AdmitWait, but the caller's deadline
+	require.Equal(t, 0, countKeys(t, b.db))
+
+	workflow.SetConnQueue(b.engine, 0, 20*time.Minute)
+	res, err := b.engine.Do(context.Background(), chargeReq("acct", "k1", `{"amount":5}`))
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+	workflow.SetConnQueue(e, 1, 20*time.Minute)
+	res, err = e.Do(context.Background(), chargeReq("acct", "k1", `{"amount":5}`)) // no bound at all: queued, replayed
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+}

@@ -123,8 +123,11 @@ type Config struct {
 	// AdmitWait bounds each wait of an attempt before its claim: for a place under
 	// MaxInFlight, and for a pool connection for its look-up and its first
 	// transaction. Past it the attempt is answered ErrOverloaded, having written
-	// nothing. After the claim nothing is bounded this way: the attempt finishes.
-	// Defaults to AdmitWaitDefault (5s); -1 waits as long as the caller's context.
+	// nothing; and at once, without waiting, when the last waits of the queue it
+	// would join took over a quarter of AdmitWait (or over what is left of its
+	// context's deadline). After the claim nothing is bounded this way: the attempt
+	// finishes. Defaults to AdmitWaitDefault (5s); -1 waits as long as the caller's
+	// context.
 	AdmitWait time.Duration
 	// StandbyWait makes every call phase wait, before it starts, until a streaming
 	// standby has flushed the WAL past the key's commits so far (read from
@@ -525,7 +528,7 @@ func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Flow: f.Name, Scope: req.Scope, Key: req.Key}
 	out, _ := e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) {
-		if err := e.adm.admit(ctx, e.cfg.AdmitWait); err != nil {
+		if err := e.admitNew(ctx); err != nil {
 			return failure(err), nil
 		}
 		held := true

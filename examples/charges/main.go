@@ -93,6 +93,10 @@ type common struct {
 	distribute    bool
 	sweepGrace    time.Duration
 	retention     time.Duration
+	// maxInFlight and admitWait are serve's -max-in-flight and -admit-wait (0: the
+	// engine's defaults).
+	maxInFlight int
+	admitWait   time.Duration
 	// hooks are more hooks for the engine: serve's -telemetry.
 	hooks workflow.Hooks
 }
@@ -174,7 +178,8 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 		e.provider = "http://" + ln.Addr().String()
 		fmt.Printf("provider: in-process at %s\n", e.provider)
 	}
-	cfg := &workflow.Config{Lease: c.lease, Logger: log, Hooks: workflow.JoinHooks(crashHooks(), c.hooks)}
+	cfg := &workflow.Config{Lease: c.lease, Logger: log, Hooks: workflow.JoinHooks(crashHooks(), c.hooks),
+		MaxInFlight: c.maxInFlight, AdmitWait: c.admitWait}
 	engine, err := workflow.New(pool, cfg)
 	if err != nil {
 		return nil, err

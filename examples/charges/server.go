@@ -31,6 +31,8 @@ func serve(ctx context.Context, args []string) error {
 	bare := fs.Bool("bare-control", false, "also serve POST /v1/bare: one plain INSERT, no idempotency (a load test's control)")
 	var c common
 	c.register(fs)
+	fs.IntVar(&c.maxInFlight, "max-in-flight", 0, "attempts in flight at most, the rest answered 503 under overload (workflow.Config.MaxInFlight; 0: the default, -1: no cap)")
+	fs.DurationVar(&c.admitWait, "admit-wait", 0, "how long an attempt waits at most before its claim for a place and a connection (workflow.Config.AdmitWait; 0: the default, -1: no bound)")
 	tf := registerTelemetry(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
