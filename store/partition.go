@@ -364,3 +364,13 @@ func noPartition(pgErr *pgconn.PgError) bool {
 // (docs/PARTITIONS.md) matches nothing there, where a ctid alone could match another
 // partition's row.
 const ownTableRows = `tableoid = 'idemflow_keys'::regclass AND `
+
+// lookupSQL is the look-up's text for the layout s has learnt: on a partitioned key
+// table, the one that prunes (sqlLookupPartitioned); until the layout is known, and on
+// a plain table, sqlLookup, which is correct on both.
+func (s *Store) lookupSQL() string {
+	if s.learnt.partitioned.Load() == 2 {
+		return s.sql.lookupPartitioned
+	}
+	return s.sql.lookup
+}

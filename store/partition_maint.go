@@ -383,3 +383,27 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 	r.Removed, r.Kept = rr.Removed, rr.Kept
 	return r, err
 }
+
+// CheckPartitions reads the key table's layout without changing anything: on a
+// partitioned key table it reports how many partitions exist ahead of now and how
+// many the default ahead calls for (Ahead, Want; Low says when a warning is due), and
+// s learns the layout, so that its look-up prunes partitions from then on
+// (sqlLookupPartitioned). On a plain key table it returns ErrNotPartitioned, and s
+// keeps its statements. An engine calls it once as it starts.
+func (s *Store) CheckPartitions(ctx context.Context, db DBTX) (PartitionReport, error) {
+	var r PartitionReport
+	l, err := s.layout(ctx, db)
+	switch {
+	case err != nil:
+		return r, fmt.Errorf("check partitions: %w", err)
+	case !l.partitioned:
+		s.learnt.partitioned.Store(1)
+		return r, fmt.Errorf("check partitions: %w", ErrNotPartitioned)
+	}
+	s.learnt.partitioned.Store(2)
+	r.Ahead = l.ahead()
+	if w, err := l.width(); err == nil {
+		r.Want = int(defaultAhead(w) / w)
+	}
+	return r, nil
+}
