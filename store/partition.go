@@ -78,6 +78,10 @@ type PartitionReport struct {
 	Kept int
 	// Busy: another process held the maintenance lock; nothing was created.
 	Busy bool
+	// Stall, on Citus only (no concurrent detach there), is the longest plain detach
+	// of the step: how long a live statement on the key table may have waited behind
+	// it (bounded by a 200 ms lock timeout plus the detach itself; docs/PARTITIONS.md).
+	Stall time.Duration
 	// Want is how many partitions the default ahead calls for: a warning is due when
 	// fewer than half as many are Ahead (Low).
 	Want int

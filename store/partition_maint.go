@@ -228,13 +228,17 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 		return r, fmt.Errorf("remove partitions: %w", err)
 	}
 	r.Ahead = l.ahead()
+	citus, _, err := s.scanLayout(ctx, db)
+	if err != nil {
+		return r, fmt.Errorf("remove partitions: %w", err)
+	}
 	horizon := l.now.Add(-retention)
 	var errs []error
 	for _, p := range l.parts {
 		if p.To == nil || p.To.After(horizon) {
 			continue
 		}
-		out, err := removePartition(ctx, db, l, p)
+		out, err := removePartition(ctx, db, l, p, citus, &r)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -272,8 +276,9 @@ const (
 	partitionBusy           // another process is detaching it
 )
 
-// removePartition removes the attached partition p if it holds no live key.
-func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (int, error) {
+// removePartition removes the attached partition p if it holds no live key. On Citus
+// (citus) the detach is the plain one (detachBounded), whose stall it adds to r.
+func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, citus bool, r *PartitionReport) (int, error) {
 	if !p.DetachPending {
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
 		if isPgCode(err, "42P01") { // dropped by another process since the listing
@@ -287,7 +292,14 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	if p.DetachPending {
 		how = "FINALIZE"
 	}
-	_, err := db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+	var err error
+	if citus && !p.DetachPending {
+		var stall time.Duration
+		stall, err = detachBounded(ctx, db, l, p)
+		r.Stall = max(r.Stall, stall)
+	} else {
+		_, err = db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+	}
 	switch {
 	// 42P01: not a partition any more, 55000: a detach already pending (another
 	// process removes it); the next step sees how it ended.
@@ -300,6 +312,47 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 		return partitionKept, err
 	}
 	return partitionRemoved, nil
+}
+
+// On Citus 12.1 there is no DETACH … CONCURRENTLY: the plain detach takes ACCESS
+// EXCLUSIVE on the key table, and every statement on it queues behind the detach while
+// it waits for that lock and while it runs. The wait is bounded by a short lock
+// timeout, and a detach that timed out is retried after a pause (live traffic runs in
+// between), a few times, then left for the next pass.
+const (
+	citusDetachTimeout = 200 * time.Millisecond
+	citusDetachTries   = 5
+)
+
+// detachBounded detaches p with the plain DETACH PARTITION in a transaction whose
+// lock_timeout is citusDetachTimeout, retried up to citusDetachTries times on a lock
+// timeout (55P03). It returns the longest of its transactions: how long a live
+// statement on the key table may have waited behind it.
+func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (time.Duration, error) {
+	var stall time.Duration
+	pause := citusDetachTimeout
+	for try := 1; ; try++ {
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, citusDetachTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name))
+			return err
+		})
+		stall = max(stall, time.Since(start))
+		if err == nil || !isPgCode(err, "55P03") || try == citusDetachTries {
+			return stall, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return stall, ctx.Err()
+		case <-t.C:
+		}
+		pause *= 2
+	}
 }
 
 // dropDetached drops the detached partition p after checking, in the dropping
@@ -380,7 +433,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 	}
 	s.learnt.partitioned.Store(2)
 	rr, err := s.RemovePartitions(ctx, db, retention)
-	r.Removed, r.Kept = rr.Removed, rr.Kept
+	r.Removed, r.Kept, r.Stall = rr.Removed, rr.Kept, rr.Stall
 	return r, err
 }
 
