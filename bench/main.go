@@ -75,6 +75,8 @@ type options struct {
 	growth      int           // finished key rows of the growth experiment (0: not run)
 	dupSleep    time.Duration // the duplicates experiment's first phase
 	ops         bool          // also run idemflow-nohistory and idemflow-otel
+	// partitionKeys: keys of the partitioned key table's experiment (partitions.go).
+	partitionKeys int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -98,6 +100,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
 	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
+	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&only, "only", "", "comma-separated variants to run (for profiling; the report then has gaps)")
 	fs.StringVar(&phaseList, "phases", "rounds,wal,perf,slow,drain,retention,dups,growth", "comma-separated parts to run (growth also needs -growth N)")
@@ -154,7 +157,7 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "growth", "partitions":
 			o.phases[p] = true
 		default:
 			return fmt.Errorf("-phases: unknown part %q", p)
@@ -356,6 +359,11 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 		rep.dups = d
 	}
 	// Many retained finished keys against an empty table.
+	if o.phases["partitions"] { // not in the default parts: partitions.go
+		if err := env.partitionsRun(ctx); err != nil {
+			return err
+		}
+	}
 	if o.phases["growth"] && o.growth > 0 {
 		g, err := env.growth(ctx)
 		if err != nil {

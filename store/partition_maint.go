@@ -355,25 +355,40 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 	}
 }
 
-// dropDetached drops the detached partition p after checking, in the dropping
-// transaction, that it holds no unfinished or dead-lettered key; if it does, p is
-// attached back. A table already dropped (by another process) is not an error; the
+// dropDetached drops the detached partition p after checking that it holds no
+// unfinished or dead-lettered key; if it does, p is attached back. The whole check
+// (which reads the table when the index probes find nothing) runs before the ACCESS
+// EXCLUSIVE lock, and only the index probes again under it: a live statement whose
+// cached generic plan still names the partition locks it as the statement starts (and
+// then replans), so it waits while the lock is held, which must be as short as the
+// DROP itself. A table already dropped (by another process) is not an error; the
 // result says whether this call dropped it.
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
 	back := false
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	live, err := holdsLiveKeys(ctx, db, l, p.Name)
+	if isPgCode(err, "42P01") { // dropped by another process
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(p.Name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		live, err := holdsLiveKeys(ctx, tx, l, p.Name)
+		if !live {
+			var err error
+			live, err = holdsLiveKeysProbe(ctx, tx, l, p.Name)
+			if err != nil {
+				return err
+			}
+		}
 		switch {
-		case err != nil:
-			return err
 		case !live:
-			_, err = tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
+			_, err := tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
 			return err
 		case p.From == nil || p.To == nil:
 			return fmt.Errorf("%w: %s, left detached (no bounds to attach it back by)", ErrLiveKeysInDetached, p.Name)
@@ -390,6 +405,19 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
 	}
 	return true, nil
+}
+
+// holdsLiveKeysProbe is holdsLiveKeys' index probes alone: an unfinished or a
+// dead-lettered key.
+func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
+	t := l.ident(name)
+	var live bool
+	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')`)
+	if err != nil {
+		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
+	}
+	return live, nil
 }
 
 // holdsLiveKeys reports whether the table name (a partition, attached or not) holds a
