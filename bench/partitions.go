@@ -129,11 +129,6 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 	if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
 		return nil, l.firstErr
 	}
-	base, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Base = base.liveStats
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -143,6 +138,11 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return nil, err
 	}
+	base, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, nil, pid)
+	if err != nil {
+		return nil, err
+	}
+	res.Base = base.liveStats
 	cpu0, _ := backendCPU(pid)
 	cleanup := func() error {
 		st := store.New()
@@ -162,7 +162,7 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 			}
 		}
 	}
-	during, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, cleanup)
+	during, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, cleanup, pid)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +174,7 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 	res.LiveWALBytes = int64(float64(base.walBytes) / base.elapsed.Seconds() * res.Cleanup.Seconds())
 	res.WALBytes = max(during.walBytes-res.LiveWALBytes, 0)
 	res.LockWaitSamples, res.Samples = during.lockWaits, during.samples
+	logf("partitions cleanup %s: lock waits seen during the cleanup: %v; without it: %v", s.name, during.kinds, base.kinds)
 	var left int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE created_at < now() - interval '30 days'`).Scan(&left); err != nil || left != 0 {
 		return nil, errors.Join(err, fmt.Errorf("%d expired keys left", left))
@@ -182,13 +183,15 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 }
 
 // liveWindow runs fresh requests for dur, or until cleanup (if given, run from the
-// window's start) ends if that is later, sampling pg_locks every 5 ms for a live backend of s's database
-// waiting on a lock; it returns the window with the WAL written during the cleanup (or
-// the whole window without one).
-func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Duration, cleanup func() error) (liveStatsSampled, error) {
+// window's start) ends if that is later, sampling pg_locks every 5 ms for a live
+// backend of s's database (not the cleanup's, cleanupPid) waiting on a lock; it
+// returns the window with the WAL written during the cleanup (or the whole window
+// without one).
+func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Duration, cleanup func() error, cleanupPid int) (liveStatsSampled, error) {
 	var out liveStatsSampled
 	stop := make(chan struct{})
 	sampled := make(chan [2]int, 1)
+	out.kinds = map[string]int{}
 	go func() {
 		waits, samples := 0, 0
 		t := time.NewTicker(5 * time.Millisecond)
@@ -200,12 +203,16 @@ func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Du
 				return
 			case <-t.C:
 			}
-			var w int
-			if err := e.check.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2`, s.db.name, appLive).Scan(&w); err == nil {
+			var kinds []string
+			if err := e.check.QueryRow(ctx, `SELECT coalesce(array_agg(l.locktype || ' ' || l.mode), '{}') FROM pg_locks l
+	JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2 AND a.pid <> $3`, s.db.name, appLive, cleanupPid).Scan(&kinds); err == nil {
 				samples++
-				if w > 0 {
+				if len(kinds) > 0 {
 					waits++
+				}
+				for _, k := range kinds {
+					out.kinds[k]++ // read after stop
 				}
 			}
 		}
@@ -248,6 +255,7 @@ WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2`, s.db.name, 
 type liveStatsSampled struct {
 	liveStats
 	lockWaits, samples int
+	kinds              map[string]int // lock type and mode of each wait seen
 }
 
 // walLSN is the server's current WAL position in bytes.

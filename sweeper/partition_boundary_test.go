@@ -99,13 +99,20 @@ func TestPartitionBoundaryUnderLoad(t *testing.T) {
 		require.Equal(t, 1, keyRows(t, b.db, key), key)
 		requireOneEffect(t, b, key, testflow.Pay)
 	}
+	requireCrossed(t, b, boundary, len(answers), len(pending))
+}
+
+// requireCrossed checks that keys were claimed on both sides of boundary and that
+// some claimed before it finished after it.
+func requireCrossed(t *testing.T, b *bundle, boundary time.Time, keys, released int) {
+	t.Helper()
 	var before, after, crossed int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE created_at < $1),
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE created_at < $1),
 	count(*) FILTER (WHERE created_at >= $1),
 	count(*) FILTER (WHERE created_at < $1 AND finished_at >= $1)
 FROM idemflow_keys`, boundary).Scan(&before, &after, &crossed))
 	t.Logf("keys=%d claimed before the boundary=%d after=%d claimed before and finished after=%d released=%d",
-		len(answers), before, after, crossed, len(pending))
+		keys, before, after, crossed, released)
 	require.Positive(t, before)
 	require.Positive(t, after)
 	require.Positive(t, crossed, "some key claimed before the boundary finished after it")
