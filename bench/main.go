@@ -87,6 +87,8 @@ type options struct {
 	distribute  string        // "auto", "on" or "off": distribute the key and charges tables on Citus
 	citus       bool          // start a throwaway Citus cluster and run on its coordinator
 	loserGap    time.Duration // losers part: the gap between bursts of copies
+	// partitionKeys: keys of the partitioned key table's experiment (partitions.go).
+	partitionKeys int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -110,6 +112,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
 	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
+	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
@@ -172,7 +175,7 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth", "partitions":
 			o.phases[p] = true
 		default:
 			return fmt.Errorf("-phases: unknown part %q", p)
@@ -392,6 +395,11 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 			return err
 		}
 		rep.losers = l
+	}
+	if o.phases["partitions"] { // not in the default parts: partitions.go
+		if err := env.partitionsRun(ctx); err != nil {
+			return err
+		}
 	}
 	// Many retained finished keys against an empty table.
 	if o.phases["growth"] && o.growth > 0 {

@@ -83,6 +83,7 @@ type report struct {
 	Answers, Retryable, BadAnswers             int
 	AuditRows, AuditViolations                 int
 	Retired                                    int // deleted by the cleanup (checkOpts.retired)
+	DuplicateRows                              int // (scope, key) pairs with two rows or more
 	Side                                       *sideReport
 	History                                    *historyReport
 	Violations                                 []string
@@ -133,6 +134,7 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		byID[k.id] = k
 	}
 	require.NoError(t, rows.Err())
+	e.checkDuplicateRows(ctx, t, r)
 	if o.retired {
 		e.addRetired(ctx, t, r, keys, byID)
 	}
@@ -318,6 +320,26 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
 	}
 	return r
+}
+
+// checkDuplicateRows reports every (scope, key) with more than one key row. The
+// default layout's primary key makes that impossible; a partitioned key table has no
+// unique index on (scope, key) (its primary key includes created_at), and only the
+// claim lock keeps one row per key there (docs/PARTITIONS.md), so the checker looks.
+func (e *env) checkDuplicateRows(ctx context.Context, t testing.TB, r *report) {
+	t.Helper()
+	rows, err := e.db.Pool.Query(ctx, `SELECT scope, idempotency_key, count(*),
+	string_agg(id::text || ' ' || tableoid::regclass::text || ' ' || status, ', ' ORDER BY created_at)
+FROM idemflow_keys GROUP BY scope, idempotency_key HAVING count(*) > 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var scope, key, which string
+		var n int
+		require.NoError(t, rows.Scan(&scope, &key, &n, &which))
+		r.DuplicateRows += n - 1
+		r.violate("key %s/%s has %d rows: %s", scope, key, n, which)
+	}
+	require.NoError(t, rows.Err())
 }
 
 // addRetired adds the key rows the cleanup deleted (rel_retired) to keys and byID. A

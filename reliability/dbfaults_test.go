@@ -24,7 +24,18 @@ import (
 // the key, never redone or lost.
 func TestDatabaseFaults(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, pgtest.New(t)).withSide(t)
+	testDatabaseFaults(t, newEnv(t, pgtest.New(t)).withSide(t))
+}
+
+// TestDatabaseFaultsPartitioned is TestDatabaseFaults on a key table partitioned by the
+// day (partition_test.go): its sweeper's passes maintain the partitions meanwhile.
+func TestDatabaseFaultsPartitioned(t *testing.T) {
+	t.Parallel()
+	testDatabaseFaults(t, newPartitionedEnv(t).withSide(t))
+}
+
+// testDatabaseFaults is TestDatabaseFaults on env.
+func testDatabaseFaults(t *testing.T, env *env) {
 	proxy := env.proxy()
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 	en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: 2 * time.Second}), cfg)
@@ -90,5 +101,5 @@ func TestDatabaseFaults(t *testing.T) {
 	require.Positive(t, proxy.Refused(), "connections were refused")
 	t.Logf("database faults: commit_ack_drops_armed=%d backends_terminated=%d commit_acks_lost=%d connections_refused=%d keys=%d attempts=%d drain=%s longest_attempt=%s duplicates=%d unfinished=%d",
 		armedAcks, terminated, proxy.Dropped(), proxy.Refused(), len(keys), l.attempts.Load(), drain.Round(time.Millisecond),
-		l.maxAttempt().Round(time.Millisecond), r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+		l.maxAttempt().Round(time.Millisecond), r.DuplicateEffects+r.DuplicatePayments+r.DuplicateRows, r.Unfinished)
 }

@@ -17,6 +17,13 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
+// networkFault is one case of TestNetworkFaults.
+type networkFault struct {
+	name  string
+	chaos func(p *faultproxy.Proxy, stop <-chan struct{}) // runs until stop
+	fired func(p *faultproxy.Proxy) int64
+}
+
 // TestNetworkFaults puts the fault proxy between the engine and Postgres and runs load
 // through added latency, blackholes, connections reset in the middle of a query and
 // half-open connections. The client bounds each attempt with a deadline and the server
@@ -26,12 +33,7 @@ import (
 // and 6.
 func TestNetworkFaults(t *testing.T) {
 	t.Parallel()
-	type fault struct {
-		name  string
-		chaos func(p *faultproxy.Proxy, stop <-chan struct{}) // runs until stop
-		fired func(p *faultproxy.Proxy) int64
-	}
-	faults := []fault{
+	faults := []networkFault{
 		{
 			name: "latency",
 			chaos: func(p *faultproxy.Proxy, stop <-chan struct{}) {
@@ -71,39 +73,45 @@ func TestNetworkFaults(t *testing.T) {
 			fired: (*faultproxy.Proxy).HalfOpened,
 		},
 	}
-	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			t.Parallel()
-			env := newEnv(t, pgtest.New(t)).withSide(t)
-			proxy := env.proxy()
-			cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
-			dl := &deadlines{}
-			en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: time.Second, deadlines: dl, params: map[string]string{
-				"statement_timeout":                   "2s",
-				"idle_in_transaction_session_timeout": "3s",
-			}}), cfg)
-			const deadline = 2 * time.Second
-			l := env.startLoad(en, loadOpts{workers: tier(4, 6), prefix: f.name, attemptTimeout: deadline})
-			stop := make(chan struct{})
-			done := make(chan struct{})
-			go func() { defer close(done); f.chaos(proxy, stop) }()
-			pause(nil, time.Duration(scale(2, 20, 150))*time.Second, 0)
-			close(stop)
-			<-done
-			proxy.Heal()
-			drain := l.finish(t)
-			// A key whose last attempt failed keeps its lease until it ends; the
-			// clients finished theirs, so every key is final: check.
-			keys := l.submitted()
-			r := env.check(t, checkOpts{keys: keys})
-			require.Positive(t, f.fired(proxy), "the fault fired")
-			dl.requireWithin(t, max(deadline, settleBound))
-			require.LessOrEqual(t, l.maxAttempt(), stuckLimit, "an attempt hung")
-			t.Logf("network %s: fired=%d keys=%d attempts=%d drain=%s longest_attempt=%s (client deadline %s) %s duplicates=%d unfinished=%d",
-				f.name, f.fired(proxy), len(keys), l.attempts.Load(), drain.Round(time.Millisecond),
-				l.maxAttempt().Round(time.Millisecond), deadline, dl, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
-		})
+	for _, layout := range []string{"", "partitioned_"} { // partition_test.go
+		for _, f := range faults {
+			t.Run(layout+f.name, func(t *testing.T) {
+				t.Parallel()
+				testNetworkFault(t, newEnvOf(t, layout != "").withSide(t), f)
+			})
+		}
 	}
+}
+
+// testNetworkFault is one case of TestNetworkFaults, on env.
+func testNetworkFault(t *testing.T, env *env, f networkFault) {
+	proxy := env.proxy()
+	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
+	dl := &deadlines{}
+	en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: time.Second, deadlines: dl, params: map[string]string{
+		"statement_timeout":                   "2s",
+		"idle_in_transaction_session_timeout": "3s",
+	}}), cfg)
+	const deadline = 2 * time.Second
+	l := env.startLoad(en, loadOpts{workers: tier(4, 6), prefix: f.name, attemptTimeout: deadline})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); f.chaos(proxy, stop) }()
+	pause(nil, time.Duration(scale(2, 20, 150))*time.Second, 0)
+	close(stop)
+	<-done
+	proxy.Heal()
+	drain := l.finish(t)
+	// A key whose last attempt failed keeps its lease until it ends; the
+	// clients finished theirs, so every key is final: check.
+	keys := l.submitted()
+	r := env.check(t, checkOpts{keys: keys})
+	require.Positive(t, f.fired(proxy), "the fault fired")
+	dl.requireWithin(t, max(deadline, settleBound))
+	require.LessOrEqual(t, l.maxAttempt(), stuckLimit, "an attempt hung")
+	t.Logf("network %s: fired=%d keys=%d attempts=%d drain=%s longest_attempt=%s (client deadline %s) %s duplicates=%d unfinished=%d",
+		f.name, f.fired(proxy), len(keys), l.attempts.Load(), drain.Round(time.Millisecond),
+		l.maxAttempt().Round(time.Millisecond), deadline, dl, r.DuplicateEffects+r.DuplicatePayments+r.DuplicateRows, r.Unfinished)
 }
 
 // TestStatementTimeout makes a tx phase run a statement longer than the server's

@@ -52,7 +52,8 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead' AND ` + bulkFilter
 // sqlCancel finishes an unfinished key with an operator's response ($6-$8), as a
 // finish does, and bumps the lock version so that no executor that held it can commit
 // again. It matches only the row as the caller read it: id $3, lock version $4,
-// recovery point $5, still in progress or dead-lettered. History entry $9, kept $10.
+// recovery point $5, created at $11 (its partition), still in progress or
+// dead-lettered. History entry $9, kept $10.
 var sqlCancel = `UPDATE idemflow_keys
 SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
 	response_status = $6, response_headers = $7, response_body = $8,
@@ -60,7 +61,7 @@ SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request
 	history = ` + historyAppend("9", "10") + `,
 	finished_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4
-	AND recovery_point = $5 AND status IN ('in_progress', 'dead')`
+	AND recovery_point = $5 AND status IN ('in_progress', 'dead') AND created_at = $11::timestamptz`
 
 // BulkKey is a key a bulk scan found, and its place in the scan's order.
 type BulkKey struct {
@@ -115,6 +116,8 @@ type Cancel struct {
 	ID            string
 	LockVersion   int64
 	RecoveryPoint string
+	// CreatedAt is the row's created_at (Row.CreatedAt).
+	CreatedAt time.Time
 	// Response is the answer stored; its History the operator's entry.
 	Response StoredResponse
 }
@@ -129,7 +132,7 @@ func (s *Store) CancelKey(ctx context.Context, db DBTX, scope, key string, c Can
 		body = []byte{}
 	}
 	args := []any{scope, key, c.ID, c.LockVersion, c.RecoveryPoint, c.Response.Status,
-		json.RawMessage(c.Response.Headers), body, e, keep}
+		json.RawMessage(c.Response.Headers), body, e, keep, c.CreatedAt}
 	return s.execOne(ctx, db, "cancel key", s.admin.cancel, args)
 }
 

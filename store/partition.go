@@ -78,6 +78,10 @@ type PartitionReport struct {
 	Kept int
 	// Busy: another process held the maintenance lock; nothing was created.
 	Busy bool
+	// Stall, on Citus only (no concurrent detach there), is the longest plain detach
+	// of the step: how long a live statement on the key table may have waited behind
+	// it (bounded by a 200 ms lock timeout plus the detach itself; docs/PARTITIONS.md).
+	Stall time.Duration
 	// Want is how many partitions the default ahead calls for: a warning is due when
 	// fewer than half as many are Ahead (Low).
 	Want int
@@ -364,3 +368,13 @@ func noPartition(pgErr *pgconn.PgError) bool {
 // (docs/PARTITIONS.md) matches nothing there, where a ctid alone could match another
 // partition's row.
 const ownTableRows = `tableoid = 'idemflow_keys'::regclass AND `
+
+// lookupSQL is the look-up's text for the layout s has learnt: on a partitioned key
+// table, the one that prunes (sqlLookupPartitioned); until the layout is known, and on
+// a plain table, sqlLookup, which is correct on both.
+func (s *Store) lookupSQL() string {
+	if s.learnt.partitioned.Load() == 2 {
+		return s.sql.lookupPartitioned
+	}
+	return s.sql.lookup
+}

@@ -52,8 +52,7 @@ func BenchmarkPartitionedAdvance(b *testing.B) {
 	defer conn.Release()
 	st := store.New()
 	c := benchClaim()
-	claimFor(b, conn, c)
-	f := store.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1}
+	f := store.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1, CreatedAt: claimFor(b, conn, c)}
 	b.ReportAllocs()
 	for b.Loop() {
 		err := sendTx(ctx, conn, func(bt *pgx.Batch) {

@@ -228,13 +228,17 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 		return r, fmt.Errorf("remove partitions: %w", err)
 	}
 	r.Ahead = l.ahead()
+	citus, _, err := s.scanLayout(ctx, db)
+	if err != nil {
+		return r, fmt.Errorf("remove partitions: %w", err)
+	}
 	horizon := l.now.Add(-retention)
 	var errs []error
 	for _, p := range l.parts {
 		if p.To == nil || p.To.After(horizon) {
 			continue
 		}
-		out, err := removePartition(ctx, db, l, p)
+		out, err := removePartition(ctx, db, l, p, citus, &r)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -272,8 +276,9 @@ const (
 	partitionBusy           // another process is detaching it
 )
 
-// removePartition removes the attached partition p if it holds no live key.
-func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (int, error) {
+// removePartition removes the attached partition p if it holds no live key. On Citus
+// (citus) the detach is the plain one (detachBounded), whose stall it adds to r.
+func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, citus bool, r *PartitionReport) (int, error) {
 	if !p.DetachPending {
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
 		if isPgCode(err, "42P01") { // dropped by another process since the listing
@@ -287,7 +292,14 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	if p.DetachPending {
 		how = "FINALIZE"
 	}
-	_, err := db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+	var err error
+	if citus && !p.DetachPending {
+		var stall time.Duration
+		stall, err = detachBounded(ctx, db, l, p)
+		r.Stall = max(r.Stall, stall)
+	} else {
+		_, err = db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+	}
 	switch {
 	// 42P01: not a partition any more, 55000: a detach already pending (another
 	// process removes it); the next step sees how it ended.
@@ -302,25 +314,81 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	return partitionRemoved, nil
 }
 
-// dropDetached drops the detached partition p after checking, in the dropping
-// transaction, that it holds no unfinished or dead-lettered key; if it does, p is
-// attached back. A table already dropped (by another process) is not an error; the
+// On Citus 12.1 there is no DETACH … CONCURRENTLY: the plain detach takes ACCESS
+// EXCLUSIVE on the key table, and every statement on it queues behind the detach while
+// it waits for that lock and while it runs. The wait is bounded by a short lock
+// timeout, and a detach that timed out is retried after a pause (live traffic runs in
+// between), a few times, then left for the next pass.
+const (
+	citusDetachTimeout = 200 * time.Millisecond
+	citusDetachTries   = 5
+)
+
+// detachBounded detaches p with the plain DETACH PARTITION in a transaction whose
+// lock_timeout is citusDetachTimeout, retried up to citusDetachTries times on a lock
+// timeout (55P03). It returns the longest of its transactions: how long a live
+// statement on the key table may have waited behind it.
+func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (time.Duration, error) {
+	var stall time.Duration
+	pause := citusDetachTimeout
+	for try := 1; ; try++ {
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, citusDetachTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name))
+			return err
+		})
+		stall = max(stall, time.Since(start))
+		if err == nil || !isPgCode(err, "55P03") || try == citusDetachTries {
+			return stall, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return stall, ctx.Err()
+		case <-t.C:
+		}
+		pause *= 2
+	}
+}
+
+// dropDetached drops the detached partition p after checking that it holds no
+// unfinished or dead-lettered key; if it does, p is attached back. The whole check
+// (which reads the table when the index probes find nothing) runs before the ACCESS
+// EXCLUSIVE lock, and only the index probes again under it: a live statement whose
+// cached generic plan still names the partition locks it as the statement starts (and
+// then replans), so it waits while the lock is held, which must be as short as the
+// DROP itself. A table already dropped (by another process) is not an error; the
 // result says whether this call dropped it.
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
 	back := false
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	live, err := holdsLiveKeys(ctx, db, l, p.Name)
+	if isPgCode(err, "42P01") { // dropped by another process
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(p.Name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		live, err := holdsLiveKeys(ctx, tx, l, p.Name)
+		if !live {
+			var err error
+			live, err = holdsLiveKeysProbe(ctx, tx, l, p.Name)
+			if err != nil {
+				return err
+			}
+		}
 		switch {
-		case err != nil:
-			return err
 		case !live:
-			_, err = tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
+			_, err := tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
 			return err
 		case p.From == nil || p.To == nil:
 			return fmt.Errorf("%w: %s, left detached (no bounds to attach it back by)", ErrLiveKeysInDetached, p.Name)
@@ -337,6 +405,19 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
 	}
 	return true, nil
+}
+
+// holdsLiveKeysProbe is holdsLiveKeys' index probes alone: an unfinished or a
+// dead-lettered key.
+func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
+	t := l.ident(name)
+	var live bool
+	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')`)
+	if err != nil {
+		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
+	}
+	return live, nil
 }
 
 // holdsLiveKeys reports whether the table name (a partition, attached or not) holds a
@@ -380,6 +461,30 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 	}
 	s.learnt.partitioned.Store(2)
 	rr, err := s.RemovePartitions(ctx, db, retention)
-	r.Removed, r.Kept = rr.Removed, rr.Kept
+	r.Removed, r.Kept, r.Stall = rr.Removed, rr.Kept, rr.Stall
 	return r, err
+}
+
+// CheckPartitions reads the key table's layout without changing anything: on a
+// partitioned key table it reports how many partitions exist ahead of now and how
+// many the default ahead calls for (Ahead, Want; Low says when a warning is due), and
+// s learns the layout, so that its look-up prunes partitions from then on
+// (sqlLookupPartitioned). On a plain key table it returns ErrNotPartitioned, and s
+// keeps its statements. An engine calls it once as it starts.
+func (s *Store) CheckPartitions(ctx context.Context, db DBTX) (PartitionReport, error) {
+	var r PartitionReport
+	l, err := s.layout(ctx, db)
+	switch {
+	case err != nil:
+		return r, fmt.Errorf("check partitions: %w", err)
+	case !l.partitioned:
+		s.learnt.partitioned.Store(1)
+		return r, fmt.Errorf("check partitions: %w", ErrNotPartitioned)
+	}
+	s.learnt.partitioned.Store(2)
+	r.Ahead = l.ahead()
+	if w, err := l.width(); err == nil {
+		r.Want = int(defaultAhead(w) / w)
+	}
+	return r, nil
 }

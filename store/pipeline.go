@@ -50,13 +50,14 @@ var sqlPipeClaimLock = `SELECT 1/pg_try_advisory_xact_lock(` + claimLockID("1") 
 // sqlPipeClaimAbsent raises 22012 when the key row exists.
 const sqlPipeClaimAbsent = `SELECT 1/(NOT EXISTS (SELECT FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2))::int`
 
-// pipeRow names the row one executor owns, created at $5 when that is not NULL.
-const pipeRow = fence + ` AND ($5::timestamptz IS NULL OR created_at = $5)`
+// pipeRow names the row one executor owns, created at $5 (its partition, on a
+// partitioned key table).
+var pipeRow = fence("5")
 
 // sqlPipeFence locks the executor's key row without waiting and returns its creation
 // time; it raises 22012 when the row no longer has the executor's fence, 55P03 when
 // another transaction holds its lock.
-const sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
+var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 	SELECT created_at FROM idemflow_keys WHERE ` + pipeRow + `
 	FOR NO KEY UPDATE NOWAIT) f`
 
@@ -64,7 +65,7 @@ const sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 const sqlPipeInsertKey = sqlInsertKey + ` RETURNING created_at`
 
 // sqlPipeAdvance is sqlAdvance for a row the fence locked: a plain update.
-const sqlPipeAdvance = `UPDATE idemflow_keys
+var sqlPipeAdvance = `UPDATE idemflow_keys
 SET recovery_point = $6, phase_data = $7,
 	locked_until = statement_timestamp() + $8::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
@@ -78,20 +79,6 @@ SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request
 	locked_until = NULL, last_error = NULL, history = ` + historyAppend("9", "10") + `,
 	finished_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE ` + pipeRow
-
-// KeyRow is a key row as a pipelined phase names it: its fence, and its creation time
-// when known (the zero time when not).
-type KeyRow struct {
-	Fence
-	CreatedAt time.Time
-}
-
-func (k KeyRow) createdAt() any {
-	if k.CreatedAt.IsZero() {
-		return nil
-	}
-	return k.CreatedAt
-}
 
 // QueuePipeClaim adds a new key's claim to b: two statements, which raise when the
 // claim is lost. Read them with ReadPipeClaim.
@@ -116,9 +103,9 @@ func (s *Store) ReadPipeClaim(br pgx.BatchResults) error {
 	return nil
 }
 
-// QueuePipeFence adds the fence of k's row to b. Read it with ReadPipeFence.
-func (s *Store) QueuePipeFence(b *pgx.Batch, k KeyRow) {
-	b.Queue(s.pipe.fence, k.Scope, k.Key, k.ID, k.LockVersion, k.createdAt())
+// QueuePipeFence adds the fence of f's row to b. Read it with ReadPipeFence.
+func (s *Store) QueuePipeFence(b *pgx.Batch, f Fence) {
+	b.Queue(s.pipe.fence, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
 }
 
 // ReadPipeFence reads QueuePipeFence's result: the row's creation time; ErrLeaseLost
@@ -156,18 +143,18 @@ func (s *Store) ReadPipeInsertKey(br pgx.BatchResults) (time.Time, error) {
 	return created, nil
 }
 
-// QueuePipeAdvance adds to b the plain update that moves the fenced row k to
+// QueuePipeAdvance adds to b the plain update that moves the fenced row f to
 // a.RecoveryPoint with a.Data and a lease of a.Lease. Read it with ReadPipeWrite.
-func (s *Store) QueuePipeAdvance(b *pgx.Batch, k KeyRow, a Advance) {
-	b.Queue(s.pipe.advance, k.Scope, k.Key, k.ID, k.LockVersion, k.createdAt(),
+func (s *Store) QueuePipeAdvance(b *pgx.Batch, f Fence, a Advance) {
+	b.Queue(s.pipe.advance, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
 		a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds())
 }
 
-// QueuePipeFinish adds to b the plain update that finishes the fenced row k with
+// QueuePipeFinish adds to b the plain update that finishes the fenced row f with
 // resp. Read it with ReadPipeWrite.
-func (s *Store) QueuePipeFinish(b *pgx.Batch, k KeyRow, resp StoredResponse) {
+func (s *Store) QueuePipeFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	e, keep := resp.History.args()
-	b.Queue(s.pipe.finish, k.Scope, k.Key, k.ID, k.LockVersion, k.createdAt(),
+	b.Queue(s.pipe.finish, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
 		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
 }
 

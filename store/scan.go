@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,10 +73,10 @@ type scanState struct {
 // candidate's guard on the newest row version. A candidate that changed after the
 // scan is skipped.
 
-// lockedByNoOne is true, and locks the key row $1, $2 for the statement's
-// transaction, unless another transaction holds it.
+// lockedByNoOne is true, and locks the key row $1, $2 created at $7 for the
+// statement's transaction, unless another transaction holds it.
 const lockedByNoOne = `EXISTS (SELECT 1 FROM idemflow_keys l
-		WHERE l.scope = $1 AND l.idempotency_key = $2 FOR UPDATE SKIP LOCKED)`
+		WHERE l.scope = $1 AND l.idempotency_key = $2 AND l.created_at = $7::timestamptz FOR UPDATE SKIP LOCKED)`
 
 // dueGuard matches a key a sweeper may take: unfinished, lease expired or released, due.
 const dueGuard = `status = 'in_progress'
@@ -84,8 +85,8 @@ const dueGuard = `status = 'in_progress'
 
 // sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3, at a recovery
 // point in $4 (knownPoint), with a fingerprint and phase data this release reads
-// (knownFormat): scope, key, lock version.
-var sqlScanDue = `SELECT scope, idempotency_key, lock_version
+// (knownFormat): scope, key, lock version, created_at.
+var sqlScanDue = `SELECT scope, idempotency_key, lock_version, created_at
 FROM idemflow_keys
 WHERE ` + dueGuard + `
 	AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
@@ -95,14 +96,15 @@ WHERE ` + dueGuard + `
 ORDER BY next_attempt_at
 LIMIT $1`
 
-// sqlTakeKey takes over the due key $1, $2 if its lock version is still $3, as
-// sqlTakeDue does for a batch: a lease of $4 ms, history kept $5, recovery point in
-// $6 and formats known, re-checked (a release may have moved them since the scan).
+// sqlTakeKey takes over the due key $1, $2 created at $7 (its partition) if its lock
+// version is still $3, as sqlTakeDue does for a batch: a lease of $4 ms, history kept
+// $5, recovery point in $6 and formats known, re-checked (a release may have moved
+// them since the scan).
 var sqlTakeKey = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
-WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3
+WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3 AND created_at = $7::timestamptz
 	AND ` + dueGuard + `
 	AND ` + knownPoint("6") + `
 	AND ` + knownFormat + `
@@ -115,7 +117,7 @@ RETURNING ` + leasedColumns("4")
 func expiryOf(status, column, order string) (scan, del string) {
 	guard := `status = '` + status + `'
 	AND ` + column + ` < statement_timestamp() - $%d::bigint * interval '1 millisecond'`
-	scan = `SELECT scope, idempotency_key, lock_version
+	scan = `SELECT scope, idempotency_key, lock_version, created_at
 FROM idemflow_keys
 WHERE ` + fmt.Sprintf(guard, 1) + `
 ORDER BY ` + order + `
@@ -123,19 +125,21 @@ LIMIT $2`
 	return scan, deleteOfScope(fmt.Sprintf(guard, 3))
 }
 
-// deleteOfScope is the delete of the keys $2 (an array) of the scope $1 that still
-// match guard and that no one else holds: the guard is re-checked on the newest row
+// deleteOfScope is the delete of the keys $2 (an array) of the scope $1, created
+// from $4 to $5 (the first and last of their created_at: on a partitioned key table,
+// the partitions read; a list of values would prune none when the executor starts),
+// that still match guard and that no one else holds: the guard is re-checked on the newest row
 // version by FOR UPDATE, and a row another transaction holds is skipped. One scope
 // is one shard on Citus.
 func deleteOfScope(guard string) string {
 	return `WITH c AS (
 	SELECT idempotency_key FROM idemflow_keys
-	WHERE scope = $1 AND idempotency_key = ANY($2::text[])
+	WHERE scope = $1 AND idempotency_key = ANY($2::text[]) AND created_at BETWEEN $4::timestamptz AND $5::timestamptz
 		AND ` + guard + `
 	FOR UPDATE SKIP LOCKED
 )
 DELETE FROM idemflow_keys k USING c
-WHERE k.scope = $1 AND k.idempotency_key = c.idempotency_key`
+WHERE k.scope = $1 AND k.idempotency_key = c.idempotency_key AND k.created_at BETWEEN $4::timestamptz AND $5::timestamptz`
 }
 
 // The expiries of finished keys by finish, and of dead-lettered keys by the time
@@ -152,7 +156,7 @@ const parkedGuard = `status = 'in_progress'
 
 // sqlScanParked lists up to $2 keys of the client-only flows $1 parked since their
 // claim more than $3 ms ago.
-const sqlScanParked = `SELECT scope, idempotency_key, lock_version
+const sqlScanParked = `SELECT scope, idempotency_key, lock_version, created_at
 FROM idemflow_keys
 WHERE flow = ANY($1::text[]) AND ` + parkedGuard + `
 ORDER BY next_attempt_at
@@ -216,10 +220,11 @@ func (s *Store) expire(ctx context.Context, db DBTX, x expiry, olderThan int64, 
 	return n, nil
 }
 
-// candidate is a key a scan found: its scope, key and lock version.
+// candidate is a key a scan found: its scope, key, lock version and created_at.
 type candidate struct {
 	scope, key string
 	version    int64
+	created    time.Time
 }
 
 // scanKeys runs the scan sql with args and returns its candidates.
@@ -230,7 +235,7 @@ func scanKeys(ctx context.Context, db DBTX, sql string, args ...any) ([]candidat
 	}
 	var out []candidate
 	var c candidate
-	_, err = pgx.ForEachRow(rows, []any{&c.scope, &c.key, &c.version}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&c.scope, &c.key, &c.version, &c.created}, func() error {
 		out = append(out, c)
 		return nil
 	})
@@ -247,15 +252,25 @@ func expireKeys(ctx context.Context, db DBTX, scan, del string, olderThan int64,
 	}
 	var scopes []string
 	keys := map[string][]string{}
+	created := map[string][2]time.Time{} // the first and the last
 	for _, c := range cands {
-		if _, ok := keys[c.scope]; !ok {
+		span, ok := created[c.scope]
+		if !ok {
 			scopes = append(scopes, c.scope)
+			span = [2]time.Time{c.created, c.created}
 		}
 		keys[c.scope] = append(keys[c.scope], c.key)
+		if c.created.Before(span[0]) {
+			span[0] = c.created
+		}
+		if c.created.After(span[1]) {
+			span[1] = c.created
+		}
+		created[c.scope] = span
 	}
 	b := &pgx.Batch{}
 	for _, scope := range scopes {
-		b.Queue(del, scope, keys[scope], olderThan)
+		b.Queue(del, scope, keys[scope], olderThan, created[scope][0], created[scope][1])
 	}
 	var n int64
 	err = each(ctx, db, b, func(rows pgx.Rows) error {

@@ -23,7 +23,7 @@ import (
 
 // statements are the texts of the statements a Store sends, built once by New.
 type statements struct {
-	lookup, claimLock                                    string
+	lookup, lookupPartitioned, claimLock                 string
 	insertKey, insertFinished                            string
 	claimInsertKey, claimInsertFinished                  string
 	advance, finish, release, takeover                   string
@@ -38,7 +38,7 @@ type statements struct {
 func newStatements(schema string) statements {
 	q := func(sql string) string { return qualify(sql, schema) }
 	return statements{
-		lookup: q(sqlLookup), claimLock: q(sqlClaimLock),
+		lookup: q(sqlLookup), lookupPartitioned: q(sqlLookupPartitioned), claimLock: q(sqlClaimLock),
 		insertKey: q(sqlInsertKey), insertFinished: q(sqlInsertFinished),
 		claimInsertKey: q(sqlClaimInsertKey), claimInsertFinished: q(sqlClaimInsertFinished),
 		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
@@ -69,10 +69,12 @@ func qualify(sql, schema string) string {
 }
 
 // keyColumns are the columns of Row stored on a key row, in the order scanOne reads
-// them (and named as Row's db tags, for the sweeper's lists).
+// them (and named as Row's db tags, for the sweeper's lists). created_at is the last
+// part of the row's identity (Fence.CreatedAt): on a partitioned key table it names
+// the row's partition.
 const keyColumns = `
 	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin`
+	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin, created_at`
 
 // responseColumns are the stored response's columns of Row, read after the lease's.
 const responseColumns = `
@@ -104,6 +106,19 @@ const sqlLookup = `SELECT ` + rowColumns + `
 FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
+// sqlLookupPartitioned is sqlLookup on a partitioned key table (docs/PARTITIONS.md):
+// the partitions that begin after the statement's start are pruned when the executor
+// starts (no visible row was created after it: a row's created_at is its inserting
+// transaction's start), and the others are read newest first until one holds the key
+// (an ordered scan of the partitions under LIMIT 1), so that a replay of a recent key
+// reads one partition. Every attached partition in the past may hold a live key (a
+// partition is removed only once it holds no unfinished or dead-lettered key), so a
+// key not found has been looked for in each.
+const sqlLookupPartitioned = sqlLookup + `
+	AND created_at <= statement_timestamp()
+ORDER BY created_at DESC
+LIMIT 1`
+
 // The claim. A new key's row is written only when its first transaction commits, so
 // that a first phase costs one write of the key row, not an insert and an update. Until
 // then the key is held by a transaction-scoped advisory lock on a 64-bit hash of (scope,
@@ -122,8 +137,9 @@ func claimLockID(n string) string {
 }
 
 // sqlClaimLock takes the key's claim lock if it is free: true when taken (or already
-// held by this transaction).
-var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `)`
+// held by this transaction); and the transaction's start, which the key row inserted
+// by this transaction takes as its created_at (the column's default).
+var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `), now()`
 
 // insertColumns are the columns every insert of a key row sets.
 const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data`
@@ -153,15 +169,23 @@ var sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VAL
 // inserted when the claim lock ($13) is held by another transaction, and a row that
 // exists aborts the transaction on the primary key (23505), whatever the snapshot.
 var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin)
-SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)`
+SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
+RETURNING created_at`
 
 // sqlClaimInsertFinished is sqlClaimInsertKey for a key that finishes in the same
 // transaction (lock id $13).
 var sqlClaimInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `)
-SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)`
+SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
+RETURNING created_at`
 
-// fence matches the row one executor owns.
-const fence = `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'`
+// fence matches the row one executor owns: $1-$4 and, as the statement's last
+// argument $n, the row's created_at, which names its partition on a partitioned key
+// table (the statement then reads one partition) and changes nothing on a plain one
+// (the primary key finds the row).
+func fence(n string) string {
+	return `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'
+	AND created_at = $` + n + `::timestamptz`
+}
 
 // A fenced update that rides with COMMIT aborts the transaction unless it updated
 // exactly one row: 1/count(*) divides by zero (22012) when the fence missed, and the
@@ -169,12 +193,12 @@ const fence = `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_ve
 
 // sqlAdvance moves the recovery point and extends the lease; aborts unless it updated
 // exactly one row.
-const sqlAdvance = `WITH u AS (
+var sqlAdvance = `WITH u AS (
 	UPDATE idemflow_keys
 	SET recovery_point = $5, phase_data = $6,
 		locked_until = statement_timestamp() + $7::bigint * interval '1 millisecond',
 		updated_at = statement_timestamp()
-	WHERE ` + fence + `
+	WHERE ` + fence("8") + `
 	RETURNING 1
 )
 SELECT 1/count(*)::int FROM u`
@@ -188,7 +212,7 @@ var sqlFinish = `WITH u AS (
 		response_status = $5, response_headers = $6, response_body = $7,
 		locked_until = NULL, last_error = NULL, history = ` + historyAppend("8", "9") + `,
 		finished_at = statement_timestamp(), updated_at = statement_timestamp()
-	WHERE ` + fence + `
+	WHERE ` + fence("10") + `
 	RETURNING 1
 )
 SELECT 1/count(*)::int FROM u`
@@ -202,7 +226,7 @@ var sqlRelease = `UPDATE idemflow_keys
 SET recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("10", "11") + `,
 	next_attempt_at = statement_timestamp() + $8::bigint * interval '1 millisecond',
 	locked_until = NULL, updated_at = statement_timestamp()
-WHERE ` + fence + ` AND recovery_point = $9`
+WHERE ` + fence("12") + ` AND recovery_point = $9`
 
 // sqlTakeover takes an expired or released lease, bumping the lock version. An
 // expired lease's attempt ended without a record: it is recorded as abandoned (history
@@ -211,7 +235,7 @@ var sqlTakeover = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("6") + `,
 	locked_until = statement_timestamp() + $5::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
-WHERE ` + fence + `
+WHERE ` + fence("7") + `
 	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
 RETURNING ` + leasedColumns("5")
 
@@ -264,9 +288,9 @@ RETURNING ` + leasedColumns("3")
 // attempt the takeover counted is uncounted, once (a key without a lease is not
 // matched). next_attempt_at is unchanged, so the key stays due. The lock version stays
 // bumped.
-const sqlGiveBack = `UPDATE idemflow_keys
+var sqlGiveBack = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = statement_timestamp()
-WHERE ` + fence + ` AND locked_until IS NOT NULL`
+WHERE ` + fence("5") + ` AND locked_until IS NOT NULL`
 
 // sqlAbandon takes a key away from an attempt its process gives up on (a drain past
 // its deadline): the lock version is bumped, so that the attempt, should it still run,
@@ -275,7 +299,7 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 var sqlAbandon = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL, last_error = $5, history = ` + historyAppend("6", "7") + `,
 	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE ` + fence + ` AND locked_until IS NOT NULL`
+WHERE ` + fence("8") + ` AND locked_until IS NOT NULL`
 
 // sqlPark parks a key that only its client can finish: the lease is cleared, the
 // takeover's attempt uncounted, why it waits recorded as its last error ($5), and the
@@ -284,7 +308,7 @@ var sqlPark = `UPDATE idemflow_keys
 SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5, history = ` + historyAppend("7", "8") + `,
 	next_attempt_at = statement_timestamp() + $6::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
-WHERE ` + fence + ` AND locked_until IS NOT NULL`
+WHERE ` + fence("9") + ` AND locked_until IS NOT NULL`
 
 // sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
 // recovery point and phase data are kept, so a re-drive resumes where it stopped.
@@ -292,7 +316,7 @@ WHERE ` + fence + ` AND locked_until IS NOT NULL`
 var sqlDeadLetter = `UPDATE idemflow_keys
 SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("9", "10") + `,
 	locked_until = NULL, updated_at = statement_timestamp()
-WHERE ` + fence + ` AND recovery_point = $8`
+WHERE ` + fence("11") + ` AND recovery_point = $8`
 
 // sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due
 // now. The lock version is bumped so nothing that ran it before can commit. last_error

@@ -44,6 +44,10 @@ type Row struct {
 	// Origin is what the engine's Origin hook gave when the key was claimed; empty if
 	// none.
 	Origin string `db:"origin"`
+	// CreatedAt is when the key row was inserted (its inserting transaction's start,
+	// by the database clock, to the microsecond): the last part of the row's identity,
+	// which names its partition on a partitioned key table (docs/PARTITIONS.md).
+	CreatedAt time.Time `db:"created_at"`
 	// LeaseLive reports whether locked_until is in the future, by the database clock.
 	LeaseLive bool `db:"lease_live"`
 	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the
@@ -60,7 +64,7 @@ func (r *Row) LeaseLeft() time.Duration { return time.Duration(r.LeaseLeftMillis
 
 // Fence is the fence of the row as it was read.
 func (r *Row) Fence() Fence {
-	return Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion}
+	return Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion, CreatedAt: r.CreatedAt}
 }
 
 // Fence names one key row as one executor knows it: a fenced statement matches only if
@@ -70,6 +74,11 @@ type Fence struct {
 	Key         string
 	ID          string
 	LockVersion int64
+	// CreatedAt is the row's created_at (Row.CreatedAt, or what the claim that
+	// inserted it read: ReadClaimLockAt, ReadClaimInsertAt). Every fenced statement
+	// matches it: on a partitioned key table it prunes the statement to the row's
+	// partition.
+	CreatedAt time.Time
 }
 
 // Claim is a new key row.
@@ -175,7 +184,7 @@ func ValidateSchema(schema string) error {
 
 // Lookup returns the key row, or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.lookup, scope, key)
+	rows, err := db.Query(ctx, s.lookupSQL(), scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
@@ -206,16 +215,24 @@ func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
 
 // ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
 func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
+	locked, _, err := s.ReadClaimLockAt(br)
+	return locked, err
+}
+
+// ReadClaimLockAt is ReadClaimLock that also returns the transaction's start: the
+// created_at of a key row the transaction inserts (Fence.CreatedAt).
+func (s *Store) ReadClaimLockAt(br pgx.BatchResults) (bool, time.Time, error) {
 	var locked bool
-	if err := br.QueryRow().Scan(&locked); err != nil {
-		return false, fmt.Errorf("claim key: %w", Classify(err))
+	var at time.Time
+	if err := br.QueryRow().Scan(&locked, &at); err != nil {
+		return false, time.Time{}, fmt.Errorf("claim key: %w", Classify(err))
 	}
-	return locked, nil
+	return locked, at, nil
 }
 
 // QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
 func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
-	b.Queue(s.sql.lookup, scope, key)
+	b.Queue(s.lookupSQL(), scope, key)
 }
 
 // ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
@@ -274,14 +291,22 @@ func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredRespo
 // lock (nothing was written and the transaction is still good); ErrClaimExists when
 // the row exists (the transaction is aborted); or another translated error.
 func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
-	tag, err := br.Exec()
+	_, err := s.ReadClaimInsertAt(br)
+	return err
+}
+
+// ReadClaimInsertAt is ReadClaimInsert that also returns the inserted row's
+// created_at (Fence.CreatedAt).
+func (s *Store) ReadClaimInsertAt(br pgx.BatchResults) (time.Time, error) {
+	var at time.Time
+	err := br.QueryRow().Scan(&at)
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, fmt.Errorf("claim key: %w", ErrClaimBusy)
 	case err != nil:
-		return insertErr(err)
-	case tag.RowsAffected() == 0:
-		return fmt.Errorf("claim key: %w", ErrClaimBusy)
+		return time.Time{}, insertErr(err)
 	}
-	return nil
+	return at, nil
 }
 
 func insertErr(err error) error {
@@ -300,7 +325,7 @@ func insertErr(err error) error {
 // match, the statement raises and the transaction aborts. Read its result with
 // ReadFenced.
 func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
-	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds())
+	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds(), f.CreatedAt)
 }
 
 // QueueFinish adds to b the fenced update that stores the response, appends
@@ -308,7 +333,7 @@ func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
 // raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	e, keep := resp.History.args()
-	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
+	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
 }
 
 // ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
@@ -325,7 +350,7 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 // is due again after r.RetryIn. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
 	e, keep := r.History.args()
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep)
+	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -342,7 +367,7 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error 
 // lease's attempt is recorded in the history as abandoned, keeping the newest keep
 // entries (0: history is off).
 func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration, keep int) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0))
+	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0), seen.CreatedAt)
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}
@@ -363,7 +388,7 @@ func scanOne(rows pgx.Rows, op string, none error) (*Row, error) {
 	}
 	var r Row
 	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Flow, &r.Method, &r.Route, &r.Fingerprint, &r.RequestBody,
-		&r.RecoveryPoint, &r.PhaseData, &r.Status, &r.LockVersion, &r.Attempts, &r.LastError, &r.Origin,
+		&r.RecoveryPoint, &r.PhaseData, &r.Status, &r.LockVersion, &r.Attempts, &r.LastError, &r.Origin, &r.CreatedAt,
 		&r.LeaseLive, &r.LeaseLeftMillis, &r.ResponseStatus, &r.ResponseHeaders, &r.ResponseBody)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, Classify(err))

@@ -55,6 +55,14 @@ func finish(ctx context.Context, db *pgtest.DB, f store.Fence, resp store.Stored
 	return err
 }
 
+// createdAt is the created_at of the key row (scope, key): the last part of its fence.
+func createdAt(t *testing.T, db *pgtest.DB, scope, key string) time.Time {
+	t.Helper()
+	row, err := store.New().Lookup(context.Background(), db.Pool, scope, key)
+	require.NoError(t, err)
+	return row.CreatedAt
+}
+
 // claimNow commits a claim that must succeed, and returns the row.
 func claimNow(t *testing.T, db *pgtest.DB, c store.Claim) *store.Row {
 	t.Helper()
@@ -97,7 +105,7 @@ func TestStatements(t *testing.T) {
 		require.ErrorIs(t, err, store.ErrNotFound, "a busy claim writes nothing")
 	})
 
-	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1}
+	f := store.Fence{Scope: "s1", Key: "k", ID: id1, LockVersion: 1, CreatedAt: createdAt(t, db, "s1", "k")}
 
 	t.Run("TakeoverRefusesALiveLease", func(t *testing.T) {
 		_, err := st.Takeover(ctx, db.Pool, f, time.Minute, 0)
@@ -158,7 +166,7 @@ func TestStatements(t *testing.T) {
 	})
 
 	t.Run("FiveHundredRefusedByTheDatabase", func(t *testing.T) {
-		fo := store.Fence{Scope: "s2", Key: "k", ID: idOther, LockVersion: 1}
+		fo := store.Fence{Scope: "s2", Key: "k", ID: idOther, LockVersion: 1, CreatedAt: createdAt(t, db, "s2", "k")}
 		err := finish(ctx, db, fo, store.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
 		require.ErrorIs(t, err, store.ErrInvalid)
 	})
@@ -174,8 +182,7 @@ func TestReleaseNeverMovesBack(t *testing.T) {
 	db := pgtest.New(t)
 	st := store.New()
 	const id = "00000000-0000-4000-8000-0000000000aa"
-	claimNow(t, db, claim("s", "k", id))
-	f := store.Fence{Scope: "s", Key: "k", ID: id, LockVersion: 1}
+	f := claimNow(t, db, claim("s", "k", id)).Fence()
 
 	// The commit the executor lost track of: it advanced the row to "one".
 	tx, err := db.Pool.Begin(ctx)

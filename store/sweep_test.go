@@ -153,7 +153,7 @@ func testGiveBackDeadLetterRedrive(t *testing.T, st *store.Store) {
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
 	r := taken[0]
-	f := store.Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion}
+	f := r.Fence()
 
 	stale := f
 	stale.LockVersion--
@@ -251,7 +251,7 @@ func testPark(t *testing.T, st *store.Store) {
 	taken, err := st.TakeDue(ctx, db.Pool, q)
 	require.NoError(t, err)
 	require.Len(t, taken, 1)
-	f := store.Fence{Scope: "s", Key: "k", ID: taken[0].ID, LockVersion: taken[0].LockVersion}
+	f := taken[0].Fence()
 
 	require.NoError(t, st.Park(ctx, db.Pool, f, store.Park{LastError: "needs its client", RetryIn: time.Hour}))
 	require.ErrorIs(t, st.Park(ctx, db.Pool, f, store.Park{LastError: "again", RetryIn: time.Hour}), store.ErrLeaseLost, "only a leased key is parked")

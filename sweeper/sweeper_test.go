@@ -196,7 +196,9 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 		tx, err := b.db.Pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		fence := store.Fence{Scope: "acct", Key: "racing", ID: keyID(t, b.db, "racing"), LockVersion: seen.LockVersion}
+		row, err := store.New().Lookup(ctx, b.db.Pool, "acct", "racing")
+		require.NoError(t, err)
+		fence := store.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
 		st := store.New()
 		finish := &pgx.Batch{}
 		st.QueueFinish(finish, fence, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})

@@ -282,7 +282,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 			return refused
 		}
 		resp.History = e.entry(Attempt{By: ExecutorOperator, From: row.RecoveryPoint, Outcome: OutcomeOperatorCancelled})
-		err = e.store.CancelKey(ctx, e.pool, scope, key, store.Cancel{ID: row.ID, LockVersion: row.LockVersion,
+		err = e.store.CancelKey(ctx, e.pool, scope, key, store.Cancel{ID: row.ID, LockVersion: row.LockVersion, CreatedAt: row.CreatedAt,
 			RecoveryPoint: row.RecoveryPoint, Response: resp})
 		if errors.Is(err, store.ErrNotFound) {
 			continue

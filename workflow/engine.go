@@ -263,6 +263,7 @@ type Engine struct {
 	adm     *admission            // attempts in flight, executors running, the drain
 	waits   waits                 // the keys this engine runs, and the attempts that wait
 	members map[string]*memberSet // the flows' FingerprintMembers, validated
+	started sync.Once             // the start-up check of the key table (partition.go)
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -789,7 +790,7 @@ func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exe
 	return &exec{
 		e:        e,
 		flow:     f,
-		fence:    store.Fence{Scope: row.Scope, Key: row.Key, ID: row.ID, LockVersion: row.LockVersion},
+		fence:    row.Fence(),
 		rp:       row.RecoveryPoint,
 		stored:   row.RecoveryPoint,
 		run:      run,

@@ -34,7 +34,6 @@ type exec struct {
 	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
 	claim    *store.Claim
-	created  time.Time // the key row's creation time, once a pipelined phase learnt it
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -446,20 +445,24 @@ type keyWrite struct {
 func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
 	st := x.e.store
 	c := x.claim
+	f := x.fence
+	if c != nil {
+		f.CreatedAt = tx.createdAt // the row the claim inserted (insertedAtClaim)
+	}
 	switch {
 	case c != nil && tx.held && !tx.insertedAtClaim && w.resp != nil:
 		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
 	case c != nil && tx.held && !tx.insertedAtClaim:
 		return func(b *pgx.Batch) { st.QueueInsertKey(b, *c, w.target, w.data) }, st.ReadInsert
 	case c != nil && !tx.held && w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueClaimInsertFinished(b, *c, *w.resp) }, st.ReadClaimInsert
+		return func(b *pgx.Batch) { st.QueueClaimInsertFinished(b, *c, *w.resp) }, tx.readClaimInsert
 	case c != nil && !tx.held:
-		return func(b *pgx.Batch) { st.QueueClaimInsert(b, *c, w.target, w.data) }, st.ReadClaimInsert
+		return func(b *pgx.Batch) { st.QueueClaimInsert(b, *c, w.target, w.data) }, tx.readClaimInsert
 	case w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueFinish(b, x.fence, *w.resp) }, st.ReadFenced
+		return func(b *pgx.Batch) { st.QueueFinish(b, f, *w.resp) }, st.ReadFenced
 	default:
 		return func(b *pgx.Batch) {
-			st.QueueAdvance(b, x.fence, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+			st.QueueAdvance(b, f, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
 		}, st.ReadFenced
 	}
 }
@@ -484,7 +487,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	if err == nil {
 		x.stored = w.target
 		if x.claim != nil {
-			x.claim = nil
+			x.claim, x.fence.CreatedAt = nil, tx.createdAt
 			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
 		}
 		return nil
@@ -539,6 +542,7 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 	if row.ID != x.fence.ID || row.LockVersion != x.fence.LockVersion {
 		return false, nil
 	}
+	x.fence.CreatedAt = row.CreatedAt // the claim's commit, if it was one, inserted it
 	if finish {
 		return row.Status == store.StatusFinished, nil
 	}

@@ -1,6 +1,9 @@
 package workflow
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Internals that the tests of package workflow_test reach.
 
@@ -9,6 +12,19 @@ var FingerprintV1 = fingerprintV1
 
 // MaxCanonicalDepth is the deepest nesting that Fingerprint canonicalises.
 const MaxCanonicalDepth = maxCanonicalDepth
+
+// StartUp runs e's start-up check (partition.go) now, on a connection of its pool, as
+// its first request would: a test that counts the statements of e's requests calls it
+// first and counts from then on.
+func StartUp(ctx context.Context, e *Engine) error {
+	pc, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer pc.Release()
+	e.started.Do(func() { e.startupCheck(ctx, pc) })
+	return nil
+}
 
 // SetPollFloor makes e's watches poll a remote owner first after d (then backing off
 // as usual), so that a test of the poll path need not wait a sixteenth of its bound.

@@ -100,9 +100,6 @@ func (pl *pipeline) runThen(run *phases.Run) (v verdict) {
 	return decide(pl.then(run))
 }
 
-// keyRow is the key row as the fence of a pipelined phase names it.
-func (x *exec) keyRow() store.KeyRow { return store.KeyRow{Fence: x.fence, CreatedAt: x.created} }
-
 // head queues the claim (a new key) or the fence (an existing key) at the head of a
 // pipelined phase's transaction.
 func (x *exec) head(b *pgx.Batch) {
@@ -110,7 +107,7 @@ func (x *exec) head(b *pgx.Batch) {
 		x.e.store.QueuePipeClaim(b, *x.claim)
 		return
 	}
-	x.e.store.QueuePipeFence(b, x.keyRow())
+	x.e.store.QueuePipeFence(b, x.fence)
 }
 
 // readHead reads the result of head.
@@ -120,7 +117,7 @@ func (x *exec) readHead(br pgx.BatchResults) error {
 	}
 	created, err := x.e.store.ReadPipeFence(br)
 	if err == nil {
-		x.created = created
+		x.fence.CreatedAt = created
 	}
 	return err
 }
@@ -276,14 +273,14 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 	case c != nil:
 		return func(b *pgx.Batch) { st.QueuePipeInsertKey(b, *c, w.target, w.data) }, func(br pgx.BatchResults) error {
 			created, err := st.ReadPipeInsertKey(br)
-			x.created = created
+			x.fence.CreatedAt = created
 			return err
 		}
 	case w.resp != nil:
-		return func(b *pgx.Batch) { st.QueuePipeFinish(b, x.keyRow(), *w.resp) }, st.ReadPipeWrite
+		return func(b *pgx.Batch) { st.QueuePipeFinish(b, x.fence, *w.resp) }, st.ReadPipeWrite
 	}
 	return func(b *pgx.Batch) {
-		st.QueuePipeAdvance(b, x.keyRow(), store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+		st.QueuePipeAdvance(b, x.fence, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
 	}, st.ReadPipeWrite
 }
 

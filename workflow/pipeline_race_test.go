@@ -104,8 +104,8 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 		VALUES ('acct', 'held', gen_random_uuid(), 'pipe', 'POST', '/pipe', '\x00', '', 'reserve', '{}')`)
 	require.NoError(t, err)
 	var f store.Fence
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT scope, idempotency_key, id::text, lock_version FROM idemflow_keys WHERE idempotency_key = 'held'`).
-		Scan(&f.Scope, &f.Key, &f.ID, &f.LockVersion))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT scope, idempotency_key, id::text, lock_version, created_at FROM idemflow_keys WHERE idempotency_key = 'held'`).
+		Scan(&f.Scope, &f.Key, &f.ID, &f.LockVersion, &f.CreatedAt))
 	holder, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
@@ -113,7 +113,7 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 	require.NoError(t, err)
 
 	st := store.New()
-	fence := func(k store.KeyRow) error {
+	fence := func(k store.Fence) error {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
@@ -125,12 +125,12 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 		_, err = st.ReadPipeFence(br)
 		return err
 	}
-	require.ErrorIs(t, fence(store.KeyRow{Fence: f}), store.ErrConflict, "a held lock")
+	require.ErrorIs(t, fence(f), store.ErrConflict, "a held lock")
 	require.NoError(t, holder.Rollback(ctx))
 	stale := f
 	stale.LockVersion++
-	require.ErrorIs(t, fence(store.KeyRow{Fence: stale}), store.ErrLeaseLost, "a stale lock version")
-	require.NoError(t, fence(store.KeyRow{Fence: f}))
+	require.ErrorIs(t, fence(stale), store.ErrLeaseLost, "a stale lock version")
+	require.NoError(t, fence(f))
 	require.EqualValues(t, 1, seqRuns(t, b.db), "the statement after a refusing fence never ran")
 }
 

@@ -79,7 +79,11 @@ type Taken struct {
 
 // fence is the fence of the taken key's row.
 func (t *Taken) fence() store.Fence {
-	return store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+	f := store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+	if t.row != nil {
+		f.CreatedAt = t.row.CreatedAt
+	}
+	return f
 }
 
 // LeaseLeft estimates how much of the lease set by the takeover remains, measured from

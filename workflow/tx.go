@@ -41,6 +41,9 @@ type phaseTx struct {
 	held bool
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
+	// createdAt is the created_at of the key row this transaction inserts (or
+	// inserted): read by the claim, or by the insert that claims (store.Fence).
+	createdAt time.Time
 
 	savepoints int   // savepoints opened with Begin, for their names
 	refused    error // the phase's code called Commit or Rollback: the phase fails
@@ -198,7 +201,8 @@ func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Ro
 		return 0, nil, fmt.Errorf("begin: %w", store.Classify(err))
 	}
 	if t.oneSnapshot {
-		switch err := t.store.ReadClaimInsert(br); {
+		at, err := t.store.ReadClaimInsertAt(br)
+		switch {
 		case errors.Is(err, store.ErrClaimBusy):
 			return claimBusy, nil, nil
 		case errors.Is(err, store.ErrClaimExists):
@@ -206,13 +210,14 @@ func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Ro
 		case err != nil:
 			return 0, nil, err
 		}
-		t.held, t.insertedAtClaim = true, true
+		t.held, t.insertedAtClaim, t.createdAt = true, true, at
 		return claimOwned, nil, br.Close()
 	}
-	locked, err := t.store.ReadClaimLock(br)
+	locked, at, err := t.store.ReadClaimLockAt(br)
 	if err != nil {
 		return 0, nil, err
 	}
+	t.createdAt = at
 	row, err := t.store.ReadLookup(br)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && locked:
@@ -639,3 +644,13 @@ func (b *errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b *errBatch) QueryRow() pgx.Row                { return &row{err: b.err} }
 func (b *errBatch) Close() error                     { return b.err }
 func (b *errBatch) Tx() pgx.Tx                       { return nil }
+
+// readClaimInsert reads the result of a claim that inserts the key row at commit
+// (store.ReadClaimInsertAt), keeping the row's created_at for its fence.
+func (t *phaseTx) readClaimInsert(br pgx.BatchResults) error {
+	at, err := t.store.ReadClaimInsertAt(br)
+	if err == nil {
+		t.createdAt = at
+	}
+	return err
+}

@@ -96,6 +96,10 @@ func waitEngine(t *testing.T, b *bundle, cfg *workflow.Config, before func(conte
 		}
 	}})
 	k.e = testflow.Engine(t, pool, &c, b.provider, before)
+	// The engine's one read of the catalog as it starts is not a waiter's statement.
+	require.NoError(t, workflow.StartUp(context.Background(), k.e))
+	k.stmts.all.Store(0)
+	k.stmts.trips.Store(0)
 	if floor > 0 {
 		workflow.SetPollFloor(k.e, floor)
 	}

@@ -26,6 +26,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/idemflow/idemflow/otelidemflow"
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -58,6 +59,12 @@ func exported(t *testing.T) map[string]map[string]bool {
 	gauges, err := obs.ObserveKeys(engine)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, gauges.Unregister()) })
+	// The partitions' gauges come from an engine on a partitioned key table.
+	pdb, pprovider := testflow.Start(t)
+	require.NoError(t, store.New().SetupPartitioned(ctx, pdb.Pool, store.PartitionDay, 0))
+	parts, err := obs.ObservePartitions(testflow.Engine(t, pdb.Pool, nil, pprovider, nil))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, parts.Unregister()) })
 
 	req := func(key, body string) workflow.Request {
 		return workflow.Request{Scope: "acct", Key: key, Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(body)}
@@ -169,7 +176,8 @@ func names(m map[string]map[string]bool) []string {
 // PromQL, and every metric and label either names is one a real engine exports.
 func TestMonitoringNamesExportedMetrics(t *testing.T) {
 	have := exported(t)
-	for _, want := range []string{"idemflow_keys", "idemflow_keys_oldest_due_seconds", "idemflow_attempts_total", "idemflow_key_events_total"} {
+	for _, want := range []string{"idemflow_keys", "idemflow_keys_oldest_due_seconds", "idemflow_attempts_total", "idemflow_key_events_total",
+		"idemflow_partitions_ahead", "idemflow_partitions_wanted"} {
 		require.Contains(t, have, want, "the scrape serves %s", want)
 	}
 	p := parser.NewParser(parser.Options{})

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/store"
+)
+
+// The partitioned key table side by side with batched deletes (issue 28,
+// docs/PARTITIONS.md), -phases partitions with -partition-keys N:
+//
+//   - cleanup: two databases, each with N finished keys expired 40 days ago; live
+//     fresh requests run for a window without cleanup, then for a window while the
+//     cleanup runs: batched deletes (Store.ExpireFinished, 1000 a statement, until
+//     none is left) on the plain table, Store.RemovePartitions (DETACH … CONCURRENTLY,
+//     DROP) on the partitioned one. Live p50/p99 of both windows, the cleanup's WAL
+//     (pg_current_wal_lsn difference, less the live traffic's WAL at the baseline
+//     window's rate), the cleanup backend's CPU (/proc/<pid>/stat: the server must run
+//     on this machine) and pg_locks sampled every 5 ms for a live backend waiting.
+//   - retained: fresh and replay latency on a plain empty key table against a
+//     partitioned one holding N finished keys spread over 30 day partitions (a 30-day
+//     retention), in interleaved cells.
+
+// partitionCleanup is one side of the cleanup run.
+type partitionCleanup struct {
+	Side                   string
+	Keys                   int
+	Base, During           liveStats
+	Cleanup                time.Duration
+	WALBytes, LiveWALBytes int64 // during the cleanup; the live share estimated
+	CPU                    time.Duration
+	LockWaitSamples        int // samples with a live backend waiting on a lock
+	Samples                int
+	TableBytes             int64 // key table and indexes before the cleanup
+}
+
+// liveStats are a window of live traffic.
+type liveStats struct {
+	N        int
+	RPS      float64
+	P50, P99 time.Duration
+	walBytes int64
+	elapsed  time.Duration
+}
+
+// partitionsRun runs the experiment and logs its figures.
+func (e *env) partitionsRun(ctx context.Context) error {
+	n := e.o.partitionKeys
+	prov := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
+	defer prov.Close()
+	conc := 8
+	var sides []*growthDB
+	defer func() {
+		for _, s := range sides {
+			s.pool.Close()
+			if s.db.drop != nil && !e.o.keep {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				_ = s.db.drop(dctx)
+				cancel()
+			}
+		}
+	}()
+	side := func(name string, partitioned bool) (*growthDB, error) {
+		s, err := e.newGrowthDB(ctx, name, prov.URL, conc+2)
+		if s != nil && s.pool != nil {
+			sides = append(sides, s)
+		}
+		if err == nil && partitioned {
+			err = store.New().SetupPartitioned(ctx, s.pool, store.PartitionDay, 0)
+		}
+		return s, err
+	}
+	for _, c := range []struct {
+		name        string
+		partitioned bool
+	}{{"pt_batched", false}, {"pt_partitioned", true}} {
+		s, err := side(c.name, c.partitioned)
+		if err != nil {
+			return err
+		}
+		res, err := e.cleanupSide(ctx, s, c.partitioned, n, conc)
+		if err != nil {
+			return fmt.Errorf("partitions: cleanup %s: %w", c.name, err)
+		}
+		logf("partitions cleanup %-14s keys=%d table+indexes=%s live p50 %.2f/%.2f ms p99 %.2f/%.2f ms (without/with cleanup, ×%.3f) cleanup %s WAL %s (%.1f B/key; live share %s) CPU %s lock-wait samples %d of %d",
+			c.name, res.Keys, fmtBytes(res.TableBytes), ms(res.Base.P50), ms(res.During.P50), ms(res.Base.P99), ms(res.During.P99),
+			float64(res.During.P99)/float64(res.Base.P99), res.Cleanup.Round(time.Millisecond), fmtBytes(res.WALBytes),
+			float64(res.WALBytes)/float64(max(res.Keys, 1)), fmtBytes(res.LiveWALBytes), res.CPU, res.LockWaitSamples, res.Samples)
+	}
+	empty, err := side("pt_empty", false)
+	if err != nil {
+		return err
+	}
+	grown, err := side("pt_retained", true)
+	if err != nil {
+		return err
+	}
+	return e.retainedCells(ctx, empty, grown, n, conc)
+}
+
+// cleanupSide fills s with n keys expired 40 days ago and measures live traffic
+// without and with their cleanup.
+func (e *env) cleanupSide(ctx context.Context, s *growthDB, partitioned bool, n, conc int) (*partitionCleanup, error) {
+	res := &partitionCleanup{Side: s.name, Keys: n}
+	if partitioned {
+		if err := attachDays(ctx, s, 41, 39); err != nil {
+			return nil, err
+		}
+	}
+	if err := insertKeys(ctx, s, n, "40 days 1 hour", "40 days"); err != nil {
+		return nil, err
+	}
+	if err := s.pool.QueryRow(ctx, `SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c
+WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.TableBytes); err != nil {
+		return nil, err
+	}
+	// Warm-up, then the baseline window.
+	if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
+		return nil, l.firstErr
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return nil, err
+	}
+	base, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, nil, pid)
+	if err != nil {
+		return nil, err
+	}
+	res.Base = base.liveStats
+	cpu0, _ := backendCPU(pid)
+	cleanup := func() error {
+		st := store.New()
+		start := time.Now()
+		defer func() { res.Cleanup = time.Since(start) }()
+		if partitioned {
+			r, err := st.RemovePartitions(ctx, conn, 30*24*time.Hour)
+			if err == nil && r.Removed == 0 {
+				err = errors.New("removed no partition")
+			}
+			return err
+		}
+		for {
+			k, err := st.ExpireFinished(ctx, conn, 30*24*time.Hour, 1000)
+			if err != nil || k == 0 {
+				return err
+			}
+		}
+	}
+	during, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, cleanup, pid)
+	if err != nil {
+		return nil, err
+	}
+	res.During = during.liveStats
+	cpu1, err := backendCPU(pid)
+	if err == nil {
+		res.CPU = cpu1 - cpu0
+	}
+	res.LiveWALBytes = int64(float64(base.walBytes) / base.elapsed.Seconds() * res.Cleanup.Seconds())
+	res.WALBytes = max(during.walBytes-res.LiveWALBytes, 0)
+	res.LockWaitSamples, res.Samples = during.lockWaits, during.samples
+	logf("partitions cleanup %s: lock waits seen during the cleanup: %v; without it: %v", s.name, during.kinds, base.kinds)
+	var left int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE created_at < now() - interval '30 days'`).Scan(&left); err != nil || left != 0 {
+		return nil, errors.Join(err, fmt.Errorf("%d expired keys left", left))
+	}
+	return res, nil
+}
+
+// liveWindow runs fresh requests for dur, or until cleanup (if given, run from the
+// window's start) ends if that is later, sampling pg_locks every 5 ms for a live
+// backend of s's database (not the cleanup's, cleanupPid) waiting on a lock; it
+// returns the window with the WAL written during the cleanup (or the whole window
+// without one).
+func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Duration, cleanup func() error, cleanupPid int) (liveStatsSampled, error) {
+	var out liveStatsSampled
+	stop := make(chan struct{})
+	sampled := make(chan [2]int, 1)
+	out.kinds = map[string]int{}
+	go func() {
+		waits, samples := 0, 0
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				sampled <- [2]int{waits, samples}
+				return
+			case <-t.C:
+			}
+			var kinds []string
+			if err := e.check.QueryRow(ctx, `SELECT coalesce(array_agg(l.locktype || ' ' || l.mode), '{}') FROM pg_locks l
+	JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2 AND a.pid <> $3`, s.db.name, appLive, cleanupPid).Scan(&kinds); err == nil {
+				samples++
+				if len(kinds) > 0 {
+					waits++
+				}
+				for _, k := range kinds {
+					out.kinds[k]++ // read after stop
+				}
+			}
+		}
+	}()
+	lsn0, err := walLSN(ctx, e)
+	if err != nil {
+		return out, err
+	}
+	done := make(chan struct{})
+	stopLoad := make(chan struct{})
+	var l load
+	go func() { defer close(done); l = e.runLoadUntil(ctx, s.fresh, conc, stopLoad, nil) }()
+	least := time.NewTimer(dur) // the window lasts dur, or the cleanup if longer
+	var cerr error
+	if cleanup != nil {
+		cerr = cleanup()
+	}
+	lsn1, err := walLSN(ctx, e)
+	<-least.C
+	close(stopLoad)
+	<-done
+	if cleanup == nil {
+		lsn1, err = walLSN(ctx, e)
+	}
+	close(stop)
+	ws := <-sampled
+	if err := errors.Join(cerr, err); err != nil {
+		return out, err
+	}
+	if l.errs > 0 {
+		return out, fmt.Errorf("live traffic: %d requests failed: %w", l.errs, l.firstErr)
+	}
+	out.liveStats = liveStats{N: l.n, RPS: float64(l.n) / l.elapsed.Seconds(), P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99),
+		walBytes: lsn1 - lsn0, elapsed: l.elapsed}
+	out.lockWaits, out.samples = ws[0], ws[1]
+	return out, nil
+}
+
+// liveStatsSampled is a live window and its lock samples.
+type liveStatsSampled struct {
+	liveStats
+	lockWaits, samples int
+	kinds              map[string]int // lock type and mode of each wait seen
+}
+
+// walLSN is the server's current WAL position in bytes.
+func walLSN(ctx context.Context, e *env) (int64, error) {
+	var lsn int64
+	err := e.check.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&lsn)
+	return lsn, err
+}
+
+// backendCPU is the user and system CPU a server process has used, from /proc.
+func backendCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command's closing parenthesis; utime and stime are the
+	// 14th and 15th of the line, in clock ticks (100 a second on Linux).
+	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// attachDays creates and attaches the day partitions from `from` days ago to `to`
+// days ago (from ≥ to), named as the Store names its own.
+func attachDays(ctx context.Context, s *growthDB, from, to int) error {
+	for d := from; d >= to; d-- {
+		var day time.Time
+		if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - $1 * interval '1 day'`, d).Scan(&day); err != nil {
+			return err
+		}
+		name := pgx.Identifier{"idemflow_keys_p" + day.UTC().Format("20060102")}.Sanitize()
+		var exists bool
+		if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || exists {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
+			day.UTC().Format(time.RFC3339), day.Add(24*time.Hour).UTC().Format(time.RFC3339)))
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// insertKeys inserts n finished keys with generate_series, created (and finished)
+// evenly from `oldest` ago to `newest` ago (intervals), random UUID keys under 16
+// scopes, then VACUUM ANALYZE.
+func insertKeys(ctx context.Context, s *growthDB, n int, oldest, newest string) error {
+	start := time.Now()
+	const chunk = 500000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		_, err := s.pool.Exec(ctx, `
+INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
+	recovery_point, phase_data, status, response_status, response_headers, response_body,
+	created_at, updated_at, finished_at)
+SELECT 'acct_' || (i % 16), gen_random_uuid()::text, gen_random_uuid(), $5, 'POST', '/v1/charges',
+	sha256(('old-' || i)::bytea), ''::bytea, 'finished', '{}', 'finished', 201,
+	'{"Content-Type":["application/json"]}', $4::bytea, t, t, t
+FROM generate_series($1::int, $2::int) AS i,
+	LATERAL (SELECT now() - $6::interval + (i::float8 / $3) * ($6::interval - $7::interval) AS t) AS ts`,
+			lo, hi, float64(n), []byte(`{"id":"ch_old","amount":1999,"currency":"usd","status":"succeeded","provider_payment_id":"pay_000001"}`),
+			chargeflow.FlowName, oldest, newest)
+		if err != nil {
+			return fmt.Errorf("insert keys: %w", err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, "VACUUM (ANALYZE) idemflow_keys"); err != nil {
+		return err
+	}
+	logf("partitions: %d keys into %s in %s", n, s.name, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// retainedCells compares fresh and replay latency on an empty plain key table with a
+// partitioned one holding n keys over 30 days, in interleaved cells.
+func (e *env) retainedCells(ctx context.Context, empty, grown *growthDB, n, conc int) error {
+	if err := attachDays(ctx, grown, 30, 0); err != nil {
+		return err
+	}
+	if err := insertKeys(ctx, grown, n, "30 days", "1 hour"); err != nil {
+		return err
+	}
+	var parts int
+	if err := grown.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&parts); err != nil {
+		return err
+	}
+	logf("partitions: retained side has %d partitions", parts)
+	type job struct {
+		s    *growthDB
+		mode string
+		fn   doFunc
+	}
+	jobs := []job{{empty, "fresh", empty.fresh}, {grown, "fresh", grown.fresh}, {empty, "replay", empty.replayDo}, {grown, "replay", grown.replayDo}}
+	for _, s := range []*growthDB{empty, grown} {
+		if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
+			return l.firstErr
+		}
+	}
+	p50 := map[string][]time.Duration{}
+	p99 := map[string][]time.Duration{}
+	for r := range e.o.rounds {
+		for _, j := range rotate(jobs, r) {
+			l := e.runLoad(ctx, j.fn, conc, e.o.cell, nil)
+			if l.errs > 0 {
+				return fmt.Errorf("%s %s: %w", j.s.name, j.mode, l.firstErr)
+			}
+			k := j.s.name + " " + j.mode
+			p50[k], p99[k] = append(p50[k], quantile(l.lats, 0.5)), append(p99[k], quantile(l.lats, 0.99))
+			logf("partitions retained round %d c=%d %-12s %-6s %7.0f req/s p50 %6.2f ms p99 %6.2f ms", r+1, conc, j.s.name, j.mode,
+				float64(l.n)/l.elapsed.Seconds(), ms(quantile(l.lats, 0.5)), ms(quantile(l.lats, 0.99)))
+		}
+	}
+	for _, mode := range []string{"fresh", "replay"} {
+		a, b := medianDur(p50[empty.name+" "+mode]), medianDur(p50[grown.name+" "+mode])
+		logf("partitions retained %s: p50 %.2f ms empty plain, %.2f ms with %d keys over %d day partitions: ×%.2f", mode, ms(a), ms(b), n, parts, float64(b)/float64(a))
+	}
+	return nil
+}
+
+// medianDur is the median of durations (unsorted).
+func medianDur(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
