@@ -504,18 +504,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	case errors.Is(err, store.ErrNotSent):
 		return err // nothing reached the server
 	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
-		committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
-		if rerr != nil {
-			// Neither outcome can be ruled out, so nothing may be released or redone
-			// here: the lease runs out and the next attempt reads the truth.
-			return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
-		}
-		if committed {
-			x.stored = w.target
-			x.claim = nil
-			return nil
-		}
-		return err
+		return x.unknownCommit(ctx, w, err)
 	default:
 		return err
 	}

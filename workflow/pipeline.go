@@ -350,46 +350,8 @@ func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
 }
 
 // pipeSend sends, in one round trip, BEGIN if the transaction has not begun, what
-// queue adds and COMMIT, and reads their results (read reads queue's). Once the lease
-// that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is sent, and a
-// commit that fails after it ran out says so.
-func pipeSend(ctx context.Context, tx *phaseTx, queue func(*pgx.Batch), read func(pgx.BatchResults) error) (err error) {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
-		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
-	}
-	defer func() {
-		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
-			err = fmt.Errorf("%w: %w", cause, err)
-		}
-	}()
-	b := &pgx.Batch{}
-	opened := !tx.begun
-	if opened {
-		b.Queue(tx.begin)
-		tx.begun = true
-	}
-	queue(b)
-	b.Queue("COMMIT")
-	br := tx.conn.SendBatch(ctx, b)
-	defer br.Close()
-	if opened {
-		if err := readBegin(br); err != nil {
-			return err
-		}
-	}
-	if err := read(br); err != nil {
-		return err
-	}
-	tag, err := br.Exec()
-	if err == nil {
-		err = br.Close()
-	}
-	if err != nil {
-		return fmt.Errorf("commit: %w", store.Classify(err))
-	}
-	if !store.IsCommitted(tag) {
-		return fmt.Errorf("commit: server answered %q: %w", tag.String(), store.ErrConflict)
-	}
-	tx.begun = false
-	return nil
+// queue adds and COMMIT, and reads their results (read reads queue's): phaseTx.send,
+// where every refusal raises.
+func pipeSend(ctx context.Context, tx *phaseTx, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	return tx.send(ctx, queue, read, false)
 }

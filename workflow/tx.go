@@ -375,7 +375,14 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 //
 // Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
 // sent, and a commit that fails after it ran out says so.
-func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) (err error) {
+func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	return t.send(ctx, write, read, true)
+}
+
+// send is commit, for the engine's write (claimBusyOK: a claim that found the key busy
+// ends an empty transaction) or a pipelined phase's statements and key write (every
+// refusal there raises, and the transaction is aborted).
+func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error, claimBusyOK bool) (err error) {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
 		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
 	}
@@ -402,7 +409,7 @@ func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(
 	// A claim that found the key busy wrote nothing and aborted nothing: its COMMIT
 	// ends an empty transaction.
 	rerr := read(br)
-	if rerr != nil && !errors.Is(rerr, store.ErrClaimBusy) {
+	if rerr != nil && (!claimBusyOK || !errors.Is(rerr, store.ErrClaimBusy)) {
 		return rerr
 	}
 	tag, err := br.Exec()
