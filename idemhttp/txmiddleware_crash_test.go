@@ -6,11 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"regexp"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +15,7 @@ import (
 
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -38,24 +35,24 @@ const (
 
 // backendLine is what the crash child's handler prints: the backend its transaction
 // runs on, so that the parent can wait for the server to notice the child's death.
-var backendLine = regexp.MustCompile(`(?m)^backend_pid=(\d+)$`)
+type backendLine struct {
+	BackendPID int `json:"backend_pid"`
+}
+
+func init() { childproc.Register("txcrash", runTxCrashChild) }
 
 // runTxCrashChild serves one TxMiddleware request and dies at the crash point.
-func runTxCrashChild(point string) {
-	fail := func(msg string, err error) {
-		fmt.Fprintf(os.Stderr, "tx crash child: %s: %v\n", msg, err)
-		os.Exit(2)
-	}
+func runTxCrashChild() {
+	point := os.Getenv(envTxCrashPoint)
 	die := func(at string) {
 		if at == point {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal is on its way
+			childproc.Kill()
 		}
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(envTxCrashDB))
 	if err != nil {
-		fail("connect", err)
+		childproc.Fail("connect", err)
 	}
 	e, err := workflow.New(pool, &workflow.Config{Hooks: workflow.Hooks{
 		BeforeCommit: func(context.Context, workflow.PhaseEvent) { die(txCrashBeforeCommit) },
@@ -66,24 +63,24 @@ func runTxCrashChild(point string) {
 		},
 	}})
 	if err != nil {
-		fail("engine", err)
+		childproc.Fail("engine", err)
 	}
 	mw, err := idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
 	if err != nil {
-		fail("middleware", err)
+		childproc.Fail("middleware", err)
 	}
 	h := &orders{inserted: func(r *http.Request, tx phases.DBTX) {
 		var pid int
 		if err := tx.QueryRow(r.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-			fail("backend pid", err)
+			childproc.Fail("backend pid", err)
 		}
-		fmt.Printf("backend_pid=%d\n", pid) // os.Stdout is not buffered
+		childproc.Emit(backendLine{BackendPID: pid})
 	}}
 	req := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{"amount":250}`))
 	req.Header = keyed("acct", os.Getenv(envTxCrashKey))
 	rec := httptest.NewRecorder()
 	mw(h).ServeHTTP(rec, req)
-	fail("the crash point "+point+" never fired; answered", fmt.Errorf("%d %s", rec.Code, rec.Body))
+	childproc.Fail("the crash point "+point+" never fired; answered", fmt.Errorf("%d %s", rec.Code, rec.Body))
 }
 
 // waitBackendGone waits until the server has ended backend pid, whose client was
@@ -106,25 +103,18 @@ func waitBackendGone(t *testing.T, db *pgtest.DB, pid int) {
 // request before and after the COMMIT of the handler's insert and its answer: either
 // way there is one order, and every retry gets the same answer.
 func TestTxMiddlewareCrash(t *testing.T) {
-	if point := os.Getenv(envTxCrashPoint); point != "" {
-		runTxCrashChild(point) // this process is a crash child; it never returns
-	}
 	t.Parallel()
 	b := setupOrders(t)
 	for _, point := range []string{txCrashBeforeCommit, txCrashAfterCommit} {
 		t.Run(point, func(t *testing.T) {
 			key := "txcrash-" + point
-			cmd := exec.Command(os.Args[0], "-test.run=^TestTxMiddlewareCrash$")
-			cmd.Env = append(os.Environ(), envTxCrashPoint+"="+point, envTxCrashDB+"="+b.db.URL, envTxCrashKey+"="+key)
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			require.ErrorAs(t, err, &ee, "child output: %s", out)
-			ws := ee.Sys().(syscall.WaitStatus)
-			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed at %s: %s", point, out)
-			m := backendLine.FindSubmatch(out)
-			require.NotNil(t, m, "the child's handler ran: %s", out)
-			pid, _ := strconv.Atoi(string(m[1]))
-			waitBackendGone(t, b.db, pid)
+			child := childproc.Start(t, "^$", childproc.Program("txcrash"),
+				envTxCrashPoint+"="+point, envTxCrashDB+"="+b.db.URL, envTxCrashKey+"="+key)
+			var line backendLine
+			child.Next(t, 2*time.Minute, &line) // the child's handler ran
+			killed, rest := child.Killed(t)
+			require.True(t, killed, "child was not killed at %s: %q", point, rest)
+			waitBackendGone(t, b.db, line.BackendPID)
 
 			h := &orders{}
 			srv := txMiddlewareServer(t, b.engine, h)

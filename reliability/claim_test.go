@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -105,7 +104,7 @@ func TestClaimHolderPaused(t *testing.T) {
 		require.Zero(t, open, "%s: a duplicate left a transaction open\n%s", key, sessions(t, env))
 
 		// The holder dies; the server ends its backend, and with it the claim lock.
-		require.NoError(t, syscall.Kill(zombie.Pid(), syscall.SIGKILL))
+		zombie.Kill(t)
 		killed, lines := zombie.killed(t)
 		require.True(t, killed, key)
 		env.recordChildAnswers("acct", lines)

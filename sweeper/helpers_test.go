@@ -1,13 +1,9 @@
 package sweeper_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"sync"
 	"testing"
 
@@ -21,13 +17,12 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// PayFirst is a two-phase flow whose first phase is a call, so its keys can be stuck at
-// the "started" recovery point: pay at the provider, then record the ledger row and
-// settlement and answer 201.
+// The pay-first flow (testflow.PayFirst) starts with a call, so its keys can be stuck
+// at the "started" recovery point.
 const (
-	payFirst       = "payfirst"
-	payFirstCharge = "charge"
-	payFirstRecord = "record"
+	payFirst       = testflow.PayFirstName
+	payFirstCharge = testflow.PayFirstCharge
+	payFirstRecord = testflow.PayFirstRecord
 )
 
 // failures injects transient failures: while a rule for (key, phase) is set, the phase
@@ -104,64 +99,7 @@ func registerFlows(e *workflow.Engine, providerURL string, check func(*phases.Ru
 	if err := e.Register(testflow.Flow(testflow.Options{ProviderURL: providerURL, Before: before})); err != nil {
 		return err
 	}
-	return e.Register(payFirstFlow(providerURL, check))
-}
-
-var payFirstID = phases.NewSlot[string]("payment_id")
-
-func payFirstFlow(providerURL string, check func(*phases.Run) error) phases.Flow {
-	client := &http.Client{}
-	guard := func(run *phases.Run) error {
-		if check == nil {
-			return nil
-		}
-		return check(run)
-	}
-	return phases.Flow{Name: payFirst, Phases: []phases.Phase{
-		phases.Call(payFirstCharge, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
-			if err := guard(run); err != nil {
-				return nil, err
-			}
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/pay", bytes.NewReader(run.Body()))
-			if err != nil {
-				return nil, err
-			}
-			req.Header.Set("Idempotency-Key", run.DerivedKey())
-			resp, err := client.Do(req)
-			if err != nil {
-				return nil, err
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusCreated {
-				return nil, fmt.Errorf("provider answered %d: %s", resp.StatusCode, body)
-			}
-			var out struct{ ID string }
-			if err := json.Unmarshal(body, &out); err != nil {
-				return nil, err
-			}
-			return nil, payFirstID.Set(run, out.ID)
-		}),
-		phases.Tx(payFirstRecord, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			if err := guard(run); err != nil {
-				return nil, err
-			}
-			pid, err := payFirstID.Get(run)
-			if err != nil {
-				return nil, err
-			}
-			var lid int64
-			err = tx.QueryRow(ctx, `INSERT INTO ledger (scope, idem_key, amount, status, payment_id)
-				VALUES ($1, $2, 1, 'settled', $3) RETURNING id`, run.Scope(), run.Key(), pid).Scan(&lid)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO settlements (ledger_id, payment_id) VALUES ($1, $2)`, lid, pid); err != nil {
-				return nil, err
-			}
-			return phases.JSON(http.StatusCreated, testflow.Answer{LedgerID: lid, PaymentID: pid, Amount: 1})
-		}),
-	}}
+	return e.Register(testflow.PayFirst(testflow.Options{ProviderURL: providerURL, Before: before}))
 }
 
 func (b *bundle) newSweeper(t *testing.T, cfg *sweeper.Config) *sweeper.Sweeper {

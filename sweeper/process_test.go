@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -300,7 +299,7 @@ func TestZombieSweeper(t *testing.T) {
 	requireOneEffect(t, b, "k", testflow.Pay)
 	finished := keyRow(t, b.db, "k")
 
-	require.NoError(t, syscall.Kill(zombie.Pid(), syscall.SIGCONT))
+	zombie.Continue(t)
 	zst := finalStats(t, zombie)
 	require.Equal(t, sweeper.Stats{Taken: 1, LeaseLost: 1}, zst, "the zombie's commit was fenced off")
 	require.Equal(t, finished, keyRow(t, b.db, "k"), "the zombie changed nothing")

@@ -425,9 +425,7 @@ func TestWaitOwnerKilled(t *testing.T) {
 
 	k := waitEngine(t, b, nil, nil, 10*time.Millisecond)
 	waiter := k.start(t, "killed", time.Minute, 1)
-	proc, err := os.FindProcess(child.Pid())
-	require.NoError(t, err)
-	require.NoError(t, proc.Kill()) // SIGKILL
+	child.Kill(t) // SIGKILL
 	killed, _ := child.Killed(t)
 	require.True(t, killed)
 	expireLease(t, b.db, "acct", "killed")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,8 +14,8 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -25,6 +24,7 @@ import (
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -34,9 +34,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	if runHolder() { // this process is a paused key holder, not a test run
-		return
-	}
+	childproc.RunIfChild() // a paused key holder runs instead of the tests
 	dir, err := os.MkdirTemp("", "idemflow-cli-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -394,73 +392,55 @@ const (
 	envHolderKey      = "IDEMFLOW_CLI_HOLDER_KEY"
 )
 
-func runHolder() bool {
-	dbURL := os.Getenv(envHolderDB)
-	if dbURL == "" {
-		return false
-	}
+func init() { childproc.Register("holder", runHolder) }
+
+// holderLine is what the holder prints: "paused", then how its attempt ended
+// ("finished", "lease_lost" or "error: ...").
+type holderLine struct {
+	Event string `json:"event"`
+}
+
+func runHolder() {
 	pause := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		if tx == nil && run.Attempt() == 1 {
-			fmt.Println("paused")
-			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			childproc.Emit(holderLine{Event: "paused"})
+			childproc.Stop() // returns after SIGCONT
 		}
 		return nil
 	}
-	err := testflow.RunChild(context.Background(), dbURL, os.Getenv(envHolderProvider), pause, req("acct", os.Getenv(envHolderKey), 9))
+	err := testflow.RunChild(context.Background(), os.Getenv(envHolderDB), os.Getenv(envHolderProvider), pause, req("acct", os.Getenv(envHolderKey), 9))
 	switch {
 	case err == nil:
-		fmt.Println("finished")
+		childproc.Emit(holderLine{Event: "finished"})
 	case errors.Is(err, workflow.ErrLeaseLost):
-		fmt.Println("lease_lost")
+		childproc.Emit(holderLine{Event: "lease_lost"})
 	default:
-		fmt.Println("error: " + err.Error())
+		childproc.Emit(holderLine{Event: "error: " + err.Error()})
 	}
-	return true
 }
 
 // holder is a running paused holder.
-type holder struct {
-	cmd   *exec.Cmd
-	lines *bufio.Scanner
-}
+type holder struct{ *childproc.Child }
 
 func startHolder(t *testing.T, b *bundle, key string) *holder {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envHolderDB+"="+b.db.URL, envHolderProvider+"="+b.provider.URL, envHolderKey+"="+key)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	h := &holder{cmd: cmd, lines: bufio.NewScanner(out)}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	require.True(t, h.lines.Scan())
-	require.Equal(t, "paused", h.lines.Text())
-	var ws syscall.WaitStatus
-	for {
-		_, err := syscall.Wait4(cmd.Process.Pid, &ws, syscall.WUNTRACED, nil)
-		if !errors.Is(err, syscall.EINTR) {
-			require.NoError(t, err)
-			break
-		}
-	}
-	require.True(t, ws.Stopped(), "the holder stopped itself (status %v)", ws)
-	return h
+	c := childproc.Start(t, "^$", childproc.Program("holder"),
+		envHolderDB+"="+b.db.URL, envHolderProvider+"="+b.provider.URL, envHolderKey+"="+key)
+	var l holderLine
+	c.Next(t, 2*time.Minute, &l)
+	require.Equal(t, "paused", l.Event)
+	c.Paused(t)
+	return &holder{c}
 }
 
 // resume continues the holder and returns the line saying how its attempt ended.
 func (h *holder) resume(t *testing.T) string {
 	t.Helper()
-	require.NoError(t, syscall.Kill(h.cmd.Process.Pid, syscall.SIGCONT))
-	require.True(t, h.lines.Scan())
-	ended := h.lines.Text()
-	require.NoError(t, h.cmd.Wait())
-	return ended
+	rest := h.Resume(t)
+	require.Len(t, rest, 1, "one line after the pause: %q", rest)
+	var l holderLine
+	require.NoError(t, json.Unmarshal(rest[0], &l))
+	return l.Event
 }
 
 // TestReleasePausedHolder: `idemflow keys release` on a key whose holder is paused

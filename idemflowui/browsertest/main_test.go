@@ -9,12 +9,9 @@ import (
 	"github.com/idemflow/idemflow/testkit/uitest"
 )
 
-func TestMain(m *testing.M) {
-	if uitest.RunCrasher() { // this process is a server that is about to be killed, not a test run
-		return
-	}
-	os.Exit(idemflowtest.Run(m, closeBrowser))
-}
+// TestMain runs the tests, or, in a child process, the crashed server of
+// uitest.Fixture.Crash (idemflowtest.Run runs a registered child program first).
+func TestMain(m *testing.M) { os.Exit(idemflowtest.Run(m, closeBrowser)) }
 
 // token is the write token of the fixtures that allow writes.
 const token = uitest.Token

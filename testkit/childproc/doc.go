@@ -5,8 +5,11 @@
 // sweeper and reliability suites are built on it.
 //
 // The parent starts a child with Start and reads the JSON lines it prints (Child.Next,
-// Child.Killed, Child.Paused, Child.Resume). The child reports with Emit and ends
-// itself with Kill or Stop, at the boundaries that Points turns into workflow.Hooks.
+// Child.Killed, Child.Paused, Child.Resume); it may also kill or continue the child
+// itself (Child.Kill, Child.Continue). The child runs a program registered with
+// Register (a TestMain calls RunIfChild, as idemflowtest.Main does), reports with Emit
+// and ends itself with Kill or Stop, at the boundaries that Points turns into
+// workflow.Hooks.
 // WaitSessionsGone waits until the server has ended a killed child's sessions (and with
 // them its transactions and claim locks).
 //

@@ -172,13 +172,29 @@ func (c *Child) Paused(t testing.TB) {
 	}
 }
 
-// Resume continues a paused child, waits for it to exit cleanly and returns the lines
-// it printed that were not read.
-func (c *Child) Resume(t testing.TB) [][]byte {
+// Kill ends the child with SIGKILL from the parent, as a crash would, whether it runs,
+// waits or is paused. Killed then reports how it ended.
+func (c *Child) Kill(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(c.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("childproc: SIGKILL: %v", err)
+	}
+}
+
+// Continue sends SIGCONT to a paused child and returns at once: the child carries on
+// while the test goes on (Resume also waits for it to exit).
+func (c *Child) Continue(t testing.TB) {
 	t.Helper()
 	if err := syscall.Kill(c.cmd.Process.Pid, syscall.SIGCONT); err != nil {
 		t.Fatalf("childproc: SIGCONT: %v", err)
 	}
+}
+
+// Resume continues a paused child, waits for it to exit cleanly and returns the lines
+// it printed that were not read.
+func (c *Child) Resume(t testing.TB) [][]byte {
+	t.Helper()
+	c.Continue(t)
 	got := c.Rest()
 	if c.err != nil {
 		t.Fatalf("childproc: the resumed child failed: %v; stderr:\n%s", c.err, c.Stderr())

@@ -1,7 +1,10 @@
-// Package testflow is a three-phase payment flow (tx, call, tx) for the engine's and
-// the sweeper's tests; its call goes to an idemflowtest.Remote, which dedupes on the
-// derived key. Its tables
-// have no unique constraints on purpose: a duplicated effect shows up as an extra row.
+// Package testflow is the one fake payment flow of idemflow's own tests: three phases
+// (tx, call, tx) for the engine's, the sweeper's, the HTTP layer's, the CLI's, the
+// operator page's and the OpenTelemetry tests, with a pay-first variant (call, tx;
+// PayFirst) on the same tables; its call goes to an idemflowtest.Remote, which dedupes
+// on the derived key. Its tables have no unique constraints on purpose: a duplicated
+// effect shows up as an extra row. RunChild runs one request of it in a child process
+// (testkit/childproc) that a test pauses or kills.
 //
 // This package imports idemflow's phases, workflow and idemflowtest packages and
 // testkit/pgtest.

@@ -8,15 +8,13 @@
 package uitest
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/idemflow/idemflow/idemflowui"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -97,53 +96,47 @@ func (f *Fixture) Sweep(t *testing.T, maxAttempts int) sweeper.Stats {
 	return st
 }
 
-// The crashed server: a child process (the test binary) that serves one request of
-// the test flow and stops in its call phase, its key row written and its lease live,
-// waiting on a pipe that never speaks, until the test kills it with SIGKILL.
+// The crashed server: a child process (the test binary, on testkit/childproc) that
+// serves one request of the test flow and stops in its call phase, its key row written
+// and its lease live, waiting on a pipe that never speaks, until the test kills it with
+// SIGKILL. The TestMain of tests that call Crash runs childproc.RunIfChild first (as
+// idemflowtest.Main and Run do).
 const (
 	envCrashDB       = "IDEMFLOWUI_CRASH_DB_URL"
 	envCrashProvider = "IDEMFLOWUI_CRASH_PROVIDER_URL"
 	envCrashKey      = "IDEMFLOWUI_CRASH_KEY"
 )
 
-// RunCrasher runs the crashed server when this process is one (it then never returns)
-// and reports false otherwise. A TestMain of tests that call Crash calls it first.
-func RunCrasher() bool {
-	dbURL := os.Getenv(envCrashDB)
-	if dbURL == "" {
-		return false
-	}
+func init() { childproc.Register("uicrash", runCrasher) }
+
+// crashLine is what the crashed server prints when its call phase is reached.
+type crashLine struct {
+	Event string `json:"event"`
+}
+
+func runCrasher() {
 	hang := func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		if tx == nil {
-			fmt.Println("in call phase")
+			childproc.Emit(crashLine{Event: "in-call"})
 			_, _ = io.ReadAll(os.Stdin) // until killed
 		}
 		return nil
 	}
-	err := testflow.RunChild(context.Background(), dbURL, os.Getenv(envCrashProvider), hang, Req("acct", os.Getenv(envCrashKey), `{"amount":9}`))
-	fmt.Printf("error: not killed (%v)\n", err)
-	os.Exit(3)
-	return true
+	err := testflow.RunChild(context.Background(), os.Getenv(envCrashDB), os.Getenv(envCrashProvider), hang, Req("acct", os.Getenv(envCrashKey), `{"amount":9}`))
+	childproc.Fail("not killed", err)
 }
 
 // Crash runs a crashing server on key and SIGKILLs it in its call phase.
 func (f *Fixture) Crash(t *testing.T, key string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envCrashDB+"="+f.DB.URL, envCrashProvider+"="+f.Provider.URL, envCrashKey+"="+key)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(out)
-	require.True(t, lines.Scan())
-	require.Equal(t, "in call phase", lines.Text())
-	require.NoError(t, cmd.Process.Kill()) // SIGKILL
-	err = cmd.Wait()
-	require.Error(t, err, "killed")
-	_ = stdin.Close()
+	c := childproc.Start(t, "^$", childproc.Program("uicrash"),
+		envCrashDB+"="+f.DB.URL, envCrashProvider+"="+f.Provider.URL, envCrashKey+"="+key)
+	var l crashLine
+	c.Next(t, 2*time.Minute, &l)
+	require.Equal(t, "in-call", l.Event)
+	c.Kill(t)
+	killed, _ := c.Killed(t)
+	require.True(t, killed, "killed")
 	st := testflow.State(t, f.DB.Pool, "acct", key)
 	require.Equal(t, testflow.KeyState{Status: "in_progress", RecoveryPoint: testflow.Reserve, LockVersion: 1, HasLease: true, Attempts: 1}, st,
 		"the dead server left its key at reserve with a live lease")
