@@ -50,7 +50,8 @@ type process struct {
 	url  string
 	done chan struct{}
 	mu   sync.Mutex
-	logs strings.Builder
+	logs strings.Builder // stdout and stderr, as they came
+	out  strings.Builder // stdout alone (lines a writer of stderr cannot split)
 }
 
 // run starts `charges args...` and waits until it prints its "listening on" or
@@ -65,11 +66,16 @@ func run(t *testing.T, env []string, args ...string) *process {
 	require.NoError(t, err)
 	require.NoError(t, p.cmd.Start())
 	ready := make(chan string, 1)
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			line := sc.Text()
 			_, _ = p.log([]byte(line + "\n"))
+			p.mu.Lock()
+			p.out.WriteString(line + "\n")
+			p.mu.Unlock()
 			if _, u, ok := strings.Cut(line, "listening on "); ok {
 				ready <- u
 			} else if strings.Contains(line, "sweeping") {
@@ -77,7 +83,11 @@ func run(t *testing.T, env []string, args ...string) *process {
 			}
 		}
 	}()
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	go func() {
+		<-scanned // every line read before Wait closes the pipe (os/exec's order)
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
 	t.Cleanup(func() {
 		p.signal(syscall.SIGTERM)
 		<-p.done
@@ -103,6 +113,13 @@ func (p *process) output() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.logs.String()
+}
+
+// stdout is what the process printed on its standard output.
+func (p *process) stdout() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
 }
 
 func (p *process) signal(s syscall.Signal) {

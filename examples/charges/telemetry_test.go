@@ -70,7 +70,7 @@ func TestServeTraces(t *testing.T) {
 	require.Equal(t, 0, traced.exitCode(), traced.output())
 
 	var server, attempt *stdoutSpan
-	for _, js := range regexp.MustCompile(`(?ms)^\{\n.*?^\}\n`).FindAllString(traced.output(), -1) {
+	for _, js := range regexp.MustCompile(`(?ms)^\{\n.*?^\}\n`).FindAllString(traced.stdout(), -1) {
 		var sp stdoutSpan
 		require.NoError(t, json.Unmarshal([]byte(js), &sp), js)
 		switch {
