@@ -89,6 +89,12 @@ type options struct {
 	loserGap    time.Duration // losers part: the gap between bursts of copies
 	// partitionKeys: keys of the partitioned key table's experiment (partitions.go).
 	partitionKeys int
+	// partitionCleanup: run the partitions part's cleanup experiment (else only the
+	// retained-keys cells).
+	partitionCleanup bool
+	// partitionCustom: the partitions part also runs its partitioned sides through
+	// pools with plan_cache_mode = force_custom_plan.
+	partitionCustom bool
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -113,6 +119,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.growth, "growth", 0, "growth experiment: bulk-load this many finished keys (e.g. 10000000) and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
+	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
+	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // The partitioned key table side by side with batched deletes (issue 28,
@@ -28,9 +30,14 @@ import (
 //     (pg_current_wal_lsn difference, less the live traffic's WAL at the baseline
 //     window's rate), the cleanup backend's CPU (/proc/<pid>/stat: the server must run
 //     on this machine) and pg_locks sampled every 5 ms for a live backend waiting.
-//   - retained: fresh and replay latency on a plain empty key table against a
-//     partitioned one holding N finished keys spread over 30 day partitions (a 30-day
-//     retention), in interleaved cells.
+//     Skipped with -partition-cleanup=false.
+//   - retained: fresh and replay latency, and the server CPU per request, in
+//     interleaved cells, on a plain empty key table, an empty partitioned one with the
+//     same 38 day partitions (30 past, the current, 7 ahead), one holding N finished
+//     keys spread over 30 day partitions (a 30-day retention), and the same two with
+//     week partitions; with -partition-custom-plans also the day sides through pools
+//     whose connections force custom plans. This separates the partition count from
+//     the data.
 
 // partitionCleanup is one side of the cleanup run.
 type partitionCleanup struct {
@@ -71,16 +78,52 @@ func (e *env) partitionsRun(ctx context.Context) error {
 			}
 		}
 	}()
-	side := func(name string, partitioned bool) (*growthDB, error) {
+	sideW := func(name string, w time.Duration) (*growthDB, error) {
 		s, err := e.newGrowthDB(ctx, name, prov.URL, conc+2)
 		if s != nil && s.pool != nil {
 			sides = append(sides, s)
 		}
-		if err == nil && partitioned {
-			err = store.New().SetupPartitioned(ctx, s.pool, store.PartitionDay, 0)
+		if err == nil && w > 0 {
+			err = store.New().SetupPartitioned(ctx, s.pool, w, 0)
 		}
 		return s, err
 	}
+	side := func(name string, partitioned bool) (*growthDB, error) {
+		if partitioned {
+			return sideW(name, store.PartitionDay)
+		}
+		return sideW(name, 0)
+	}
+	if e.o.partitionCleanup {
+		if err := e.cleanupSides(ctx, side, n, conc); err != nil {
+			return err
+		}
+	}
+	empty, err := side("pt_empty", false)
+	if err != nil {
+		return err
+	}
+	emptyPart, err := side("pt_emptypart", true)
+	if err != nil {
+		return err
+	}
+	grown, err := side("pt_retained", true)
+	if err != nil {
+		return err
+	}
+	weekEmpty, err := sideW("pt_emptyweek", store.PartitionWeek)
+	if err != nil {
+		return err
+	}
+	weekGrown, err := sideW("pt_retainedweek", store.PartitionWeek)
+	if err != nil {
+		return err
+	}
+	return e.retainedCells(ctx, prov.URL, []*growthDB{empty, emptyPart, grown, weekEmpty, weekGrown}, n, conc)
+}
+
+// cleanupSides runs the cleanup experiment on a plain and a partitioned side.
+func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growthDB, error), n, conc int) error {
 	for _, c := range []struct {
 		name        string
 		partitioned bool
@@ -98,15 +141,7 @@ func (e *env) partitionsRun(ctx context.Context) error {
 			float64(res.During.P99)/float64(res.Base.P99), res.Cleanup.Round(time.Millisecond), fmtBytes(res.WALBytes),
 			float64(res.WALBytes)/float64(max(res.Keys, 1)), fmtBytes(res.LiveWALBytes), res.CPU, res.LockWaitSamples, res.Samples)
 	}
-	empty, err := side("pt_empty", false)
-	if err != nil {
-		return err
-	}
-	grown, err := side("pt_retained", true)
-	if err != nil {
-		return err
-	}
-	return e.retainedCells(ctx, empty, grown, n, conc)
+	return nil
 }
 
 // cleanupSide fills s with n keys expired 40 days ago and measures live traffic
@@ -312,6 +347,27 @@ ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s'
 	return nil
 }
 
+// attachWeeks creates and attaches the week partitions (Monday to Monday, UTC, named
+// as the Store names its own) from the one holding `days` days ago up to the current
+// one, which SetupPartitioned created.
+func attachWeeks(ctx context.Context, s *growthDB, days int) error {
+	var now time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return err
+	}
+	cur := now.UTC().Truncate(store.PartitionWeek)
+	for from := now.UTC().Add(-time.Duration(days) * 24 * time.Hour).Truncate(store.PartitionWeek); from.Before(cur); from = from.Add(store.PartitionWeek) {
+		name := pgx.Identifier{"idemflow_keys_p" + from.Format("20060102")}.Sanitize()
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
+			from.Format(time.RFC3339), from.Add(store.PartitionWeek).Format(time.RFC3339)))
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // insertKeys inserts n finished keys with generate_series, created (and finished)
 // evenly from `oldest` ago to `newest` ago (intervals), random UUID keys under 16
 // scopes, then VACUUM ANALYZE.
@@ -342,48 +398,162 @@ FROM generate_series($1::int, $2::int) AS i,
 	return nil
 }
 
-// retainedCells compares fresh and replay latency on an empty plain key table with a
-// partitioned one holding n keys over 30 days, in interleaved cells.
-func (e *env) retainedCells(ctx context.Context, empty, grown *growthDB, n, conc int) error {
-	if err := attachDays(ctx, grown, 30, 0); err != nil {
+// retainedSide is one side of the retained-keys cells: a database and the engine
+// that serves it, named by name (application_name appName, so that its backends'
+// CPU can be read from /proc).
+type retainedSide struct {
+	name, appName string
+	s             *growthDB
+}
+
+// customPlanSide is another pool and engine on s's database whose connections plan
+// every statement for its parameters (plan_cache_mode = force_custom_plan).
+func (e *env) customPlanSide(ctx context.Context, s *growthDB, providerURL, name string, conc int) (*growthDB, error) {
+	cfg, err := poolConfig(s.db.serverURL, s.db.name, s.db.schema, "bench-"+name, int32(conc+2))
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	c := &growthDB{name: name, db: benchDB{serverURL: s.db.serverURL, name: s.db.name, schema: s.db.schema}, replay: newKeyRing(50000)}
+	if c.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if c.eng, err = e.engine(c.pool, providerURL, workflow.Hooks{}); err != nil {
+		c.pool.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// sideCPU is the CPU the server backends of one side (its database and application
+// name) have used so far, read from /proc (the server must run on this machine).
+func (e *env) sideCPU(ctx context.Context, r retainedSide) (time.Duration, error) {
+	rows, err := e.check.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, r.s.db.name, r.appName)
+	if err != nil {
+		return 0, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return 0, err
+	}
+	var sum time.Duration
+	for _, pid := range pids {
+		c, err := backendCPU(int(pid))
+		if err != nil {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
+}
+
+// retainedSides fills the sides of the retained-keys cells (dbs: empty plain, empty
+// day-partitioned, day-partitioned with n keys, empty week-partitioned,
+// week-partitioned with n keys) and returns them, with the custom-plan sides when
+// asked; closeAll closes their pools.
+func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []*growthDB, n, conc int) (sides []retainedSide, closeAll func(), err error) {
+	closeAll = func() {}
+	emptyPart, grown, weekEmpty, weekGrown := dbs[1], dbs[2], dbs[3], dbs[4]
+	for _, s := range []*growthDB{grown, emptyPart} {
+		if err := attachDays(ctx, s, 30, 0); err != nil {
+			return nil, closeAll, err
+		}
+	}
+	for _, s := range []*growthDB{weekGrown, weekEmpty} {
+		if err := attachWeeks(ctx, s, 30); err != nil {
+			return nil, closeAll, err
+		}
+	}
+	for _, s := range []*growthDB{grown, weekGrown} {
+		if err := insertKeys(ctx, s, n, "30 days", "1 hour"); err != nil {
+			return nil, closeAll, err
+		}
+	}
+	parts := map[string]int{}
+	for _, s := range dbs[1:] {
+		var p int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&p); err != nil {
+			return nil, closeAll, err
+		}
+		parts[s.name] = p
+	}
+	logf("partitions: partitions of each side: %v", parts)
+	for _, s := range dbs {
+		sides = append(sides, retainedSide{s.name, appLive, s})
+	}
+	for _, base := range []*growthDB{emptyPart, grown} {
+		if !e.o.partitionCustom {
+			break
+		}
+		name := base.name + "_custom"
+		c, err := e.customPlanSide(ctx, base, providerURL, name, conc)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		prev := closeAll
+		closeAll = func() { prev(); c.pool.Close() }
+		sides = append(sides, retainedSide{name, "bench-" + name, c})
+	}
+	return sides, closeAll, nil
+}
+
+// retainedCells compares fresh and replay latency, and the server CPU per request, on
+// the sides retainedSides fills (dbs[0], the empty plain table, is the reference), in
+// interleaved cells.
+func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []*growthDB, n, conc int) error {
+	empty := dbs[0]
+	sides, closeSides, err := e.retainedSides(ctx, providerURL, dbs, n, conc)
+	defer closeSides()
+	if err != nil {
 		return err
 	}
-	if err := insertKeys(ctx, grown, n, "30 days", "1 hour"); err != nil {
-		return err
-	}
-	var parts int
-	if err := grown.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&parts); err != nil {
-		return err
-	}
-	logf("partitions: retained side has %d partitions", parts)
 	type job struct {
-		s    *growthDB
+		side retainedSide
 		mode string
 		fn   doFunc
 	}
-	jobs := []job{{empty, "fresh", empty.fresh}, {grown, "fresh", grown.fresh}, {empty, "replay", empty.replayDo}, {grown, "replay", grown.replayDo}}
-	for _, s := range []*growthDB{empty, grown} {
-		if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
+	var jobs []job
+	for _, mode := range []string{"fresh", "replay"} {
+		for _, sd := range sides {
+			fn := sd.s.fresh
+			if mode == "replay" {
+				fn = sd.s.replayDo
+			}
+			jobs = append(jobs, job{sd, mode, fn})
+		}
+	}
+	for _, sd := range sides {
+		if l := e.runLoad(ctx, sd.s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
 			return l.firstErr
 		}
 	}
 	p50 := map[string][]time.Duration{}
-	p99 := map[string][]time.Duration{}
+	cpu := map[string][]time.Duration{}
 	for r := range e.o.rounds {
 		for _, j := range rotate(jobs, r) {
+			c0, cerr0 := e.sideCPU(ctx, j.side)
 			l := e.runLoad(ctx, j.fn, conc, e.o.cell, nil)
 			if l.errs > 0 {
-				return fmt.Errorf("%s %s: %w", j.s.name, j.mode, l.firstErr)
+				return fmt.Errorf("%s %s: %w", j.side.name, j.mode, l.firstErr)
 			}
-			k := j.s.name + " " + j.mode
-			p50[k], p99[k] = append(p50[k], quantile(l.lats, 0.5)), append(p99[k], quantile(l.lats, 0.99))
-			logf("partitions retained round %d c=%d %-12s %-6s %7.0f req/s p50 %6.2f ms p99 %6.2f ms", r+1, conc, j.s.name, j.mode,
-				float64(l.n)/l.elapsed.Seconds(), ms(quantile(l.lats, 0.5)), ms(quantile(l.lats, 0.99)))
+			c1, cerr1 := e.sideCPU(ctx, j.side)
+			var perReq time.Duration
+			if cerr0 == nil && cerr1 == nil && l.n > 0 {
+				perReq = (c1 - c0) / time.Duration(l.n)
+			}
+			k := j.side.name + " " + j.mode
+			p50[k], cpu[k] = append(p50[k], quantile(l.lats, 0.5)), append(cpu[k], perReq)
+			logf("partitions retained round %d c=%d %-21s %-6s %7.0f req/s p50 %6.2f ms p99 %6.2f ms server CPU %4.0f µs/req", r+1, conc, j.side.name, j.mode,
+				float64(l.n)/l.elapsed.Seconds(), ms(quantile(l.lats, 0.5)), ms(quantile(l.lats, 0.99)), float64(perReq)/float64(time.Microsecond))
 		}
 	}
 	for _, mode := range []string{"fresh", "replay"} {
-		a, b := medianDur(p50[empty.name+" "+mode]), medianDur(p50[grown.name+" "+mode])
-		logf("partitions retained %s: p50 %.2f ms empty plain, %.2f ms with %d keys over %d day partitions: ×%.2f", mode, ms(a), ms(b), n, parts, float64(b)/float64(a))
+		a := medianDur(p50[empty.name+" "+mode])
+		for _, sd := range sides {
+			b := medianDur(p50[sd.name+" "+mode])
+			logf("partitions retained %-6s %-21s p50 %.2f ms (×%.2f empty plain) server CPU %.0f µs/req (median of rounds; %d keys on the retained sides)",
+				mode, sd.name, ms(b), float64(b)/float64(a), float64(medianDur(cpu[sd.name+" "+mode]))/float64(time.Microsecond), n)
+		}
 	}
 	return nil
 }

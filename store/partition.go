@@ -19,9 +19,12 @@ import (
 // table's schema (qualify's plain substitution would also rewrite the partitions' and
 // indexes' names, which begin with the table's).
 
-// Widths a partitioned key table may have. Any width that divides a day into whole
-// minutes works; these are the ones documented.
+// Widths a partitioned key table may have. A week, or any width that divides a day
+// into whole minutes; these are the ones documented.
 const (
+	// PartitionWeek: partitions from Monday 00:00 UTC to the next, for long retentions
+	// (fewer partitions: each statement's cost grows with how many the table has).
+	PartitionWeek   = 7 * 24 * time.Hour
 	PartitionDay    = 24 * time.Hour
 	PartitionHour   = time.Hour
 	PartitionMinute = time.Minute // for tests that cross boundaries
@@ -210,8 +213,8 @@ func (l *partitionLayout) width() (time.Duration, error) {
 }
 
 // orphanWidth is the width of the layout's detached partitions, when none is attached:
-// a day or an hour by their names' form, else the smallest gap between two of them
-// (a minute when there is only one).
+// a day or an hour by their names' form (a week when day-named ones are a week
+// apart), else the smallest gap between two of them (a minute when there is only one).
 func (l *partitionLayout) orphanWidth() (time.Duration, error) {
 	var starts []time.Time
 	for _, o := range l.orphans {
@@ -222,19 +225,23 @@ func (l *partitionLayout) orphanWidth() (time.Duration, error) {
 	if len(starts) == 0 {
 		return 0, errors.New("no partition, attached or detached, to learn the width from")
 	}
+	slices.SortFunc(starts, time.Time.Compare)
+	gap := PartitionWeek // the smallest gap between two starts, up to a week
+	for i := 1; i < len(starts); i++ {
+		if d := starts[i].Sub(starts[i-1]); d > 0 && d < gap {
+			gap = d
+		}
+	}
 	switch len(strings.TrimPrefix(l.orphans[0], partitionPrefix)) {
 	case len("20060102"):
+		if len(starts) > 1 && gap == PartitionWeek {
+			return PartitionWeek, nil
+		}
 		return 24 * time.Hour, nil
 	case len("2006010215"):
 		return time.Hour, nil
 	}
-	slices.SortFunc(starts, time.Time.Compare)
-	w := 24 * time.Hour
-	for i := 1; i < len(starts); i++ {
-		if d := starts[i].Sub(starts[i-1]); d > 0 && d < w {
-			w = d
-		}
-	}
+	w := min(gap, 24*time.Hour)
 	if len(starts) == 1 {
 		w = time.Minute
 	}
@@ -263,10 +270,14 @@ func (l *partitionLayout) ahead() int {
 	return n
 }
 
-// validWidth reports whether w divides a day into whole minutes.
+// validWidth reports whether w is a week or divides a day into whole minutes. Weeks
+// are aligned on Mondays: time.Truncate counts from January 1 of year 1, a Monday.
 func validWidth(w time.Duration) error {
+	if w == PartitionWeek {
+		return nil
+	}
 	if w < time.Minute || w%time.Minute != 0 || (24*time.Hour)%w != 0 {
-		return fmt.Errorf("partition width %s does not divide a day into whole minutes", w)
+		return fmt.Errorf("partition width %s is not a week and does not divide a day into whole minutes", w)
 	}
 	return nil
 }

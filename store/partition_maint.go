@@ -18,7 +18,7 @@ const partitionLockSalt int64 = 0x1dfb3a64f0c59e27
 const sqlPartitionLock = `SELECT pg_try_advisory_xact_lock($2::bigint # to_regclass($1)::oid::bigint)`
 
 // SetupPartitioned turns the key table, freshly migrated and empty, into the
-// partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay,
+// partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay, PartitionWeek,
 // PartitionHour, or any width that divides a day into whole minutes), and creates
 // partitions from the current one to ahead from now (0: partitionsAheadDefault, or ten
 // partitions for widths under an hour). It
