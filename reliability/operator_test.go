@@ -103,15 +103,25 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 			moves++
 			moved += int(env.expireAll(t))
 		case 1, 3: // release a key in progress
+			if i%10 == 3 {
+				// The CLI is a process of its own and takes a tenth of a second to
+				// start, longer than a key is in progress on a quiet machine: hold the
+				// provider's calls while it runs, so that the keys in progress are
+				// held by live attempts inside a call (whose next commit the release
+				// must fence), then let them go.
+				if releaseDuringCalls(env, func() bool {
+					key, ok := randomKey("in_progress")
+					return ok && runCLI("release", key) == nil
+				}) {
+					releasedCLI++
+				}
+				continue
+			}
 			key, ok := randomKey("in_progress")
 			if !ok {
 				continue
 			}
-			if i%10 == 3 {
-				if runCLI("release", key) == nil {
-					releasedCLI++
-				}
-			} else if en.ReleaseKey(ctx, "acct", key) == nil {
+			if en.ReleaseKey(ctx, "acct", key) == nil {
 				releasedAPI++
 			}
 		case 2: // provider failures, some of which dead-letter keys
@@ -157,4 +167,29 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 	require.Positive(t, redrivenAPI+redrivenCLI, "a dead-lettered key was re-driven")
 	t.Logf("operators: clock_moves=%d leases_moved=%d released_api=%d released_cli=%d redriven_api=%d redriven_cli=%d provider_failures_armed=%d keys=%d duplicates=%d unfinished=%d %s",
 		moves, moved, releasedAPI, releasedCLI, redrivenAPI, redrivenCLI, failures, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished, r.History)
+}
+
+// releaseDuringCalls runs release while every provider call waits, once at least one
+// has started, and reports what release did; it gives up, running nothing, when no
+// call starts within 5 s.
+func releaseDuringCalls(env *env, release func() bool) bool {
+	entered := make(chan struct{}, 1)
+	held := make(chan struct{})
+	env.provider.SetDuring(func() {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-held
+	})
+	defer func() {
+		env.provider.SetDuring(nil)
+		close(held)
+	}()
+	select {
+	case <-entered:
+		return release()
+	case <-time.After(5 * time.Second):
+		return false
+	}
 }
