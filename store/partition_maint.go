@@ -45,7 +45,14 @@ func (s *Store) SetupPartitioned(ctx context.Context, db PartitionDB, w, ahead t
 		if rows {
 			return ErrNotEmpty
 		}
+		dist, err := readCitusDistribution(ctx, tx, l)
+		if err != nil {
+			return err
+		}
 		if err := repartition(ctx, tx, l); err != nil {
+			return err
+		}
+		if err := dist.distribute(ctx, tx, l); err != nil {
 			return err
 		}
 		l.partitioned = true
