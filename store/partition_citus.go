@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -41,11 +42,18 @@ func readCitusDistribution(ctx context.Context, tx pgx.Tx, l *partitionLayout) (
 	}
 	d := &citusDistribution{}
 	err := queryRow(ctx, tx, []any{&d.column, &d.colocate}, sqlCitusDistribution, l.ident(keyTable))
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the key table's distribution: %w", err)
+	}
+	// The set-up reads and changes the distributed table (the emptiness check, the
+	// rename, the drop) and then creates the trigger's function in the same
+	// transaction, which Citus refuses after a parallel operation on a distributed
+	// table: one connection per worker instead.
+	if _, err := tx.Exec(ctx, `SET LOCAL citus.multi_shard_modify_mode = 'sequential'`); err != nil {
+		return nil, err
 	}
 	return d, nil
 }

@@ -131,7 +131,7 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-30 * time.Minute)
 	var past []string
 	for i := range removals + 1 {
-		past = append(past, addPartition(t, db, base.Add(time.Duration(i)*time.Minute)))
+		past = append(past, attachMinute(t, db, base.Add(time.Duration(i)*time.Minute)))
 		fillFinished(t, db, base.Add(time.Duration(i)*time.Minute), 200)
 	}
 	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000001", "f",
@@ -218,6 +218,20 @@ FROM idemflow_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&rows, &distinct))
 		requireRepeatableReadRefused(t, db)
 	}
 	logStalls(t, citus, tr.done, windows)
+}
+
+// attachMinute is addPartition in two statements, which a Citus coordinator needs (a
+// statement that creates a table and attaches it to a distributed one distributes it).
+func attachMinute(t *testing.T, db *pgtest.DB, from time.Time) string {
+	t.Helper()
+	ctx := context.Background()
+	name := "idemflow_keys_p" + from.UTC().Format("200601021504")
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM ('`+
+		from.UTC().Format(time.RFC3339)+`') TO ('`+from.Add(time.Minute).UTC().Format(time.RFC3339)+`')`)
+	require.NoError(t, err)
+	return name
 }
 
 // fillFinished inserts n finished keys created in the minute from, over eight scopes.

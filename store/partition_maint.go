@@ -38,16 +38,16 @@ func (s *Store) SetupPartitioned(ctx context.Context, db PartitionDB, w, ahead t
 		if err != nil || l.partitioned {
 			return err
 		}
+		dist, err := readCitusDistribution(ctx, tx, l)
+		if err != nil {
+			return err
+		}
 		var rows bool
 		if err := queryRow(ctx, tx, []any{&rows}, `SELECT EXISTS (SELECT 1 FROM `+l.ident(keyTable)+`)`); err != nil {
 			return err
 		}
 		if rows {
 			return ErrNotEmpty
-		}
-		dist, err := readCitusDistribution(ctx, tx, l)
-		if err != nil {
-			return err
 		}
 		if err := repartition(ctx, tx, l); err != nil {
 			return err
@@ -341,6 +341,12 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 	for try := 1; ; try++ {
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			// Citus sends the transaction's SET LOCAL commands to the workers with the
+			// detach when asked to (on plain PostgreSQL the first is a placeholder),
+			// so that the timeout bounds the shards' locks too.
+			if _, err := tx.Exec(ctx, `SET LOCAL citus.propagate_set_commands = 'local'`); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, citusDetachTimeout.Milliseconds())); err != nil {
 				return err
 			}
