@@ -167,7 +167,7 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 		start := time.Now()
 		r, err := st.EnsurePartitions(ctx, db.Pool, time.Duration(4+i)*time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, 1, r.Created, "one more partition ahead")
+		require.Positive(t, r.Created, "one more partition ahead (two if a minute began since the last step)")
 		windows = append(windows, window{what: "create", start: start, end: time.Now()})
 		tr.await(20)
 
