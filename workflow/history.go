@@ -90,11 +90,12 @@ func (e *Engine) entry(a Attempt) store.History {
 	if keep == 0 {
 		return store.History{}
 	}
-	b, ok := a.appendJSON(make([]byte, 0, entryCap))
+	b, ok := a.appendJSON(append(make([]byte, 0, entryCap), '['))
 	if !ok { // an At json.Marshal refuses too (a year past 9999): no entry, as before
 		return store.History{}
 	}
-	return store.History{Entry: b, Keep: keep}
+	// As the array the statement takes (store.History), so that it is not copied again.
+	return store.History{Entry: append(b, ']'), Keep: keep}
 }
 
 // entryCap is room for a usual entry: a finish's, with two phases, is about 100 bytes.

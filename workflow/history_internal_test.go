@@ -36,7 +36,11 @@ func TestAttemptJSON(t *testing.T) {
 	require.False(t, ok)
 	e := &Engine{cfg: &Config{History: 3}}
 	require.Empty(t, e.entry(bad).Entry)
-	require.Equal(t, 3, e.entry(cases[1]).Keep)
+	h := e.entry(cases[1])
+	require.Equal(t, 3, h.Keep)
+	want, err := json.Marshal(cases[1])
+	require.NoError(t, err)
+	require.Equal(t, "["+string(want)+"]", string(h.Entry), "the array the statement takes")
 }
 
 func FuzzAttemptJSON(f *testing.F) {
