@@ -34,15 +34,28 @@ func TestIndexPlans(t *testing.T) {
 	if pgtest.CitusMode() {
 		t.Skip("skipped: a distributed statement's plan is the coordinator's (the shards' indexes are the same)")
 	}
-	ctx := context.Background()
-	db := pgtest.New(t)
-	s := New()
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
+	for _, layout := range []string{"Plain", "Partitioned"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			s := New()
+			if layout == "Partitioned" {
+				require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionDay, 0))
+			}
+			conn, err := db.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+			require.NoError(t, err)
+			checkIndexPlans(t, conn, s, layout == "Partitioned")
+		})
+	}
+}
 
+// checkIndexPlans is TestIndexPlans on one layout: on the partitioned one, each
+// partition's copy of the index (named by PostgreSQL after its columns).
+func checkIndexPlans(t *testing.T, conn *pgxpool.Conn, s *Store, partitioned bool) {
 	flows := []string{"f"}
 	list := func(status string) string { return s.admin.list[status][0] }
 	cases := []struct {
@@ -65,10 +78,16 @@ func TestIndexPlans(t *testing.T) {
 		{"probe in_progress", "due", `SELECT EXISTS (SELECT 1 FROM idemflow_keys WHERE status = 'in_progress')`, nil},
 		{"probe dead", "dead", `SELECT EXISTS (SELECT 1 FROM idemflow_keys WHERE status = 'dead')`, nil},
 	}
+	// A partition's copy of an index is named after the partition and the columns.
+	column := map[string]string{"due": "next_attempt_at", "finished": "finished_at", "dead": "created_at"}
 	for _, c := range cases {
 		plan := explainPlan(t, conn, c.name, c.sql, c.args)
-		require.Contains(t, plan, "idemflow_keys_"+c.index+"_idx", "%s reads the %s index:\n%s", c.name, c.index, plan)
-		require.NotRegexp(t, `Seq Scan on idemflow_keys\b`, plan, "%s reads no key table whole", c.name)
+		index := "idemflow_keys_" + c.index + "_idx"
+		if partitioned {
+			index = "_" + column[c.index] + "_idx"
+		}
+		require.Contains(t, plan, index, "%s reads the %s index:\n%s", c.name, c.index, plan)
+		require.NotContains(t, plan, "Seq Scan", "%s reads no key table or partition whole", c.name)
 	}
 }
 
