@@ -17,7 +17,8 @@ import (
 
 // History is an entry to append to a key's history.
 type History struct {
-	// Entry is a JSON object. Nil appends nothing (history is off).
+	// Entry is a JSON object, or a JSON array of one object (which is sent as it is,
+	// saving a copy). Nil appends nothing (history is off).
 	Entry []byte
 	// Keep is how many entries the history keeps, the newest; the oldest go first.
 	// Zero or less appends nothing.
@@ -30,6 +31,9 @@ type History struct {
 func (h History) args() (json.RawMessage, int) {
 	if h.Keep <= 0 || len(h.Entry) == 0 {
 		return json.RawMessage(`[]`), 0
+	}
+	if h.Entry[0] == '[' {
+		return json.RawMessage(h.Entry), h.Keep
 	}
 	entries := make([]byte, 0, len(h.Entry)+2)
 	entries = append(append(append(entries, '['), h.Entry...), ']')

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 
 	"github.com/idemflow/idemflow/phases"
@@ -89,11 +90,74 @@ func (e *Engine) entry(a Attempt) store.History {
 	if keep == 0 {
 		return store.History{}
 	}
-	b, err := json.Marshal(a)
-	if err != nil { // an Attempt always encodes
+	b, ok := a.appendJSON(append(make([]byte, 0, entryCap), '['))
+	if !ok { // an At json.Marshal refuses too (a year past 9999): no entry, as before
 		return store.History{}
 	}
-	return store.History{Entry: b, Keep: keep}
+	// As the array the statement takes (store.History), so that it is not copied again.
+	return store.History{Entry: append(b, ']'), Keep: keep}
+}
+
+// entryCap is room for a usual entry: a finish's, with two phases, is about 100 bytes.
+const entryCap = 192
+
+// appendJSON appends a's JSON form to buf, byte for byte what json.Marshal writes
+// (fields in order, the same omissions and escapes), without its reflection: every
+// attempt that ends writes one, on the request's path (a test compares the two). It
+// reports false where json.Marshal fails: an At it cannot encode.
+func (a *Attempt) appendJSON(buf []byte) ([]byte, bool) {
+	buf = strconv.AppendInt(append(buf, `{"attempt":`...), int64(a.Attempt), 10)
+	buf = appendMember(buf, `,"by":`, string(a.By))
+	buf = appendMember(buf, `,"from":`, a.From)
+	if len(a.Phases) > 0 {
+		buf = append(buf, `,"phases":[`...)
+		for i, p := range a.Phases {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = appendJSONString(buf, p)
+		}
+		buf = append(buf, ']')
+	}
+	buf = appendJSONString(append(buf, `,"outcome":`...), string(a.Outcome))
+	buf = appendMember(buf, `,"phase":`, a.Phase)
+	buf = appendMember(buf, `,"error":`, a.Error)
+	if a.Millis != 0 {
+		buf = strconv.AppendInt(append(buf, `,"ms":`...), a.Millis, 10)
+	}
+	buf = appendMember(buf, `,"reached":`, a.Reached)
+	if a.LeaseLive {
+		buf = append(buf, `,"lease_live":true`...)
+	}
+	if !a.At.IsZero() {
+		at, err := a.At.MarshalJSON()
+		if err != nil {
+			return buf, false
+		}
+		buf = append(append(buf, `,"at":`...), at...)
+	}
+	return append(buf, '}'), true
+}
+
+// appendMember appends the member name (with its comma and colon) and s, unless s is
+// empty (omitempty).
+func appendMember(buf []byte, name, s string) []byte {
+	if s == "" {
+		return buf
+	}
+	return appendJSONString(append(buf, name...), s)
+}
+
+// appendJSONString appends s as json.Marshal quotes it: printable ASCII that needs no
+// escape (json.Marshal also escapes <, > and &) as it is, anything else by json.Marshal.
+func appendJSONString(buf []byte, s string) []byte {
+	for i := range len(s) {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(buf, q...)
+		}
+	}
+	return append(append(append(buf, '"'), s...), '"')
 }
 
 // cut returns s cut to at most n bytes on a rune boundary.
