@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -40,7 +41,8 @@ func (c *stmtTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndD
 // one-connection traced pool: Fresh runs a new key; Resume runs a retry of a key
 // released at its first phase (the takeover, the call, and the last phase, whose
 // transaction checks the fence first). Each reports round trips and statements per
-// operation:
+// operation, with the CPU time of this process (client-cpu-ns/op) and of the pool's one
+// server backend (server-cpu-ns/op, in 10 ms ticks: use a few hundred operations):
 //
 //	go test -run '^$' -bench GoPhases -benchtime 2000x ./workflow/
 func BenchmarkGoPhases(b *testing.B) {
@@ -90,7 +92,10 @@ func benchGoPhases(b *testing.B, resume bool) {
 	run(k)
 	_, err = e.Do(ctx, goReq("go_bench", k)) // warms the statement cache; not counted
 	require.NoError(b, err)
+	var backend int
+	require.NoError(b, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend))
 	var trips, stmts int64
+	var client, server time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -98,14 +103,23 @@ func benchGoPhases(b *testing.B, resume bool) {
 		k := key(i)
 		run(k)
 		t0, s0 := ct.trips.Load(), ct.stmts.Load()
+		_, sv0, _ := cpumeter.ProcStat(backend)
+		c0 := cpumeter.Self()
 		b.StartTimer()
 		res, err := e.Do(ctx, goReq("go_bench", k))
 		if err != nil || res.Replayed || res.Response.Status != http.StatusCreated {
 			b.Fatalf("%s: %v %+v", k, err, res)
 		}
+		b.StopTimer()
+		client += cpumeter.Self() - c0
+		_, sv1, _ := cpumeter.ProcStat(backend)
+		server += sv1 - sv0
 		trips += ct.trips.Load() - t0
 		stmts += ct.stmts.Load() - s0
+		b.StartTimer()
 	}
 	b.ReportMetric(float64(trips)/float64(b.N), "roundtrips/op")
 	b.ReportMetric(float64(stmts)/float64(b.N), "stmts/op")
+	b.ReportMetric(float64(client.Nanoseconds())/float64(b.N), "client-cpu-ns/op")
+	b.ReportMetric(float64(server.Nanoseconds())/float64(b.N), "server-cpu-ns/op")
 }
