@@ -53,6 +53,9 @@ type childLine struct {
 	Key    string         `json:",omitempty"`
 	Answer *answer        `json:",omitempty"`
 	Stats  *sweeper.Stats `json:",omitempty"`
+	// Ran (done) counts the flows' statements the server ran after the point fired
+	// (ranAfter).
+	Ran int64 `json:",omitempty"`
 }
 
 // runChild is a child's work, as its childConfig says.
@@ -70,12 +73,15 @@ func runChild() {
 	for k, v := range cfg.Params {
 		pcfg.ConnConfig.RuntimeParams[k] = v
 	}
+	ran := &ranAfter{}
+	pcfg.ConnConfig.Tracer = ran
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		childproc.Fail("connect", err)
 	}
 	pts := childproc.NewPoints(cfg.Point, cfg.Nth, func(at string) {
 		childproc.Emit(childLine{Event: "fired", Point: at})
+		ran.fired.Store(true)
 		switch cfg.Action {
 		case "kill":
 			childproc.Kill()
@@ -128,7 +134,7 @@ func runChild() {
 	default:
 		childproc.Fail("mode", errors.New(cfg.Mode))
 	}
-	childproc.Emit(childLine{Event: "done"})
+	childproc.Emit(childLine{Event: "done", Ran: ran.n.Load()})
 	pool.Close()
 }
 

@@ -188,11 +188,17 @@ func TestZombies(t *testing.T) {
 }
 
 // requireZombieLost checks what a resumed zombie reported: a retryable answer (the
-// lease was lost, or its connection was cut), or a sweep that finished nothing.
+// lease was lost, or its connection was cut), or a sweep that finished nothing; and
+// that it ran none of the flows' statements once resumed (a zombie paused in a call
+// phase reaches its next tx phase, whose fence check refuses it first).
 func requireZombieLost(t *testing.T, key string, lines []childLine) {
 	t.Helper()
+	done := false
 	for _, l := range lines {
 		switch l.Event {
+		case "done":
+			done = true
+			require.Zero(t, l.Ran, "%s: the resumed zombie ran statements of the flow", key)
 		case "answer":
 			require.True(t, l.Answer.Retryable || l.Answer.Replayed, "%s: the zombie got %+v", key, l.Answer)
 		case "stats":
@@ -200,6 +206,7 @@ func requireZombieLost(t *testing.T, key string, lines []childLine) {
 			require.Positive(t, l.Stats.LeaseLost+l.Stats.Released, "%s: %+v", key, l.Stats)
 		}
 	}
+	require.True(t, done, "%s: the zombie reported no end", key)
 }
 
 func auditCount(t *testing.T, env *env) int64 {

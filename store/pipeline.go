@@ -28,11 +28,21 @@ import (
 // The fence carries the row's creation time when the executor knows it, so that on a
 // key table partitioned by created_at it names one partition; the fence returns it, as
 // the insert of a new row does.
+//
+// A Go-code tx phase cannot hold the fence's lock: its Go code runs between its
+// statements, and a takeover meanwhile must not wait for it. Its transaction starts
+// with the fence's check instead (sqlFenceCheck), which locks nothing and raises the
+// same way on a stale lock version, so that an executor whose lease was taken over
+// runs none of that phase's statements either; the fenced write at its commit still
+// catches a takeover while the phase runs.
 
 // pipeStatements are the pipelined statements' texts, qualified like statements.
 type pipeStatements struct {
 	claimLock, claimAbsent, fence string
 	insertKey, advance, finish    string
+	// check is a Go-code tx phase's (QueueFenceCheck): not pipelined, but sent at the
+	// head of its transaction like the fence.
+	check string
 }
 
 func newPipeStatements(schema string) pipeStatements {
@@ -40,6 +50,7 @@ func newPipeStatements(schema string) pipeStatements {
 	return pipeStatements{
 		claimLock: q(sqlPipeClaimLock), claimAbsent: q(sqlPipeClaimAbsent), fence: q(sqlPipeFence),
 		insertKey: q(sqlPipeInsertKey), advance: q(sqlPipeAdvance), finish: q(sqlPipeFinish),
+		check: q(sqlFenceCheck),
 	}
 }
 
@@ -60,6 +71,13 @@ var pipeRow = fence("5")
 var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 	SELECT created_at FROM idemflow_keys WHERE ` + pipeRow + `
 	FOR NO KEY UPDATE NOWAIT) f`
+
+// sqlFenceCheck is the fence without the lock, for a Go-code tx phase (workflow's
+// phaseTx): it raises 22012 when the row no longer has the executor's fence (its lease
+// was taken over, or the key finished or was dead-lettered by another), and locks
+// nothing, so a takeover while the phase's Go code runs never waits for it. That
+// takeover is caught by the fenced write at the commit, as before.
+var sqlFenceCheck = `SELECT 1/count(*)::int FROM idemflow_keys WHERE ` + pipeRow
 
 // sqlPipeInsertKey is sqlInsertKey returning the row's creation time.
 const sqlPipeInsertKey = sqlInsertKey + ` RETURNING created_at`
@@ -124,6 +142,23 @@ func (s *Store) ReadPipeFence(br pgx.BatchResults) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("fence key: %w: %w", ErrConflict, err)
 	}
 	return time.Time{}, fmt.Errorf("fence key: %w", fenceErr(err))
+}
+
+// QueueFenceCheck adds to b the check that f's row still has the fence, without
+// locking it: a Go-code tx phase sends it with BEGIN, before the first of the phase's
+// statements. Read it with ReadFenceCheck.
+func (s *Store) QueueFenceCheck(b *pgx.Batch, f Fence) {
+	b.Queue(s.pipe.check, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
+}
+
+// ReadFenceCheck reads QueueFenceCheck's result: nil; ErrLeaseLost when the row no
+// longer has the fence; or another translated error. After an error the transaction
+// is aborted and nothing queued after the check ran.
+func (s *Store) ReadFenceCheck(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("check fence: %w", fenceErr(err))
+	}
+	return nil
 }
 
 // QueuePipeInsertKey is QueueInsertKey returning the row's creation time: read it

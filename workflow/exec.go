@@ -242,8 +242,11 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 }
 
 // txOnce runs one transaction of a tx phase: the claim if the key is new, the phase
-// function, and the commit that writes the key row. Its connection is back in the
-// pool when it returns; what else its step needs is for settle.
+// function, and the commit that writes the key row. For a key whose row exists, the
+// transaction checks the executor's fence before the phase's first statement (see
+// phaseTx.head): a refusal fails the phase as a lost lease, with none of its
+// statements run. Its connection is back in the pool when it returns; what else its
+// step needs is for settle.
 func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
 	// The lease bounds the transaction: a connection that stops answering (half-open,
 	// blackholed) must not hold the executor, and past its lease its commit is likely
@@ -260,6 +263,9 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			return st
 		}
 		x.e.cfg.Hooks.claimHeld(ctx, ev)
+	} else {
+		f := x.fence // the phase's first statement goes after the fence's check
+		tx.check = &f
 	}
 	x.state().Enter(p.Name)
 	// Unless the phase's transaction committed, what the phase wrote to the phase data
@@ -298,6 +304,9 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		return step{kind: stepFinished, out: x.finished(v.resp)}
 	case respondAlone:
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
+	}
+	if errors.Is(v.err, store.ErrLeaseLost) {
+		x.lostAtCommit = true // the check is the commit's fence, sent first: reported as lost
 	}
 	st = x.failed(store.Classify(v.err))
 	st.resp = v.resp

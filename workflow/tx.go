@@ -18,8 +18,9 @@ import (
 
 // phaseTx is the transaction a tx phase runs in. BEGIN is not sent on its own: it rides
 // in the same round trip as the phase's first statement, or, for a new key, as the
-// claim; the engine's own write of the key row rides with COMMIT. It implements
-// phases.DBTX.
+// claim; the engine's own write of the key row rides with COMMIT. For a key whose row
+// exists, the check of the executor's fence rides with BEGIN too, ahead of the phase's
+// first statement (head). It implements phases.DBTX.
 //
 // The phase's code reaches the connection only through this value and the views it
 // hands out (savepoints, rows, batch results), from whatever goroutine it gives them
@@ -44,9 +45,16 @@ type phaseTx struct {
 	// createdAt is the created_at of the key row this transaction inserts (or
 	// inserted): read by the claim, or by the insert that claims (store.Fence).
 	createdAt time.Time
+	// check, when set, is the fence of the existing key row the phase runs for: the
+	// transaction starts with its check (store.QueueFenceCheck), so that an executor
+	// whose lease was taken over runs none of the phase's statements.
+	check *store.Fence
 
 	savepoints int   // savepoints opened with Begin, for their names
 	refused    error // the phase's code called Commit or Rollback: the phase fails
+	// lost: the fence's check refused (or could not be read): the phase fails with it,
+	// whatever its code made of the error its statement got.
+	lost error
 
 	mu     sync.Mutex // guards the fields below, shared with the phase's goroutines
 	sealed bool       // the phase is over: every view refuses with phases.ErrTxDone
@@ -140,16 +148,20 @@ func (t *phaseTx) leave() {
 var errTxInUse = errors.New("the phase returned while its transaction was still in use by another goroutine: nothing of the phase is committed")
 
 // end seals the transaction when the phase function returns and turns the verdict
-// into a failure if the phase's code was still using the transaction, or called its
-// Commit or Rollback: nothing it wrote may then commit.
+// into a failure if the phase's code was still using the transaction, if the fence's
+// check refused (the failure is then the check's), or if the code called its Commit or
+// Rollback: nothing it wrote may then commit.
 func (t *phaseTx) end(v verdict) verdict {
 	t.mu.Lock()
 	t.sealed = true
 	t.stray = t.uses > 0
-	stray := t.stray
+	stray, lost := t.stray, t.lost
 	t.mu.Unlock()
 	if stray {
 		return verdict{kind: fail, err: errTxInUse}
+	}
+	if lost != nil {
+		return verdict{kind: fail, err: lost}
 	}
 	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
 		return verdict{kind: fail, err: t.refused}
@@ -248,16 +260,57 @@ func plainArgs(args []any) bool {
 	return true
 }
 
-// flush sends BEGIN on its own, before a statement that cannot share its round trip.
+// flush sends BEGIN (and the fence's check, if any) on its own, before a statement
+// that cannot share its round trip.
 func (t *phaseTx) flush(ctx context.Context) error {
 	if t.begun {
 		return nil
 	}
-	t.begun = true
-	if _, err := t.conn.Exec(ctx, t.begin); err != nil {
-		return fmt.Errorf("begin: %w", store.Classify(err))
+	if t.check == nil {
+		t.begun = true
+		if _, err := t.conn.Exec(ctx, t.begin); err != nil {
+			return fmt.Errorf("begin: %w", store.Classify(err))
+		}
+		return nil
 	}
-	return nil
+	b := &pgx.Batch{}
+	t.head(b)
+	br := t.conn.SendBatch(ctx, b)
+	if err := t.readHead(br); err != nil {
+		br.Close()
+		return err
+	}
+	return br.Close()
+}
+
+// head queues the start of the transaction at the head of b, in the round trip of the
+// phase's first statement: BEGIN and, for a key whose row exists, the check of the
+// executor's fence. The check locks nothing (the phase's Go code runs while the
+// transaction is open, and a takeover must never wait for it) and raises when the
+// fence is stale, so that the server runs nothing queued after it.
+func (t *phaseTx) head(b *pgx.Batch) {
+	b.Queue(t.begin)
+	t.begun = true
+	if t.check != nil {
+		t.store.QueueFenceCheck(b, *t.check)
+	}
+}
+
+// readHead reads the results of head. A check that refused, or whose answer is
+// unknown, fails the phase (lost): nothing of it may commit.
+func (t *phaseTx) readHead(br pgx.BatchResults) error {
+	if err := readBegin(br); err != nil || t.check == nil {
+		return err
+	}
+	err := t.store.ReadFenceCheck(br)
+	if err != nil {
+		t.mu.Lock()
+		if t.lost == nil {
+			t.lost = err
+		}
+		t.mu.Unlock()
+	}
+	return err
 }
 
 // readBegin reads the result of a BEGIN queued at the head of a batch.
@@ -281,11 +334,10 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return t.conn.Exec(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.begin)
-	t.begun = true
+	t.head(b)
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if err := readBegin(br); err != nil {
+	if err := t.readHead(br); err != nil {
 		br.Close()
 		return pgconn.CommandTag{}, err
 	}
@@ -320,11 +372,10 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		return err
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.begin)
-	t.begun = true
+	t.head(b)
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if err := readBegin(br); err != nil {
+	if err := t.readHead(br); err != nil {
 		br.Close()
 		return err
 	}
@@ -344,7 +395,8 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return r
 }
 
-// SendBatch implements phases.DBTX. BEGIN goes first in its own round trip.
+// SendBatch implements phases.DBTX. BEGIN (with the fence's check) goes first in its
+// own round trip.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.enter(); err != nil {
 		return &errBatch{err: err}
@@ -356,7 +408,8 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return &txBatch{tx: t, br: t.conn.SendBatch(ctx, b)}
 }
 
-// CopyFrom implements phases.DBTX. BEGIN goes first in its own round trip.
+// CopyFrom implements phases.DBTX. BEGIN (with the fence's check) goes first in its
+// own round trip.
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if err := t.enter(); err != nil {
 		return 0, err
@@ -371,7 +424,8 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 // commit sends, in one round trip, BEGIN if it is still unsent, the engine's write of
 // the key row (queued by write, read by read) and COMMIT. If the write does not apply
 // (a fence that misses, a row that exists), it aborts the transaction and the COMMIT
-// is skipped.
+// is skipped. A phase that sent no statement gets no check of its fence: the fenced
+// write is that check.
 //
 // Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
 // sent, and a commit that fails after it ran out says so.

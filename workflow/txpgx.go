@@ -21,7 +21,8 @@ import (
 // Begin implements pgx.Tx: it opens a savepoint in the phase's transaction, as pgx's
 // own Begin on a transaction does. The savepoint commits (RELEASE SAVEPOINT) or rolls
 // back (ROLLBACK TO SAVEPOINT) on its own; the phase's transaction goes on either way.
-// A savepoint opened before the phase's first statement rides in BEGIN's round trip.
+// A savepoint opened before the phase's first statement rides in BEGIN's round trip
+// (after the fence's check, see head).
 func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.enter(); err != nil {
 		return nil, err
@@ -36,12 +37,11 @@ func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 		return sp, nil
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.begin)
+	t.head(b)
 	b.Queue("SAVEPOINT " + sp.name)
-	t.begun = true
 	br := t.conn.SendBatch(ctx, b)
 	defer br.Close()
-	if err := readBegin(br); err != nil {
+	if err := t.readHead(br); err != nil {
 		return nil, err
 	}
 	if _, err := br.Exec(); err != nil {

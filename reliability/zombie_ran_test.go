@@ -1,0 +1,54 @@
+package reliability
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ranAfter is a child's pgx tracer: it counts the statements of the flows' own code
+// (any statement but the engine's on the key table and transaction control) that the
+// server ran without error after the child's point fired. A zombie resumed after its
+// key was taken over must run none: its next tx phase's fence check refuses it before
+// its first statement, and a transaction it left open commits nothing new.
+type ranAfter struct {
+	fired atomic.Bool
+	n     atomic.Int64
+}
+
+type ranSQL struct{}
+
+func (r *ranAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, ranSQL{}, d.SQL)
+}
+
+func (r *ranAfter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if sql, _ := ctx.Value(ranSQL{}).(string); d.Err == nil {
+		r.count(sql)
+	}
+}
+
+func (r *ranAfter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *ranAfter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.Err == nil {
+		r.count(d.SQL)
+	}
+}
+
+func (r *ranAfter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (r *ranAfter) count(sql string) {
+	if !r.fired.Load() || strings.Contains(sql, "idemflow_keys") {
+		return
+	}
+	switch strings.ToUpper(strings.Fields(sql + " x")[0]) {
+	case "BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE":
+		return
+	}
+	r.n.Add(1)
+}
