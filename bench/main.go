@@ -95,6 +95,11 @@ type options struct {
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
+	// partitionWeekSides: the retained-keys cells also run week-partitioned sides.
+	partitionWeekSides bool
+	// partitionDayKeys: keys a simulated day of the partitions part's week of sizes
+	// (0: not run).
+	partitionDayKeys int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -121,6 +126,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
+	fs.BoolVar(&o.partitionWeekSides, "partition-week-sides", true, "partitions part: the retained-keys cells also run week-partitioned sides")
+	fs.IntVar(&o.partitionDayKeys, "partition-day-keys", 0, "partitions part: simulate a week of this many keys a day, 2-day retention, and log table+index sizes, batched deletes vs partition drops (0: not run)")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")

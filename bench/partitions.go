@@ -99,27 +99,30 @@ func (e *env) partitionsRun(ctx context.Context) error {
 			return err
 		}
 	}
-	empty, err := side("pt_empty", false)
-	if err != nil {
-		return err
+	if e.o.partitionDayKeys > 0 {
+		if err := e.weekSizes(ctx, side, e.o.partitionDayKeys); err != nil {
+			return fmt.Errorf("partitions: week of sizes: %w", err)
+		}
 	}
-	emptyPart, err := side("pt_emptypart", true)
-	if err != nil {
-		return err
+	if n <= 0 {
+		return nil
 	}
-	grown, err := side("pt_retained", true)
-	if err != nil {
-		return err
+	dbs := []*growthDB{}
+	for _, c := range []struct {
+		name string
+		w    time.Duration
+	}{{"pt_empty", 0}, {"pt_emptypart", store.PartitionDay}, {"pt_retained", store.PartitionDay},
+		{"pt_emptyweek", store.PartitionWeek}, {"pt_retainedweek", store.PartitionWeek}} {
+		if c.w == store.PartitionWeek && !e.o.partitionWeekSides {
+			break
+		}
+		s, err := sideW(c.name, c.w)
+		if err != nil {
+			return err
+		}
+		dbs = append(dbs, s)
 	}
-	weekEmpty, err := sideW("pt_emptyweek", store.PartitionWeek)
-	if err != nil {
-		return err
-	}
-	weekGrown, err := sideW("pt_retainedweek", store.PartitionWeek)
-	if err != nil {
-		return err
-	}
-	return e.retainedCells(ctx, prov.URL, []*growthDB{empty, emptyPart, grown, weekEmpty, weekGrown}, n, conc)
+	return e.retainedCells(ctx, prov.URL, dbs, n, conc)
 }
 
 // cleanupSides runs the cleanup experiment on a plain and a partitioned side.
@@ -453,18 +456,22 @@ func (e *env) sideCPU(ctx context.Context, r retainedSide) (time.Duration, error
 // asked; closeAll closes their pools.
 func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []*growthDB, n, conc int) (sides []retainedSide, closeAll func(), err error) {
 	closeAll = func() {}
-	emptyPart, grown, weekEmpty, weekGrown := dbs[1], dbs[2], dbs[3], dbs[4]
+	emptyPart, grown := dbs[1], dbs[2]
 	for _, s := range []*growthDB{grown, emptyPart} {
 		if err := attachDays(ctx, s, 30, 0); err != nil {
 			return nil, closeAll, err
 		}
 	}
-	for _, s := range []*growthDB{weekGrown, weekEmpty} {
-		if err := attachWeeks(ctx, s, 30); err != nil {
-			return nil, closeAll, err
+	retained := []*growthDB{grown}
+	if len(dbs) == 5 { // the week sides
+		for _, s := range dbs[3:] {
+			if err := attachWeeks(ctx, s, 30); err != nil {
+				return nil, closeAll, err
+			}
 		}
+		retained = append(retained, dbs[4])
 	}
-	for _, s := range []*growthDB{grown, weekGrown} {
+	for _, s := range retained {
 		if err := insertKeys(ctx, s, n, "30 days", "1 hour"); err != nil {
 			return nil, closeAll, err
 		}
@@ -566,4 +573,110 @@ func medianDur(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// weekSizes simulates a week of traffic on a plain key table cleaned by batched
+// deletes (Store.ExpireFinished, 1000 a statement, then a plain VACUUM, as autovacuum
+// would run) and on a day-partitioned one cleaned by partition removal
+// (Store.RemovePartitions), with a two-day retention: each simulated day inserts
+// perDay finished keys created (and finished) through that day, then cleans up what
+// is past retention, then logs the key table's size with its indexes. Days are the
+// eight UTC days before today, so that the partitions' bounds are real ones.
+func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB, error), perDay int) error {
+	const days, keepDays = 7, 2
+	for _, c := range []struct {
+		name        string
+		partitioned bool
+	}{{"pt_weekbatched", false}, {"pt_weekdropped", true}} {
+		s, err := side(c.name, c.partitioned)
+		if err != nil {
+			return err
+		}
+		var midnight time.Time
+		if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
+			return err
+		}
+		base := midnight.Add(-(days + 1) * 24 * time.Hour)
+		if c.partitioned {
+			if err := attachDays(ctx, s, days+1, 1); err != nil {
+				return err
+			}
+		}
+		st := store.New()
+		var sizes []string
+		var cleanup time.Duration
+		for d := range days {
+			from := base.Add(time.Duration(d) * 24 * time.Hour)
+			if err := insertKeysBetween(ctx, s, perDay, from, from.Add(24*time.Hour-time.Second)); err != nil {
+				return err
+			}
+			// Keep the keys created in the last keepDays simulated days.
+			start := time.Now()
+			if err := weekCleanup(ctx, s, st, c.partitioned, from.Add(time.Duration(1-keepDays)*24*time.Hour)); err != nil {
+				return fmt.Errorf("%s day %d: %w", c.name, d+1, err)
+			}
+			cleanup += time.Since(start)
+			var bytes, rows int64
+			if err := s.pool.QueryRow(ctx, `SELECT (SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c
+	WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')), (SELECT count(*) FROM idemflow_keys)`).Scan(&bytes, &rows); err != nil {
+				return err
+			}
+			sizes = append(sizes, fmt.Sprintf("day %d: %s (%d rows)", d+1, fmtBytes(bytes), rows))
+		}
+		logf("partitions week of sizes %-14s %d keys a day, %d-day retention, cleanup %s in all; table+indexes after each day's cleanup: %s",
+			c.name, perDay, keepDays, cleanup.Round(time.Millisecond), strings.Join(sizes, "; "))
+	}
+	return nil
+}
+
+// weekCleanup removes the keys created before cutoff on one side of weekSizes: the
+// retention of each statement is the database clock's distance to cutoff.
+func weekCleanup(ctx context.Context, s *growthDB, st *store.Store, partitioned bool, cutoff time.Time) error {
+	retention := func() (time.Duration, error) {
+		var now time.Time
+		err := s.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now)
+		return now.Sub(cutoff), err
+	}
+	if partitioned {
+		r, err := retention()
+		if err == nil {
+			_, err = st.RemovePartitions(ctx, s.pool, r)
+		}
+		return err
+	}
+	for {
+		r, err := retention()
+		if err != nil {
+			return err
+		}
+		k, err := st.ExpireFinished(ctx, s.pool, r, 1000)
+		if err != nil {
+			return err
+		}
+		if k == 0 {
+			break
+		}
+	}
+	_, err := s.pool.Exec(ctx, `VACUUM idemflow_keys`)
+	return err
+}
+
+// insertKeysBetween inserts n finished keys created (and finished) evenly from `from`
+// to `to`, as insertKeys does, without the VACUUM ANALYZE.
+func insertKeysBetween(ctx context.Context, s *growthDB, n int, from, to time.Time) error {
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
+	recovery_point, phase_data, status, response_status, response_headers, response_body,
+	created_at, updated_at, finished_at)
+SELECT 'acct_' || (i % 16), gen_random_uuid()::text, gen_random_uuid(), $3, 'POST', '/v1/charges',
+	sha256(('old-' || i)::bytea), ''::bytea, 'finished', '{}', 'finished', 201,
+	'{"Content-Type":["application/json"]}', $2::bytea, t, t, t
+FROM generate_series(1, $1::int) AS i,
+	LATERAL (SELECT $4::timestamptz + (i::float8 / $1) * ($5::timestamptz - $4::timestamptz) AS t) AS ts`,
+		n, []byte(`{"id":"ch_old","amount":1999,"currency":"usd","status":"succeeded","provider_payment_id":"pay_000001"}`),
+		chargeflow.FlowName, from, to)
+	if err != nil {
+		return fmt.Errorf("insert keys: %w", err)
+	}
+	return nil
 }

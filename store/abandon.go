@@ -14,7 +14,7 @@ import (
 // already released it, or lost it).
 func (s *Store) Abandon(ctx context.Context, db DBTX, f Fence, lastError string, h History) error {
 	e, keep := h.args()
-	tag, err := db.Exec(ctx, s.sql.abandon, f.Scope, f.Key, f.ID, f.LockVersion, truncate(lastError, 2000), e, keep, f.CreatedAt)
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.abandon, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, truncate(lastError, 2000), e, keep, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("abandon key: %w", Classify(err))
 	}

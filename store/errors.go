@@ -97,6 +97,8 @@ func Classify(err error) error {
 			return fmt.Errorf("%w: %w", ErrConflict, err)
 		case noPartition(pgErr): // partitioned key table (partition.go)
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		case partitionGone(pgErr): // a statement sent to the row's partition (partition.go)
+			return fmt.Errorf("%w: the row's partition no longer exists: %w", ErrLeaseLost, err)
 		case pgErr.Code == "23514" || pgErr.Code == "22001" || pgErr.Code == "54000":
 			return fmt.Errorf("%w: %w", errInvalid, err)
 		case pgErr.Code == "42P05" || pgErr.Code == "26000" ||

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The partitioned key table, an option (docs/PARTITIONS.md): idemflow_keys partitioned
@@ -124,9 +127,27 @@ func (s *Store) tableName() string {
 // partStatements is what a Store keeps for its partitioned layout.
 type partStatements struct {
 	schema string // the Store's schema option; "" is the search_path's
+	table  string // the key table as the statements of sql.go name it
+	// addr, once learnt, names a row's partition; texts are the per-key statements
+	// addressed to partitions (textsN of them, about). See onPartition.
+	addr   *atomic.Pointer[partAddress]
+	texts  *sync.Map
+	textsN *atomic.Int64
 }
 
-func newPartStatements(schema string) partStatements { return partStatements{schema: schema} }
+func newPartStatements(schema string) partStatements {
+	return partStatements{schema: schema, table: qualify(keyTable, schema),
+		addr: &atomic.Pointer[partAddress]{}, texts: &sync.Map{}, textsN: &atomic.Int64{}}
+}
+
+// ident is a partition's name as the statements of sql.go would name it: qualified
+// by the Store's schema option, or by none (the search_path's, as the key table).
+func (p partStatements) ident(name string) string {
+	if p.schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{p.schema, name}.Sanitize()
+}
 
 // The catalog look-ups. $1 is the key table's name as to_regclass reads it.
 const (
@@ -388,4 +409,177 @@ func (s *Store) lookupSQL() string {
 		return s.sql.lookupPartitioned
 	}
 	return s.sql.lookup
+}
+
+// Addressing a row's partition by name (docs/PARTITIONS.md, "Addressing the row's
+// partition"). On PostgreSQL 15 a statement on the partitioned table, planned once
+// for every partition (pgx's cached statements get generic plans), locks every
+// partition and sets up every one it does not prune as it starts: the cost grows with
+// the partition count. A per-key statement knows its row's created_at, hence its
+// partition (bounds in UTC, aligned to the width, names from the lower bound), so a
+// Store that has learnt the layout sends it to that partition itself: one table, as
+// on the plain layout. The replay path's look-up first probes the current partition
+// the same way.
+
+// partAddress is what a Store needs to name a row's partition, learnt from the
+// catalog (CheckPartitions, EnsurePartitions).
+type partAddress struct {
+	width time.Duration
+	// since: rows created before it are in a partition whose name is not derived
+	// from its bound (a table moved to the layout, attached from MINVALUE): they are
+	// addressed through the key table.
+	since time.Time
+	// skew is the database clock less this process's when the layout was read:
+	// what the current partition is, by the database clock, give or take the round
+	// trip (a wrong guess costs the look-up a second statement, nothing else).
+	skew time.Duration
+}
+
+// address is how the partitions of l are named, or nil when it cannot tell (no
+// partition with both bounds, or a width of another kind).
+func (l *partitionLayout) address(local time.Time) *partAddress {
+	w, err := l.width()
+	if err != nil || validWidth(w) != nil {
+		return nil
+	}
+	a := &partAddress{width: w, skew: l.now.Sub(local)}
+	for _, p := range l.parts {
+		regular := p.From != nil && p.To != nil && p.To.Sub(*p.From) == w &&
+			p.From.Equal(p.From.Truncate(w)) && p.Name == partitionName(*p.From, w)
+		switch {
+		case regular:
+		case p.To == nil:
+			return nil // a partition up to MAXVALUE: nothing is named by its bound
+		case p.To.After(a.since):
+			a.since = *p.To
+		}
+	}
+	return a
+}
+
+// learnAddress makes s address the partitions of l by name from now on; on Citus it
+// keeps sending every statement to the key table (the layout there is not built:
+// docs/PARTITIONS.md).
+func (s *Store) learnAddress(ctx context.Context, db DBTX, l *partitionLayout, local time.Time) {
+	if !l.partitioned {
+		s.part.addr.Store(nil)
+		return
+	}
+	citus, _, err := s.scanLayout(ctx, db)
+	if err != nil || citus {
+		return
+	}
+	s.part.addr.Store(l.address(local))
+}
+
+// partText is one statement's text addressed to one partition.
+type partText struct{ sql, partition string }
+
+// partTextsMax bounds the texts a Store keeps: one a statement and partition the
+// process has written to. Past it they are built again (partitions come and go).
+const partTextsMax = 512
+
+// partitionOf is the name of the partition that holds a row created at createdAt, or
+// "" when s does not address partitions by name or the row is older than the named
+// ones.
+func (s *Store) partitionOf(createdAt time.Time) string {
+	a := s.part.addr.Load()
+	if a == nil || createdAt.IsZero() || createdAt.Before(a.since) {
+		return ""
+	}
+	return partitionName(createdAt.Truncate(a.width), a.width)
+}
+
+// onPartition is sql, a per-key statement of sql.go on the row created at createdAt,
+// sent to the row's partition instead of the key table when s addresses partitions
+// by name: the key table's name after its UPDATE (or FROM, for the look-up) is
+// replaced by the partition's. Otherwise, or when createdAt is unknown (zero), sql.
+// The statement matches what it matched before: the row is in that partition or in
+// none (a row's partition is fixed by created_at, and every statement names the
+// created_at it is addressed by). A partition dropped since makes it fail with 42P01,
+// which Classify reports as ErrLeaseLost: the row is gone.
+func (s *Store) onPartition(sql string, createdAt time.Time) string {
+	name := s.partitionOf(createdAt)
+	if name == "" {
+		return sql
+	}
+	k := partText{sql, name}
+	if t, ok := s.part.texts.Load(k); ok {
+		return t.(string)
+	}
+	t := sql
+	for _, verb := range []string{"UPDATE ", "FROM "} {
+		if before := verb + s.part.table + "\n"; strings.Count(sql, before) == 1 {
+			t = strings.Replace(sql, before, verb+s.part.ident(name)+"\n", 1)
+			break
+		}
+	}
+	if t == sql {
+		return sql // not a statement this knows how to address: the key table's
+	}
+	if s.part.textsN.Add(1) > partTextsMax {
+		s.part.texts.Clear()
+		s.part.textsN.Store(1)
+	}
+	s.part.texts.Store(k, t)
+	return t
+}
+
+// partitionGone reports whether a statement was sent to a partition that no longer
+// exists (undefined_table naming one of the key table's partitions).
+func partitionGone(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == "42P01" && strings.Contains(pgErr.Message, `"`+partitionPrefix)
+}
+
+// currentPartitionLookup is the look-up sent to the partition that holds the
+// database's now (as s estimates it) when db runs it outside a transaction, or "".
+// Sent first by Lookup: a replay of a recent key then reads one table.
+func (s *Store) currentPartitionLookup(db DBTX) string {
+	a := s.part.addr.Load()
+	if a == nil || !outsideTx(db) {
+		return ""
+	}
+	t := s.onPartition(s.sql.lookupPartitioned, time.Now().Add(a.skew))
+	if t == s.sql.lookupPartitioned {
+		return ""
+	}
+	return t
+}
+
+// outsideTx reports whether a statement on db runs in a transaction of its own, so
+// that one that fails (a partition just dropped) aborts nothing of the caller's.
+func outsideTx(db DBTX) bool {
+	switch c := db.(type) {
+	case *pgxpool.Pool:
+		return true
+	case *pgxpool.Conn:
+		return c.Conn().PgConn().TxStatus() == 'I'
+	case *pgx.Conn:
+		return c.PgConn().TxStatus() == 'I'
+	}
+	return false
+}
+
+// lookupCurrent is Lookup's first statement when s addresses partitions by name and
+// db runs it outside a transaction: the look-up of the partition that holds now. ok
+// is false when it did not answer (not sent, the key is not there, or the partition
+// does not exist): Lookup then looks in every partition.
+func (s *Store) lookupCurrent(ctx context.Context, db DBTX, scope, key string) (*Row, bool, error) {
+	sql := s.currentPartitionLookup(db)
+	if sql == "" {
+		return nil, false, nil
+	}
+	rows, err := db.Query(ctx, sql, scope, key)
+	if err == nil {
+		var row *Row
+		row, err = scanOne(rows, "look up key", ErrNotFound)
+		if err == nil {
+			return row, true, nil
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.Is(err, ErrNotFound) || errors.As(err, &pgErr) && partitionGone(pgErr) {
+		return nil, false, nil
+	}
+	return nil, true, fmt.Errorf("look up key: %w", Classify(err))
 }

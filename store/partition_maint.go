@@ -131,6 +131,7 @@ $$`,
 // ErrNotPartitioned when the key table is not partitioned.
 func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
 	var r PartitionReport
+	local := time.Now()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
 			return err
@@ -156,6 +157,9 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 		}
 		r.Created, err = createAhead(ctx, tx, l, w, ahead)
 		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
+		if err == nil {
+			s.learnAddress(ctx, tx, l, local)
+		}
 		return err
 	})
 	if err != nil {
@@ -486,6 +490,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 // keeps its statements. An engine calls it once as it starts.
 func (s *Store) CheckPartitions(ctx context.Context, db DBTX) (PartitionReport, error) {
 	var r PartitionReport
+	local := time.Now()
 	l, err := s.layout(ctx, db)
 	switch {
 	case err != nil:
@@ -495,6 +500,7 @@ func (s *Store) CheckPartitions(ctx context.Context, db DBTX) (PartitionReport, 
 		return r, fmt.Errorf("check partitions: %w", ErrNotPartitioned)
 	}
 	s.learnt.partitioned.Store(2)
+	s.learnAddress(ctx, db, l, local)
 	r.Ahead = l.ahead()
 	if w, err := l.width(); err == nil {
 		r.Want = int(defaultAhead(w) / w)

@@ -384,8 +384,15 @@ func TestPartitionsThroughPgbouncer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, r.Removed)
 	require.NotContains(t, partitionNames(t, p.DB), old)
-	_, err = st.Lookup(ctx, p.DB.Pool, "s", "live")
+	row, err := st.Lookup(ctx, p.DB.Pool, "s", "live")
 	require.NoError(t, err)
+	// A fenced statement, sent to the row's partition by name (the Store learnt the
+	// layout above), through the pooler.
+	require.NoError(t, st.Release(ctx, p.DB.Pool, row.Fence(), store.Release{RecoveryPoint: row.RecoveryPoint,
+		Data: []byte(`{}`), LastError: "pooled", RetryIn: time.Second, Stored: row.RecoveryPoint}))
+	row, err = st.Lookup(ctx, p.DB.Pool, "s", "live")
+	require.NoError(t, err)
+	require.Equal(t, "pooled", *row.LastError)
 }
 
 // TestPartitionedInSchema: a Store with a schema sets up and maintains the partitioned

@@ -184,6 +184,9 @@ func ValidateSchema(schema string) error {
 
 // Lookup returns the key row, or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	if row, ok, err := s.lookupCurrent(ctx, db, scope, key); ok {
+		return row, err
+	}
 	rows, err := db.Query(ctx, s.lookupSQL(), scope, key)
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
@@ -325,7 +328,7 @@ func insertErr(err error) error {
 // match, the statement raises and the transaction aborts. Read its result with
 // ReadFenced.
 func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
-	b.Queue(s.sql.advance, f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds(), f.CreatedAt)
+	b.Queue(s.onPartition(s.sql.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds(), f.CreatedAt)
 }
 
 // QueueFinish adds to b the fenced update that stores the response, appends
@@ -333,7 +336,7 @@ func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
 // raises when the fence does not match.
 func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	e, keep := resp.History.args()
-	b.Queue(s.sql.finish, f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
+	b.Queue(s.onPartition(s.sql.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
 }
 
 // ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
@@ -350,7 +353,7 @@ func (s *Store) ReadFenced(br pgx.BatchResults) error {
 // is due again after r.RetryIn. It returns ErrLeaseLost if the fence does not match.
 func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
 	e, keep := r.History.args()
-	tag, err := db.Exec(ctx, s.sql.release, f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep, f.CreatedAt)
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.release, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("release key: %w", Classify(err))
 	}
@@ -367,7 +370,7 @@ func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error 
 // lease's attempt is recorded in the history as abandoned, keeping the newest keep
 // entries (0: history is off).
 func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration, keep int) (*Row, error) {
-	rows, err := db.Query(ctx, s.sql.takeover, seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0), seen.CreatedAt)
+	rows, err := db.Query(ctx, s.onPartition(s.sql.takeover, seen.CreatedAt), seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0), seen.CreatedAt)
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}

@@ -136,7 +136,7 @@ func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, 
 // cleared, the takeover's attempt uncounted, and the key stays due for any sweeper. It
 // returns ErrLeaseLost if the fence does not match or the key is not leased.
 func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
-	tag, err := db.Exec(ctx, s.sql.giveBack, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.giveBack, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("give back key: %w", Classify(err))
 	}
@@ -153,7 +153,7 @@ func (s *Store) GiveBack(ctx context.Context, db DBTX, f Fence) error {
 // the fence does not match or the key is not leased.
 func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
 	e, keep := p.History.args()
-	tag, err := db.Exec(ctx, s.sql.park, f.Scope, f.Key, f.ID, f.LockVersion, truncate(p.LastError, 2000), p.RetryIn.Milliseconds(), e, keep, f.CreatedAt)
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.park, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, truncate(p.LastError, 2000), p.RetryIn.Milliseconds(), e, keep, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("park key: %w", Classify(err))
 	}
@@ -169,7 +169,7 @@ func (s *Store) Park(ctx context.Context, db DBTX, f Fence, p Park) error {
 // or deleted since).
 func (s *Store) DeadLetter(ctx context.Context, db DBTX, f Fence, d DeadLetter) error {
 	e, keep := d.History.args()
-	tag, err := db.Exec(ctx, s.sql.deadLetter, f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, json.RawMessage(d.Data), truncate(d.LastError, 2000), d.Stored, e, keep, f.CreatedAt)
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.deadLetter, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, d.RecoveryPoint, json.RawMessage(d.Data), truncate(d.LastError, 2000), d.Stored, e, keep, f.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("dead-letter key: %w", Classify(err))
 	}
