@@ -100,6 +100,11 @@ func TestPartitionAddressed(t *testing.T) {
 		"abandon":  {s.sql.abandon, []any{"s", "new", f.ID, lv, "why", `{"a":1}`, 10, at}},
 		"park":     {s.sql.park, []any{"s", "new", f.ID, lv, "why", 1000, `{"a":1}`, 10, at}},
 		"dead":     {s.sql.deadLetter, []any{"s", "new", f.ID, lv, "started", "{}", "why", "started", `{"a":1}`, 10, at}},
+		// A pipelined phase's statements and a Go-code phase's fence check.
+		"pipeFence":   {s.pipe.fence, []any{"s", "new", f.ID, lv, at}},
+		"check":       {s.pipe.check, []any{"s", "new", f.ID, lv, at}},
+		"pipeAdvance": {s.pipe.advance, []any{"s", "new", f.ID, lv, at, "one", "{}", 60000}},
+		"pipeFinish":  {s.pipe.finish, []any{"s", "new", f.ID, lv, at, 201, "{}", []byte("ok"), `{"a":1}`, 10}},
 	}
 	for name, st := range fenced {
 		sent := s.onPartition(st.sql, at)

@@ -69,7 +69,8 @@ var pipeRow = fence("5")
 // time; it raises 22012 when the row no longer has the executor's fence, 55P03 when
 // another transaction holds its lock.
 var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
-	SELECT created_at FROM idemflow_keys WHERE ` + pipeRow + `
+	SELECT created_at FROM idemflow_keys
+	WHERE ` + pipeRow + `
 	FOR NO KEY UPDATE NOWAIT) f`
 
 // sqlFenceCheck is the fence without the lock, for a Go-code tx phase (workflow's
@@ -77,7 +78,8 @@ var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 // was taken over, or the key finished or was dead-lettered by another), and locks
 // nothing, so a takeover while the phase's Go code runs never waits for it. That
 // takeover is caught by the fenced write at the commit, as before.
-var sqlFenceCheck = `SELECT 1/count(*)::int FROM idemflow_keys WHERE ` + pipeRow
+var sqlFenceCheck = `SELECT 1/count(*)::int FROM idemflow_keys
+WHERE ` + pipeRow
 
 // sqlPipeInsertKey is sqlInsertKey returning the row's creation time.
 const sqlPipeInsertKey = sqlInsertKey + ` RETURNING created_at`
@@ -123,7 +125,7 @@ func (s *Store) ReadPipeClaim(br pgx.BatchResults) error {
 
 // QueuePipeFence adds the fence of f's row to b. Read it with ReadPipeFence.
 func (s *Store) QueuePipeFence(b *pgx.Batch, f Fence) {
-	b.Queue(s.pipe.fence, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
+	b.Queue(s.onPartition(s.pipe.fence, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
 }
 
 // ReadPipeFence reads QueuePipeFence's result: the row's creation time; ErrLeaseLost
@@ -148,7 +150,7 @@ func (s *Store) ReadPipeFence(br pgx.BatchResults) (time.Time, error) {
 // locking it: a Go-code tx phase sends it with BEGIN, before the first of the phase's
 // statements. Read it with ReadFenceCheck.
 func (s *Store) QueueFenceCheck(b *pgx.Batch, f Fence) {
-	b.Queue(s.pipe.check, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
+	b.Queue(s.onPartition(s.pipe.check, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt)
 }
 
 // ReadFenceCheck reads QueueFenceCheck's result: nil; ErrLeaseLost when the row no
@@ -181,7 +183,7 @@ func (s *Store) ReadPipeInsertKey(br pgx.BatchResults) (time.Time, error) {
 // QueuePipeAdvance adds to b the plain update that moves the fenced row f to
 // a.RecoveryPoint with a.Data and a lease of a.Lease. Read it with ReadPipeWrite.
 func (s *Store) QueuePipeAdvance(b *pgx.Batch, f Fence, a Advance) {
-	b.Queue(s.pipe.advance, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
+	b.Queue(s.onPartition(s.pipe.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
 		a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds())
 }
 
@@ -189,7 +191,7 @@ func (s *Store) QueuePipeAdvance(b *pgx.Batch, f Fence, a Advance) {
 // resp. Read it with ReadPipeWrite.
 func (s *Store) QueuePipeFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
 	e, keep := resp.History.args()
-	b.Queue(s.pipe.finish, f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
+	b.Queue(s.onPartition(s.pipe.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
 		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
 }
 
