@@ -109,7 +109,10 @@ func RequireDeadLettered(t testing.TB, db Querier, scope, key string) Key {
 
 // expireSQL moves the lease, backoff and grace period of unfinished keys into the past.
 // A lease is moved to a constant long past: Citus refuses the clock inside a CASE in an
-// UPDATE on a distributed table.
+// UPDATE on a distributed table. The creation time goes back an hour; on a partitioned
+// key table that can leave the row's partition, which fails with no partition for the
+// row (23514) when the key was created in the first hour of its partition and no
+// partition lies behind it. expire then sends expireInPartitionSQL.
 const expireSQL = `
 	UPDATE idemflow_keys
 	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
@@ -117,13 +120,36 @@ const expireSQL = `
 		created_at = least(created_at, statement_timestamp() - interval '1 hour')
 	WHERE status = 'in_progress'`
 
+// expireInPartitionSQL is expireSQL moving the creation time back an hour or to the
+// start of the row's partition, whichever is later, so that the row stays where it is.
+const expireInPartitionSQL = `
+	UPDATE idemflow_keys
+	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
+		next_attempt_at = statement_timestamp() - interval '1 millisecond',
+		created_at = least(created_at, greatest(statement_timestamp() - interval '1 hour', (
+			SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']*)''\)')::timestamptz
+			FROM pg_class c WHERE c.oid = idemflow_keys.tableoid)))
+	WHERE status = 'in_progress'`
+
+// expire runs expireSQL with the condition where, falling back to
+// expireInPartitionSQL when the row would leave its partition.
+func expire(db Execer, where string, args ...any) (pgconn.CommandTag, error) {
+	ctx := context.Background()
+	tag, err := db.Exec(ctx, expireSQL+where, args...)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23514" {
+		return db.Exec(ctx, expireInPartitionSQL+where, args...)
+	}
+	return tag, err
+}
+
 // ExpireLease moves an unfinished key's lease, its backoff and its grace period into the
 // past by the database clock, as if they had all run out: the next retry takes the key
 // over and the next sweeper pass takes it, at once, without the test waiting. It
 // reports whether the key had an unfinished row.
 func ExpireLease(t testing.TB, db Execer, scope, key string) bool {
 	t.Helper()
-	tag, err := db.Exec(context.Background(), expireSQL+` AND scope = $1 AND idempotency_key = $2`, scope, key)
+	tag, err := expire(db, ` AND scope = $1 AND idempotency_key = $2`, scope, key)
 	if err != nil {
 		t.Fatalf("idemflowtest: expire the lease of %q/%q: %v", scope, key, err)
 	}
@@ -133,7 +159,7 @@ func ExpireLease(t testing.TB, db Execer, scope, key string) bool {
 // ExpireAll is ExpireLease for every unfinished key, and returns how many there were.
 func ExpireAll(t testing.TB, db Execer) int64 {
 	t.Helper()
-	tag, err := db.Exec(context.Background(), expireSQL)
+	tag, err := expire(db, "")
 	if err != nil {
 		t.Fatalf("idemflowtest: expire all leases: %v", err)
 	}

@@ -3,11 +3,13 @@ package idemflowtest_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -56,4 +58,39 @@ func TestKeyStates(t *testing.T) {
 	require.Equal(t, res.Response.Status, k.ResponseStatus)
 	require.Equal(t, res.Response.Body, k.ResponseBody)
 	require.Zero(t, idemflowtest.ExpireAll(t, db.Pool), "no unfinished key is left")
+}
+
+// TestExpireLeasePartitioned: on a key table partitioned by the minute, with no
+// partition behind the current one, ExpireLease moves a key's creation time only as far
+// back as its partition allows (an hour back would leave it), and a retry then takes
+// the key over and finishes it.
+func TestExpireLeasePartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := idemflowtest.NewDB(t, ledgerSchema)
+	require.NoError(t, store.New().SetupPartitioned(ctx, db.Pool, time.Minute, 0))
+	remote := idemflowtest.NewRemote(t, nil)
+	e, err := workflow.New(db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(ledgerFlow(db, remote, flowOpts{})))
+	req := workflow.Request{Scope: "acct", Key: "edge", Flow: "ledger", Method: "POST", Route: "/", Body: []byte(`{}`)}
+	remote.FailNext(1)
+	_, err = e.Do(ctx, req)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+
+	where := func() (part string, created time.Time) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text, created_at FROM idemflow_keys
+			WHERE scope = 'acct' AND idempotency_key = 'edge'`).Scan(&part, &created))
+		return part, created
+	}
+	part, created := where()
+	require.True(t, idemflowtest.ExpireLease(t, db.Pool, "acct", "edge"))
+	movedPart, moved := where()
+	require.Equal(t, part, movedPart, "the row stays in its partition")
+	require.False(t, moved.After(created))
+	require.Equal(t, created.UTC().Truncate(time.Minute), moved.UTC().Truncate(time.Minute), "moved back within its minute-wide partition")
+
+	_, err = e.Do(ctx, req)
+	require.NoError(t, err, "a retry takes the expired key over")
+	idemflowtest.RequireFinished(t, db.Pool, "acct", "edge")
 }
