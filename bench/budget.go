@@ -158,14 +158,14 @@ func (r *report) checks() []check {
 
 // perReqField is one per-request column, named.
 type perReqField struct {
-	name, unit string
-	f          func(perReq) float64
+	name, format string // format prints one value with its unit
+	f            func(perReq) float64
 }
 
 var (
-	cpuServer = perReqField{"server CPU", "ms", func(p perReq) float64 { return p.ServerCPU }}
-	cpuTotal  = perReqField{"server + client CPU", "ms", func(p perReq) float64 { return p.ServerCPU + p.ClientCPU }}
-	walBytes  = perReqField{"WAL", "B", func(p perReq) float64 { return p.WAL }}
+	cpuServer = perReqField{"server CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU }}
+	cpuTotal  = perReqField{"server + client CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU + p.ClientCPU }}
+	walBytes  = perReqField{"WAL", "%.0f B", func(p perReq) float64 { return p.WAL }}
 )
 
 // rpsVs: the median over rounds of v's req/s ÷ ref's in the same round, at conc.
@@ -192,7 +192,7 @@ func perReqVs(v, ref string, fd perReqField) func(*report) figure {
 			}
 			f.ok = true
 			f.val = max(f.val, x/y)
-			cols = append(cols, fmt.Sprintf("c=%d: %.2f vs %.2f %s (%.2f×)", c, x, y, fd.unit, x/y))
+			cols = append(cols, fmt.Sprintf("c=%d: "+fd.format+" vs "+fd.format+" (%.2f×)", c, x, y, x/y))
 		}
 		f.text = strings.Join(cols, "; ")
 		if !f.ok {

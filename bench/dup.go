@@ -357,10 +357,10 @@ func maxLat(ls []time.Duration) time.Duration {
 
 // dupFigure kinds: what each concurrent-duplicates line is judged on.
 const (
-	dupAnswers   = iota // duplicates not answered 409 within 50 ms
-	dupEntries          // runs of the phase function for the key
-	dupHeld             // ms: the longest a duplicate held a pool connection
-	dupSlowed           // ms: the slowest unrelated request with duplicates less without
+	dupAnswers = iota // duplicates not answered 409 within 50 ms
+	dupEntries        // runs of the phase function for the key
+	dupHeld           // ms: the longest a duplicate held a pool connection
+	dupSlowed         // ms: the slowest unrelated request with duplicates less without
 )
 
 // dupFigure is one of the experiment's figures for the budget.
