@@ -8,12 +8,13 @@ import (
 )
 
 var chartColors = map[string]string{
-	vBare:   "#8c8c8c",
-	vRecipe: "#e07b39",
-	vFused:  "#c9a227",
-	vSafe:   "#8e5ea2",
-	vIdem:   "#3b75af",
-	vReplay: "#519e3e",
+	vBare:     "#8c8c8c",
+	vRecipe:   "#e07b39",
+	vFused:    "#c9a227",
+	vSafe:     "#8e5ea2",
+	vIdem:     "#3b75af",
+	vIdemPipe: "#2bb0b0",
+	vReplay:   "#519e3e",
 }
 
 // chartSVG draws req/s by concurrency, one bar per variant, on a log scale, with each
@@ -24,7 +25,7 @@ func chartSVG(aggs []agg, concs []int) string {
 		left, right   = 72, 20
 		top, bottom   = 64, 56
 	)
-	variants := []string{vBare, vRecipe, vFused, vSafe, vIdem, vReplay}
+	variants := []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemPipe, vReplay}
 	lo, hi := math.Inf(1), 0.0
 	for _, a := range aggs {
 		if a.RPS > 0 {
