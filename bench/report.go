@@ -294,6 +294,9 @@ func (r *report) mdThroughput(b *strings.Builder) {
 
 // mdDrain writes the sweeper drain table.
 func (r *report) mdDrain(b *strings.Builder) {
+	if len(r.drains) == 0 {
+		return
+	}
 	p := printer(b)
 	p("\n## Sweeper drain\n\n")
 	p("Stuck keys are made the way clients leave them: each charge runs through the engine with a provider that answers 503, so create_charge commits and the key is released at that recovery point. ")
