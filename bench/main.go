@@ -3,7 +3,7 @@
 // recipe, in one process and one run, in interleaved rounds, and checks the
 // performance budget of DESIGN.md.
 //
-//	go run ./bench         # the full run (every part; about 22 minutes on a quiet 2-core machine):
+//	go run ./bench         # the full run (every part; about 20 minutes on a quiet 2-core machine):
 //	                       # prints the report and writes docs/BENCHMARKS.md and docs/benchmarks.svg
 //	go run ./bench -smoke  # a tiny run of most parts for CI (under a minute); writes nothing
 //	go run ./bench -cell 1s -rounds 2 -warmup 1s -growth 200000 -partition-keys 100000 -docs ''   # a quick full run
