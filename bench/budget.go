@@ -155,6 +155,8 @@ func (r *report) checks() []check {
 				"≥ 0.90× fresh req/s without copies", "losers", loserVs(v, k), atLeast(0.9)})
 		}
 	}
+	cs = append(cs, check{"DESIGN.md", "Only losers raise: pipelined fresh requests alone roll nothing back", "0 rollbacks per fresh request",
+		"losers", freshRollbacks(vIdemPipe), atMost(0.005)})
 	cs = append(cs, slowChecks(r.opts.slowLatency)...)
 	cs = append(cs, sweeperChecks(r.opts.sweepConc)...)
 	return append(cs, partitionChecks...)
@@ -311,6 +313,25 @@ func loserVs(v string, k int) func(*report) figure {
 		}
 		med, lo, hi, ok := r.losers.loserRatio(v, k)
 		return figure{ok: ok, val: med, text: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×; a burst every %s)", med, lo, hi, r.opts.loserGap)}
+	}
+}
+
+// freshRollbacks: v's rollbacks per fresh request in the losers part's cells without
+// copies (pg_stat_database's xact_rollback; a batch that raises is one), the most in
+// any round.
+func freshRollbacks(v string) func(*report) figure {
+	return func(r *report) figure {
+		if r.losers == nil {
+			return figure{}
+		}
+		f := figure{val: math.Inf(-1)}
+		for _, c := range r.losers.Cells {
+			if c.Variant == v && c.Copies == 0 {
+				f.ok, f.val = true, max(f.val, c.Rollbacks)
+			}
+		}
+		f.text = fmt.Sprintf("%.3f rollbacks per fresh request, the most in any round", f.val)
+		return f
 	}
 }
 
