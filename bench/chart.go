@@ -8,23 +8,24 @@ import (
 )
 
 var chartColors = map[string]string{
-	vBare:   "#8c8c8c",
-	vRecipe: "#e07b39",
-	vFused:  "#c9a227",
-	vSafe:   "#8e5ea2",
-	vIdem:   "#3b75af",
-	vReplay: "#519e3e",
+	vBare:     "#8c8c8c",
+	vRecipe:   "#e07b39",
+	vFused:    "#c9a227",
+	vSafe:     "#8e5ea2",
+	vIdem:     "#3b75af",
+	vIdemPipe: "#2bb0b0",
+	vReplay:   "#519e3e",
 }
 
 // chartSVG draws req/s by concurrency, one bar per variant, on a log scale, with each
 // bar's median req/s and its ratio to bare.
 func chartSVG(aggs []agg, concs []int) string {
 	const (
-		width, height = 800, 440
+		width, height = 960, 460
 		left, right   = 72, 20
-		top, bottom   = 64, 56
+		top, bottom   = 64, 76
 	)
-	variants := []string{vBare, vRecipe, vFused, vSafe, vIdem, vReplay}
+	variants := []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemPipe, vReplay}
 	lo, hi := math.Inf(1), 0.0
 	for _, a := range aggs {
 		if a.RPS > 0 {
@@ -49,7 +50,7 @@ func chartSVG(aggs []agg, concs []int) string {
 		width, height, width, height)
 	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>` + "\n")
 	p(`<text x="%d" y="24" font-size="16" font-weight="bold">Charges flow: requests/s by concurrency (provider latency 0)</text>`+"\n", left)
-	p(`<text x="%d" y="42" font-size="12" fill="#555">median of the rounds, log scale; under each bar: its ratio to bare in the same round (median)</text>`+"\n", left)
+	p(`<text x="%d" y="42" font-size="12" fill="#555">median of the rounds, log scale; under each bar (staggered): its ratio to bare in the same round (median)</text>`+"\n", left)
 
 	chartGrid(&b, yMin, yMax, y, left, width-right)
 	p(`<text transform="translate(18,%d) rotate(-90)" font-size="12" text-anchor="middle" fill="#333">requests/s</text>`+"\n", top+int(plotH/2))
@@ -70,20 +71,20 @@ func chartSVG(aggs []agg, concs []int) string {
 			p(`<text x="%.1f" y="%.1f" font-size="10" text-anchor="middle" fill="#222">%.0f</text>`+"\n", x+barW/2, yy-4, a.RPS)
 			if v != vBare && a.Ratio > 0 {
 				p(`<text x="%.1f" y="%.1f" font-size="10" text-anchor="middle" fill="#444">%.2f×</text>`+"\n",
-					x+barW/2, float64(top)+plotH+14, a.Ratio)
+					x+barW/2, float64(top)+plotH+13+float64(vi%2)*11, a.Ratio)
 			}
 		}
 		p(`<text x="%.1f" y="%.1f" font-size="12" text-anchor="middle" fill="#333">concurrency %d</text>`+"\n",
-			gx+groupW*0.4, float64(top)+plotH+32, conc)
+			gx+groupW*0.4, float64(top)+plotH+42, conc)
 	}
 	p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#333"/>`+"\n", left, float64(top)+plotH, width-right, float64(top)+plotH)
 
 	// Legend.
-	lx := float64(width - right - 4*120)
-	for i, v := range variants {
-		x := lx + float64(i)*120
+	x := float64(left)
+	for _, v := range variants {
 		p(`<rect x="%.1f" y="%d" width="12" height="12" fill="%s"/>`+"\n", x, height-18, chartColors[v])
 		p(`<text x="%.1f" y="%d" font-size="12" fill="#333">%s</text>`+"\n", x+16, height-8, html.EscapeString(v))
+		x += 16 + 7*float64(len(v)) + 18
 	}
 	p("</svg>\n")
 	return b.String()

@@ -78,10 +78,12 @@ type env struct {
 	control  *variant   // holds a transaction across the call: the slow run's negative control
 	replay   *keyRing
 	seq      seqCounter
+
+	figs *figures // figures parts of the run hand the report's budget (partitionChecks)
 }
 
 func newEnv(ctx context.Context, o *options) (_ *env, err error) {
-	e := &env{o: o, runID: randomHex(4), replay: newKeyRing(50000)}
+	e := &env{o: o, runID: randomHex(4), replay: newKeyRing(50000), figs: &figures{}}
 	defer func() {
 		if err != nil {
 			e.close(false)

@@ -36,6 +36,7 @@ type report struct {
 	dups      *dupResult
 	losers    *loserResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
+	figs      *figures         // figures parts hand the budget (partitions)
 }
 
 // agg is one variant at one concurrency, over the rounds.
@@ -142,284 +143,6 @@ func find(aggs []agg, v string, conc int) (agg, bool) {
 	return agg{}, false
 }
 
-// budgetLine is one line of DESIGN.md's budget, checked.
-type budgetLine struct {
-	Line     string
-	Target   string
-	Measured string
-	Met      bool
-	Note     string
-}
-
-func mark(met bool) string {
-	if met {
-		return "met"
-	}
-	return "**not met**"
-}
-
-// budget checks each line of the budget, in the order of the report's table.
-func (r *report) budget() []budgetLine {
-	aggs := aggregate(r.cells)
-	var out []budgetLine
-	out = append(out, r.freshLines(aggs)...)
-	out = append(out, freshTripLines(aggs)...)
-	out = append(out, r.replayLines(aggs)...)
-	out = append(out, r.fusedLines()...)
-	out = append(out, r.growthLines()...)
-	out = append(out, r.dupLines()...)
-	out = append(out, r.loserLines()...)
-	out = append(out, r.slowLines()...)
-	out = append(out, r.sweeperLines(aggs)...)
-	out = append(out, r.retentionLines()...)
-	return out
-}
-
-// freshLines: fresh requests against the fused recipe and bare, at every concurrency.
-func (r *report) freshLines(aggs []agg) []budgetLine {
-	var out []budgetLine
-	maxConc := slices.Max(r.opts.conc)
-	// Fresh requests against the fused recipe, at every concurrency.
-	for _, c := range r.opts.conc {
-		med, lo, hi, ok := roundRatio(r.cells, vIdem, vFused, c)
-		if !ok {
-			continue
-		}
-		out = append(out, budgetLine{
-			Line: fmt.Sprintf("Fresh throughput at concurrency %d vs recipe-fused", c), Target: "≥ 1× recipe-fused",
-			Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", med, lo, hi),
-			Met:      med >= 1,
-		})
-	}
-	var cpuCols []string
-	cpuMet, cpuSeen := true, false
-	for _, c := range r.opts.conc {
-		i, ok1 := find(aggs, vIdem, c)
-		f, ok2 := find(aggs, vFused, c)
-		if !ok1 || !ok2 || math.IsNaN(i.Per.ServerCPU) || math.IsNaN(f.Per.ServerCPU) {
-			continue
-		}
-		ti, tf := i.Per.ServerCPU+i.Per.ClientCPU, f.Per.ServerCPU+f.Per.ClientCPU
-		cpuSeen = true
-		cpuMet = cpuMet && ti <= tf
-		cpuCols = append(cpuCols, fmt.Sprintf("c=%d: %.2f vs %.2f ms (%.2f×)", c, ti, tf, ti/tf))
-	}
-	if cpuSeen {
-		out = append(out, budgetLine{
-			Line: "Fresh request: server + client CPU vs recipe-fused", Target: "≤ recipe-fused's, at every concurrency",
-			Measured: strings.Join(cpuCols, "; "), Met: cpuMet,
-			Note: "breakdown below: where idemflow's extra goes",
-		})
-	}
-	if a, ok := find(aggs, vIdem, maxConc); ok {
-		out = append(out, budgetLine{
-			Line: fmt.Sprintf("Fresh throughput at concurrency %d vs bare", maxConc), Target: "≥ 0.5× bare (stretch 0.6×)",
-			Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", a.Ratio, a.RatioLo, a.RatioHi),
-			Met:      a.Ratio >= 0.5,
-			Note:     stretch(a.Ratio >= 0.6),
-		})
-	}
-	return out
-}
-
-// freshTripLines: a fresh request's commits and round trips, at every concurrency.
-func freshTripLines(aggs []agg) []budgetLine {
-	var out []budgetLine
-	// Fresh requests: commits and round trips, at every concurrency.
-	var writes, commits, rts, wire []float64
-	for _, a := range aggs {
-		if a.Variant == vIdem {
-			writes = append(writes, a.Per.Writes)
-			commits = append(commits, a.Per.Commits)
-			rts = append(rts, a.Per.RoundTrips)
-			wire = append(wire, a.Per.Wire)
-		}
-	}
-	if len(writes) > 0 {
-		worst := max(slices.Max(rts), slices.Max(wire))
-		out = append(out, budgetLine{
-			Line: "Fresh charges request: round trips", Target: "≤ 5",
-			Measured: fmt.Sprintf("%.2f (tracer), %.2f (wire)", slices.Max(rts), slices.Max(wire)),
-			Met:      worst < 5.05,
-		})
-		lo, hi := slices.Min(writes), slices.Max(writes)
-		out = append(out, budgetLine{
-			Line: "Fresh charges request: writing commits", Target: "2 (one per tx phase)",
-			Measured: fmt.Sprintf("%.2f–%.2f writing transactions per request (%.2f–%.2f commits counting read-only ones)",
-				lo, hi, slices.Min(commits), slices.Max(commits)),
-			Met: lo > 1.95 && hi < 2.05,
-		})
-	}
-	return out
-}
-
-// replayLines: a replay's round trips, writes and throughput.
-func (r *report) replayLines(aggs []agg) []budgetLine {
-	var out []budgetLine
-	maxConc := slices.Max(r.opts.conc)
-	var rrts, rwire, rwrites []float64
-	for _, a := range aggs {
-		if a.Variant == vReplay {
-			rrts = append(rrts, a.Per.RoundTrips)
-			rwire = append(rwire, a.Per.Wire)
-			rwrites = append(rwrites, a.Per.Writes)
-		}
-	}
-	if len(rrts) > 0 {
-		worst := max(slices.Max(rrts), slices.Max(rwire))
-		out = append(out, budgetLine{
-			Line: "Replay: round trips", Target: "1",
-			Measured: fmt.Sprintf("%.2f (tracer), %.2f (wire)", slices.Max(rrts), slices.Max(rwire)),
-			Met:      worst < 1.05,
-		})
-		out = append(out, budgetLine{
-			Line: "Replay: no write", Target: "0 writing transactions",
-			Measured: fmt.Sprintf("%.3f writing transactions per request", slices.Max(rwrites)),
-			Met:      slices.Max(rwrites) < 0.005,
-		})
-	}
-	if a, ok := find(aggs, vReplay, maxConc); ok {
-		out = append(out, budgetLine{
-			Line: fmt.Sprintf("Replay throughput at concurrency %d", maxConc), Target: "≥ 4× bare",
-			Measured: fmt.Sprintf("%.2f× (rounds: %.2f–%.2f×)", a.Ratio, a.RatioLo, a.RatioHi),
-			Met:      a.Ratio >= 4,
-		})
-	}
-	return out
-}
-
-// fusedLines: the fused recipe has the same effects as idemflow.
-func (r *report) fusedLines() []budgetLine {
-	var out []budgetLine
-	for _, c := range []struct {
-		name string
-		f    *fusedCheck
-	}{{vFused, r.fused}, {vSafe, r.fusedSafe}} {
-		f := c.f
-		if f == nil {
-			continue
-		}
-		out = append(out, budgetLine{
-			Line: c.name + ": same effects", Target: "one charge and one provider payment per key",
-			Measured: fmt.Sprintf("%d keys finished of %d; %d charges, %d succeeded and named by their key; %d derived keys at the provider, %d not called exactly once",
-				f.Finished, f.Keys, f.Charges, f.Linked, f.ProviderKeys, f.ProviderTwice),
-			Met: f.Finished == f.Keys && f.Charges == f.Keys && f.Linked == f.Keys && f.ProviderKeys == f.Keys && f.ProviderTwice == 0,
-		})
-	}
-	return out
-}
-
-// slowLines: with a slow provider, no connection is held across the call.
-func (r *report) slowLines() []budgetLine {
-	var out []budgetLine
-	maxConc := slices.Max(r.opts.conc)
-	// Slow provider.
-	if len(r.activity) > 0 {
-		var heldInCall, idleInCall, overUse, maxInUse int
-		var idleMax time.Duration
-		var control *activity
-		for i, a := range r.activity {
-			if a.Variant == vControl {
-				control = &r.activity[i]
-				continue
-			}
-			if a.Variant != vIdem {
-				continue
-			}
-			heldInCall += a.HeldInCall + a.CallHolding
-			idleInCall += a.IdleTxInCall
-			overUse += a.OverUse
-			maxInUse = max(maxInUse, a.MaxInUse)
-			idleMax = max(idleMax, a.IdleTxMax)
-		}
-		note := ""
-		if control != nil {
-			note = fmt.Sprintf("the control that holds a transaction across the call shows %d idle-in-transaction backends held by a request in its call, up to %.1f ms",
-				control.IdleTxInCall, ms(control.IdleTxMax))
-		}
-		out = append(out, budgetLine{
-			Line: fmt.Sprintf("%s provider: no connection idle in transaction during the call", r.opts.slowLatency), Target: "none",
-			Measured: fmt.Sprintf("%d idle-in-transaction backends held by a request in its call phase (pg_stat_activity every 2 ms); %d connections held in a call phase (exact); longest idle in transaction between a tx phase's own statements: %.2f ms",
-				idleInCall, heldInCall, ms(idleMax)),
-			Met:  idleInCall == 0 && heldInCall == 0,
-			Note: note,
-		})
-		out = append(out, budgetLine{
-			Line: fmt.Sprintf("%s provider: pool connections in use", r.opts.slowLatency), Target: "≤ requests in tx phases",
-			Measured: fmt.Sprintf("%d acquisitions above the requests outside a call phase; at most %d in use at concurrency %d", overUse, maxInUse, maxConc),
-			Met:      overUse == 0,
-			Note:     "requests outside a call phase = in the lookup or a tx phase",
-		})
-	}
-	return out
-}
-
-// sweeperLines: the sweeper's drain rate, with one and several processes.
-func (r *report) sweeperLines(aggs []agg) []budgetLine {
-	var out []budgetLine
-	// Sweeper.
-	if len(r.drains) > 0 {
-		one := r.drains[0]
-		if a, ok := find(aggs, vIdem, r.opts.sweepConc); ok {
-			ratio := one.KeysPerSec / a.RPS
-			out = append(out, budgetLine{
-				Line:     "Sweeper: one sweeper's drain rate",
-				Target:   fmt.Sprintf("≥ 0.5× fresh req/s at concurrency %d", r.opts.sweepConc),
-				Measured: fmt.Sprintf("%.0f keys/s = %.2f× (fresh: %.0f req/s)", one.KeysPerSec, ratio, a.RPS),
-				Met:      ratio >= 0.5,
-			})
-		} else {
-			out = append(out, budgetLine{Line: "Sweeper: one sweeper's drain rate", Target: "≥ 0.5× fresh",
-				Measured: fmt.Sprintf("%.0f keys/s; no fresh cell at concurrency %d to compare with", one.KeysPerSec, r.opts.sweepConc)})
-		}
-		if len(r.drains) > 1 {
-			many := r.drains[1]
-			out = append(out, budgetLine{
-				Line:     fmt.Sprintf("Sweeper: %d processes vs 1", many.Procs),
-				Target:   "not slower (≥ 0.95×: the run-to-run noise of one drain on 2 cores)",
-				Measured: fmt.Sprintf("%.0f vs %.0f keys/s (%.2f×)", many.KeysPerSec, one.KeysPerSec, many.KeysPerSec/one.KeysPerSec),
-				Met:      many.KeysPerSec >= 0.95*one.KeysPerSec,
-			})
-			if a, ok := find(aggs, vIdem, r.opts.sweepConc); ok && many.KeysPerSec < 0.95*one.KeysPerSec {
-				out[len(out)-1].Note = fmt.Sprintf("one process already drains at the engine's CPU-bound rate (fresh at concurrency %d: %.0f req/s); on %d cores more processes add %d× the concurrency and Go runtimes, not CPU",
-					r.opts.sweepConc, a.RPS, r.machine.cpus, many.Procs)
-			}
-		}
-		var problems []string
-		for _, d := range r.drains {
-			problems = append(problems, d.Problems...)
-		}
-		out = append(out, budgetLine{
-			Line: "Sweeper: no key driven twice", Target: "0",
-			Measured: fmt.Sprintf("%d problems: one charge per key, one provider request and payment per derived key", len(problems)),
-			Met:      len(problems) == 0,
-		})
-	}
-	return out
-}
-
-// retentionLines: retention cleanup beside live traffic.
-func (r *report) retentionLines() []budgetLine {
-	var out []budgetLine
-	// Retention.
-	if rt := r.retention; rt != nil {
-		ratio := ms(rt.During.P99) / ms(rt.NoCleanupP99)
-		out = append(out, budgetLine{
-			Line: "Retention cleanup running: live p99", Target: "≤ 1.25× p99 without cleanup",
-			Measured: fmt.Sprintf("%.2f ms vs %.2f ms = %.2f× (without: the windows before and after the cleanup together; before alone %.2f ms, after alone %.2f ms)",
-				ms(rt.During.P99), ms(rt.NoCleanupP99), ratio, ms(rt.Base.P99), ms(rt.After.P99)),
-			Met: ratio <= 1.25,
-		})
-		out = append(out, budgetLine{
-			Line: "Retention cleanup never blocks live traffic", Target: "no live request waiting on a row or table lock",
-			Measured: fmt.Sprintf("%d live backends seen waiting on a row or table lock in %d samples during the cleanup (all lock waits seen, any backend, relation extension included: %s; before the cleanup: %s)",
-				rt.During.LockWaits, rt.During.Samples, fmtWaits(rt.During.Waits), fmtWaits(rt.Base.Waits)),
-			Met: rt.During.LockWaits == 0,
-		})
-	}
-	return out
-}
-
 // roundRatio is the median over rounds of v's req/s ÷ ref's in the same round, with
 // its range.
 func roundRatio(cells []cell, v, ref string, conc int) (med, lo, hi float64, ok bool) {
@@ -439,13 +162,6 @@ func roundRatio(cells []cell, v, ref string, conc int) (med, lo, hi float64, ok 
 		return 0, 0, 0, false
 	}
 	return median(ratios), slices.Min(ratios), slices.Max(ratios), true
-}
-
-func stretch(met bool) string {
-	if met {
-		return "stretch met"
-	}
-	return "stretch not met"
 }
 
 // violations are the invariant violations: they make the command fail.
@@ -494,6 +210,11 @@ func (r *report) markdown() string {
 	r.dupSection(&b)
 	r.loserSection(&b)
 	r.growthSection(&b)
+	if r.figs != nil {
+		for _, write := range r.figs.sections {
+			write(&b)
+		}
+	}
 	r.whereTimeGoes(&b)
 	r.extraBreakdown(&b)
 	r.whyNotMet(&b)
@@ -513,18 +234,15 @@ func (r *report) mdBudget(b *strings.Builder) {
 	p("# Benchmarks\n\n")
 	p("Generated by `%s` on %s (%s), in one process and one run. ", r.command(), r.started.UTC().Format("2006-01-02 15:04 MST"),
 		r.finished.Sub(r.started).Round(time.Second))
-	p("Regenerate with `go run ./bench -growth 10000000` (it writes this file and [%s](%s)); ", chartFile, chartFile)
+	p("Regenerate with `go run ./bench` (every part; about 20 minutes on a quiet 2-core machine; it writes this file above the hand-written sections and [%s](%s)); ", chartFile, chartFile)
 	p("CI runs `go run ./bench -smoke` (under a minute), which writes nothing and fails only on errors and invariant violations, never on a budget line. ")
 	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/ ./examples/charges/chargeflow/` (claim, advance, replay, fingerprint; the charges flow in the example's package; each reports round trips per operation).\n\n")
 
-	p("## Budget (DESIGN.md)\n\n")
-	p("| line | target | measured | |\n|---|---|---|---|\n")
+	p("## Budget\n\n")
+	p("Every line is computed from this run's data. *source*: DESIGN.md's performance budget, the issue whose target it is, or *standing* (a line the bench has carried from an earlier budget); *Go-code* is the `idemflow` variant, *pipelined* `idemflow-pipelined`, both on the library's default `Config` and pgx's default exec mode with warm statement caches. A line whose part did not run is *not measured*.\n\n")
+	p("| source | line | target | measured | |\n|---|---|---|---|---|\n")
 	for _, l := range r.budget() {
-		note := mark(l.Met)
-		if l.Note != "" {
-			note += "; " + l.Note
-		}
-		p("| %s | %s | %s | %s |\n", l.Line, l.Target, l.Measured, note)
+		p("| %s | %s | %s | %s | %s |\n", l.Source, l.Line, l.Target, l.Measured, l.verdict())
 	}
 }
 
@@ -581,6 +299,9 @@ func (r *report) mdThroughput(b *strings.Builder) {
 
 // mdDrain writes the sweeper drain table.
 func (r *report) mdDrain(b *strings.Builder) {
+	if len(r.drains) == 0 {
+		return
+	}
 	p := printer(b)
 	p("\n## Sweeper drain\n\n")
 	p("Stuck keys are made the way clients leave them: each charge runs through the engine with a provider that answers 503, so create_charge commits and the key is released at that recovery point. ")
@@ -620,7 +341,7 @@ func (r *report) mdRounds(b *strings.Builder) {
 	o := r.opts
 	p("\n## Per-round ratios to bare\n\n")
 	p("| variant | conc | %s |\n|---|---|%s\n", roundHeads(o.rounds), strings.Repeat("---|", o.rounds))
-	for _, v := range []string{vRecipe, vFused, vSafe, vIdem, vReplay} {
+	for _, v := range []string{vRecipe, vFused, vSafe, vIdem, vIdemPipe, vReplay} {
 		for _, conc := range o.conc {
 			var cols []string
 			for rd := range o.rounds {
@@ -641,7 +362,7 @@ func (r *report) mdHow(b *strings.Builder) {
 	p("`recipe`: the textbook key-table recipe written in `bench/variants.go`: the claim in a transaction of its own (INSERT … ON CONFLICT DO NOTHING), then one transaction per phase that also advances the key's recovery point (fenced by `locked_at`), every statement, BEGIN and COMMIT a round trip of its own: 11 round trips, 3 commits. ")
 	p("`recipe-fused`: the best a careful team would hand-write (`bench/fused.go`): a lookup (replay, 409, 422 as a server would answer), then the claim inside the first phase's transaction: one pgx batch, run as one implicit transaction, of the key row's INSERT … ON CONFLICT DO NOTHING (already at the phase's recovery point, naming the charge by an id the client chose in the table default's format) and the charge's INSERT, which inserts only if that key row is this attempt's; the provider call with a key derived from the row's id; then one batch of the charge's UPDATE, fenced by the key's lease (`EXISTS (… FOR UPDATE)`, so no takeover can come between) and the key's finish with the stored response (known before the update: every field of the charge is). 3 round trips, 5 statements, 2 writing commits; no CTE, no plpgsql; its effects (one charge and one provider payment per key) are checked at the end of the run. ")
 	p("`recipe-fused-safe`: recipe-fused with idemflow's guarantees (`bench/fusedsafe.go`): the claim batch starts with a transaction-scoped advisory lock taken without waiting that raises when held, and inserts the key row with a plain INSERT that raises on a committed row, so that a loser never waits and none of the phase's statements runs after a lost claim; the finish batch starts with a fence that locks the key row without waiting at the claim's lock version (`FOR NO KEY UPDATE NOWAIT`, raising when the version moved or the row is locked), then the charge's UPDATE and a plain UPDATE of the key row; its key table has the sweeper's partial index of unfinished keys by due time, so its finish is not HOT (idemflow's is not either); no retention index, no history. 3 round trips, 7 statements, 2 writing commits; effects checked like recipe-fused's. ")
-	p("`idemflow`: `workflow.Engine.Do` running `chargeflow.Flow` (the example's phases), fresh keys. `idemflow-replay`: `Do` with keys idemflow finished. ")
+	p("`idemflow`: `workflow.Engine.Do` running `chargeflow.Flow` (the example's Go-code tx phases), fresh keys. `idemflow-pipelined`: the same with `chargeflow.PipelinedFlow` (pipelined tx phases: each sends BEGIN, the engine's claim or fence, its statements, the key row's write and COMMIT in one round trip). Both run the library with its default `Config`. `idemflow-replay`: `Do` with keys idemflow finished. ")
 	p("All call the fake provider (`chargeflow.NewProvider`) over HTTP on 127.0.0.1 in this process; none has an HTTP layer in front. Each variant has a pool of its own (max %d connections, warm: every connection used in the warm-up).\n", slices.Max(o.conc))
 	p("- **Load.** Closed loop: `conc` goroutines each send the next request as soon as the last one is answered, for %s per cell. Cells are interleaved: each round runs every variant at every concurrency, and the order of the variants rotates between concurrencies and rounds.\n", o.cell)
 	p("- **Statements and round trips (tracer)**: a pgx `QueryTracer` + `BatchTracer` on each pool: each query is one statement and one round trip; each batch is one round trip and as many statements as it holds. BEGIN and COMMIT count as statements.\n")
@@ -754,12 +475,25 @@ func orDash(s string) string {
 	return s
 }
 
+// handWritten marks where BENCHMARKS.md's hand-written sections start: write keeps
+// everything from it on and regenerates everything before it.
+const handWritten = "<!-- Hand-written from here on: `go run ./bench` regenerates everything above this line and keeps everything below it. -->"
+
 // write writes BENCHMARKS.md and the chart into dir.
 func (r *report) write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(r.markdown()), 0o644); err != nil {
+	path := filepath.Join(dir, "BENCHMARKS.md")
+	out := r.markdown()
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if i := strings.Index(string(old), handWritten); i >= 0 {
+		out += "\n" + string(old[i:])
+	}
+	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, chartFile), []byte(chartSVG(aggregate(r.cells), r.opts.conc)), 0o644)
@@ -802,7 +536,7 @@ func (r *report) whereTimeGoes(b *strings.Builder) {
 		p("CPU per request (ms), medians over the rounds: the database server (all its processes, from /proc) and this process (client, provider, tracer). ")
 		p("On %d cores, req/s can not exceed %d000 ms ÷ (server + client CPU per request).\n\n", r.machine.cpus, r.machine.cpus)
 		p("| variant | %s |\n|---|%s\n", concHeads(r.opts.conc, "server / client"), strings.Repeat("---|", len(r.opts.conc)))
-		for _, v := range []string{vBare, vRecipe, vFused, vSafe, vIdem, vReplay} {
+		for _, v := range []string{vBare, vRecipe, vFused, vSafe, vIdem, vIdemPipe, vReplay} {
 			var cols []string
 			for _, c := range r.opts.conc {
 				a, ok := find(aggs, v, c)

@@ -158,21 +158,29 @@ func stmtTotals(rows []stmtRow) (calls, exec, plan float64) {
 	return
 }
 
-// extraBreakdown writes where idemflow's extra cost over the fused recipe goes: CPU per
+// extraBreakdown writes where each idemflow shape's extra cost over its hand-written
+// counterpart goes (Go-code over recipe-fused, pipelined over recipe-fused-safe): CPU per
 // request on both sides at every concurrency, and the top statements by time at the
 // largest concurrency, all from the rounds' cells.
 func (r *report) extraBreakdown(b *strings.Builder) {
+	for _, pair := range [][2]string{{vIdem, vFused}, {vIdemPipe, vSafe}} {
+		r.pairBreakdown(b, pair[0], pair[1])
+	}
+}
+
+// pairBreakdown writes where v's extra cost over ref goes.
+func (r *report) pairBreakdown(b *strings.Builder, v, ref string) {
 	aggs := aggregate(r.cells)
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	var lines []string
 	for _, c := range r.opts.conc {
-		i, ok1 := find(aggs, vIdem, c)
-		f, ok2 := find(aggs, vFused, c)
+		i, ok1 := find(aggs, v, c)
+		f, ok2 := find(aggs, ref, c)
 		if !ok1 || !ok2 {
 			continue
 		}
-		stI, haveI := stmtProfile(r.cells, vIdem, c, r.stmtTexts)
-		stF, haveF := stmtProfile(r.cells, vFused, c, r.stmtTexts)
+		stI, haveI := stmtProfile(r.cells, v, c, r.stmtTexts)
+		stF, haveF := stmtProfile(r.cells, ref, c, r.stmtTexts)
 		stmtCol := "—"
 		if haveI && haveF {
 			_, ei, pi := stmtTotals(stI)
@@ -188,8 +196,8 @@ func (r *report) extraBreakdown(b *strings.Builder) {
 	if len(lines) == 0 {
 		return
 	}
-	p("\n## Where idemflow's extra goes, relative to the fused recipe\n\n")
-	p("Per fresh request, idemflow / recipe-fused (difference), medians over the rounds for CPU; statement time is summed over the rounds' cells. ")
+	p("\n## Where %s's extra goes, relative to %s\n\n", v, ref)
+	p("Per fresh request, %s / %s (difference), medians over the rounds for CPU; statement time is summed over the rounds' cells. ", v, ref)
 	p("Server CPU is every process of the server (from /proc, 10 ms ticks); client CPU is this process (getrusage), which also runs the fake provider for both. ")
 	p("Statement time is pg_stat_statements' execution plus planning time of the bench database's top-level statements: wall time inside the server's executor, so it includes lock waits, and leaves out parsing, the protocol and commits. ")
 	p("(PostgreSQL 15's pg_stat_statements does not record BEGIN and COMMIT sent in the extended protocol, as pgx sends them, and an implicit transaction's commit is in no statement: the WAL flush at commit is in neither column of statement time, for either variant; it is in server CPU.) ")
@@ -199,8 +207,8 @@ func (r *report) extraBreakdown(b *strings.Builder) {
 		p("%s\n", l)
 	}
 	c := slices.Max(r.opts.conc)
-	stI, haveI := stmtProfile(r.cells, vIdem, c, r.stmtTexts)
-	stF, haveF := stmtProfile(r.cells, vFused, c, r.stmtTexts)
+	stI, haveI := stmtProfile(r.cells, v, c, r.stmtTexts)
+	stF, haveF := stmtProfile(r.cells, ref, c, r.stmtTexts)
 	if !haveI || !haveF {
 		p("\nNo per-statement breakdown: pg_stat_statements is not loaded on this server (the throwaway server loads it; for `$DATABASE_URL` add it to shared_preload_libraries).\n")
 		return
@@ -208,7 +216,7 @@ func (r *report) extraBreakdown(b *strings.Builder) {
 	for _, side := range []struct {
 		name string
 		rows []stmtRow
-	}{{vIdem, stI}, {vFused, stF}} {
+	}{{v, stI}, {ref, stF}} {
 		calls, exec, plan := stmtTotals(side.rows)
 		p("\nTop statements of %s at concurrency %d by time per request (all its statements: %.2f calls, %.3f ms executing, %.3f ms planning):\n\n", side.name, c, calls, exec, plan)
 		p("| statement | calls | exec ms | plan ms | mean ms per call |\n|---|---|---|---|---|\n")

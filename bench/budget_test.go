@@ -1,0 +1,88 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// syntheticReport is a report with two rounds of cells whose figures are known:
+// idemflow-pipelined at 0.6× bare and 1.1× recipe-fused-safe's server CPU.
+func syntheticReport(pipeCPU float64) *report {
+	r := &report{opts: &options{conc: []int{1, 8, 32}, phases: map[string]bool{"rounds": true, "partitions": true}}, figs: &figures{}}
+	for round := range 2 {
+		for _, c := range []int{1, 8, 32} {
+			add := func(v string, rps, cpu, wal, rts, writes float64) {
+				r.cells = append(r.cells, cell{Variant: v, Conc: c, Round: round, N: 100, RPS: rps,
+					Per: perReq{RoundTrips: rts, Wire: rts, Writes: writes, Commits: writes + 1, WAL: wal, ServerCPU: cpu, ClientCPU: 0.5, Allocs: 300}})
+			}
+			add(vBare, 1000, 1, 600, 2, 2)
+			add(vSafe, 700, 1, 1700, 3, 2)
+			add(vFused, 700, 1, 1500, 3, 2)
+			add(vIdemPipe, 600, pipeCPU, 1800, 3, 2)
+			add(vReplay, 8000, 0.1, 0, 1, 0)
+		}
+	}
+	return r
+}
+
+// line is the budget line whose text starts with prefix.
+func line(t *testing.T, r *report, prefix string) budgetLine {
+	t.Helper()
+	for _, l := range r.budget() {
+		if strings.HasPrefix(l.Line, prefix) {
+			return l
+		}
+	}
+	t.Fatalf("no budget line %q", prefix)
+	return budgetLine{}
+}
+
+func TestBudgetJudgesFromTheCells(t *testing.T) {
+	r := syntheticReport(1.1)
+	for _, c := range []struct {
+		prefix    string
+		met, none bool
+		measured  string
+	}{
+		{"Pipelined fresh request: server CPU vs recipe-fused-safe", true, false, "c=32: 1.10 ms vs 1.00 ms (1.10×)"},
+		{"Pipelined fresh request: WAL vs recipe-fused-safe", true, false, "1800 B vs 1700 B (1.06×)"},
+		{"Pipelined fresh throughput at concurrency 32 vs bare", true, false, "0.60×"},
+		{"Pipelined fresh throughput at concurrency 32 vs recipe-fused (stretch)", false, false, "0.86×"},
+		{"Pipelined fresh charges request: round trips", true, false, "3.00 (tracer)"},
+		{"Pipelined fresh charges request: writing commits", true, false, "2.00–2.00"},
+		{"Replay throughput at concurrency 32", true, false, "8.00×"},
+		{"Replay: round trips", true, false, "1.00"},
+		{"Both shapes measured", false, false, "missing: recipe c=1"},
+		{"Go-code fresh throughput at concurrency 32 vs bare", false, true, ""},
+		{"Concurrent duplicates: idemflow-pipelined fresh requests while 8 copies", false, true, "part `losers`"},
+		{"Partition removal: cleanup WAL per expired key", false, true, "the `partitions` part ran without this figure"},
+	} {
+		l := line(t, r, c.prefix)
+		if l.Met != c.met || l.NotRun != c.none || !strings.Contains(l.Measured, c.measured) {
+			t.Errorf("%s: met %t, not run %t, measured %q; want met %t, not run %t, measured containing %q",
+				c.prefix, l.Met, l.NotRun, l.Measured, c.met, c.none, c.measured)
+		}
+	}
+}
+
+func TestBudgetVerdictFollowsTheFigure(t *testing.T) {
+	// The pipelined variant's server CPU at 1.3× recipe-fused-safe's in one round
+	// turns the line to not met.
+	r := syntheticReport(1.1)
+	r.cells[len(r.cells)-2].Per.ServerCPU = 1.3 // round 2, c=32, idemflow-pipelined
+	r.cells[len(r.cells)-7].Per.ServerCPU = 1.3 // round 2, c=8
+	r.cells[len(r.cells)-12].Per.ServerCPU = 1.3
+	l := line(t, r, "Pipelined fresh request: server CPU vs recipe-fused-safe")
+	if l.Met || l.NotRun {
+		t.Errorf("server CPU 1.2× recipe-fused-safe's (median of 1.1 and 1.3) judged met: %+v", l)
+	}
+	// A figure a part sets is judged by its check.
+	r.figs.set(figPartWALFactor, 120, "120× below")
+	r.figs.set(figPartLockWaitsRemove, 2, "2 samples")
+	if l := line(t, r, "Partition removal: cleanup WAL per expired key"); !l.Met || l.NotRun || l.Measured != "120× below" {
+		t.Errorf("WAL factor 120 against ≥ 100: %+v", l)
+	}
+	if l := line(t, r, "Partition removal: no live request waits"); l.Met || l.NotRun {
+		t.Errorf("2 lock-wait samples against 0: %+v", l)
+	}
+}
