@@ -127,6 +127,8 @@ func (e *env) partitionsRun(ctx context.Context) error {
 
 // cleanupSides runs the cleanup experiment on a plain and a partitioned side.
 func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growthDB, error), n, conc int) error {
+	var results []*partitionCleanup // batched, then partitioned
+	defer func() { e.cleanupFigures(results) }()
 	for _, c := range []struct {
 		name        string
 		partitioned bool
@@ -143,8 +145,61 @@ func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growth
 			c.name, res.Keys, fmtBytes(res.TableBytes), ms(res.Base.P50), ms(res.During.P50), ms(res.Base.P99), ms(res.During.P99),
 			float64(res.During.P99)/float64(res.Base.P99), res.Cleanup.Round(time.Millisecond), fmtBytes(res.WALBytes),
 			float64(res.WALBytes)/float64(max(res.Keys, 1)), fmtBytes(res.LiveWALBytes), res.CPU, res.LockWaitSamples, res.Samples)
+		results = append(results, res)
+		if c.partitioned {
+			if err := e.creationLocks(ctx, s, conc); err != nil {
+				return fmt.Errorf("partitions: creation %s: %w", c.name, err)
+			}
+		}
 	}
 	return nil
+}
+
+// creationLocks creates the partitions of the next 60 days on s (Store.EnsurePartitions)
+// while live fresh requests run, sampling pg_locks, and hands the report the samples in
+// which a live request waited.
+func (e *env) creationLocks(ctx context.Context, s *growthDB, conc int) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return err
+	}
+	var rep store.PartitionReport
+	create := func() (err error) {
+		rep, err = store.New().EnsurePartitions(ctx, conn, 60*24*time.Hour)
+		if err == nil && rep.Created == 0 {
+			err = errors.New("created no partition")
+		}
+		return err
+	}
+	w, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, create, pid)
+	if err != nil {
+		return err
+	}
+	logf("partitions creation %s: %d partitions created under live traffic; lock waits seen: %v", s.name, rep.Created, w.kinds)
+	e.figs.set(figPartLockWaitsCreate, float64(w.lockWaits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting, while %d partitions were created and attached",
+		w.lockWaits, w.samples, rep.Created))
+	return nil
+}
+
+// cleanupFigures hands the report issue 28's cleanup figures, when both sides ran.
+func (e *env) cleanupFigures(rs []*partitionCleanup) {
+	if len(rs) < 2 {
+		return
+	}
+	b, p := rs[0], rs[1]
+	perKey := func(r *partitionCleanup) float64 { return float64(r.WALBytes) / float64(max(r.Keys, 1)) }
+	e.figs.set(figPartWALFactor, perKey(b)/max(perKey(p), 0.01), fmt.Sprintf("%.1f B vs %.2f B of WAL per key (%.0f× below; %d keys each side)",
+		perKey(b), perKey(p), perKey(b)/max(perKey(p), 0.01), p.Keys))
+	x := float64(p.During.P99) / float64(p.Base.P99)
+	e.figs.set(figPartCleanupP99, x, fmt.Sprintf("%.2f ms vs %.2f ms = %.2f× (batched deletes: %.2f×)", ms(p.During.P99), ms(p.Base.P99), x,
+		float64(b.During.P99)/float64(b.Base.P99)))
+	e.figs.set(figPartLockWaitsRemove, float64(p.LockWaitSamples), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting",
+		p.LockWaitSamples, p.Samples))
 }
 
 // cleanupSide fills s with n keys expired 40 days ago and measures live traffic
@@ -560,6 +615,11 @@ func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []*grow
 			b := medianDur(p50[sd.name+" "+mode])
 			logf("partitions retained %-6s %-21s p50 %.2f ms (×%.2f empty plain) server CPU %.0f µs/req (median of rounds; %d keys on the retained sides)",
 				mode, sd.name, ms(b), float64(b)/float64(a), float64(medianDur(cpu[sd.name+" "+mode]))/float64(time.Microsecond), n)
+			if sd.name == "pt_retained" {
+				id := map[string]string{"fresh": figPartFresh, "replay": figPartReplay}[mode]
+				e.figs.set(id, float64(b)/float64(a), fmt.Sprintf("%.2f× (%.2f vs %.2f ms, medians of %d rounds; %d keys over 30 day partitions)",
+					float64(b)/float64(a), ms(b), ms(a), e.o.rounds, n))
+			}
 		}
 	}
 	return nil
