@@ -325,7 +325,7 @@ func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key})
+	e.emit(ctx, KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key})
 	return nil
 }
 
@@ -385,7 +385,7 @@ func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyPurged, Scope: scope, Key: key})
+	e.emit(ctx, KeyEvent{Kind: KeyPurged, Scope: scope, Key: key})
 	return nil
 }
 

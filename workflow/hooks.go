@@ -245,7 +245,7 @@ func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecord
 	if unrecorded != nil {
 		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
 	} else if r.recorded {
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+		e.emit(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
 	}
 	if e.cfg.Hooks.AttemptEnd != nil {
 		e.cfg.Hooks.AttemptEnd(ctx, ev)
@@ -290,9 +290,15 @@ func (h *Hooks) phaseEnd(ctx context.Context, ev PhaseEvent, err error) {
 	}
 }
 
-func (h *Hooks) key(ctx context.Context, ev KeyEvent) {
-	if h.Key != nil {
-		h.Key(ctx, ev)
+// emit is the one place a key event goes out: the only caller of Hooks.Key. Its
+// callers are report, for the event that ends an attempt (the outcome its row
+// records); the attempt's milestones, at the moment they happen (KeyClaimed once the
+// claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
+// what an operator or the engine's maintenance did to a key outside an attempt, once
+// that change has committed.
+func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
+	if e.cfg.Hooks.Key != nil {
+		e.cfg.Hooks.Key(ctx, ev)
 	}
 }
 

@@ -136,7 +136,7 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
 			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
+		e.emit(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
 }
@@ -326,7 +326,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
+	e.emit(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
 	return nil
 }
 
@@ -352,7 +352,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	e.emit(ctx, KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
 	return nil
 }
 
