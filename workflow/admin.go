@@ -312,20 +312,31 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 // or dead-lettered key (nothing changes; see Redrive); ErrNewerFormat for a key a
 // newer build wrote (nothing changes); ErrUnavailable.
 func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
+	return e.operate(ctx, scope, key, ErrNotInProgress, func() (KeyEvent, error) {
+		_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
+		return KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key}, err
+	})
+}
+
+// operate runs an operator's change of one key (ReleaseKey, PurgeKey, Redrive): it
+// checks the key, refuses one a newer build wrote, runs change and, once change has
+// committed, emits the key event it returns. A change that matched no row ends in an
+// error wrapping ErrNotFound when the key is missing, else wrong.
+func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, change func() (KeyEvent, error)) error {
 	if err := checkKey(scope, key); err != nil {
 		return err
 	}
 	if err := e.readable(ctx, scope, key); err != nil {
 		return err
 	}
-	_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
+	ev, err := change()
 	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotInProgress)
+		return e.notIn(ctx, scope, key, wrong)
 	}
 	if err != nil {
 		return err
 	}
-	e.emit(ctx, KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key})
+	e.emit(ctx, ev)
 	return nil
 }
 
@@ -372,21 +383,10 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 // progress or dead-lettered (nothing changes); ErrNewerFormat for a key a newer build
 // wrote (nothing changes); ErrUnavailable.
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
-	if err := checkKey(scope, key); err != nil {
-		return err
-	}
-	if err := e.readable(ctx, scope, key); err != nil {
-		return err
-	}
-	err := e.store.Purge(ctx, e.pool, scope, key)
-	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotFinished)
-	}
-	if err != nil {
-		return err
-	}
-	e.emit(ctx, KeyEvent{Kind: KeyPurged, Scope: scope, Key: key})
-	return nil
+	return e.operate(ctx, scope, key, ErrNotFinished, func() (KeyEvent, error) {
+		err := e.store.Purge(ctx, e.pool, scope, key)
+		return KeyEvent{Kind: KeyPurged, Scope: scope, Key: key}, err
+	})
 }
 
 // CountKeys counts every key by flow and status (a stuck key counts as stuck, not in

@@ -295,7 +295,8 @@ func (h *Hooks) phaseEnd(ctx context.Context, ev PhaseEvent, err error) {
 // records); the attempt's milestones, at the moment they happen (KeyClaimed once the
 // claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
 // what an operator or the engine's maintenance did to a key outside an attempt, once
-// that change has committed.
+// that change has committed (operate for one key, CancelKey, the bulk actions,
+// TakeDue, GiveBack and Drain).
 func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
 	if e.cfg.Hooks.Key != nil {
 		e.cfg.Hooks.Key(ctx, ev)

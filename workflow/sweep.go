@@ -339,21 +339,13 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 // state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
 // changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	if err := checkKey(scope, key); err != nil {
-		return err
-	}
-	if err := e.readable(ctx, scope, key); err != nil {
-		return err
-	}
-	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
-	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotDeadLettered)
-	}
-	if err != nil {
-		return err
-	}
-	e.emit(ctx, KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
-	return nil
+	return e.operate(ctx, scope, key, ErrNotDeadLettered, func() (KeyEvent, error) {
+		row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
+		if err != nil {
+			return KeyEvent{}, err
+		}
+		return KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}, nil
+	})
 }
 
 // ExpireFinished deletes, in one short statement, up to limit finished keys that
