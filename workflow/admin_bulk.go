@@ -160,7 +160,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 	if opts.DryRun {
 		return nil
 	}
-	var kind KeyEventKind
+	var kind Outcome
 	if opts.Action == BulkRedrive {
 		kind = OutcomeRedriven
 		err = e.store.BulkRedrive(ctx, e.pool, k.Scope, k.Key, f, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))

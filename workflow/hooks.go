@@ -68,14 +68,11 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// KeyEventKind names what happened to a key: an Outcome, the one vocabulary of
-// results, events, history and metrics. The end of an attempt is its Outcome
+// Key events that are not the end of an attempt. The end of an attempt is its Outcome
 // (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
-// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); the
-// constants below name what happens to a key on the way, or outside an attempt.
-type KeyEventKind = Outcome
-
-// Key events that are not the end of an attempt.
+// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); these name
+// what happens to a key on the way. Outside an attempt: KeySwept, KeyGivenBack,
+// KeyPurged, OutcomeRedriven, OutcomeOperatorReleased, OutcomeOperatorCancelled.
 const (
 	KeyClaimed   Outcome = "claimed"    // a new key row was created
 	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
@@ -84,7 +81,9 @@ const (
 
 // KeyEvent describes something that happened to a key.
 type KeyEvent struct {
-	Kind  KeyEventKind
+	// Kind is what happened: an Outcome, the one vocabulary of results, events,
+	// history and metrics.
+	Kind  Outcome
 	Flow  string
 	Scope string
 	Key   string

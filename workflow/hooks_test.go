@@ -131,6 +131,14 @@ func TestHooksJoin(t *testing.T) {
 	require.Equal(t, "origin-of-t", end.Origin, "a sweep knows who claimed the key")
 	require.Equal(t, "sweeper:settle", a.phases[len(a.phases)-1])
 
+	requireHeldEnd(t, bd, a)
+}
+
+// requireHeldEnd checks that an attempt on a key another engine holds ends in progress
+// for the observer a of bd's engine.
+func requireHeldEnd(t *testing.T, bd *bundle, a *recorder) {
+	t.Helper()
+	ctx := context.Background()
 	h := testflow.NewHolder("held")
 	holding := bd.newEngine(t, setupOpts{before: h.Before})
 	done := make(chan error, 1)
@@ -139,7 +147,7 @@ func TestHooksJoin(t *testing.T) {
 		done <- err
 	}()
 	<-h.Entered
-	_, err = e.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
+	_, err := bd.engine.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
 	require.ErrorIs(t, err, workflow.ErrInProgress)
 	require.Equal(t, workflow.OutcomeInProgress, a.last().Outcome)
 	h.Let()

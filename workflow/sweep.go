@@ -12,20 +12,14 @@ import (
 )
 
 // The engine's side of the sweeper: taking over due keys in batches, running them
-// through the same phase code a retry runs, dead-lettering, re-driving and retention.
+// through the same phase code a retry runs, dead-lettering and retention.
 // The sweeper package schedules these calls; this file decides what they mean.
 
 // Key events of sweeps that are not the end of an attempt (a sweep's attempt ends
-// with its Outcome, a re-drive with OutcomeRedriven).
+// with its Outcome).
 const (
 	KeySwept     Outcome = "swept"      // a sweeper took over an expired or released lease
 	KeyGivenBack Outcome = "given_back" // a key taken by a sweeper was returned unrun
-)
-
-var (
-	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
-	// changed.
-	ErrNotDeadLettered = errors.New("key not dead-lettered")
 )
 
 // Defaults of TakeDueOpts and RunOpts: those of sweeper.Config, so that zero means the
@@ -328,24 +322,6 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	}
 	e.emit(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
 	return nil
-}
-
-// Redrive puts a dead-lettered key back in progress: released, its attempts reset to
-// zero, due at once, with its recovery point and phase data as they were. The next
-// sweep (or a Resume, or the client's retry) runs it from there. Its last error is
-// kept until the next failure or the finish replaces it.
-//
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
-// state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
-// changes); ErrUnavailable when the database fails.
-func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotDeadLettered, func() (KeyEvent, error) {
-		row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
-		if err != nil {
-			return KeyEvent{}, err
-		}
-		return KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}, nil
-	})
 }
 
 // ExpireFinished deletes, in one short statement, up to limit finished keys that
