@@ -220,37 +220,6 @@ func joinOrigin(hs []Hooks) func(context.Context) string {
 	})
 }
 
-// runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
-// runs first, and its context is run's.
-func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	r, unrecorded := run(ctx)
-	e.report(ctx, ev, r, unrecorded)
-	return r, unrecorded
-}
-
-// report is the one place an attempt's result goes out: the key's event (for an
-// outcome the key's row records) and AttemptEnd. unrecorded, when set, is why a
-// sweep's result could not be recorded (the key's fate is left to its lease): the
-// attempt then ends failed, with no key event.
-func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
-	if r.id != "" {
-		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
-	}
-	if ev.Flow == "" { // Resume learns the flow from the key row
-		ev.Flow = r.flow
-	}
-	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
-	if unrecorded != nil {
-		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
-	} else if r.recorded {
-		e.emit(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
-	}
-	if e.cfg.Hooks.AttemptEnd != nil {
-		e.cfg.Hooks.AttemptEnd(ctx, ev)
-	}
-}
-
 func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {
 	if h.AttemptStart == nil {
 		return ctx
@@ -286,19 +255,6 @@ func (h *Hooks) beforeCommit(ctx context.Context, ev PhaseEvent) {
 func (h *Hooks) phaseEnd(ctx context.Context, ev PhaseEvent, err error) {
 	if h.PhaseEnd != nil {
 		h.PhaseEnd(ctx, ev, err)
-	}
-}
-
-// emit is the one place a key event goes out: the only caller of Hooks.Key. Its
-// callers are report, for the event that ends an attempt (the outcome its row
-// records); the attempt's milestones, at the moment they happen (KeyClaimed once the
-// claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
-// what an operator or the engine's maintenance did to a key outside an attempt, once
-// that change has committed (operate for one key, CancelKey, the bulk actions,
-// TakeDue, GiveBack and Drain).
-func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
-	if e.cfg.Hooks.Key != nil {
-		e.cfg.Hooks.Key(ctx, ev)
 	}
 }
 
