@@ -20,120 +20,133 @@ func msg(key, payload string) idemmsg.Message {
 
 func TestHandle(t *testing.T) {
 	t.Parallel()
+	t.Run("RedeliveryReplays", testHandleRedeliveryReplays)
+	t.Run("OtherPayloadTerminates", testHandleOtherPayloadTerminates)
+	t.Run("NeverTheFingerprintOfAnHTTPRequest", testHandleNeverTheFingerprintOfAnHTTPRequest)
+	t.Run("InProgressRetriesLater", testHandleInProgressRetriesLater)
+	t.Run("TransientRetriesWithItsDelay", testHandleTransientRetriesWithItsDelay)
+	t.Run("DeadLetteredTerminates", testHandleDeadLetteredTerminates)
+	t.Run("InvalidTerminates", testHandleInvalidTerminates)
+}
+
+func testHandleRedeliveryReplays(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, nil)
+	first := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Ack, first.Action, first.Err)
+	require.False(t, first.Result.Replayed)
+	again := idemmsg.Handle(ctx, e, msg("m1", `{ "amount": 7.0 }`))
+	require.Equal(t, idemmsg.Ack, again.Action)
+	require.True(t, again.Result.Replayed)
+	require.Equal(t, first.Result.Response.Body, again.Result.Response.Body)
+	testflow.RequireOneEffect(t, db.Pool, p, "consumer", "m1")
+}
 
-	t.Run("RedeliveryReplays", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, nil)
-		first := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Ack, first.Action, first.Err)
-		require.False(t, first.Result.Replayed)
-		again := idemmsg.Handle(ctx, e, msg("m1", `{ "amount": 7.0 }`))
-		require.Equal(t, idemmsg.Ack, again.Action)
-		require.True(t, again.Result.Replayed)
-		require.Equal(t, first.Result.Response.Body, again.Result.Response.Body)
-		testflow.RequireOneEffect(t, db.Pool, p, "consumer", "m1")
-	})
+func testHandleOtherPayloadTerminates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, nil)
+	require.Equal(t, idemmsg.Ack, idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)).Action)
+	before := testflow.KeyRow(t, db.Pool, "consumer", "m1")
+	d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":8}`))
+	require.Equal(t, idemmsg.Terminate, d.Action)
+	require.ErrorIs(t, d.Err, workflow.ErrMismatch)
+	require.Equal(t, before, testflow.KeyRow(t, db.Pool, "consumer", "m1"), "nothing written")
+}
 
-	t.Run("OtherPayloadTerminates", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, nil)
-		require.Equal(t, idemmsg.Ack, idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)).Action)
-		before := testflow.KeyRow(t, db.Pool, "consumer", "m1")
-		d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":8}`))
-		require.Equal(t, idemmsg.Terminate, d.Action)
-		require.ErrorIs(t, d.Err, workflow.ErrMismatch)
-		require.Equal(t, before, testflow.KeyRow(t, db.Pool, "consumer", "m1"), "nothing written")
-	})
+func testHandleNeverTheFingerprintOfAnHTTPRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, nil)
+	_, err := e.Do(ctx, workflow.Request{Scope: "consumer", Key: "m1", Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(`{"amount":7}`)})
+	require.NoError(t, err)
+	d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Terminate, d.Action)
+	require.ErrorIs(t, d.Err, workflow.ErrMismatch)
+	var method, route string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT method, route FROM idemflow_keys WHERE idempotency_key = 'm1'`).Scan(&method, &route))
+	require.Equal(t, "POST", method)
+}
 
-	t.Run("NeverTheFingerprintOfAnHTTPRequest", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, nil)
-		_, err := e.Do(ctx, workflow.Request{Scope: "consumer", Key: "m1", Flow: testflow.Name, Method: "POST", Route: "/charges", Body: []byte(`{"amount":7}`)})
-		require.NoError(t, err)
-		d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Terminate, d.Action)
-		require.ErrorIs(t, d.Err, workflow.ErrMismatch)
-		var method, route string
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT method, route FROM idemflow_keys WHERE idempotency_key = 'm1'`).Scan(&method, &route))
-		require.Equal(t, "POST", method)
-	})
-
-	t.Run("InProgressRetriesLater", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		entered, release := make(chan struct{}), make(chan struct{})
-		e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-			if run.Phase() == testflow.Pay {
-				close(entered)
-				<-release
-			}
-			return nil
-		})
-		done := make(chan idemmsg.Decision, 1)
-		go func() { done <- idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)) }()
-		<-entered
-		d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Retry, d.Action)
-		require.ErrorIs(t, d.Err, workflow.ErrInProgress)
-		var ip *workflow.InProgressError
-		require.ErrorAs(t, d.Err, &ip)
-		require.Equal(t, ip.RetryAfter, d.Delay)
-		require.GreaterOrEqual(t, d.Delay, time.Second)
-		close(release)
-		require.Equal(t, idemmsg.Ack, (<-done).Action)
-	})
-
-	t.Run("TransientRetriesWithItsDelay", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-			if run.Phase() == testflow.Pay && run.Attempt() == 1 {
-				return phases.RetryLater(testflow.ErrInjected, 7*time.Second)
-			}
-			return nil
-		})
-		d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Retry, d.Action)
-		require.ErrorIs(t, d.Err, testflow.ErrInjected)
-		require.Equal(t, 7*time.Second, d.Delay)
-		require.Equal(t, idemmsg.Ack, idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)).Action)
-		testflow.RequireOneEffect(t, db.Pool, p, "consumer", "m1")
-	})
-
-	t.Run("DeadLetteredTerminates", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-			if run.Phase() == testflow.Pay {
-				return errors.Join(testflow.ErrInjected, workflow.ErrUnstorable)
-			}
-			return nil
-		})
-		d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Terminate, d.Action, d.Err)
-		require.ErrorIs(t, d.Err, workflow.ErrDeadLettered)
-		again := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
-		require.Equal(t, idemmsg.Terminate, again.Action)
-	})
-
-	t.Run("InvalidTerminates", func(t *testing.T) {
-		t.Parallel()
-		db, p := testflow.Start(t)
-		e := testflow.Engine(t, db.Pool, nil, p, nil)
-		for _, m := range []idemmsg.Message{
-			{Scope: "consumer", Key: "", Flow: testflow.Name, Payload: []byte(`{}`)},
-			{Scope: "", Key: "k", Flow: testflow.Name, Payload: []byte(`{}`)},
-			{Scope: "consumer", Key: "k", Flow: testflow.Name, Payload: make([]byte, 2<<20)},
-		} {
-			require.Equal(t, idemmsg.Terminate, idemmsg.Handle(ctx, e, m).Action)
+func testHandleInProgressRetriesLater(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay {
+			close(entered)
+			<-release
 		}
-		d := idemmsg.Handle(ctx, e, idemmsg.Message{Scope: "consumer", Key: "k", Flow: "no_such_flow", Payload: []byte(`{}`)})
-		require.Equal(t, idemmsg.Retry, d.Action, "an unregistered flow waits for the deployment")
-		require.ErrorIs(t, d.Err, workflow.ErrUnknownFlow)
-		require.Zero(t, testflow.CountKeys(t, db.Pool))
+		return nil
 	})
+	done := make(chan idemmsg.Decision, 1)
+	go func() { done <- idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)) }()
+	<-entered
+	d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Retry, d.Action)
+	require.ErrorIs(t, d.Err, workflow.ErrInProgress)
+	var ip *workflow.InProgressError
+	require.ErrorAs(t, d.Err, &ip)
+	require.Equal(t, ip.RetryAfter, d.Delay)
+	require.GreaterOrEqual(t, d.Delay, time.Second)
+	close(release)
+	require.Equal(t, idemmsg.Ack, (<-done).Action)
+}
+
+func testHandleTransientRetriesWithItsDelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay && run.Attempt() == 1 {
+			return phases.RetryLater(testflow.ErrInjected, 7*time.Second)
+		}
+		return nil
+	})
+	d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Retry, d.Action)
+	require.ErrorIs(t, d.Err, testflow.ErrInjected)
+	require.Equal(t, 7*time.Second, d.Delay)
+	require.Equal(t, idemmsg.Ack, idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`)).Action)
+	testflow.RequireOneEffect(t, db.Pool, p, "consumer", "m1")
+}
+
+func testHandleDeadLetteredTerminates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if run.Phase() == testflow.Pay {
+			return errors.Join(testflow.ErrInjected, workflow.ErrUnstorable)
+		}
+		return nil
+	})
+	d := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Terminate, d.Action, d.Err)
+	require.ErrorIs(t, d.Err, workflow.ErrDeadLettered)
+	again := idemmsg.Handle(ctx, e, msg("m1", `{"amount":7}`))
+	require.Equal(t, idemmsg.Terminate, again.Action)
+}
+
+func testHandleInvalidTerminates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, nil)
+	for _, m := range []idemmsg.Message{
+		{Scope: "consumer", Key: "", Flow: testflow.Name, Payload: []byte(`{}`)},
+		{Scope: "", Key: "k", Flow: testflow.Name, Payload: []byte(`{}`)},
+		{Scope: "consumer", Key: "k", Flow: testflow.Name, Payload: make([]byte, 2<<20)},
+	} {
+		require.Equal(t, idemmsg.Terminate, idemmsg.Handle(ctx, e, m).Action)
+	}
+	d := idemmsg.Handle(ctx, e, idemmsg.Message{Scope: "consumer", Key: "k", Flow: "no_such_flow", Payload: []byte(`{}`)})
+	require.Equal(t, idemmsg.Retry, d.Action, "an unregistered flow waits for the deployment")
+	require.ErrorIs(t, d.Err, workflow.ErrUnknownFlow)
+	require.Zero(t, testflow.CountKeys(t, db.Pool))
 }

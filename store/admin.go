@@ -216,15 +216,15 @@ type KeyDetail struct {
 	PhaseDataFormat string
 }
 
-// ErrBadStatus: a list asked for a status there is none of.
-var ErrBadStatus = errors.New("unknown key status")
+// ErrUnknownStatus: a list asked for a status there is none of (workflow.ErrUnknownStatus).
+var ErrUnknownStatus = errors.New("unknown key status")
 
 // List returns up to q.Limit keys matching q, in the order of their status's index,
 // after q.After. It locks nothing.
 func (s *Store) List(ctx context.Context, db DBTX, q ListKeys) ([]KeySummary, error) {
 	texts, ok := s.admin.list[q.Status]
 	if !ok {
-		return nil, fmt.Errorf("list keys: %w: %q", ErrBadStatus, q.Status)
+		return nil, fmt.Errorf("list keys: %w: %q", ErrUnknownStatus, q.Status)
 	}
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list keys: limit %d is not positive", q.Limit)

@@ -74,7 +74,7 @@ type BulkKey struct {
 // nothing.
 func (s *Store) BulkScan(ctx context.Context, db DBTX, status string, f Filter, after *BulkKey, limit int) ([]BulkKey, error) {
 	if status != StatusDead && status != StatusInProgress {
-		return nil, fmt.Errorf("scan keys: %w: %q", ErrBadStatus, status)
+		return nil, fmt.Errorf("scan keys: %w: %q", ErrUnknownStatus, status)
 	}
 	from := BulkKey{CreatedAt: time.Unix(0, 0).UTC()}
 	if after != nil {

@@ -3,7 +3,10 @@
 // finishes keys with a response, and releases, parks, gives back or dead-letters them,
 // in the words workflow.Maintenance defines.
 //
-// Users never need to import it. Its one consumer is the engine (package workflow,
+// It is the driver layer, with no compatibility promise (docs/COMPATIBILITY.md):
+// its exported API serves the engine and changes with it. Users never need to import
+// it, except to lay out a partitioned key table (SetupPartitioned and the Partition*
+// values; docs/PARTITIONS.md). Its one consumer is the engine (package workflow,
 // whose Maintenance type the sweeper drives), and the errors a user branches on are
 // aliased there: workflow.ErrUnavailable, ErrConflict, ErrLeaseLost and ErrNotFound
 // are this package's errors under the names of the package the user calls. It is a

@@ -214,7 +214,7 @@ func (ev *events) hook(_ context.Context, e workflow.KeyEvent) {
 	ev.seen = append(ev.seen, e)
 }
 
-func (ev *events) count(kind workflow.KeyEventKind) int {
+func (ev *events) count(kind workflow.Outcome) int {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	n := 0

@@ -246,6 +246,14 @@ func TestManySweeperProcesses(t *testing.T) {
 	require.Equal(t, keys, total.Taken, "every key taken once")
 	require.Equal(t, keys, total.Finished, "every key finished once")
 
+	requireEachKeyOnce(t, b, keys)
+}
+
+// requireEachKeyOnce checks that each of the keys keys is finished with 201, with one
+// ledger row, settled, one settlement and one provider payment under its derived key.
+func requireEachKeyOnce(t *testing.T, b *bundle, keys int) {
+	t.Helper()
+	ctx := context.Background()
 	var left, badLedger, badSettled, badSettlements int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM idemflow_keys WHERE status <> 'finished' OR response_status <> 201),

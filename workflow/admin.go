@@ -12,10 +12,14 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// The admin API: what an operator needs to see and settle keys by hand. It needs no
-// flow registered (an engine made only for it, as cmd/idemflow's, works), reads
-// across scopes only to list and count, and changes one key at a time, each statement
-// filtered by the key's scope.
+// The admin API: what an operator needs to see and settle keys by hand, all in the
+// admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
+// (Redrive), release (ReleaseKey), purge (PurgeKey), counts (CountKeys, GaugeKeys,
+// CountOutcomes) here; cancel (CancelKey) and the bulk actions (BulkKeys) in
+// admin_bulk.go. It needs no flow registered (an engine made only for it, as
+// cmd/idemflow's, works), reads across scopes only to list and count, and changes one
+// key at a time, each statement filtered by the key's scope; a change that commits
+// emits its key event (operate).
 
 // KeyStatus is a key's status as operators see it.
 type KeyStatus string
@@ -43,10 +47,13 @@ const KeyPurged Outcome = "purged"
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
-	ErrUnknownStatus = store.ErrBadStatus
+	ErrUnknownStatus = store.ErrUnknownStatus
 	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered, or
 	// CancelKey found it finished. Nothing was changed.
 	ErrNotInProgress = errors.New("key not in progress")
+	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
+	// changed.
+	ErrNotDeadLettered = errors.New("key not dead-lettered")
 	// ErrNotFinished: PurgeKey found the key unfinished. Nothing was changed.
 	ErrNotFinished = errors.New("key not finished")
 	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
@@ -312,21 +319,50 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 // or dead-lettered key (nothing changes; see Redrive); ErrNewerFormat for a key a
 // newer build wrote (nothing changes); ErrUnavailable.
 func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
+	return e.operate(ctx, scope, key, ErrNotInProgress, func() (KeyEvent, error) {
+		_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
+		return KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key}, err
+	})
+}
+
+// operate runs an operator's change of one key (ReleaseKey, PurgeKey, Redrive): it
+// checks the key, refuses one a newer build wrote, runs change and, once change has
+// committed, emits the key event it returns. A change that matched no row ends in an
+// error wrapping ErrNotFound when the key is missing, else wrong.
+func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, change func() (KeyEvent, error)) error {
 	if err := checkKey(scope, key); err != nil {
 		return err
 	}
 	if err := e.readable(ctx, scope, key); err != nil {
 		return err
 	}
-	_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
+	ev, err := change()
 	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotInProgress)
+		return e.notIn(ctx, scope, key, wrong)
 	}
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key})
+	e.emit(ctx, ev)
 	return nil
+}
+
+// Redrive puts a dead-lettered key back in progress: released, its attempts reset to
+// zero, due at once, with its recovery point and phase data as they were. The next
+// sweep (or a Resume, or the client's retry) runs it from there. Its last error is
+// kept until the next failure or the finish replaces it.
+//
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
+// changes); ErrUnavailable when the database fails.
+func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
+	return e.operate(ctx, scope, key, ErrNotDeadLettered, func() (KeyEvent, error) {
+		row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
+		if err != nil {
+			return KeyEvent{}, err
+		}
+		return KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint}, nil
+	})
 }
 
 // readable returns an error wrapping ErrNewerFormat when the key's row was written by
@@ -372,21 +408,10 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 // progress or dead-lettered (nothing changes); ErrNewerFormat for a key a newer build
 // wrote (nothing changes); ErrUnavailable.
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
-	if err := checkKey(scope, key); err != nil {
-		return err
-	}
-	if err := e.readable(ctx, scope, key); err != nil {
-		return err
-	}
-	err := e.store.Purge(ctx, e.pool, scope, key)
-	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotFinished)
-	}
-	if err != nil {
-		return err
-	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyPurged, Scope: scope, Key: key})
-	return nil
+	return e.operate(ctx, scope, key, ErrNotFinished, func() (KeyEvent, error) {
+		err := e.store.Purge(ctx, e.pool, scope, key)
+		return KeyEvent{Kind: KeyPurged, Scope: scope, Key: key}, err
+	})
 }
 
 // CountKeys counts every key by flow and status (a stuck key counts as stuck, not in

@@ -160,7 +160,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 	if opts.DryRun {
 		return nil
 	}
-	var kind KeyEventKind
+	var kind Outcome
 	if opts.Action == BulkRedrive {
 		kind = OutcomeRedriven
 		err = e.store.BulkRedrive(ctx, e.pool, k.Scope, k.Key, f, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
@@ -177,7 +177,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 		return err
 	}
 	res.Acted++
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
+	e.emit(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
 	return nil
 }
 
@@ -290,7 +290,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err != nil {
 			return err
 		}
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
+		e.emit(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
 		return nil
 	}
 	return fmt.Errorf("workflow: cancel key: scope %q key %q kept changing: %w", scope, key, ErrLeaseLost)

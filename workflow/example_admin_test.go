@@ -8,6 +8,7 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The admin API: a key whose call failed is listed, inspected with its history (the
@@ -23,23 +24,8 @@ func ExampleEngine_ListKeys() {
 	}
 	defer drop()
 	fail := true
-	flow := phases.Flow{Name: "notify", Phases: []phases.Phase{
-		phases.Call("send", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
-			if fail {
-				return nil, errors.New("mail server down")
-			}
-			return nil, nil
-		}),
-		phases.Tx("record", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			return &phases.Response{Status: 202, Body: []byte("sent")}, nil
-		}),
-	}}
-	engine, err := workflow.New(pool, nil)
+	engine, err := notifyEngine(pool, &fail)
 	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	if err := engine.Register(flow); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -96,4 +82,25 @@ func ExampleEngine_ListKeys() {
 	// retry: 202
 	// purge: <nil>
 	// after purge, replayed: false
+}
+
+// notifyEngine is an engine with the flow "notify": a call that fails while *fail is
+// true, then a tx phase that answers 202.
+func notifyEngine(pool *pgxpool.Pool, fail *bool) (*workflow.Engine, error) {
+	flow := phases.Flow{Name: "notify", Phases: []phases.Phase{
+		phases.Call("send", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
+			if *fail {
+				return nil, errors.New("mail server down")
+			}
+			return nil, nil
+		}),
+		phases.Tx("record", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return &phases.Response{Status: 202, Body: []byte("sent")}, nil
+		}),
+	}}
+	engine, err := workflow.New(pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	return engine, engine.Register(flow)
 }

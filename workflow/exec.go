@@ -497,7 +497,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 		x.stored = w.target
 		if x.claim != nil {
 			x.claim, x.fence.CreatedAt = nil, tx.createdAt
-			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
+			x.e.emit(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
 		}
 		return nil
 	}

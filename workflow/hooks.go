@@ -68,14 +68,11 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// KeyEventKind names what happened to a key: an Outcome, the one vocabulary of
-// results, events, history and metrics. The end of an attempt is its Outcome
+// Key events that are not the end of an attempt. The end of an attempt is its Outcome
 // (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
-// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); the
-// constants below name what happens to a key on the way, or outside an attempt.
-type KeyEventKind = Outcome
-
-// Key events that are not the end of an attempt.
+// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); these name
+// what happens to a key on the way. Outside an attempt: KeySwept, KeyGivenBack,
+// KeyPurged, OutcomeRedriven, OutcomeOperatorReleased, OutcomeOperatorCancelled.
 const (
 	KeyClaimed   Outcome = "claimed"    // a new key row was created
 	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
@@ -84,7 +81,9 @@ const (
 
 // KeyEvent describes something that happened to a key.
 type KeyEvent struct {
-	Kind  KeyEventKind
+	// Kind is what happened: an Outcome, the one vocabulary of results, events,
+	// history and metrics.
+	Kind  Outcome
 	Flow  string
 	Scope string
 	Key   string
@@ -221,37 +220,6 @@ func joinOrigin(hs []Hooks) func(context.Context) string {
 	})
 }
 
-// runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
-// runs first, and its context is run's.
-func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
-	r, unrecorded := run(ctx)
-	e.report(ctx, ev, r, unrecorded)
-	return r, unrecorded
-}
-
-// report is the one place an attempt's result goes out: the key's event (for an
-// outcome the key's row records) and AttemptEnd. unrecorded, when set, is why a
-// sweep's result could not be recorded (the key's fate is left to its lease): the
-// attempt then ends failed, with no key event.
-func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
-	if r.id != "" {
-		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
-	}
-	if ev.Flow == "" { // Resume learns the flow from the key row
-		ev.Flow = r.flow
-	}
-	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
-	if unrecorded != nil {
-		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
-	} else if r.recorded {
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
-	}
-	if e.cfg.Hooks.AttemptEnd != nil {
-		e.cfg.Hooks.AttemptEnd(ctx, ev)
-	}
-}
-
 func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {
 	if h.AttemptStart == nil {
 		return ctx
@@ -287,12 +255,6 @@ func (h *Hooks) beforeCommit(ctx context.Context, ev PhaseEvent) {
 func (h *Hooks) phaseEnd(ctx context.Context, ev PhaseEvent, err error) {
 	if h.PhaseEnd != nil {
 		h.PhaseEnd(ctx, ev, err)
-	}
-}
-
-func (h *Hooks) key(ctx context.Context, ev KeyEvent) {
-	if h.Key != nil {
-		h.Key(ctx, ev)
 	}
 }
 

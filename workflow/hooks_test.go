@@ -2,6 +2,11 @@ package workflow_test
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -126,6 +131,14 @@ func TestHooksJoin(t *testing.T) {
 	require.Equal(t, "origin-of-t", end.Origin, "a sweep knows who claimed the key")
 	require.Equal(t, "sweeper:settle", a.phases[len(a.phases)-1])
 
+	requireHeldEnd(t, bd, a)
+}
+
+// requireHeldEnd checks that an attempt on a key another engine holds ends in progress
+// for the observer a of bd's engine.
+func requireHeldEnd(t *testing.T, bd *bundle, a *recorder) {
+	t.Helper()
+	ctx := context.Background()
 	h := testflow.NewHolder("held")
 	holding := bd.newEngine(t, setupOpts{before: h.Before})
 	done := make(chan error, 1)
@@ -134,7 +147,7 @@ func TestHooksJoin(t *testing.T) {
 		done <- err
 	}()
 	<-h.Entered
-	_, err = e.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
+	_, err := bd.engine.Do(ctx, chargeReq("acct", "held", `{"amount":1}`))
 	require.ErrorIs(t, err, workflow.ErrInProgress)
 	require.Equal(t, workflow.OutcomeInProgress, a.last().Outcome)
 	h.Let()
@@ -164,4 +177,82 @@ func BenchmarkReplayNoHooks(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestOperatorKeyEvents: each operator action that changes a key emits one key event,
+// with its fields, once its change committed; a refused action emits none.
+func TestOperatorKeyEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var got []workflow.KeyEvent
+	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(ctx context.Context, ev workflow.KeyEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, ev)
+	}}}})
+	adminKeys(t, b) // through another engine: b.engine has seen nothing yet
+	e := b.engine
+	point := func(key string) string {
+		info, err := e.InspectKey(ctx, "acct", key)
+		require.NoError(t, err)
+		return info.RecoveryPoint
+	}
+	dead, stuck := point("dead"), point("stuck")
+
+	require.ErrorIs(t, e.ReleaseKey(ctx, "acct", "done"), workflow.ErrNotInProgress)
+	require.ErrorIs(t, e.Redrive(ctx, "acct", "stuck"), workflow.ErrNotDeadLettered)
+	require.ErrorIs(t, e.PurgeKey(ctx, "acct", "missing"), workflow.ErrNotFound)
+	require.ErrorIs(t, e.CancelKey(ctx, "acct", "done", workflow.CancelOptions{Status: 200, Force: true}), workflow.ErrNotInProgress)
+	mu.Lock()
+	require.Empty(t, got, "refused: no event")
+	mu.Unlock()
+
+	require.NoError(t, e.ReleaseKey(ctx, "acct", "stuck"))
+	require.NoError(t, e.Redrive(ctx, "acct", "dead"))
+	require.NoError(t, e.PurgeKey(ctx, "acct", "done"))
+	require.NoError(t, e.CancelKey(ctx, "acct", "stuck", workflow.CancelOptions{Status: 200, Force: true}))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []workflow.KeyEvent{
+		{Kind: workflow.OutcomeOperatorReleased, Scope: "acct", Key: "stuck"},
+		{Kind: workflow.OutcomeRedriven, Flow: testflow.Name, Scope: "acct", Key: "dead", RecoveryPoint: dead},
+		{Kind: workflow.KeyPurged, Scope: "acct", Key: "done"},
+		{Kind: workflow.OutcomeOperatorCancelled, Flow: testflow.Name, Scope: "acct", Key: "stuck", RecoveryPoint: stuck},
+	}, got)
+}
+
+// TestOneKeyEventEmitter: the engine calls Hooks.Key in one place, Engine.emit, so
+// that every key event goes out through it.
+func TestOneKeyEventEmitter(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	require.NoError(t, err)
+	var callers []string
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			for _, d := range f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Body == nil {
+					continue
+				}
+				ast.Inspect(fn.Body, func(n ast.Node) bool {
+					call, ok := n.(*ast.CallExpr)
+					if !ok {
+						return true
+					}
+					sel, ok := call.Fun.(*ast.SelectorExpr)
+					if !ok || sel.Sel.Name != "Key" {
+						return true
+					}
+					if hooks, ok := sel.X.(*ast.SelectorExpr); ok && hooks.Sel.Name == "Hooks" {
+						callers = append(callers, fn.Name.Name)
+					}
+					return true
+				})
+			}
+		}
+	}
+	require.Equal(t, []string{"emit"}, callers)
 }

@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -8,9 +9,8 @@ import (
 )
 
 // An attempt on a key decides how it ended once, as a Result, and one place
-// (Engine.report, in hooks.go beside the hooks it calls) hands that value to every
-// reader: the key event, AttemptEnd and, through it, the metrics; Do, Resume and
-// Maintenance.Run return it. The history entry rides in the statement that ends the
+// (Engine.report, below) hands that value to every reader: the key event, AttemptEnd
+// and, through it, the metrics; Do, Resume and Maintenance.Run return it. The history entry rides in the statement that ends the
 // attempt, written with the same Outcome.
 
 // Outcome is how an attempt ended, or what happened to a key: one vocabulary for
@@ -120,4 +120,48 @@ func (r Result) with(id, flow, origin, rp string, attempt int) Result {
 		r.id, r.flow, r.origin, r.rp, r.attempt = id, flow, origin, rp, attempt
 	}
 	return r
+}
+
+// runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
+// runs first, and its context is run's.
+func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
+	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	r, unrecorded := run(ctx)
+	e.report(ctx, ev, r, unrecorded)
+	return r, unrecorded
+}
+
+// report is the one place an attempt's result goes out: the key's event (for an
+// outcome the key's row records) and AttemptEnd. unrecorded, when set, is why a
+// sweep's result could not be recorded (the key's fate is left to its lease): the
+// attempt then ends failed, with no key event.
+func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
+	if r.id != "" {
+		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
+	}
+	if ev.Flow == "" { // Resume learns the flow from the key row
+		ev.Flow = r.flow
+	}
+	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
+	if unrecorded != nil {
+		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
+	} else if r.recorded {
+		e.emit(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+	}
+	if e.cfg.Hooks.AttemptEnd != nil {
+		e.cfg.Hooks.AttemptEnd(ctx, ev)
+	}
+}
+
+// emit is the one place a key event goes out: the only caller of Hooks.Key. Its
+// callers are report, for the event that ends an attempt (the outcome its row
+// records); the attempt's milestones, at the moment they happen (KeyClaimed once the
+// claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
+// what an operator or the engine's maintenance did to a key outside an attempt, once
+// that change has committed (operate for one key, CancelKey, the bulk actions,
+// TakeDue, GiveBack and Drain).
+func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
+	if e.cfg.Hooks.Key != nil {
+		e.cfg.Hooks.Key(ctx, ev)
+	}
 }

@@ -315,7 +315,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 		x.stored = w.target
 		if x.claim != nil {
 			x.claim = nil
-			x.e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
+			x.e.emit(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
 		}
 		return nil
 	}

@@ -12,20 +12,14 @@ import (
 )
 
 // The engine's side of the sweeper: taking over due keys in batches, running them
-// through the same phase code a retry runs, dead-lettering, re-driving and retention.
+// through the same phase code a retry runs, dead-lettering and retention.
 // The sweeper package schedules these calls; this file decides what they mean.
 
 // Key events of sweeps that are not the end of an attempt (a sweep's attempt ends
-// with its Outcome, a re-drive with OutcomeRedriven).
+// with its Outcome).
 const (
 	KeySwept     Outcome = "swept"      // a sweeper took over an expired or released lease
 	KeyGivenBack Outcome = "given_back" // a key taken by a sweeper was returned unrun
-)
-
-var (
-	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
-	// changed.
-	ErrNotDeadLettered = errors.New("key not dead-lettered")
 )
 
 // Defaults of TakeDueOpts and RunOpts: those of sweeper.Config, so that zero means the
@@ -136,7 +130,7 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
 			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
-		e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
+		e.emit(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
 }
@@ -326,33 +320,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	if err != nil {
 		return err
 	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
-	return nil
-}
-
-// Redrive puts a dead-lettered key back in progress: released, its attempts reset to
-// zero, due at once, with its recovery point and phase data as they were. The next
-// sweep (or a Resume, or the client's retry) runs it from there. Its last error is
-// kept until the next failure or the finish replaces it.
-//
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
-// state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
-// changes); ErrUnavailable when the database fails.
-func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	if err := checkKey(scope, key); err != nil {
-		return err
-	}
-	if err := e.readable(ctx, scope, key); err != nil {
-		return err
-	}
-	row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
-	if errors.Is(err, store.ErrNotFound) {
-		return e.notIn(ctx, scope, key, ErrNotDeadLettered)
-	}
-	if err != nil {
-		return err
-	}
-	e.cfg.Hooks.key(ctx, KeyEvent{Kind: OutcomeRedriven, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	e.emit(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
 	return nil
 }
 
