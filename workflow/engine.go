@@ -693,7 +693,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return ended(failure(err))
 	}
-	defer e.waits.run(row.Scope, row.Key)() // wakes this engine's waiters when it ends
+	defer e.waits.end(row.Scope, row.Key, e.waits.run(row.Scope, row.Key)) // wakes this engine's waiters
 	started := time.Now()
 	taken, err := e.takeover(ctx, row)
 	if errors.Is(err, store.ErrNotTaken) {
@@ -734,7 +734,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	if err != nil {
 		return ended(failure(err))
 	}
-	defer e.waits.run(req.Scope, req.Key)() // wakes this engine's waiters when it ends
+	defer e.waits.end(req.Scope, req.Key, e.waits.run(req.Scope, req.Key)) // wakes this engine's waiters
 	origin := e.cfg.Hooks.origin(ctx)
 	x := &exec{
 		e:      e,

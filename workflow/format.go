@@ -59,10 +59,11 @@ func jsonFormat(obj []byte) (version int, ok bool) {
 	if !found {
 		return 1, true
 	}
-	if err := json.Unmarshal(raw, &version); err != nil || version < 1 {
+	var v int // not the result: its address would move the result to the heap on every call
+	if err := json.Unmarshal(raw, &v); err != nil || v < 1 {
 		return 0, false
 	}
-	return version, true
+	return v, true
 }
 
 // checkFormat returns an error wrapping ErrNewerFormat when row holds something this
