@@ -693,7 +693,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return ended(failure(err))
 	}
-	defer e.waits.run(row.Scope, row.Key)() // wakes this engine's waiters when it ends
+	defer e.waits.end(row.Scope, row.Key, e.waits.run(row.Scope, row.Key)) // wakes this engine's waiters
 	started := time.Now()
 	taken, err := e.takeover(ctx, row)
 	if errors.Is(err, store.ErrNotTaken) {
@@ -734,7 +734,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	if err != nil {
 		return ended(failure(err))
 	}
-	defer e.waits.run(req.Scope, req.Key)() // wakes this engine's waiters when it ends
+	defer e.waits.end(req.Scope, req.Key, e.waits.run(req.Scope, req.Key)) // wakes this engine's waiters
 	origin := e.cfg.Hooks.origin(ctx)
 	x := &exec{
 		e:      e,
@@ -829,12 +829,94 @@ func storedResponse(row *store.Row) (*phases.Response, error) {
 	if resp.Body == nil {
 		resp.Body = []byte{}
 	}
-	if len(row.ResponseHeaders) > 0 {
+	if len(row.ResponseHeaders) > 0 && !decodeHeaders(row.ResponseHeaders, resp.Header) {
+		clear(resp.Header)
 		if err := json.Unmarshal(row.ResponseHeaders, &resp.Header); err != nil {
 			return nil, fmt.Errorf("decode stored headers: %w", err)
 		}
 	}
 	return resp, nil
+}
+
+// decodeHeaders decodes stored headers, a JSON object of names to lists of strings as
+// jsonb writes it, into h, in two allocations besides h's own: one string for every
+// name and value, one slice for every list. It reports false, leaving h partly
+// filled, for any other form (an escape, a null, invalid UTF-8): encoding/json
+// decodes those.
+func decodeHeaders(b []byte, h map[string][]string) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	s := string(b)
+	p := headerParser{s: s, vals: make([]string, 0, strings.Count(s, `"`)/2)}
+	if !p.skip('{') {
+		return false
+	}
+	for first := true; !p.skip('}'); first = false {
+		if !first && !p.skip(',') {
+			return false
+		}
+		name, ok := p.str()
+		if !ok || !p.skip(':') || !p.skip('[') {
+			return false
+		}
+		start := len(p.vals)
+		for firstVal := true; !p.skip(']'); firstVal = false {
+			if !firstVal && !p.skip(',') {
+				return false
+			}
+			v, ok := p.str()
+			if !ok {
+				return false
+			}
+			p.vals = append(p.vals, v)
+		}
+		h[name] = p.vals[start:len(p.vals):len(p.vals)]
+	}
+	p.space()
+	return p.i == len(s)
+}
+
+// headerParser reads stored headers: s from i, the lists' values appended to vals.
+type headerParser struct {
+	s    string
+	i    int
+	vals []string
+}
+
+// space skips JSON whitespace.
+func (p *headerParser) space() {
+	for p.i < len(p.s) && (p.s[p.i] == ' ' || p.s[p.i] == '\t' || p.s[p.i] == '\n' || p.s[p.i] == '\r') {
+		p.i++
+	}
+}
+
+// skip reads c after whitespace, and reports whether it was there.
+func (p *headerParser) skip(c byte) bool {
+	p.space()
+	if p.i < len(p.s) && p.s[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str reads a string without escapes or control characters after whitespace.
+func (p *headerParser) str() (string, bool) {
+	if !p.skip('"') {
+		return "", false
+	}
+	for j := p.i; j < len(p.s); j++ {
+		switch c := p.s[j]; {
+		case c == '"':
+			v := p.s[p.i:j]
+			p.i = j + 1
+			return v, true
+		case c == '\\' || c < 0x20:
+			return "", false
+		}
+	}
+	return "", false
 }
 
 func newUUID() (string, error) {

@@ -39,12 +39,16 @@ func fingerprintFormat(stored []byte) bool {
 	return false
 }
 
+// formatMember is store.FormatMember as bytes, made once: jsonFormat runs on every
+// look-up.
+var formatMember = []byte(store.FormatMember)
+
 // jsonFormat is the format version of a stored JSON object (phase data, response
 // headers): its member store.FormatMember, 1 when absent. ok is false when the member
 // is not a positive integer or the object cannot be decoded: not a format this build
 // reads.
 func jsonFormat(obj []byte) (version int, ok bool) {
-	if !bytes.Contains(obj, []byte(store.FormatMember)) {
+	if !bytes.Contains(obj, formatMember) {
 		return 1, true // the common case: no member, and no decoding
 	}
 	var m map[string]json.RawMessage
@@ -55,10 +59,11 @@ func jsonFormat(obj []byte) (version int, ok bool) {
 	if !found {
 		return 1, true
 	}
-	if err := json.Unmarshal(raw, &version); err != nil || version < 1 {
+	var v int // not the result: its address would move the result to the heap on every call
+	if err := json.Unmarshal(raw, &v); err != nil || v < 1 {
 		return 0, false
 	}
-	return version, true
+	return v, true
 }
 
 // checkFormat returns an error wrapping ErrNewerFormat when row holds something this

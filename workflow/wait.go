@@ -56,8 +56,8 @@ type waits struct {
 	observe func(step string, k waitKey)
 }
 
-// running is the attempts of this engine that run one key; done is closed when the
-// last of them ends.
+// running is the attempts of this engine that run one key; done, made when a waiter
+// first asks (busy), is closed when the last of them ends.
 type running struct {
 	n    int
 	done chan struct{}
@@ -89,9 +89,9 @@ func (wt *watch) result() *store.Row {
 	return &r
 }
 
-// run enters an attempt of this engine that runs (scope, key); the returned func
-// ends it and wakes the waiters once no attempt of this engine runs the key.
-func (w *waits) run(scope, key string) func() {
+// run enters an attempt of this engine that runs (scope, key); end(scope, key, r)
+// with what it returns ends it (defer e.waits.end(scope, key, e.waits.run(scope, key))).
+func (w *waits) run(scope, key string) *running {
 	k := waitKey{scope, key}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -100,29 +100,40 @@ func (w *waits) run(scope, key string) func() {
 		if w.running == nil {
 			w.running = map[waitKey]*running{}
 		}
-		r = &running{done: make(chan struct{})}
+		r = &running{}
 		w.running[k] = r
 	}
 	r.n++
-	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if r.n--; r.n == 0 {
-			delete(w.running, k)
+	return r
+}
+
+// end ends an attempt that run entered, and wakes the waiters once no attempt of this
+// engine runs the key.
+func (w *waits) end(scope, key string, r *running) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.n--; r.n == 0 {
+		delete(w.running, waitKey{scope, key})
+		if r.done != nil {
 			close(r.done)
 		}
 	}
 }
 
 // busy returns a channel closed when no attempt of this engine runs k any more, or
-// nil when none runs it now.
+// nil when none runs it now. The channel is made on the first ask: most keys have no
+// waiter.
 func (w *waits) busy(k waitKey) <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if r := w.running[k]; r != nil {
-		return r.done
+	r := w.running[k]
+	if r == nil {
+		return nil
 	}
-	return nil
+	if r.done == nil {
+		r.done = make(chan struct{})
+	}
+	return r.done
 }
 
 func (w *waits) note(step string, k waitKey) {

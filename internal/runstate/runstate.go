@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 )
 
 // Info identifies the key a run works on. The engine fills it in from the request or
@@ -77,11 +78,69 @@ func (r *Run) Value(name string) (json.RawMessage, bool) {
 // SetValue stores the encoded value b under name.
 func (r *Run) SetValue(name string, b json.RawMessage) { r.data[name] = b }
 
-// Data encodes the phase data as a JSON object.
+// Data encodes the phase data as a JSON object, as json.Marshal does.
 func (r *Run) Data() ([]byte, error) {
+	if b, ok := plainData(r.data); ok {
+		return b, nil
+	}
 	b, err := json.Marshal(r.data)
 	if err != nil {
 		return nil, fmt.Errorf("encode phase data: %w", err)
 	}
 	return b, nil
+}
+
+// plainData is json.Marshal's encoding of data in one allocation, for the usual phase
+// data: names of printable ASCII and values of valid JSON with no whitespace and
+// nothing json.Marshal escapes or compacts (no '<', '>', '&' and no byte of U+2028 or
+// U+2029). It reports false for any other: json.Marshal encodes it (or refuses it).
+func plainData(data map[string]json.RawMessage) ([]byte, bool) {
+	if data == nil {
+		return nil, false // json.Marshal writes null
+	}
+	names := make([]string, 0, 8)
+	n := 2 // {}
+	for name, v := range data {
+		if !plainName(name) || !plainValue(v) {
+			return nil, false
+		}
+		names = append(names, name)
+		n += len(name) + 3 + len(v) + 1 // "name":v,
+	}
+	slices.Sort(names)
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, name...)
+		b = append(b, '"', ':')
+		b = append(b, data[name]...)
+	}
+	return append(b, '}'), true
+}
+
+// plainName reports whether json.Marshal writes name as it is, between quotes.
+func plainName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// plainValue reports whether json.Marshal writes v as it is: valid JSON, compact, with
+// nothing it escapes.
+func plainValue(v json.RawMessage) bool {
+	for _, c := range v {
+		switch c {
+		case ' ', '\t', '\n', '\r', '<', '>', '&', 0xe2:
+			return false
+		}
+	}
+	return len(v) > 0 && json.Valid(v)
 }
