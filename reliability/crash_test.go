@@ -60,14 +60,25 @@ var sweepCrashPoints = map[string][]string{
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	trials := scale(1, 4, 10)
-	for _, flow := range []string{chargeflow.FlowName, twoCallFlow, ledgerFlow} {
-		t.Run(flow, func(t *testing.T) {
+	for _, c := range []struct {
+		flow      string
+		pipelined bool
+	}{{chargeflow.FlowName, false}, {twoCallFlow, false}, {ledgerFlow, false}, {chargeflow.FlowName, true}, {twoCallFlow, true}} {
+		flow, name := c.flow, c.flow
+		if c.pipelined {
+			name = "pipelined_" + flow // pipelined_test.go
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			env := newEnv(t, pgtest.New(t))
 			if flow == ledgerFlow {
 				env.withSide(t) // effects a rollback cannot undo, seen from outside
 			}
+			if c.pipelined {
+				env.withPipelined(t)
+			}
+			crashPoints := map[string][]string{flow: flowCrashPoints(flow, c.pipelined)}
 			en := env.engine(env.pool(poolOpts{}), nil)
 			sw := env.sweeper(en, nil)
 			var keys [][2]string
@@ -173,7 +184,7 @@ func TestCrashMatrix(t *testing.T) {
 			require.EqualValues(t, len(keys), crashes.Load(), "every trial's crash fired")
 			require.Positive(t, crashes.Load())
 			t.Logf("crash matrix %s: trials=%d crashes=%d no_key_row_claimed_at_once=%d finished_by_retry=%d finished_by_sweeper=%d finished_by_sweeper_after_sweeper_crash=%d keys=%d duplicates=%d unfinished=%d",
-				flow, len(keys), crashes.Load(), claimedAtOnce.Load(), byRetry.Load(), bySweeper.Load(), bySweeperAfterCrash.Load(), r.Keys,
+				name, len(keys), crashes.Load(), claimedAtOnce.Load(), byRetry.Load(), bySweeper.Load(), bySweeperAfterCrash.Load(), r.Keys,
 				r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 		})
 	}
