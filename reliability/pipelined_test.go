@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 )
 
 // withPipelined makes e's engines and children run the flows with pipelined tx phases
@@ -30,4 +32,26 @@ func flowCrashPoints(flow string, pipelined bool) []string {
 	return slices.DeleteFunc(slices.Clone(crashPoints[flow]), func(p string) bool {
 		return strings.HasSuffix(p, "/after-claim")
 	})
+}
+
+// pipelinedZombieCases are TestZombies' cases for the pipelined flows. A one-round-trip
+// phase paused at its before-commit has sent nothing, not even BEGIN: once resumed, a
+// new key's claim (the charges flow's create_charge) must lose to the executor that
+// claimed and finished the key meanwhile, and an existing key's fence (finalize) must
+// refuse the stale lock version; either way the zombie runs none of the phase's
+// statements. A zombie paused in a call phase reaches the next pipelined phase, whose
+// fence refuses it first, in a one-round-trip phase (finalize) or in the first round
+// trip of a two-round-trip one (settle). A two-round-trip phase paused between its
+// round trips holds the key row's fence lock (FOR NO KEY UPDATE): its session is cut
+// (cutIdle), and its second round trip fails on the dead connection.
+var pipelinedZombieCases = []zombieCase{
+	{chargeflow.FlowName, "do", "create_charge/before-commit", false}, // the claim lost
+	{chargeflow.FlowName, "do", "provider_charge/before-call", false},
+	{chargeflow.FlowName, "do", "finalize/before-commit", false}, // the fence lost, one round trip
+	{twoCallFlow, "do", "capture/after-call", false},             // the fence lost, two round trips
+	{twoCallFlow, "do", "settle/before-commit", true},            // between the round trips
+	{chargeflow.FlowName, "sweep", "provider_charge/after-call", false},
+	{chargeflow.FlowName, "sweep", "finalize/before-commit", false},
+	{twoCallFlow, "sweep", "capture/before-call", false},
+	{twoCallFlow, "sweep", "reserve/before-commit", true},
 }
