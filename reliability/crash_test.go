@@ -60,14 +60,13 @@ var sweepCrashPoints = map[string][]string{
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	trials := scale(1, 4, 10)
+	pipelined, readAtClaim := flowShape{Pipelined: true}, flowShape{Pipelined: true, ReadAtClaim: true} // pipelined_test.go
 	for _, c := range []struct {
-		flow      string
-		pipelined bool
-	}{{chargeflow.FlowName, false}, {twoCallFlow, false}, {ledgerFlow, false}, {chargeflow.FlowName, true}, {twoCallFlow, true}} {
-		flow, name := c.flow, c.flow
-		if c.pipelined {
-			name = "pipelined_" + flow // pipelined_test.go
-		}
+		flow  string
+		shape flowShape
+	}{{chargeflow.FlowName, flowShape{}}, {twoCallFlow, flowShape{}}, {ledgerFlow, flowShape{}},
+		{chargeflow.FlowName, pipelined}, {twoCallFlow, pipelined}, {chargeflow.FlowName, readAtClaim}} {
+		flow, name := c.flow, c.shape.prefix()+c.flow
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -75,10 +74,8 @@ func TestCrashMatrix(t *testing.T) {
 			if flow == ledgerFlow {
 				env.withSide(t) // effects a rollback cannot undo, seen from outside
 			}
-			if c.pipelined {
-				env.withPipelined(t)
-			}
-			crashPoints := map[string][]string{flow: flowCrashPoints(flow, c.pipelined)}
+			env.shape = c.shape
+			crashPoints := map[string][]string{flow: flowCrashPoints(flow, c.shape)}
 			en := env.engine(env.pool(poolOpts{}), nil)
 			sw := env.sweeper(en, nil)
 			var keys [][2]string

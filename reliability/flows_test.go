@@ -227,13 +227,17 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 // phase one round trip, its claim or fence sent first) and the two-call flow's tx
 // phases are pipelined ones that read their statements' results (two round trips,
 // the transaction open between them: see pipelineTwoCall); the ledger flow stays
-// Go-code.
-func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun, pipelined bool) error {
-	charges, twoCall := chargeflow.Flow, newTwoCallFlow(base, client)
-	if pipelined {
-		charges, twoCall = chargeflow.PipelinedFlow, pipelineTwoCall(twoCall)
+// Go-code. With shape.ReadAtClaim too, the charges flow's create_charge also reads a
+// result (readAtClaim), so that it takes two round trips with the claim in the first.
+func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun, shape flowShape) error {
+	charges, twoCall := chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), newTwoCallFlow(base, client)
+	if shape.Pipelined {
+		charges, twoCall = chargeflow.PipelinedFlow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), pipelineTwoCall(twoCall)
+		if shape.ReadAtClaim {
+			charges = readAtClaim(charges)
+		}
 	}
-	if err := e.Register(withFirstTxPrologue(charges(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), first)); err != nil {
+	if err := e.Register(withFirstTxPrologue(charges, first)); err != nil {
 		return err
 	}
 	if side != nil {

@@ -51,7 +51,7 @@ func testPgbouncerFaults(t *testing.T, pipelined bool) {
 	require.NoError(t, err)
 	db := pgtest.NewDatabase(t)
 	env := newEnv(t, db).withSide(t)
-	env.pipelined = pipelined
+	env.shape.Pipelined = pipelined
 	dbName := func() string { u, _ := url.Parse(db.URL); return u.Path[1:] }()
 
 	var mu sync.Mutex

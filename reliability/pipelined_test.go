@@ -1,11 +1,15 @@
 package reliability
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/phases"
 )
 
 // withPipelined makes e's engines and children run the flows with pipelined tx phases
@@ -15,18 +19,67 @@ import (
 // trips.
 func (e *env) withPipelined(t testing.TB) *env {
 	t.Helper()
-	e.pipelined = true
+	e.shape.Pipelined = true
 	return e
 }
 
-// flowCrashPoints are crashPoints[flow] for the flow's Go-code or pipelined shape. A
-// pipelined first phase sends its claim with its statements and its COMMIT in one
-// round trip, so it has no after-claim point: its before-commit is before anything of
-// the key was sent. A two-round-trip pipelined phase's before-commit (the two-call
-// flow's reserve and settle) is between its round trips: its statements ran, the
-// transaction is open, the key row's write and COMMIT not sent.
-func flowCrashPoints(flow string, pipelined bool) []string {
-	if !pipelined {
+// flowShape is the shape of the flows' tx phases: Go-code (the zero value) or
+// pipelined, and with ReadAtClaim the charges flow's first phase in two round trips.
+type flowShape struct {
+	Pipelined   bool `json:",omitempty"`
+	ReadAtClaim bool `json:",omitempty"`
+}
+
+// prefix names the shape in a subtest's name.
+func (s flowShape) prefix() string {
+	switch {
+	case s.ReadAtClaim:
+		return "pipelined_read_at_claim_"
+	case s.Pipelined:
+		return "pipelined_"
+	}
+	return ""
+}
+
+// readAtClaim returns the pipelined charges flow f with a result read in its first
+// phase: a statement whose answer a callback checks, queued after create_charge's
+// INSERT, so that the phase takes two round trips, the claim and the INSERT in the
+// first (the phase's after-claim point is after it: the INSERT ran, uncommitted), the
+// key row's insert and COMMIT in the second (its before-commit is between them).
+func readAtClaim(f phases.Flow) phases.Flow {
+	first := f.Phases[0]
+	build := first.Pipeline
+	wrapped := phases.Pipelined(first.Name, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
+		resp, err := build(run, p)
+		if resp != nil || err != nil {
+			return resp, err
+		}
+		p.Queue(`SELECT count(*) FROM charges WHERE account_id = $1 AND idempotency_key = $2`, run.Scope(), run.Key()).
+			QueryRow(func(row pgx.Row) error {
+				var n int
+				if err := row.Scan(&n); err != nil {
+					return err
+				}
+				if n != 1 {
+					return fmt.Errorf("create_charge: %d charges of the key in its claiming transaction", n)
+				}
+				return nil
+			})
+		return nil, nil
+	})
+	f.Phases = append([]phases.Phase{wrapped}, f.Phases[1:]...)
+	return f
+}
+
+// flowCrashPoints are crashPoints[flow] for the flow's shape. A pipelined first phase
+// in one round trip sends its claim with its statements and its COMMIT, so it has no
+// after-claim point: its before-commit is before anything of the key was sent. A
+// two-round-trip pipelined phase's before-commit (the two-call flow's reserve and
+// settle, the charges flow's create_charge with ReadAtClaim) is between its round
+// trips: its statements ran, the transaction is open, the key row's write and COMMIT
+// not sent; a first phase's after-claim is there too, right after its claim was read.
+func flowCrashPoints(flow string, shape flowShape) []string {
+	if !shape.Pipelined || shape.ReadAtClaim && flow == chargeflow.FlowName {
 		return crashPoints[flow]
 	}
 	return slices.DeleteFunc(slices.Clone(crashPoints[flow]), func(p string) bool {
