@@ -44,6 +44,8 @@ type childConfig struct {
 	Requests []workflow.Request
 	// Side are the ledger flow's side channels, if the env has them.
 	Side *sideCfg `json:",omitempty"`
+	// Shape is the shape of the flows' tx phases (env.shape).
+	Shape flowShape
 }
 
 // childLine is one line a child prints on stdout.
@@ -99,7 +101,7 @@ func runChild() {
 			childproc.Fail("side channels", err)
 		}
 	}
-	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}, nil, side); err != nil {
+	if err := registerFlows(e, cfg.ProviderURL, &http.Client{Timeout: 10 * time.Second}, nil, side, cfg.Shape); err != nil {
 		childproc.Fail("register", err)
 	}
 	switch cfg.Mode {
@@ -152,6 +154,7 @@ func (e *env) startChild(t testing.TB, cfg childConfig) *child {
 	}
 	cfg.ProviderURL = e.provider.URL
 	cfg.AppName = e.childApp()
+	cfg.Shape = e.shape
 	if e.side != nil {
 		cfg.Side = &e.side.cfg
 	}

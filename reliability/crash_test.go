@@ -60,14 +60,22 @@ var sweepCrashPoints = map[string][]string{
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	trials := scale(1, 4, 10)
-	for _, flow := range []string{chargeflow.FlowName, twoCallFlow, ledgerFlow} {
-		t.Run(flow, func(t *testing.T) {
+	pipelined, readAtClaim := flowShape{Pipelined: true}, flowShape{Pipelined: true, ReadAtClaim: true} // pipelined_test.go
+	for _, c := range []struct {
+		flow  string
+		shape flowShape
+	}{{chargeflow.FlowName, flowShape{}}, {twoCallFlow, flowShape{}}, {ledgerFlow, flowShape{}},
+		{chargeflow.FlowName, pipelined}, {twoCallFlow, pipelined}, {chargeflow.FlowName, readAtClaim}} {
+		flow, name := c.flow, c.shape.prefix()+c.flow
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			env := newEnv(t, pgtest.New(t))
 			if flow == ledgerFlow {
 				env.withSide(t) // effects a rollback cannot undo, seen from outside
 			}
+			env.shape = c.shape
+			crashPoints := map[string][]string{flow: flowCrashPoints(flow, c.shape)}
 			en := env.engine(env.pool(poolOpts{}), nil)
 			sw := env.sweeper(en, nil)
 			var keys [][2]string
@@ -173,7 +181,7 @@ func TestCrashMatrix(t *testing.T) {
 			require.EqualValues(t, len(keys), crashes.Load(), "every trial's crash fired")
 			require.Positive(t, crashes.Load())
 			t.Logf("crash matrix %s: trials=%d crashes=%d no_key_row_claimed_at_once=%d finished_by_retry=%d finished_by_sweeper=%d finished_by_sweeper_after_sweeper_crash=%d keys=%d duplicates=%d unfinished=%d",
-				flow, len(keys), crashes.Load(), claimedAtOnce.Load(), byRetry.Load(), bySweeper.Load(), bySweeperAfterCrash.Load(), r.Keys,
+				name, len(keys), crashes.Load(), claimedAtOnce.Load(), byRetry.Load(), bySweeper.Load(), bySweeperAfterCrash.Load(), r.Keys,
 				r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 		})
 	}

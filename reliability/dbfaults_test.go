@@ -34,6 +34,15 @@ func TestDatabaseFaultsPartitioned(t *testing.T) {
 	testDatabaseFaults(t, newPartitionedEnv(t).withSide(t))
 }
 
+// TestDatabaseFaultsPipelined is TestDatabaseFaults with the flows' pipelined tx
+// phases (pipelined_test.go): a lost COMMIT acknowledgement or a terminated backend
+// lands in the round trip that carries the claim or the fence, the statements, the key
+// row's write and COMMIT, or between a two-round-trip phase's round trips.
+func TestDatabaseFaultsPipelined(t *testing.T) {
+	t.Parallel()
+	testDatabaseFaults(t, newEnv(t, pgtest.New(t)).withSide(t).withPipelined(t))
+}
+
 // testDatabaseFaults is TestDatabaseFaults on env.
 func testDatabaseFaults(t *testing.T, env *env) {
 	proxy := env.proxy()

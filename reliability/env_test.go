@@ -60,6 +60,9 @@ type env struct {
 	side     *sideEnv     // the side channels of the ledger flow (withSide), or nil
 	sideRun  *sideRun     // this process's handle on them
 	history  *history     // every client operation and every committed tx phase
+	// shape is the shape of the flows' tx phases (registerFlows), in this process and
+	// in its children.
+	shape flowShape
 }
 
 // newEnv prepares db (a fresh migrated schema) for an experiment.
@@ -168,7 +171,7 @@ func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txProlo
 	}
 	en, err := workflow.New(pool, &c)
 	require.NoError(e.t, err)
-	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client, first, e.sideRun))
+	require.NoError(e.t, registerFlows(en, e.provider.URL, e.client, first, e.sideRun, e.shape))
 	return en
 }
 

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/examples/payouts/payout"
 	"github.com/idemflow/idemflow/idemhttp"
@@ -219,10 +221,23 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 }
 
 // registerFlows registers both flows on e, calling the provider at base, with first
-// (if not nil) as the prologue of each flow's first phase when that is a tx phase, and
-// the ledger flow too when side is not nil.
-func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun) error {
-	if err := e.Register(withFirstTxPrologue(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), first)); err != nil {
+// (if not nil) as the prologue of each flow's first phase when that is a Go-code tx
+// phase, and the ledger flow too when side is not nil. With pipelined, the charges
+// flow is chargeflow.PipelinedFlow (same name, phases, rows and answers; each tx
+// phase one round trip, its claim or fence sent first) and the two-call flow's tx
+// phases are pipelined ones that read their statements' results (two round trips,
+// the transaction open between them: see pipelineTwoCall); the ledger flow stays
+// Go-code. With shape.ReadAtClaim too, the charges flow's create_charge also reads a
+// result (readAtClaim), so that it takes two round trips with the claim in the first.
+func registerFlows(e *workflow.Engine, base string, client *http.Client, first txPrologue, side *sideRun, shape flowShape) error {
+	charges, twoCall := chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), newTwoCallFlow(base, client)
+	if shape.Pipelined {
+		charges, twoCall = chargeflow.PipelinedFlow(&chargeflow.ProviderClient{BaseURL: base, HTTP: client}), pipelineTwoCall(twoCall)
+		if shape.ReadAtClaim {
+			charges = readAtClaim(charges)
+		}
+	}
+	if err := e.Register(withFirstTxPrologue(charges, first)); err != nil {
 		return err
 	}
 	if side != nil {
@@ -230,7 +245,93 @@ func registerFlows(e *workflow.Engine, base string, client *http.Client, first t
 			return err
 		}
 	}
-	return e.Register(withFirstTxPrologue(newTwoCallFlow(base, client), first))
+	return e.Register(withFirstTxPrologue(twoCall, first))
+}
+
+// pipelineTwoCall returns the two-call flow f with its tx phases, reserve and settle,
+// as pipelined phases that read their statements' results: each is two round trips,
+// the first with BEGIN, the fence and the phase's statement, the second with the key
+// row's write and COMMIT, the transaction open between them (the phases' BeforeCommit
+// boundary). Same rows, data and answers as f's Go-code phases.
+func pipelineTwoCall(f phases.Flow) phases.Flow {
+	out := f
+	out.Phases = nil
+	for _, ph := range f.Phases {
+		switch ph.Name {
+		case phaseReserve:
+			ph = pipeReserve()
+		case phaseSettle:
+			ph = pipeSettle()
+		}
+		out.Phases = append(out.Phases, ph)
+	}
+	return out
+}
+
+// parseOrder reads a two-call flow's request.
+func parseOrder(run *phases.Run) (orderRequest, error) {
+	var r orderRequest
+	if err := json.Unmarshal(run.Body(), &r); err != nil || r.Amount <= 0 {
+		return r, phases.Fail(&phases.Response{Status: 400, Body: []byte(`{"error":"amount must be positive"}`)})
+	}
+	return r, nil
+}
+
+// pipeReserve is the two-call flow's reserve as a pipelined phase: the order's id
+// comes back from its INSERT, so the phase data is set by Then.
+func pipeReserve() phases.Phase {
+	return phases.Pipelined(phaseReserve, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
+		r, err := parseOrder(run)
+		if err != nil {
+			return nil, err
+		}
+		auth, err := authID.Get(run)
+		if err != nil {
+			return nil, err
+		}
+		if r.SlowMillis > 0 && run.Attempt() == 1 {
+			if r.TimeoutMillis > 0 {
+				p.Queue(`SELECT set_config('statement_timeout', $1, true)`, strconv.Itoa(r.TimeoutMillis))
+			}
+			p.Queue(`SELECT pg_sleep($1::float8 / 1000)`, r.SlowMillis)
+		}
+		var id int64
+		p.Queue(`INSERT INTO orders (scope, idem_key, amount, auth_id) VALUES ($1, $2, $3, $4) RETURNING id`,
+			run.Scope(), run.Key(), r.Amount, auth).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+		p.Then(func(run *phases.Run) (*phases.Response, error) { return nil, orderID.Set(run, id) })
+		return nil, nil
+	})
+}
+
+// pipeSettle is the two-call flow's settle as a pipelined phase: the answer names the
+// amount its UPDATE returns, so Then makes it.
+func pipeSettle() phases.Phase {
+	return phases.Pipelined(phaseSettle, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
+		oid, err := orderID.Get(run)
+		if err != nil {
+			return nil, err
+		}
+		auth, err := authID.Get(run)
+		if err != nil {
+			return nil, err
+		}
+		capt, err := captureID.Get(run)
+		if err != nil {
+			return nil, err
+		}
+		var amount int64
+		p.Queue(`UPDATE orders SET status = 'captured', capture_id = $2 WHERE id = $1 AND scope = $3 RETURNING amount`,
+			oid, capt, run.Scope()).QueryRow(func(row pgx.Row) error { return row.Scan(&amount) })
+		p.Then(func(*phases.Run) (*phases.Response, error) {
+			resp, err := phases.JSON(http.StatusCreated, orderAnswer{OrderID: oid, AuthID: auth, CaptureID: capt, Amount: amount})
+			if err != nil {
+				return nil, err
+			}
+			resp.Header.Set("Location", "/v1/orders/"+strconv.FormatInt(oid, 10))
+			return resp, nil
+		})
+		return nil, nil
+	})
 }
 
 // txPrologue runs in a tx phase's transaction before the phase's own function; an
@@ -243,8 +344,13 @@ type txPrologue func(ctx context.Context, tx phases.DBTX, run *phases.Run) error
 // and the key row was found absent, and inserts the row at the phase's commit. A flow
 // that calls first (the two-call flow) is returned as it is: its claim and key row
 // commit alone, before the call.
+//
+// A pipelined first phase is returned as it is too: it has no Go code to wrap, and its
+// claim is sent with its statements, so there is no point at which the claim is held
+// and nothing of the phase has run. The experiments that use a prologue (claim_test.go)
+// run on Go-code flows only.
 func withFirstTxPrologue(f phases.Flow, fn txPrologue) phases.Flow {
-	if fn == nil || len(f.Phases) == 0 || f.Phases[0].Kind != phases.KindTx {
+	if fn == nil || len(f.Phases) == 0 || f.Phases[0].Kind != phases.KindTx || f.Phases[0].Pipeline != nil {
 		return f
 	}
 	first := f.Phases[0]

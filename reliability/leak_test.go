@@ -32,7 +32,7 @@ func TestStartStopLeaks(t *testing.T) {
 		}
 		en, err := workflow.New(pool, nil)
 		require.NoError(t, err)
-		require.NoError(t, registerFlows(en, env.provider.URL, env.client, nil, nil))
+		require.NoError(t, registerFlows(en, env.provider.URL, env.client, nil, nil, flowShape{}))
 		sw, err := sweeper.New(en, &sweeper.Config{Interval: time.Millisecond, Grace: -1})
 		require.NoError(t, err)
 		switch i % 4 {

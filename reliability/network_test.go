@@ -73,11 +73,17 @@ func TestNetworkFaults(t *testing.T) {
 			fired: (*faultproxy.Proxy).HalfOpened,
 		},
 	}
-	for _, layout := range []string{"", "partitioned_"} { // partition_test.go
+	// The key table partitioned (partition_test.go), and the flows with pipelined tx
+	// phases (pipelined_test.go).
+	for _, layout := range []string{"", "partitioned_", "pipelined_"} {
 		for _, f := range faults {
 			t.Run(layout+f.name, func(t *testing.T) {
 				t.Parallel()
-				testNetworkFault(t, newEnvOf(t, layout != "").withSide(t), f)
+				env := newEnvOf(t, layout == "partitioned_").withSide(t)
+				if layout == "pipelined_" {
+					env.withPipelined(t)
+				}
+				testNetworkFault(t, env, f)
 			})
 		}
 	}

@@ -31,12 +31,27 @@ import (
 // machine, and no transaction was ever cut.
 func TestPgbouncerFaults(t *testing.T) {
 	t.Parallel()
+	testPgbouncerFaults(t, false)
+}
+
+// TestPgbouncerFaultsPipelined is TestPgbouncerFaults with the flows' pipelined tx
+// phases (pipelined_test.go): a phase's BEGIN, claim or fence, statements and COMMIT
+// go through the pooler in one round trip (two for the two-call flow's), in the
+// pooled exec mode.
+func TestPgbouncerFaultsPipelined(t *testing.T) {
+	t.Parallel()
+	testPgbouncerFaults(t, true)
+}
+
+// testPgbouncerFaults is TestPgbouncerFaults, with the pipelined flows if pipelined.
+func testPgbouncerFaults(t *testing.T, pipelined bool) {
 	pgtest.RequirePgbouncer(t)
 	ctx := context.Background()
 	srv, err := pgtest.Shared(ctx)
 	require.NoError(t, err)
 	db := pgtest.NewDatabase(t)
 	env := newEnv(t, db).withSide(t)
+	env.shape.Pipelined = pipelined
 	dbName := func() string { u, _ := url.Parse(db.URL); return u.Path[1:] }()
 
 	var mu sync.Mutex
@@ -98,7 +113,7 @@ func TestPgbouncerFaults(t *testing.T) {
 	r := env.check(t, checkOpts{keys: l.submitted()})
 	require.Positive(t, terminated, "server connections behind the pooler were terminated")
 	require.Positive(t, restarts, "the pooler was restarted")
-	t.Logf("pgbouncer faults: server_connections_terminated=%d pgbouncer_restarts=%d keys=%d attempts=%d drain=%s longest_attempt=%s duplicates=%d unfinished=%d",
-		terminated, restarts, len(l.submitted()), l.attempts.Load(), drain.Round(time.Millisecond), l.maxAttempt().Round(time.Millisecond),
+	t.Logf("pgbouncer faults (pipelined=%v): server_connections_terminated=%d pgbouncer_restarts=%d keys=%d attempts=%d drain=%s longest_attempt=%s duplicates=%d unfinished=%d",
+		pipelined, terminated, restarts, len(l.submitted()), l.attempts.Load(), drain.Round(time.Millisecond), l.maxAttempt().Round(time.Millisecond),
 		r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 }

@@ -52,11 +52,21 @@ var zombieCases = []zombieCase{
 // executor) and 1 (one effect).
 func TestZombies(t *testing.T) {
 	t.Parallel()
-	for _, flow := range []string{chargeflow.FlowName, twoCallFlow} {
-		t.Run(flow, func(t *testing.T) {
+	for _, c := range []struct {
+		flow      string
+		pipelined bool
+	}{{chargeflow.FlowName, false}, {twoCallFlow, false}, {chargeflow.FlowName, true}, {twoCallFlow, true}} {
+		flow, name, zombieCases := c.flow, c.flow, zombieCases
+		if c.pipelined {
+			name, zombieCases = "pipelined_"+flow, pipelinedZombieCases // pipelined_test.go
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			env := newEnv(t, pgtest.New(t))
+			if c.pipelined {
+				env.withPipelined(t)
+			}
 			var mu sync.Mutex
 			takenOver := map[string]chan struct{}{}
 			signal := func(key string) {
@@ -138,7 +148,7 @@ func TestZombies(t *testing.T) {
 						done <- result{a, err}
 					}()
 					var res result
-					zombieWaits := !zc.cutIdle && (zc.point == "finalize/before-commit" || zc.point == "settle/before-commit" || zc.point == "reserve/before-commit")
+					zombieWaits := !c.pipelined && !zc.cutIdle && (zc.point == "finalize/before-commit" || zc.point == "settle/before-commit" || zc.point == "reserve/before-commit")
 					if zombieWaits {
 						// The new owner took the key over and waits on the zombie's locks:
 						// let the zombie go on now. Its commit must be fenced off.
@@ -182,7 +192,7 @@ func TestZombies(t *testing.T) {
 			r := env.check(t, checkOpts{keys: keys})
 			require.Equal(t, len(keys), fired)
 			t.Logf("zombies %s: trials=%d paused=%d fenced_off=%d keys=%d duplicates=%d unfinished=%d",
-				flow, len(keys), fired, fenced, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+				name, len(keys), fired, fenced, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 		})
 	}
 }
