@@ -1,11 +1,6 @@
 package workflow
 
-import (
-	"errors"
-	"fmt"
-
-	"github.com/idemflow/idemflow/phases"
-)
+import "errors"
 
 // Client-only flows (phases.Flow.ClientOnly) are registered by the names and kinds of
 // their phases; every attempt brings the functions (Request.ClientPhases), closing over
@@ -27,28 +22,3 @@ var (
 	// attempt fails with ErrDeadLettered, as every later one does until Redrive.
 	ErrUnstorable = errors.New("its answer cannot be stored")
 )
-
-// attemptFlow returns the flow an attempt runs: f itself, or for a client-only flow,
-// f with the attempt's own phases (req nil: an attempt without its client, Resume's).
-func attemptFlow(f phases.Flow, req *Request) (phases.Flow, error) {
-	if !f.ClientOnly {
-		if req != nil && req.ClientPhases != nil {
-			return phases.Flow{}, fmt.Errorf("%w: flow %q is not client-only: ClientPhases must be nil", ErrInvalidRequest, f.Name)
-		}
-		return f, nil
-	}
-	if req == nil || req.ClientPhases == nil {
-		return phases.Flow{}, fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, f.Name)
-	}
-	if len(req.ClientPhases) != len(f.Phases) {
-		return phases.Flow{}, fmt.Errorf("%w: flow %q has %d phases, the attempt brought %d", ErrInvalidRequest, f.Name, len(f.Phases), len(req.ClientPhases))
-	}
-	for i, p := range req.ClientPhases {
-		if want := f.Phases[i]; p.Name != want.Name || p.Kind != want.Kind {
-			return phases.Flow{}, fmt.Errorf("%w: flow %q phase %d is %s %q, the attempt brought %s %q",
-				ErrInvalidRequest, f.Name, i, want.Kind, want.Name, p.Kind, p.Name)
-		}
-	}
-	f.Phases = req.ClientPhases
-	return f, nil
-}

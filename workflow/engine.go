@@ -334,13 +334,6 @@ func (e *Engine) Flows() []string {
 	return slices.Sorted(maps.Keys(e.flows))
 }
 
-// memberSet is the member list of a registered flow, nil if it has none.
-func (e *Engine) memberSet(flow string) *memberSet {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.members[flow]
-}
-
 func (e *Engine) flow(name string) (phases.Flow, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -472,6 +465,31 @@ func (e *Engine) validate(req *Request) (phases.Flow, error) {
 		req.Body = []byte{}
 	}
 	return attemptFlow(f, req)
+}
+
+// attemptFlow returns the flow an attempt runs: f itself, or for a client-only flow,
+// f with the attempt's own phases (req nil: an attempt without its client, Resume's).
+func attemptFlow(f phases.Flow, req *Request) (phases.Flow, error) {
+	if !f.ClientOnly {
+		if req != nil && req.ClientPhases != nil {
+			return phases.Flow{}, fmt.Errorf("%w: flow %q is not client-only: ClientPhases must be nil", ErrInvalidRequest, f.Name)
+		}
+		return f, nil
+	}
+	if req == nil || req.ClientPhases == nil {
+		return phases.Flow{}, fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, f.Name)
+	}
+	if len(req.ClientPhases) != len(f.Phases) {
+		return phases.Flow{}, fmt.Errorf("%w: flow %q has %d phases, the attempt brought %d", ErrInvalidRequest, f.Name, len(f.Phases), len(req.ClientPhases))
+	}
+	for i, p := range req.ClientPhases {
+		if want := f.Phases[i]; p.Name != want.Name || p.Kind != want.Kind {
+			return phases.Flow{}, fmt.Errorf("%w: flow %q phase %d is %s %q, the attempt brought %s %q",
+				ErrInvalidRequest, f.Name, i, want.Kind, want.Name, p.Kind, p.Name)
+		}
+	}
+	f.Phases = req.ClientPhases
+	return f, nil
 }
 
 // maxRaces bounds how often an attempt re-reads a key after losing a race with another

@@ -80,6 +80,13 @@ const (
 // exponent of more than 18 digits). It wraps ErrInvalidRequest; nothing was written.
 var ErrBodyNotJSON = fmt.Errorf("%w: body is not a JSON value that can be fingerprinted by members", ErrInvalidRequest)
 
+// memberSet is the member list of a registered flow, nil if it has none.
+func (e *Engine) memberSet(flow string) *memberSet {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.members[flow]
+}
+
 // ruleFingerprint is the fingerprint of a request under a member list, or v2 for nil.
 func ruleFingerprint(ms *memberSet, method, route string, body []byte) ([]byte, error) {
 	if ms == nil {

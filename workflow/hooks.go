@@ -220,16 +220,6 @@ func joinOrigin(hs []Hooks) func(context.Context) string {
 	})
 }
 
-func (h *Hooks) attemptStart(ctx context.Context, ev AttemptEvent) context.Context {
-	if h.AttemptStart == nil {
-		return ctx
-	}
-	if c := h.AttemptStart(ctx, ev); c != nil {
-		return c
-	}
-	return ctx
-}
-
 func (h *Hooks) claimHeld(ctx context.Context, ev PhaseEvent) {
 	if h.ClaimHeld != nil {
 		h.ClaimHeld(ctx, ev)

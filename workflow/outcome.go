@@ -125,7 +125,11 @@ func (r Result) with(id, flow, origin, rp string, attempt int) Result {
 // runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
 // runs first, and its context is run's.
 func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(context.Context) (Result, error)) (Result, error) {
-	ctx = e.cfg.Hooks.attemptStart(ctx, ev)
+	if start := e.cfg.Hooks.AttemptStart; start != nil {
+		if c := start(ctx, ev); c != nil {
+			ctx = c
+		}
+	}
 	r, unrecorded := run(ctx)
 	e.report(ctx, ev, r, unrecorded)
 	return r, unrecorded
