@@ -76,6 +76,20 @@ var (
 	orderID   = phases.NewSlot[int64]("order_id")
 )
 
+// settleIDs reads what the two-call flow's settle needs from the earlier phases.
+func settleIDs(run *phases.Run) (oid int64, auth, capt string, err error) {
+	if oid, err = orderID.Get(run); err != nil {
+		return 0, "", "", err
+	}
+	if auth, err = authID.Get(run); err != nil {
+		return 0, "", "", err
+	}
+	if capt, err = captureID.Get(run); err != nil {
+		return 0, "", "", err
+	}
+	return oid, auth, capt, nil
+}
+
 type orderRequest struct {
 	Amount int64 `json:"amount"`
 	// SlowMillis makes the reserve phase sleep that long in SQL on the key's first
@@ -193,15 +207,7 @@ func newTwoCallFlow(base string, client *http.Client) phases.Flow {
 			return nil, captureID.Set(run, id)
 		}),
 		phases.Tx(phaseSettle, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			oid, err := orderID.Get(run)
-			if err != nil {
-				return nil, err
-			}
-			auth, err := authID.Get(run)
-			if err != nil {
-				return nil, err
-			}
-			capt, err := captureID.Get(run)
+			oid, auth, capt, err := settleIDs(run)
 			if err != nil {
 				return nil, err
 			}
@@ -307,15 +313,7 @@ func pipeReserve() phases.Phase {
 // amount its UPDATE returns, so Then makes it.
 func pipeSettle() phases.Phase {
 	return phases.Pipelined(phaseSettle, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
-		oid, err := orderID.Get(run)
-		if err != nil {
-			return nil, err
-		}
-		auth, err := authID.Get(run)
-		if err != nil {
-			return nil, err
-		}
-		capt, err := captureID.Get(run)
+		oid, auth, capt, err := settleIDs(run)
 		if err != nil {
 			return nil, err
 		}
