@@ -473,19 +473,10 @@ func retentionWaits(r *report) figure {
 
 // figures are what parts of the run hand the report: figures by id, for the checks that
 // read them (partitionChecks), each set from the part's own measurements with set (a
-// figure never set reads "not measured"); and sections of the report, added with
-// section. Safe for concurrent use.
+// figure never set reads "not measured"). Safe for concurrent use.
 type figures struct {
-	mu       sync.Mutex
-	m        map[string]figure
-	sections []func(b *strings.Builder)
-}
-
-// section adds a section to the report, written after the parts' built-in sections.
-func (fs *figures) section(write func(b *strings.Builder)) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	fs.sections = append(fs.sections, write)
+	mu sync.Mutex
+	m  map[string]figure
 }
 
 // set records figure id: val is what the check's target judges, text how it reads (the

@@ -210,11 +210,6 @@ func (r *report) markdown() string {
 	r.dupSection(&b)
 	r.loserSection(&b)
 	r.growthSection(&b)
-	if r.figs != nil {
-		for _, write := range r.figs.sections {
-			write(&b)
-		}
-	}
 	r.whereTimeGoes(&b)
 	r.extraBreakdown(&b)
 	r.whyNotMet(&b)
