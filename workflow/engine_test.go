@@ -91,7 +91,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var runs sync.Map // key -> *atomic.Int32: successful reserve commits
-	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{
+	// Admission waits as long as it takes (AdmitWait -1, no cap): 256 attempts at once
+	// on a loaded machine may otherwise be shed as overloaded before their claim, which
+	// is TestOverload's subject, not this test's.
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: -1, AdmitWait: -1, Hooks: workflow.Hooks{
 		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
 			if ev.Phase == testflow.Reserve && err == nil {
 				n, _ := runs.LoadOrStore(ev.Key, new(atomic.Int32))
