@@ -123,21 +123,7 @@ func (e *env) loserTargets(pool *pgxpool.Pool) ([]loserTarget, error) {
 		lockID: safeLockID,
 		lockOn: "SELECT pg_advisory_lock($1::bigint)",
 	}
-	idem := loserTarget{
-		name:  vIdem,
-		fresh: func(ctx context.Context, w *worker) error { return doIdemflow(ctx, eng, ring, w) },
-		loser: func(ctx context.Context, scope, key string) error {
-			_, err := eng.Do(ctx, workflow.Request{Scope: scope, Key: key, Flow: chargeflow.FlowName,
-				Method: "POST", Route: chargeRoute, Body: chargeBody})
-			if dupKind(nil, err) != "409" {
-				return fmt.Errorf("copy of a held key answered %v, want 409", err)
-			}
-			return nil
-		},
-		replay: func(ctx context.Context, w *worker) error { return doReplay(ctx, eng, ring, w) },
-		lockID: idemflowClaimHash,
-		lockOn: "SELECT pg_advisory_lock($1::bigint # 'idemflow_keys'::regclass::oid::bigint)",
-	}
+	idem := engineLoserTarget(vIdem, eng, ring)
 	pipe, err := e.pipelinedLoserTarget(pool, client)
 	if err != nil {
 		return nil, err
@@ -155,9 +141,14 @@ func (e *env) pipelinedLoserTarget(pool *pgxpool.Pool, client *chargeflow.Provid
 	if err := eng.Register(chargeflow.PipelinedFlow(client)); err != nil {
 		return loserTarget{}, err
 	}
-	ring := newKeyRing(1000)
+	return engineLoserTarget(vIdemPipe, eng, newKeyRing(1000)), nil
+}
+
+// engineLoserTarget is the loser target of an idemflow engine: fresh requests, copies
+// of a held key (each must be told 409 at once), and replays, on keys of ring.
+func engineLoserTarget(name string, eng *workflow.Engine, ring *keyRing) loserTarget {
 	return loserTarget{
-		name:  vIdemPipe,
+		name:  name,
 		fresh: func(ctx context.Context, w *worker) error { return doIdemflow(ctx, eng, ring, w) },
 		loser: func(ctx context.Context, scope, key string) error {
 			_, err := eng.Do(ctx, workflow.Request{Scope: scope, Key: key, Flow: chargeflow.FlowName,
@@ -170,7 +161,7 @@ func (e *env) pipelinedLoserTarget(pool *pgxpool.Pool, client *chargeflow.Provid
 		replay: func(ctx context.Context, w *worker) error { return doReplay(ctx, eng, ring, w) },
 		lockID: idemflowClaimHash,
 		lockOn: "SELECT pg_advisory_lock($1::bigint # 'idemflow_keys'::regclass::oid::bigint)",
-	}, nil
+	}
 }
 
 // holdKey takes the claim lock of (scope, key) on a connection of the check pool and
