@@ -90,32 +90,9 @@ func TestHandlerReplaysRepresentationHeaders(t *testing.T) {
 		return &phases.Response{Status: http.StatusOK, Header: h, Body: zipped}
 	})
 
-	serveFlow := func(e *workflow.Engine, flow string) *httptest.Server {
-		h, err := idemhttp.Handler(e, flow, &idemhttp.Config{Scope: bearerScope})
-		require.NoError(t, err)
-		return newServer(t, h)
-	}
-	// Asking for gzip ourselves keeps the client from decoding the body behind our back.
-	headers := func(acct string) http.Header {
-		h := keyed(acct, "k")
-		h.Set("Accept-Encoding", "gzip")
-		return h
-	}
-	firstAndReplay := func(t *testing.T, srv *httptest.Server, acct string) (reply, reply) {
-		first := mustSend(t, srv, "POST", "/x", headers(acct), `{}`)
-		require.Equal(t, http.StatusOK, first.status, "%s", first.body)
-		require.False(t, first.replayed())
-		replay := mustSend(t, srv, "POST", "/x", headers(acct), `{}`)
-		require.Equal(t, http.StatusOK, replay.status)
-		require.True(t, replay.replayed())
-		require.Equal(t, first.body, replay.body, "byte-identical body")
-		require.Equal(t, first.header.Values("Content-Type"), replay.header.Values("Content-Type"), "the same Content-Type")
-		return first, replay
-	}
-
 	t.Run("Gzip", func(t *testing.T) {
 		t.Parallel()
-		first, replay := firstAndReplay(t, serveFlow(b.engine, "gzip"), "acct_gzip")
+		first, replay := firstAndReplay(t, serveAnswerFlow(t, b.engine, "gzip"), "acct_gzip")
 		require.Equal(t, "gzip", first.header.Get("Content-Encoding"))
 		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"), "never raw gzip bytes labelled application/json")
 		require.Equal(t, "Accept-Encoding", replay.header.Get("Vary"))
@@ -123,26 +100,57 @@ func TestHandlerReplaysRepresentationHeaders(t *testing.T) {
 	})
 	t.Run("GzipWithoutContentType", func(t *testing.T) {
 		t.Parallel()
-		_, replay := firstAndReplay(t, serveFlow(b.engine, "gzip-untyped"), "acct_gzip_untyped")
+		_, replay := firstAndReplay(t, serveAnswerFlow(t, b.engine, "gzip-untyped"), "acct_gzip_untyped")
 		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"))
 	})
 	t.Run("Sniffed", func(t *testing.T) {
 		t.Parallel()
-		first, _ := firstAndReplay(t, serveFlow(b.engine, "untyped"), "acct_sniffed")
+		first, _ := firstAndReplay(t, serveAnswerFlow(t, b.engine, "untyped"), "acct_sniffed")
 		require.Equal(t, "text/html; charset=utf-8", first.header.Get("Content-Type"))
 	})
 	t.Run("Typed", func(t *testing.T) {
 		t.Parallel()
-		first, _ := firstAndReplay(t, serveFlow(b.engine, "typed"), "acct_typed")
+		first, _ := firstAndReplay(t, serveAnswerFlow(t, b.engine, "typed"), "acct_typed")
 		require.Equal(t, "application/json", first.header.Get("Content-Type"))
 	})
 	t.Run("NarrowAllowList", func(t *testing.T) {
 		t.Parallel()
-		_, replay := firstAndReplay(t, serveFlow(narrow, "narrow"), "acct_narrow")
+		_, replay := firstAndReplay(t, serveAnswerFlow(t, narrow, "narrow"), "acct_narrow")
 		require.Equal(t, "gzip", replay.header.Get("Content-Encoding"), "kept with the body whatever StoredHeaders says")
 		require.Equal(t, "Accept-Encoding", replay.header.Get("Vary"))
 		require.Equal(t, `{"ok":true}`, gunzip(t, replay.body))
 	})
+}
+
+// serveAnswerFlow serves e's flow through the handler.
+func serveAnswerFlow(t *testing.T, e *workflow.Engine, flow string) *httptest.Server {
+	t.Helper()
+	h, err := idemhttp.Handler(e, flow, &idemhttp.Config{Scope: bearerScope})
+	require.NoError(t, err)
+	return newServer(t, h)
+}
+
+// acceptGzip is acct's request headers with key k, asking for gzip: asking for it
+// ourselves keeps the client from decoding the body behind our back.
+func acceptGzip(acct string) http.Header {
+	h := keyed(acct, "k")
+	h.Set("Accept-Encoding", "gzip")
+	return h
+}
+
+// firstAndReplay sends acct's request twice: a first answer, then its replay, with a
+// byte-identical body and the same Content-Type.
+func firstAndReplay(t *testing.T, srv *httptest.Server, acct string) (reply, reply) {
+	t.Helper()
+	first := mustSend(t, srv, "POST", "/x", acceptGzip(acct), `{}`)
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	require.False(t, first.replayed())
+	replay := mustSend(t, srv, "POST", "/x", acceptGzip(acct), `{}`)
+	require.Equal(t, http.StatusOK, replay.status)
+	require.True(t, replay.replayed())
+	require.Equal(t, first.body, replay.body, "byte-identical body")
+	require.Equal(t, first.header.Values("Content-Type"), replay.header.Values("Content-Type"), "the same Content-Type")
+	return first, replay
 }
 
 // A phase that answers 1xx has not answered: the attempt is a server error, nothing is

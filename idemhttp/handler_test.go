@@ -415,16 +415,7 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	srv, h := flowServer(t, b, nil)
-	small, err := idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 32})
-	require.NoError(t, err)
-	smallSrv := newServer(t, small)
 
-	request := func(acct string, keys []string, body string) *http.Request {
-		req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
-		req.Header = keyed(acct, "")
-		req.Header[idemhttp.KeyHeader] = keys
-		return req
-	}
 	badKeys := []struct {
 		name string
 		keys []string
@@ -443,7 +434,7 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			acct := "acct_" + c.name
-			r := serve(h, request(acct, c.keys, `{"amount":1}`))
+			r := serve(h, badKeyRequest(acct, c.keys, `{"amount":1}`))
 			requireProblem(t, r, http.StatusBadRequest)
 			require.Zero(t, rowsFor(t, b.db, acct, ""), "nothing written")
 		})
@@ -470,9 +461,35 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 	})
 	t.Run("NoScopeComesBeforeABadKey", func(t *testing.T) {
 		t.Parallel()
-		r := serve(h, request("", []string{"a", "b"}, `{"amount":1}`))
+		r := serve(h, badKeyRequest("", []string{"a", "b"}, `{"amount":1}`))
 		requireProblem(t, r, http.StatusUnauthorized)
 	})
+	runBodyLimitSubtests(t, b)
+	t.Run("ProblemDoesNotLeakInternals", func(t *testing.T) {
+		t.Parallel()
+		r := serve(h, badKeyRequest("acct_leak", []string{"a\x01b"}, `{}`))
+		p := requireProblem(t, r, http.StatusBadRequest)
+		require.Equal(t, "no-store", r.header.Get("Cache-Control"))
+		require.NotContains(t, p["detail"], "a\x01b", "the key is not echoed")
+		require.Len(t, p, 4, "type, title, status, detail")
+	})
+}
+
+// badKeyRequest is a POST /charges of acct with the Idempotency-Key header fields keys.
+func badKeyRequest(acct string, keys []string, body string) *http.Request {
+	req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
+	req.Header = keyed(acct, "")
+	req.Header[idemhttp.KeyHeader] = keys
+	return req
+}
+
+// runBodyLimitSubtests runs, as subtests of t, the checks of a handler whose
+// MaxBodyBytes is 32.
+func runBodyLimitSubtests(t *testing.T, b *bundle) {
+	t.Helper()
+	small, err := idemhttp.Handler(b.engine, testflow.Name, &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 32})
+	require.NoError(t, err)
+	smallSrv := newServer(t, small)
 	t.Run("BodyTooLarge", func(t *testing.T) {
 		t.Parallel()
 		body := `{"amount":1,"pad":"` + strings.Repeat("x", 20) + `"}`
@@ -483,7 +500,7 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 	})
 	t.Run("BodyOfUnknownLengthTooLarge", func(t *testing.T) {
 		t.Parallel()
-		req := request("acct_413_chunked", []string{"k"}, `{"amount":1,"pad":"`+strings.Repeat("x", 40)+`"}`)
+		req := badKeyRequest("acct_413_chunked", []string{"k"}, `{"amount":1,"pad":"`+strings.Repeat("x", 40)+`"}`)
 		req.ContentLength = -1
 		r := serve(small, req)
 		requireProblem(t, r, http.StatusRequestEntityTooLarge)
@@ -495,14 +512,6 @@ func TestHandlerRejectsBadRequests(t *testing.T) {
 		require.Len(t, body, 32)
 		r := mustSend(t, smallSrv, "POST", "/charges", keyed("acct_32", "k"), body)
 		require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
-	})
-	t.Run("ProblemDoesNotLeakInternals", func(t *testing.T) {
-		t.Parallel()
-		r := serve(h, request("acct_leak", []string{"a\x01b"}, `{}`))
-		p := requireProblem(t, r, http.StatusBadRequest)
-		require.Equal(t, "no-store", r.header.Get("Cache-Control"))
-		require.NotContains(t, p["detail"], "a\x01b", "the key is not echoed")
-		require.Len(t, p, 4, "type, title, status, detail")
 	})
 }
 

@@ -99,112 +99,124 @@ func TestTxMiddleware(t *testing.T) {
 	t.Parallel()
 	b := setupOrders(t)
 
-	t.Run("CommitsWithTheAnswer", func(t *testing.T) {
-		t.Parallel()
-		h := &orders{}
-		srv := txMiddlewareServer(t, b.engine, h)
-		first := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
-		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
-		require.False(t, first.replayed())
-		require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
-		st := state(t, b.db, "acct_commit", "commit-k")
-		require.Equal(t, "finished", st.Status)
-		require.Equal(t, phases.Finished, st.RecoveryPoint)
-		require.False(t, st.HasLease)
+	t.Run("CommitsWithTheAnswer", func(t *testing.T) { testTxMiddlewareCommitsWithTheAnswer(t, b) })
+	t.Run("ConcurrentDuplicates", func(t *testing.T) { testTxMiddlewareConcurrentDuplicates(t, b) })
+	t.Run("FiveHundredLeavesNothing", func(t *testing.T) { testTxMiddlewareFiveHundredLeavesNothing(t, b) })
+	t.Run("PanicLeavesNothing", func(t *testing.T) { testTxMiddlewarePanicLeavesNothing(t, b) })
+	t.Run("ResponseTooLargeLeavesNothing", func(t *testing.T) { testTxMiddlewareResponseTooLargeLeavesNothing(t, b) })
+	t.Run("WithoutKey", func(t *testing.T) { testTxMiddlewareWithoutKey(t, b) })
+}
 
-		for range 2 {
-			again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
-			require.Equal(t, http.StatusCreated, again.status)
-			require.True(t, again.replayed())
-			require.Equal(t, first.body, again.body)
-			require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+func testTxMiddlewareCommitsWithTheAnswer(t *testing.T, b *bundle) {
+	t.Parallel()
+	h := &orders{}
+	srv := txMiddlewareServer(t, b.engine, h)
+	first := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	require.False(t, first.replayed())
+	require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
+	st := state(t, b.db, "acct_commit", "commit-k")
+	require.Equal(t, "finished", st.Status)
+	require.Equal(t, phases.Finished, st.RecoveryPoint)
+	require.False(t, st.HasLease)
+
+	for range 2 {
+		again := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":1}`)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.True(t, again.replayed())
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+	}
+	require.EqualValues(t, 1, h.runs.Load())
+	require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
+
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":2}`)
+	requireProblem(t, r, http.StatusUnprocessableEntity)
+	require.EqualValues(t, 1, h.runs.Load())
+}
+
+func testTxMiddlewareConcurrentDuplicates(t *testing.T, b *bundle) {
+	t.Parallel()
+	release := make(chan struct{})
+	// The executor holds its transaction open, the order inserted but not
+	// committed, until the others are answered.
+	h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
 		}
-		require.EqualValues(t, 1, h.runs.Load())
-		require.Equal(t, 1, ordersFor(t, b.db, "commit-k"))
+	}}
+	srv := txMiddlewareServer(t, b.engine, h)
+	got := duplicates(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, 20, release)
+	winner := checkDuplicates(t, got, http.StatusCreated)
+	require.EqualValues(t, 1, h.runs.Load(), "the handler ran once")
+	require.Equal(t, 1, ordersFor(t, b.db, "dup-k"))
 
-		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_commit", "commit-k"), `{"a":2}`)
-		requireProblem(t, r, http.StatusUnprocessableEntity)
-		require.EqualValues(t, 1, h.runs.Load())
-	})
-	t.Run("ConcurrentDuplicates", func(t *testing.T) {
-		t.Parallel()
-		release := make(chan struct{})
-		// The executor holds its transaction open, the order inserted but not
-		// committed, until the others are answered.
-		h := &orders{inserted: func(r *http.Request, _ phases.DBTX) {
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-		}}
-		srv := txMiddlewareServer(t, b.engine, h)
-		got := duplicates(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, 20, release)
-		winner := checkDuplicates(t, got, http.StatusCreated)
-		require.EqualValues(t, 1, h.runs.Load(), "the handler ran once")
-		require.Equal(t, 1, ordersFor(t, b.db, "dup-k"))
+	requireReplay(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, winner)
+	require.EqualValues(t, 1, h.runs.Load())
+}
 
-		requireReplay(t, srv, "/v1/orders", keyed("acct_dup", "dup-k"), `{"a":1}`, winner)
-		require.EqualValues(t, 1, h.runs.Load())
-	})
-	t.Run("FiveHundredLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		h := &orders{}
-		h.status.Store(http.StatusInternalServerError)
-		srv := txMiddlewareServer(t, b.engine, h)
-		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
-		require.Equal(t, http.StatusInternalServerError, r.status)
-		require.Equal(t, "handler failed\n", string(r.body), "the handler's own answer is passed on")
-		requireRetryAfter(t, r)
-		require.Zero(t, ordersFor(t, b.db, "5xx-k"), "the handler's insert rolled back")
-		require.Zero(t, rowsFor(t, b.db, "acct_5xx", "5xx-k"), "no key row")
+func testTxMiddlewareFiveHundredLeavesNothing(t *testing.T, b *bundle) {
+	t.Parallel()
+	h := &orders{}
+	h.status.Store(http.StatusInternalServerError)
+	srv := txMiddlewareServer(t, b.engine, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
+	require.Equal(t, http.StatusInternalServerError, r.status)
+	require.Equal(t, "handler failed\n", string(r.body), "the handler's own answer is passed on")
+	requireRetryAfter(t, r)
+	require.Zero(t, ordersFor(t, b.db, "5xx-k"), "the handler's insert rolled back")
+	require.Zero(t, rowsFor(t, b.db, "acct_5xx", "5xx-k"), "no key row")
 
-		h.status.Store(0)
-		r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
-		require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
-		require.False(t, r.replayed())
-		require.EqualValues(t, 2, h.runs.Load(), "the retry runs the handler again")
-		require.Equal(t, 1, ordersFor(t, b.db, "5xx-k"))
-	})
-	t.Run("PanicLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		h := &orders{}
-		h.panics.Store(true)
-		srv := txMiddlewareServer(t, b.engine, h)
-		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
-		requireProblem(t, r, http.StatusInternalServerError)
-		require.NotContains(t, string(r.body), "boom")
-		require.Zero(t, ordersFor(t, b.db, "panic-k"))
-		require.Zero(t, rowsFor(t, b.db, "acct_panic", "panic-k"))
+	h.status.Store(0)
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_5xx", "5xx-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.False(t, r.replayed())
+	require.EqualValues(t, 2, h.runs.Load(), "the retry runs the handler again")
+	require.Equal(t, 1, ordersFor(t, b.db, "5xx-k"))
+}
 
-		h.panics.Store(false)
-		r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
-		require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
-		require.Equal(t, 1, ordersFor(t, b.db, "panic-k"))
-	})
-	t.Run("ResponseTooLargeLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		e, err := workflow.New(b.db.Pool, &workflow.Config{MaxResponseBytes: 4})
-		require.NoError(t, err)
-		h := &orders{}
-		srv := txMiddlewareServer(t, e, h)
-		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_large", "large-k"), `{}`)
-		requireProblem(t, r, http.StatusInternalServerError)
-		require.NotContains(t, string(r.body), "order", "never truncated")
-		require.Zero(t, ordersFor(t, b.db, "large-k"), "the insert rolled back with the answer")
-		require.Zero(t, rowsFor(t, b.db, "acct_large", "large-k"))
-	})
-	t.Run("WithoutKey", func(t *testing.T) {
-		t.Parallel()
-		h := &orders{}
-		mw, err := idemhttp.TxMiddleware(b.engine, &idemhttp.Config{Scope: bearerScope})
-		require.NoError(t, err)
-		mux := http.NewServeMux()
-		mux.Handle("POST /v1/orders", mw(h))
-		srv := newServer(t, mux)
-		r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_nokey", ""), `{}`)
-		require.Equal(t, http.StatusInternalServerError, r.status, "no key, no transaction: the handler sees nil")
-		require.Equal(t, "no transaction\n", string(r.body))
-	})
+func testTxMiddlewarePanicLeavesNothing(t *testing.T, b *bundle) {
+	t.Parallel()
+	h := &orders{}
+	h.panics.Store(true)
+	srv := txMiddlewareServer(t, b.engine, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
+	requireProblem(t, r, http.StatusInternalServerError)
+	require.NotContains(t, string(r.body), "boom")
+	require.Zero(t, ordersFor(t, b.db, "panic-k"))
+	require.Zero(t, rowsFor(t, b.db, "acct_panic", "panic-k"))
+
+	h.panics.Store(false)
+	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_panic", "panic-k"), `{}`)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, 1, ordersFor(t, b.db, "panic-k"))
+}
+
+func testTxMiddlewareResponseTooLargeLeavesNothing(t *testing.T, b *bundle) {
+	t.Parallel()
+	e, err := workflow.New(b.db.Pool, &workflow.Config{MaxResponseBytes: 4})
+	require.NoError(t, err)
+	h := &orders{}
+	srv := txMiddlewareServer(t, e, h)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_large", "large-k"), `{}`)
+	requireProblem(t, r, http.StatusInternalServerError)
+	require.NotContains(t, string(r.body), "order", "never truncated")
+	require.Zero(t, ordersFor(t, b.db, "large-k"), "the insert rolled back with the answer")
+	require.Zero(t, rowsFor(t, b.db, "acct_large", "large-k"))
+}
+
+func testTxMiddlewareWithoutKey(t *testing.T, b *bundle) {
+	t.Parallel()
+	h := &orders{}
+	mw, err := idemhttp.TxMiddleware(b.engine, &idemhttp.Config{Scope: bearerScope})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders", mw(h))
+	srv := newServer(t, mux)
+	r := mustSend(t, srv, "POST", "/v1/orders", keyed("acct_nokey", ""), `{}`)
+	require.Equal(t, http.StatusInternalServerError, r.status, "no key, no transaction: the handler sees nil")
+	require.Equal(t, "no transaction\n", string(r.body))
 }
 
 func TestTxFromContext(t *testing.T) {

@@ -137,56 +137,9 @@ func TestMigrate(t *testing.T) {
 		require.Equal(t, before, snapshot(t, db.Pool), "a second Migrate changes nothing")
 	})
 
-	t.Run("Concurrent", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.NewEmpty(t)
-		const n = 8
-		pools := make([]*pgxpool.Pool, n)
-		for i := range pools {
-			pools[i] = db.NewPool(t) // one pool each: separate processes, in effect
-		}
-		start := make(chan struct{})
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i, pool := range pools {
-			wg.Go(func() {
-				<-start
-				errs[i] = migrations.Migrate(t.Context(), pool)
-			})
-		}
-		close(start)
-		wg.Wait()
-		for i, err := range errs {
-			require.NoError(t, err, "caller %d", i)
-		}
-		rows := versionRows(t, db.Pool)
-		require.Len(t, rows, latest, "one row per version: %v", rows)
-		for i, m := range all {
-			require.Equal(t, fmt.Sprintf("%d %s", m.Version, m.Name), rows[i])
-		}
-	})
+	t.Run("Concurrent", func(t *testing.T) { testMigrateConcurrent(t, all, latest) })
 
-	t.Run("DownAndUp", func(t *testing.T) {
-		t.Parallel()
-		ctx := t.Context()
-		db := pgtest.New(t)
-		up := objects(t, db.Pool)
-
-		require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 0))
-		v, err := migrations.Version(ctx, db.Pool)
-		require.NoError(t, err)
-		require.Zero(t, v)
-		require.Equal(t, []string{
-			"index " + migrations.VersionTable + "_pkey",
-			"table " + migrations.VersionTable,
-		}, objects(t, db.Pool), "the down files remove everything the up files created")
-
-		require.NoError(t, migrations.Migrate(ctx, db.Pool))
-		require.Equal(t, up, objects(t, db.Pool), "migrating up again recreates the same objects")
-		v, err = migrations.Version(ctx, db.Pool)
-		require.NoError(t, err)
-		require.Equal(t, latest, v)
-	})
+	t.Run("DownAndUp", func(t *testing.T) { testMigrateDownAndUp(t, latest) })
 
 	t.Run("UnknownTarget", func(t *testing.T) {
 		t.Parallel()
@@ -212,6 +165,57 @@ func TestMigrate(t *testing.T) {
 		require.Error(t, migrations.MigrateTo(ctx, db.Pool, 0), "cannot revert what this build does not know")
 		require.Equal(t, before, snapshot(t, db.Pool), "a failed MigrateTo changes nothing")
 	})
+}
+
+func testMigrateDownAndUp(t *testing.T, latest int) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.New(t)
+	up := objects(t, db.Pool)
+
+	require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 0))
+	v, err := migrations.Version(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Zero(t, v)
+	require.Equal(t, []string{
+		"index " + migrations.VersionTable + "_pkey",
+		"table " + migrations.VersionTable,
+	}, objects(t, db.Pool), "the down files remove everything the up files created")
+
+	require.NoError(t, migrations.Migrate(ctx, db.Pool))
+	require.Equal(t, up, objects(t, db.Pool), "migrating up again recreates the same objects")
+	v, err = migrations.Version(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, latest, v)
+}
+
+func testMigrateConcurrent(t *testing.T, all []migrations.Migration, latest int) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	const n = 8
+	pools := make([]*pgxpool.Pool, n)
+	for i := range pools {
+		pools[i] = db.NewPool(t) // one pool each: separate processes, in effect
+	}
+	start := make(chan struct{})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, pool := range pools {
+		wg.Go(func() {
+			<-start
+			errs[i] = migrations.Migrate(t.Context(), pool)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "caller %d", i)
+	}
+	rows := versionRows(t, db.Pool)
+	require.Len(t, rows, latest, "one row per version: %v", rows)
+	for i, m := range all {
+		require.Equal(t, fmt.Sprintf("%d %s", m.Version, m.Name), rows[i])
+	}
 }
 
 // TestConstraints checks that the database itself rejects rows that break the key

@@ -119,14 +119,39 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := &report{}
-	db := e.db.Pool
 
-	// Key rows: one per (scope, key) is the primary key; each must be finished.
-	rows, err := db.Query(ctx, `SELECT scope, idempotency_key, id::text, flow, status, recovery_point,
+	keys, byID := e.readKeyRows(ctx, t)
+	e.checkDuplicateRows(ctx, t, r)
+	if o.retired {
+		e.addRetired(ctx, t, r, keys, byID)
+	}
+	checkKeyStatuses(r, keys, o)
+	e.checkEffects(ctx, t, r, keys)
+	e.checkPayments(r, keys, byID)
+	e.checkAnswers(r, keys, o)
+	e.checkAudit(ctx, t, r, keys)
+
+	if e.side != nil {
+		e.checkSide(ctx, t, r, keys, o.side)
+	}
+	e.checkHistory(t, r, keys)
+
+	t.Logf("invariants: %s", r.summary())
+	if len(r.Violations) > 0 {
+		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
+	}
+	return r
+}
+
+// readKeyRows reads every key row, by (scope, key) and by id. One row per (scope,
+// key) is the primary key of the default layout (checkDuplicateRows looks anyway).
+func (e *env) readKeyRows(ctx context.Context, t testing.TB) (keys map[[2]string]*keyRow, byID map[string]*keyRow) {
+	t.Helper()
+	rows, err := e.db.Pool.Query(ctx, `SELECT scope, idempotency_key, id::text, flow, status, recovery_point,
 		response_status::int, response_body FROM idemflow_keys`)
 	require.NoError(t, err)
-	keys := map[[2]string]*keyRow{}
-	byID := map[string]*keyRow{}
+	keys = map[[2]string]*keyRow{}
+	byID = map[string]*keyRow{}
 	for rows.Next() {
 		k := &keyRow{}
 		require.NoError(t, rows.Scan(&k.scope, &k.key, &k.id, &k.flow, &k.status, &k.rp, &k.respStatus, &k.respBody))
@@ -134,10 +159,12 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 		byID[k.id] = k
 	}
 	require.NoError(t, rows.Err())
-	e.checkDuplicateRows(ctx, t, r)
-	if o.retired {
-		e.addRetired(ctx, t, r, keys, byID)
-	}
+	return keys, byID
+}
+
+// checkKeyStatuses counts the key rows: every submitted key has one, and each is
+// finished (or dead, when the experiment allows it).
+func checkKeyStatuses(r *report, keys map[[2]string]*keyRow, o checkOpts) {
 	r.Keys = len(keys)
 	for _, sk := range o.keys {
 		if keys[sk] == nil {
@@ -159,11 +186,15 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			r.violate("key %s/%s is unfinished at %s (%s)", k.scope, k.key, k.rp, k.status)
 		}
 	}
+}
 
-	// Effects: at most one per key, exactly one per finished key.
+// checkEffects: at most one effect row per key, exactly one per finished key, each
+// of its key row's flow.
+func (e *env) checkEffects(ctx context.Context, t testing.TB, r *report, keys map[[2]string]*keyRow) {
+	t.Helper()
 	effects := map[[2]string]int{}
 	for flow, q := range effectCounts {
-		rows, err := db.Query(ctx, q)
+		rows, err := e.db.Pool.Query(ctx, q)
 		require.NoError(t, err)
 		for rows.Next() {
 			var scope, key string
@@ -186,9 +217,11 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			r.violate("finished key %s/%s has %d effect rows, want 1", sk[0], sk[1], effects[sk])
 		}
 	}
+}
 
-	// Provider: payments only for existing key rows and their call phases, one per
-	// call phase of a key, and the ones the stored answer names.
+// checkPayments: the provider made payments only for existing key rows and their
+// call phases, one per call phase of a key, and the ones the stored answer names.
+func (e *env) checkPayments(r *report, keys map[[2]string]*keyRow, byID map[string]*keyRow) {
 	payments, _, made, _ := e.provider.snapshot()
 	r.Payments = made
 	paid := map[string]map[string]string{} // key row id -> phase -> payment id
@@ -232,8 +265,11 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			r.violate("key %s/%s answered 201 with %d of %d calls paid", k.scope, k.key, len(paid[k.id]), len(flowCalls[k.flow]))
 		}
 	}
+}
 
-	// Answers: retryable, or the stored answer byte for byte.
+// checkAnswers: every answer a client got is retryable, or the stored answer byte
+// for byte.
+func (e *env) checkAnswers(r *report, keys map[[2]string]*keyRow, o checkOpts) {
 	for sk, list := range e.answers.all() {
 		k := keys[sk]
 		for _, a := range list {
@@ -254,72 +290,74 @@ func (e *env) check(t testing.TB, o checkOpts) *report {
 			}
 		}
 	}
+}
 
-	// Audit: nothing went backwards, a finished row never changed, only finished rows
-	// were deleted, a row's identity never changed.
+// auditRow is one row of rel_audit (auditSQL).
+type auditRow struct {
+	seq, oldLV, newLV                                        int64
+	op, scope, key, oldID, newID, oldRP, newRP, oldSt, newSt string
+	bodyChanged                                              bool
+}
+
+// checkAudit: nothing went backwards, a finished row never changed, only finished
+// rows were deleted, a row's identity never changed.
+func (e *env) checkAudit(ctx context.Context, t testing.TB, r *report, keys map[[2]string]*keyRow) {
+	t.Helper()
 	flowOf := map[[2]string]string{}
 	for sk, k := range keys {
 		flowOf[sk] = k.flow
 	}
-	arows, err := db.Query(ctx, `SELECT seq, op, scope, idem_key, coalesce(old_id::text, ''), coalesce(new_id::text, ''),
+	arows, err := e.db.Pool.Query(ctx, `SELECT seq, op, scope, idem_key, coalesce(old_id::text, ''), coalesce(new_id::text, ''),
 		coalesce(old_lv, 0), coalesce(new_lv, 0), coalesce(old_rp, ''), coalesce(new_rp, ''),
 		coalesce(old_status, ''), coalesce(new_status, ''), body_changed FROM rel_audit ORDER BY seq`)
 	require.NoError(t, err)
 	for arows.Next() {
-		var seq, oldLV, newLV int64
-		var op, scope, key, oldID, newID, oldRP, newRP, oldSt, newSt string
-		var bodyChanged bool
-		require.NoError(t, arows.Scan(&seq, &op, &scope, &key, &oldID, &newID, &oldLV, &newLV, &oldRP, &newRP, &oldSt, &newSt, &bodyChanged))
+		var a auditRow
+		require.NoError(t, arows.Scan(&a.seq, &a.op, &a.scope, &a.key, &a.oldID, &a.newID, &a.oldLV, &a.newLV,
+			&a.oldRP, &a.newRP, &a.oldSt, &a.newSt, &a.bodyChanged))
 		r.AuditRows++
-		bad := func(format string, args ...any) {
-			r.AuditViolations++
-			r.violate("audit %d (%s %s/%s): %s", seq, op, scope, key, fmt.Sprintf(format, args...))
-		}
-		flow := flowOf[[2]string{scope, key}]
-		switch op {
-		case "I":
-			// A key row is inserted by the commit of its first transaction: at
-			// started (a flow that calls first, or a phase at REPEATABLE READ or
-			// above, whose claim inserts it), at the first phase, or finished by it.
-			first := newRP == phases.Started || newRP == phases.Finished ||
-				(len(flowPhases[flow]) > 0 && newRP == flowPhases[flow][0])
-			if newLV != 1 || !first || (newRP == phases.Finished) != (newSt == "finished") || (newSt != "in_progress" && newSt != "finished") {
-				bad("inserted at lock version %d, %s, %s", newLV, newRP, newSt)
-			}
-		case "D":
-			if oldSt != "finished" {
-				bad("an unfinished row (%s) was deleted", oldSt)
-			}
-		case "U":
-			if oldID != newID {
-				bad("id changed from %s to %s", oldID, newID)
-			}
-			if newLV < oldLV {
-				bad("lock version went back from %d to %d", oldLV, newLV)
-			}
-			if flow != "" && rank(flow, newRP) < rank(flow, oldRP) {
-				bad("recovery point went back from %s to %s", oldRP, newRP)
-			}
-			if oldSt == "finished" {
-				bad("a finished row changed (to %s at %s, answer changed: %v)", newSt, newRP, bodyChanged)
-			}
-			if (newRP == phases.Finished) != (newSt == "finished") {
-				bad("recovery point %s with status %s", newRP, newSt)
-			}
-		}
+		checkAuditRow(r, a, flowOf[[2]string{a.scope, a.key}])
 	}
 	require.NoError(t, arows.Err())
+}
 
-	if e.side != nil {
-		e.checkSide(ctx, t, r, keys, o.side)
+// checkAuditRow checks one audited insert, update or delete of a key row of flow.
+func checkAuditRow(r *report, a auditRow, flow string) {
+	bad := func(format string, args ...any) {
+		r.AuditViolations++
+		r.violate("audit %d (%s %s/%s): %s", a.seq, a.op, a.scope, a.key, fmt.Sprintf(format, args...))
 	}
-	e.checkHistory(t, r, keys)
-
-	t.Logf("invariants: %s", r.summary())
-	if len(r.Violations) > 0 {
-		t.Errorf("invariant violations (%d):\n  %s", len(r.Violations), strings.Join(r.Violations, "\n  "))
+	switch a.op {
+	case "I":
+		// A key row is inserted by the commit of its first transaction: at
+		// started (a flow that calls first, or a phase at REPEATABLE READ or
+		// above, whose claim inserts it), at the first phase, or finished by it.
+		first := a.newRP == phases.Started || a.newRP == phases.Finished ||
+			(len(flowPhases[flow]) > 0 && a.newRP == flowPhases[flow][0])
+		if a.newLV != 1 || !first || (a.newRP == phases.Finished) != (a.newSt == "finished") || (a.newSt != "in_progress" && a.newSt != "finished") {
+			bad("inserted at lock version %d, %s, %s", a.newLV, a.newRP, a.newSt)
+		}
+	case "D":
+		if a.oldSt != "finished" {
+			bad("an unfinished row (%s) was deleted", a.oldSt)
+		}
+	case "U":
+		if a.oldID != a.newID {
+			bad("id changed from %s to %s", a.oldID, a.newID)
+		}
+		if a.newLV < a.oldLV {
+			bad("lock version went back from %d to %d", a.oldLV, a.newLV)
+		}
+		if flow != "" && rank(flow, a.newRP) < rank(flow, a.oldRP) {
+			bad("recovery point went back from %s to %s", a.oldRP, a.newRP)
+		}
+		if a.oldSt == "finished" {
+			bad("a finished row changed (to %s at %s, answer changed: %v)", a.newSt, a.newRP, a.bodyChanged)
+		}
+		if (a.newRP == phases.Finished) != (a.newSt == "finished") {
+			bad("recovery point %s with status %s", a.newRP, a.newSt)
+		}
 	}
-	return r
 }
 
 // checkDuplicateRows reports every (scope, key) with more than one key row. The

@@ -61,34 +61,9 @@ func TestClaimHolderPaused(t *testing.T) {
 
 		// Concurrent duplicates, each bounded by a generous deadline: an engine that
 		// waited on the holder would fail here, not hang.
-		type result struct {
-			err  error
-			took time.Duration
-		}
-		results := make(chan result, dups)
-		var start, wg sync.WaitGroup
-		start.Add(1)
-		for range dups {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				start.Wait()
-				dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				began := time.Now()
-				_, err := env.do(dctx, en, req)
-				results <- result{err, time.Since(began)}
-			}()
-		}
-		start.Done()
-		wg.Wait()
-		close(results)
-		for r := range results {
-			var ip *workflow.InProgressError
-			require.True(t, errors.As(r.err, &ip), "%s: a duplicate got %v, not in progress", key, r.err)
-			require.Positive(t, ip.RetryAfter, key)
+		for _, took := range duplicatesInProgress(t, env, en, req, dups) {
 			busy++
-			slowest = max(slowest, r.took)
+			slowest = max(slowest, took)
 		}
 		// All of them were answered while the holder was stopped, still holding the
 		// lock; none ran any of the flow, wrote anything, or kept a connection.
@@ -126,6 +101,43 @@ func TestClaimHolderPaused(t *testing.T) {
 		len(keys), paused, busy, slowest.Round(time.Millisecond), r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 }
 
+// duplicatesInProgress runs dups concurrent duplicates of req, each with a 30 s
+// deadline, requires that each was answered in progress (with a retry-after), and
+// returns how long each took.
+func duplicatesInProgress(t *testing.T, env *env, en *workflow.Engine, req workflow.Request, dups int) []time.Duration {
+	t.Helper()
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	results := make(chan result, dups)
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for range dups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			began := time.Now()
+			_, err := env.do(dctx, en, req)
+			results <- result{err, time.Since(began)}
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	close(results)
+	var took []time.Duration
+	for r := range results {
+		var ip *workflow.InProgressError
+		require.True(t, errors.As(r.err, &ip), "%s: a duplicate got %v, not in progress", req.Key, r.err)
+		require.Positive(t, ip.RetryAfter, req.Key)
+		took = append(took, r.took)
+	}
+	return took
+}
+
 // processStopped reports whether the process pid is stopped by a signal (state T in
 // /proc/<pid>/stat).
 func processStopped(t testing.TB, pid int) bool {
@@ -145,40 +157,18 @@ func processStopped(t testing.TB, pid int) bool {
 // the key at once and finishes it once. Backs invariants 1 and 5.
 func TestClaimBackendTerminated(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	env := newEnv(t, pgtest.New(t))
-	// gate holds the attempt of the key it names at a point, until the test lets go.
-	type gate struct {
-		key, point    string
-		held, release chan struct{}
-	}
-	var mu sync.Mutex
-	var g *gate
-	hold := func(ctx context.Context, key, point string) {
-		mu.Lock()
-		cur := g
-		if cur == nil || cur.key != key || cur.point != point {
-			mu.Unlock()
-			return
-		}
-		g = nil // once
-		mu.Unlock()
-		close(cur.held)
-		select {
-		case <-cur.release:
-		case <-ctx.Done():
-		}
-	}
+	gates := &claimGates{}
 	cfg := &workflow.Config{Hooks: workflow.Hooks{
 		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
 			if ev.Phase == chargeflow.PhaseCreate {
-				hold(ctx, ev.Key, "before-commit")
+				gates.hold(ctx, ev.Key, "before-commit")
 			}
 		},
 	}}
 	en := env.engineWith(env.pool(poolOpts{}), cfg, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		if run.Attempt() == 1 {
-			hold(ctx, run.Key(), "after-claim")
+			gates.hold(ctx, run.Key(), "after-claim")
 		}
 		return nil
 	})
@@ -189,52 +179,13 @@ func TestClaimBackendTerminated(t *testing.T) {
 			key := fmt.Sprintf("claim-terminated|%s|%d", point, trial)
 			req := request("acct", key, chargeflow.FlowName, int64(400+trial))
 			keys = append(keys, [2]string{"acct", key})
-			cur := &gate{key: key, point: point, held: make(chan struct{}), release: make(chan struct{})}
-			mu.Lock()
-			g = cur
-			mu.Unlock()
-			type result struct {
-				res *workflow.Result
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				actx, cancel := context.WithTimeout(ctx, time.Minute)
-				defer cancel()
-				res, err := env.do(actx, en, req)
-				done <- result{res, err}
-			}()
-			select {
-			case <-cur.held:
-			case r := <-done:
-				t.Fatalf("%s: the attempt ended before it reached %s: %+v", key, point, r)
-			}
-			holders := env.claimLockHolders(t, env.appName)
-			require.Len(t, holders, 1, "%s: the held attempt holds the claim lock\n%s", key, sessions(t, env))
-			var ok bool
-			require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, holders[0]).Scan(&ok))
-			require.True(t, ok, key)
+			cutHeldClaim(t, env, en, gates.arm(key, point), req)
 			terminated++
-			waitUntil(t, 30*time.Second, key+": the terminated backend is gone", func() bool {
-				var n int
-				require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, holders[0]).Scan(&n))
-				return n == 0
-			})
-			close(cur.release)
-			r := <-done
-			require.ErrorIs(t, r.err, workflow.ErrTransient, "%s: %+v", key, r.res)
-			var te *workflow.TransientError
-			require.ErrorAs(t, r.err, &te)
-			require.Nil(t, te.Response, key)
-			require.False(t, env.state(t, "acct", key).Exists, "%s: a key row after the cut\n%s", key, auditTrail(t, env, key))
-			require.Zero(t, env.effects(t, chargeflow.FlowName, "acct", key), key)
-			require.Empty(t, env.claimLockHolders(t, env.appName), key)
-
-			res, err := env.do(ctx, en, req)
+			res, err := env.do(context.Background(), en, req)
 			require.NoError(t, err, "%s: the retry did not claim the key at once", key)
 			require.Contains(t, []int{201, 402}, res.Response.Status, key)
 			require.False(t, res.Replayed, key)
-			res, err = env.do(ctx, en, req)
+			res, err = env.do(context.Background(), en, req)
 			require.NoError(t, err, key)
 			require.True(t, res.Replayed, key)
 		}
@@ -243,4 +194,86 @@ func TestClaimBackendTerminated(t *testing.T) {
 	require.Equal(t, len(keys), terminated, "every trial's backend was terminated")
 	t.Logf("claim backend terminated: trials=%d backends_terminated=%d keys=%d duplicates=%d unfinished=%d",
 		len(keys), terminated, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+}
+
+// claimGate holds the attempt of the key it names at a point, until the test lets go.
+type claimGate struct {
+	key, point    string
+	held, release chan struct{}
+}
+
+// claimGates is the one armed claimGate, if any.
+type claimGates struct {
+	mu sync.Mutex
+	g  *claimGate
+}
+
+// arm sets the gate for key at point, replacing any other.
+func (gs *claimGates) arm(key, point string) *claimGate {
+	cur := &claimGate{key: key, point: point, held: make(chan struct{}), release: make(chan struct{})}
+	gs.mu.Lock()
+	gs.g = cur
+	gs.mu.Unlock()
+	return cur
+}
+
+// hold, when the armed gate names key and point, disarms it, reports it held and
+// waits until the test releases it (or ctx ends).
+func (gs *claimGates) hold(ctx context.Context, key, point string) {
+	gs.mu.Lock()
+	cur := gs.g
+	if cur == nil || cur.key != key || cur.point != point {
+		gs.mu.Unlock()
+		return
+	}
+	gs.g = nil // once
+	gs.mu.Unlock()
+	close(cur.held)
+	select {
+	case <-cur.release:
+	case <-ctx.Done():
+	}
+}
+
+// cutHeldClaim starts an attempt of req, terminates its backend once it is held at
+// gate, and requires that it failed as transient with nothing stored: no key row, no
+// effect, no claim lock left.
+func cutHeldClaim(t *testing.T, env *env, en *workflow.Engine, gate *claimGate, req workflow.Request) {
+	t.Helper()
+	ctx, key := context.Background(), req.Key
+	type result struct {
+		res *workflow.Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		actx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		res, err := env.do(actx, en, req)
+		done <- result{res, err}
+	}()
+	select {
+	case <-gate.held:
+	case r := <-done:
+		t.Fatalf("%s: the attempt ended before it reached %s: %+v", key, gate.point, r)
+	}
+	holders := env.claimLockHolders(t, env.appName)
+	require.Len(t, holders, 1, "%s: the held attempt holds the claim lock\n%s", key, sessions(t, env))
+	var ok bool
+	require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, holders[0]).Scan(&ok))
+	require.True(t, ok, key)
+	waitUntil(t, 30*time.Second, key+": the terminated backend is gone", func() bool {
+		var n int
+		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, holders[0]).Scan(&n))
+		return n == 0
+	})
+	close(gate.release)
+	r := <-done
+	require.ErrorIs(t, r.err, workflow.ErrTransient, "%s: %+v", key, r.res)
+	var te *workflow.TransientError
+	require.ErrorAs(t, r.err, &te)
+	require.Nil(t, te.Response, key)
+	require.False(t, env.state(t, "acct", key).Exists, "%s: a key row after the cut\n%s", key, auditTrail(t, env, key))
+	require.Zero(t, env.effects(t, chargeflow.FlowName, "acct", key), key)
+	require.Empty(t, env.claimLockHolders(t, env.appName), key)
 }

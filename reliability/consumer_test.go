@@ -151,17 +151,8 @@ func TestConsumerFaults(t *testing.T) {
 	bank := payout.NewBank(0)
 	bankSrv := httptest.NewServer(bank.Handler())
 	t.Cleanup(bankSrv.Close)
-
-	nc, err := nats.Connect(ns.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(5*time.Second))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	js := payoutStream(t, ns)
 	ctx := context.Background()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = js.CreateStream(cctx, jetstream.StreamConfig{Name: "PAYOUTS", Subjects: []string{"payouts.requested"}, Duplicates: 10 * time.Minute, Storage: jetstream.FileStorage})
-	cancel()
-	require.NoError(t, err)
 
 	args := []string{bin, "consume", "-database-url", env.db.URL, "-bank-url", bankSrv.URL, "-nats-url", ns.url(),
 		"-create-stream=false", "-ack-wait", "2s", "-lease", "2s", "-sweep-interval", "100ms", "-sweep-grace", "1ms"}
@@ -170,12 +161,50 @@ func TestConsumerFaults(t *testing.T) {
 		s.run(args)
 	}
 
-	// Payouts are published in rounds; between two rounds a consumer is SIGKILLed or
-	// the broker restarted. A publish that fails (the broker is down) is sent again
-	// under its message id.
 	n, rounds := scale(40, 400, 2000), scale(4, 40, 200)
-	var keys [][2]string
-	kills, restarts := 0, 0
+	keys, kills, restarts := publishPayouts(js, ns, slots, n, rounds)
+	// Let the consumers (and their sweepers) finish everything.
+	waitUntil(t, 5*time.Minute, "every payout finished", func() bool {
+		var left int
+		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT $1::int - count(*) FILTER (WHERE status = 'finished') FROM idemflow_keys WHERE scope LIKE 'payouts/%'`, n).Scan(&left))
+		return left == 0
+	})
+	for _, s := range slots {
+		s.stop()
+	}
+	r := env.check(t, checkOpts{keys: keys})
+	stats := bank.Stats()
+	payoutRows := requirePayoutsOnce(t, env, stats, n)
+	require.Positive(t, kills, "consumers were killed")
+	require.Positive(t, restarts, "the NATS server was restarted")
+	starts := 0
+	for _, s := range slots {
+		starts += s.starts
+	}
+	t.Logf("consumer faults: payouts=%d consumers_killed=%d nats_restarts=%d consumer_starts=%d bank_requests=%d bank_transfers=%d keys=%d duplicates=%d unfinished=%d",
+		n, kills, restarts, starts, stats.Requests, len(stats.Transfers), r.Keys, r.DuplicateEffects+payoutRows-n, r.Unfinished)
+}
+
+// payoutStream connects to ns (reconnecting for ever) and creates the PAYOUTS stream.
+func payoutStream(t *testing.T, ns *natsServer) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(ns.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(5*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = js.CreateStream(cctx, jetstream.StreamConfig{Name: "PAYOUTS", Subjects: []string{"payouts.requested"}, Duplicates: 10 * time.Minute, Storage: jetstream.FileStorage})
+	cancel()
+	require.NoError(t, err)
+	return js
+}
+
+// publishPayouts publishes n payouts in rounds; between two rounds a consumer is
+// SIGKILLed or the broker restarted. A publish that fails (the broker is down) is
+// sent again under its message id. It returns the payouts' keys and how many
+// consumers were killed and broker restarts there were.
+func publishPayouts(js jetstream.JetStream, ns *natsServer, slots []*consumerSlot, n, rounds int) (keys [][2]string, kills, restarts int) {
 	for i := range n {
 		if i%(n/rounds) == 0 {
 			if round := i / (n / rounds); round%3 == 0 {
@@ -190,7 +219,7 @@ func TestConsumerFaults(t *testing.T) {
 		keys = append(keys, [2]string{fmt.Sprintf("payouts/acct-%d", i%7), id}) // the consumer scopes by account
 		body := fmt.Sprintf(`{"payout_id":%q,"account":"acct-%d","amount":%d,"currency":"usd"}`, id, i%7, 100+i)
 		for {
-			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_, err := js.Publish(pctx, "payouts.requested", []byte(body), jetstream.WithMsgID(id))
 			cancel()
 			if err == nil {
@@ -200,17 +229,15 @@ func TestConsumerFaults(t *testing.T) {
 		}
 		pause(nil, 0, 10*time.Millisecond)
 	}
-	// Let the consumers (and their sweepers) finish everything.
-	waitUntil(t, 5*time.Minute, "every payout finished", func() bool {
-		var left int
-		require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT $1::int - count(*) FILTER (WHERE status = 'finished') FROM idemflow_keys WHERE scope LIKE 'payouts/%'`, n).Scan(&left))
-		return left == 0
-	})
-	for _, s := range slots {
-		s.stop()
-	}
-	r := env.check(t, checkOpts{keys: keys})
-	stats := bank.Stats()
+	return keys, kills, restarts
+}
+
+// requirePayoutsOnce checks that each of the n payouts' key rows has its bank
+// transfer, and that there is one transfer, one payout row and one ledger row per
+// payout, every payout paid. It returns the payout rows.
+func requirePayoutsOnce(t *testing.T, env *env, stats payout.BankStats, n int) int {
+	t.Helper()
+	ctx := context.Background()
 	var rowIDs []string
 	require.NoError(t, func() error {
 		rows, err := env.db.Pool.Query(ctx, `SELECT id::text FROM idemflow_keys WHERE scope LIKE 'payouts/%'`)
@@ -236,12 +263,5 @@ func TestConsumerFaults(t *testing.T) {
 	require.Equal(t, n, payoutRows, "one payout row per payout")
 	require.Equal(t, n, ledgerRows, "one ledger row per payout")
 	require.Equal(t, n, paid, "every payout paid")
-	require.Positive(t, kills, "consumers were killed")
-	require.Positive(t, restarts, "the NATS server was restarted")
-	starts := 0
-	for _, s := range slots {
-		starts += s.starts
-	}
-	t.Logf("consumer faults: payouts=%d consumers_killed=%d nats_restarts=%d consumer_starts=%d bank_requests=%d bank_transfers=%d keys=%d duplicates=%d unfinished=%d",
-		n, kills, restarts, starts, stats.Requests, len(stats.Transfers), r.Keys, r.DuplicateEffects+payoutRows-n, r.Unfinished)
+	return payoutRows
 }

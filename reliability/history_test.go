@@ -232,61 +232,28 @@ func TestZombieInProcess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEnv(t, pgtest.New(t))
-	type gate struct {
-		key     string
-		reached chan struct{}
-		release chan struct{}
-	}
-	var mu sync.Mutex
-	var zombieGate, ownerGate *gate
-	hold := func(g **gate, phase string) func(ev workflow.PhaseEvent) {
-		return func(ev workflow.PhaseEvent) {
-			mu.Lock()
-			cur := *g
-			if cur == nil || ev.Phase != phase || ev.Key != cur.key {
-				mu.Unlock()
-				return
-			}
-			*g = nil // once a trial
-			mu.Unlock()
-			close(cur.reached)
-			<-cur.release
-		}
-	}
-	holdZombie, holdOwner := hold(&zombieGate, phaseReserve), hold(&ownerGate, phaseCapture)
+	zombieGate, ownerGate := &phaseGate{phase: phaseReserve}, &phaseGate{phase: phaseCapture}
 	zombie := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { holdZombie(ev) },
+		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) { zombieGate.hold(ev) },
 	}})
 	owner := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
-		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context { holdOwner(ev); return ctx },
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context { ownerGate.hold(ev); return ctx },
 	}})
-	await := func(ch <-chan struct{}, what string) {
-		t.Helper()
-		select {
-		case <-ch:
-		case <-time.After(time.Minute):
-			t.Fatalf("not within a minute: %s", what)
-		}
-	}
 	var keys [][2]string
 	paused, fenced := 0, 0
 	for trial := range scale(2, 20, 200) {
 		key := fmt.Sprintf("zombie-inproc|%d", trial)
 		req := request("acct", key, twoCallFlow, int64(500+trial))
 		keys = append(keys, [2]string{"acct", key})
-		zg := &gate{key: key, reached: make(chan struct{}), release: make(chan struct{})}
-		og := &gate{key: key, reached: make(chan struct{}), release: make(chan struct{})}
-		mu.Lock()
-		zombieGate, ownerGate = zg, og
-		mu.Unlock()
+		zg, og := zombieGate.arm(key), ownerGate.arm(key)
 		zdone := make(chan error, 1)
 		go func() { _, err := env.do(ctx, zombie, req); zdone <- err }()
-		await(zg.reached, key+": the zombie reached reserve's commit")
+		awaitWithin(t, zg.reached, key+": the zombie reached reserve's commit")
 		paused++
 		env.expireLease(t, "acct", key)
 		odone := make(chan error, 1)
 		go func() { _, err := env.do(ctx, owner, req); odone <- err }()
-		await(og.reached, key+": the new owner committed reserve and reached capture")
+		awaitWithin(t, og.reached, key+": the new owner committed reserve and reached capture")
 		close(zg.release)
 		var zerr error
 		select {
@@ -310,4 +277,50 @@ func TestZombieInProcess(t *testing.T) {
 	require.Equal(t, paused, fenced, "every zombie was fenced off")
 	t.Logf("zombie in process: trials=%d paused=%d fenced=%d duplicates=%d unfinished=%d %s",
 		len(keys), paused, fenced, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished, r.History)
+}
+
+// phaseGate holds, once a trial, an attempt of the key it was armed for at phase's
+// hook, until the test releases it.
+type phaseGate struct {
+	phase string
+	mu    sync.Mutex
+	cur   *phaseGateTrial
+}
+
+// phaseGateTrial is one arming of a phaseGate: reached is closed when the attempt is
+// held, release lets it go.
+type phaseGateTrial struct {
+	key              string
+	reached, release chan struct{}
+}
+
+func (g *phaseGate) arm(key string) *phaseGateTrial {
+	cur := &phaseGateTrial{key: key, reached: make(chan struct{}), release: make(chan struct{})}
+	g.mu.Lock()
+	g.cur = cur
+	g.mu.Unlock()
+	return cur
+}
+
+func (g *phaseGate) hold(ev workflow.PhaseEvent) {
+	g.mu.Lock()
+	cur := g.cur
+	if cur == nil || ev.Phase != g.phase || ev.Key != cur.key {
+		g.mu.Unlock()
+		return
+	}
+	g.cur = nil // once a trial
+	g.mu.Unlock()
+	close(cur.reached)
+	<-cur.release
+}
+
+// awaitWithin fails t unless ch is closed within a minute.
+func awaitWithin(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(time.Minute):
+		t.Fatalf("not within a minute: %s", what)
+	}
 }

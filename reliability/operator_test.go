@@ -47,8 +47,7 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 		sweepers = append(sweepers, s)
 	}
 
-	var mu sync.Mutex
-	redrove := map[[2]string]bool{}
+	op := &operator{t: t, env: env, en: en, cli: cli, redrove: map[[2]string]bool{}}
 	flows := []string{chargeflow.FlowName, twoCallFlow, ledgerFlow}
 	// A dead-lettered key's 500 sends its client away until the operator re-drives
 	// it: it asks again, patiently, like any answer that is not final.
@@ -61,112 +60,142 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 		return !a.Retryable && !a.Dead
 	})
 
-	randomKey := func(status string) (string, bool) {
-		var key string
-		err := env.db.Pool.QueryRow(ctx, `SELECT idempotency_key FROM idemflow_keys WHERE status = $1 ORDER BY random() LIMIT 1`, status).Scan(&key)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return "", false
-		}
-		require.NoError(t, err)
-		return key, true
-	}
-	runCLI := func(verb, key string) error {
-		return exec.Command(cli, "-database-url", env.db.URL, "keys", verb, "acct", key).Run()
-	}
-	var moves, moved, releasedAPI, releasedCLI, redrivenAPI, redrivenCLI, failures int
-	redrive := func(key string, viaCLI bool) {
-		var err error
-		if viaCLI {
-			err = runCLI("redrive", key)
-		} else {
-			err = en.Redrive(ctx, "acct", key)
-		}
-		if err == nil {
-			mu.Lock()
-			redrove[[2]string{"acct", key}] = true
-			mu.Unlock()
-			if viaCLI {
-				redrivenCLI++
-			} else {
-				redrivenAPI++
-			}
-		}
-	}
 	deadline := time.Now().Add(time.Duration(scale(3, 20, 180)) * time.Second)
 	more := chaosRounds(deadline, func() bool {
-		return moved > 0 && releasedAPI > 0 && releasedCLI > 0 && redrivenAPI+redrivenCLI > 0
+		return op.moved > 0 && op.releasedAPI > 0 && op.releasedCLI > 0 && op.redrivenAPI+op.redrivenCLI > 0
 	})
 	for i := 0; more(); i++ {
 		pause(nil, 10*time.Millisecond, 60*time.Millisecond)
-		switch i % 5 {
-		case 0: // the database clock moves past every lease, while attempts run
-			moves++
-			moved += int(env.expireAll(t))
-		case 1, 3: // release a key in progress
-			if i%10 == 3 {
-				// The CLI is a process of its own and takes a tenth of a second to
-				// start, longer than a key is in progress on a quiet machine: hold the
-				// provider's calls while it runs, so that the keys in progress are
-				// held by live attempts inside a call (whose next commit the release
-				// must fence), then let them go.
-				if releaseDuringCalls(env, func() bool {
-					key, ok := randomKey("in_progress")
-					return ok && runCLI("release", key) == nil
-				}) {
-					releasedCLI++
-				}
-				continue
-			}
-			key, ok := randomKey("in_progress")
-			if !ok {
-				continue
-			}
-			if en.ReleaseKey(ctx, "acct", key) == nil {
-				releasedAPI++
-			}
-		case 2: // provider failures, some of which dead-letter keys
-			env.provider.FailNext(2)
-			failures += 2
-		case 4: // re-drive a dead-lettered key
-			if key, ok := randomKey("dead"); ok {
-				redrive(key, i%10 == 9)
-			}
-		}
+		op.act(i)
 	}
 	// The end: no more failures; re-drive what is dead until the clients have their
 	// answers.
 	env.provider.FailNext(0)
+	keys, clientErrs := op.redriveUntil(clients.finish)
+	for _, s := range sweepers {
+		require.NoError(t, s.Stop(ctx))
+	}
+	r := env.check(t, checkOpts{keys: keys, redrove: op.redrove})
+	require.Empty(t, clientErrs)
+	require.Positive(t, op.moves)
+	require.Positive(t, op.moved, "a clock move found a lease to move")
+	require.Positive(t, op.releasedAPI, "the admin API released a key")
+	require.Positive(t, op.releasedCLI, "the CLI released a key")
+	require.Positive(t, op.redrivenAPI+op.redrivenCLI, "a dead-lettered key was re-driven")
+	t.Logf("operators: clock_moves=%d leases_moved=%d released_api=%d released_cli=%d redriven_api=%d redriven_cli=%d provider_failures_armed=%d keys=%d duplicates=%d unfinished=%d %s",
+		op.moves, op.moved, op.releasedAPI, op.releasedCLI, op.redrivenAPI, op.redrivenCLI, op.failures, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished, r.History)
+}
+
+// operator is TestOperatorsRaceSweepers' operator: it moves the database clock,
+// releases keys in progress and re-drives dead-lettered ones, through the engine's
+// admin API and through the idemflow CLI, and counts what it did.
+type operator struct {
+	t   *testing.T
+	env *env
+	en  *workflow.Engine
+	cli string
+
+	mu      sync.Mutex
+	redrove map[[2]string]bool
+
+	moves, moved, releasedAPI, releasedCLI, redrivenAPI, redrivenCLI, failures int
+}
+
+// act is the operator's i-th action.
+func (op *operator) act(i int) {
+	ctx, env := context.Background(), op.env
+	switch i % 5 {
+	case 0: // the database clock moves past every lease, while attempts run
+		op.moves++
+		op.moved += int(env.expireAll(op.t))
+	case 1, 3: // release a key in progress
+		if i%10 == 3 {
+			// The CLI is a process of its own and takes a tenth of a second to
+			// start, longer than a key is in progress on a quiet machine: hold the
+			// provider's calls while it runs, so that the keys in progress are
+			// held by live attempts inside a call (whose next commit the release
+			// must fence), then let them go.
+			if releaseDuringCalls(env, func() bool {
+				key, ok := op.randomKey("in_progress")
+				return ok && op.runCLI("release", key) == nil
+			}) {
+				op.releasedCLI++
+			}
+			return
+		}
+		key, ok := op.randomKey("in_progress")
+		if !ok {
+			return
+		}
+		if op.en.ReleaseKey(ctx, "acct", key) == nil {
+			op.releasedAPI++
+		}
+	case 2: // provider failures, some of which dead-letter keys
+		env.provider.FailNext(2)
+		op.failures += 2
+	case 4: // re-drive a dead-lettered key
+		if key, ok := op.randomKey("dead"); ok {
+			op.redrive(key, i%10 == 9)
+		}
+	}
+}
+
+// redriveUntil runs finish (the clients') and re-drives every dead key until it
+// returns.
+func (op *operator) redriveUntil(finish func() ([][2]string, []error)) ([][2]string, []error) {
 	done := make(chan struct{})
 	var keys [][2]string
-	var clientErrs []error
-	go func() { keys, clientErrs = clients.finish(); close(done) }()
+	var errs []error
+	go func() { keys, errs = finish(); close(done) }()
 	for finished := false; !finished; {
 		select {
 		case <-done:
 			finished = true
 		default:
 			for {
-				key, ok := randomKey("dead")
+				key, ok := op.randomKey("dead")
 				if !ok {
 					break
 				}
-				redrive(key, false)
+				op.redrive(key, false)
 			}
 			pause(nil, 20*time.Millisecond, 0)
 		}
 	}
-	for _, s := range sweepers {
-		require.NoError(t, s.Stop(ctx))
+	return keys, errs
+}
+
+func (op *operator) randomKey(status string) (string, bool) {
+	var key string
+	err := op.env.db.Pool.QueryRow(context.Background(), `SELECT idempotency_key FROM idemflow_keys WHERE status = $1 ORDER BY random() LIMIT 1`, status).Scan(&key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false
 	}
-	r := env.check(t, checkOpts{keys: keys, redrove: redrove})
-	require.Empty(t, clientErrs)
-	require.Positive(t, moves)
-	require.Positive(t, moved, "a clock move found a lease to move")
-	require.Positive(t, releasedAPI, "the admin API released a key")
-	require.Positive(t, releasedCLI, "the CLI released a key")
-	require.Positive(t, redrivenAPI+redrivenCLI, "a dead-lettered key was re-driven")
-	t.Logf("operators: clock_moves=%d leases_moved=%d released_api=%d released_cli=%d redriven_api=%d redriven_cli=%d provider_failures_armed=%d keys=%d duplicates=%d unfinished=%d %s",
-		moves, moved, releasedAPI, releasedCLI, redrivenAPI, redrivenCLI, failures, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished, r.History)
+	require.NoError(op.t, err)
+	return key, true
+}
+
+func (op *operator) runCLI(verb, key string) error {
+	return exec.Command(op.cli, "-database-url", op.env.db.URL, "keys", verb, "acct", key).Run()
+}
+
+func (op *operator) redrive(key string, viaCLI bool) {
+	var err error
+	if viaCLI {
+		err = op.runCLI("redrive", key)
+	} else {
+		err = op.en.Redrive(context.Background(), "acct", key)
+	}
+	if err == nil {
+		op.mu.Lock()
+		op.redrove[[2]string{"acct", key}] = true
+		op.mu.Unlock()
+		if viaCLI {
+			op.redrivenCLI++
+		} else {
+			op.redrivenAPI++
+		}
+	}
 }
 
 // releaseDuringCalls runs release while every provider call waits, once at least one

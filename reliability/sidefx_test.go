@@ -308,54 +308,82 @@ func (s sideReport) String() string {
 // checkSide runs the side-effect check against the key rows the checker read.
 func (e *env) checkSide(ctx context.Context, t testing.TB, r *report, keys map[[2]string]*keyRow, o sideOpts) {
 	t.Helper()
-	type rec struct {
-		seq                      int64
-		scope, key, rowID, phase string
-		txid                     int64
-		owner, lockSeen          bool
+	seen := e.readSide(ctx, t)
+	var s sideReport
+	s.HTTPPosts = len(seen.posts)
+	if seen.seqCalled {
+		s.SeqDrawn = int(seen.seqLast)
 	}
+	s.SeqUnrecorded = s.SeqDrawn - len(seen.recs)
+	committed := checkSideRecords(r, &s, seen, keys, o)
+	if o.noRollbacks && s.SeqUnrecorded != 0 {
+		r.violate("%d sequence values were drawn without a side record, with no fault injected", s.SeqUnrecorded)
+	}
+	checkSidePerKey(r, keys, committed)
+	r.Side = &s
+	t.Logf("side effects: %s", s)
+}
+
+// sideRec is one row of rel_side: a side effect a tx phase's transaction made in the
+// second database.
+type sideRec struct {
+	seq                      int64
+	scope, key, rowID, phase string
+	txid                     int64
+	owner, lockSeen          bool
+}
+
+// sideSeen is what the side-effect check reads: the second database's records, the
+// status of each record's transaction, its sequence, and the HTTP side channel.
+type sideSeen struct {
+	recs      []sideRec
+	status    map[int64]string // txid -> pg_xact_status
+	seqLast   int64
+	seqCalled bool
+	posts     map[int64]sidePost
+}
+
+func (e *env) readSide(ctx context.Context, t testing.TB) sideSeen {
+	t.Helper()
+	var seen sideSeen
 	rows, err := e.side.pool.Query(ctx, `SELECT seq, scope, idem_key, row_id, phase, txid, owner, lock_seen FROM rel_side ORDER BY seq`)
 	require.NoError(t, err)
-	var recs []rec
 	for rows.Next() {
-		var x rec
+		var x sideRec
 		require.NoError(t, rows.Scan(&x.seq, &x.scope, &x.key, &x.rowID, &x.phase, &x.txid, &x.owner, &x.lockSeen))
-		recs = append(recs, x)
+		seen.recs = append(seen.recs, x)
 	}
 	require.NoError(t, rows.Err())
-	txids := make([]int64, len(recs))
-	for i, x := range recs {
+	txids := make([]int64, len(seen.recs))
+	for i, x := range seen.recs {
 		txids[i] = x.txid
 	}
-	status := map[int64]string{}
+	seen.status = map[int64]string{}
 	srows, err := e.db.Pool.Query(ctx, `SELECT x, coalesce(pg_xact_status(x::text::xid8), 'unknown') FROM unnest($1::bigint[]) x`, txids)
 	require.NoError(t, err)
 	for srows.Next() {
 		var x int64
 		var st string
 		require.NoError(t, srows.Scan(&x, &st))
-		status[x] = st
+		seen.status[x] = st
 	}
 	require.NoError(t, srows.Err())
-	var last int64
-	var called bool
-	require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT last_value, is_called FROM rel_side_seq`).Scan(&last, &called))
+	require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT last_value, is_called FROM rel_side_seq`).Scan(&seen.seqLast, &seen.seqCalled))
 	e.side.mu.Lock()
-	posts := make(map[int64]sidePost, len(e.side.posts))
+	seen.posts = make(map[int64]sidePost, len(e.side.posts))
 	for k, v := range e.side.posts {
-		posts[k] = v
+		seen.posts[k] = v
 	}
 	e.side.mu.Unlock()
+	return seen
+}
 
-	var s sideReport
-	s.HTTPPosts = len(posts)
-	if called {
-		s.SeqDrawn = int(last)
-	}
-	s.SeqUnrecorded = s.SeqDrawn - len(recs)
+// checkSideRecords checks each side record against its transaction's fate and the
+// HTTP side channel, and returns the committed records per (scope, key, phase).
+func checkSideRecords(r *report, s *sideReport, seen sideSeen, keys map[[2]string]*keyRow, o sideOpts) map[[3]string]int {
 	known := map[int64]bool{}
 	committed := map[[3]string]int{} // (scope, key, phase) -> committed records
-	for _, x := range recs {
+	for _, x := range seen.recs {
 		s.Records++
 		known[x.txid] = true
 		if !x.owner {
@@ -368,7 +396,7 @@ func (e *env) checkSide(ctx context.Context, t testing.TB, r *report, keys map[[
 			// seen it (a transaction holds its locks until it commits).
 			s.LockUnseen++
 		}
-		switch st := status[x.txid]; st {
+		switch st := seen.status[x.txid]; st {
 		case "committed":
 			s.Committed++
 			if !x.lockSeen {
@@ -378,7 +406,7 @@ func (e *env) checkSide(ctx context.Context, t testing.TB, r *report, keys map[[
 			if k := keys[[2]string{x.scope, x.key}]; k == nil || k.id != x.rowID {
 				r.violate("committed side effect of %s/%s phase %s under row %s, which is not the key's row", x.scope, x.key, x.phase, x.rowID)
 			}
-			if _, ok := posts[x.txid]; !ok {
+			if _, ok := seen.posts[x.txid]; !ok {
 				s.HTTPMissing++
 				r.violate("committed side effect of %s/%s phase %s (tx %d) never reached the HTTP side channel", x.scope, x.key, x.phase, x.txid)
 			}
@@ -391,15 +419,17 @@ func (e *env) checkSide(ctx context.Context, t testing.TB, r *report, keys map[[
 			r.violate("side effect of %s/%s phase %s: transaction %d is %s after the experiment", x.scope, x.key, x.phase, x.txid, st)
 		}
 	}
-	for txid, p := range posts {
+	for txid, p := range seen.posts {
 		if !known[txid] {
 			r.violate("HTTP side channel got %s/%s phase %s from transaction %d, which the second database never recorded", p.Scope, p.Key, p.Phase, txid)
 		}
 	}
-	if o.noRollbacks && s.SeqUnrecorded != 0 {
-		r.violate("%d sequence values were drawn without a side record, with no fault injected", s.SeqUnrecorded)
-	}
-	// Exactly one committed record per tx phase the row went past, none for others.
+	return committed
+}
+
+// checkSidePerKey: exactly one committed record per tx phase the row went past, none
+// for others, and none for a key with no ledger row.
+func checkSidePerKey(r *report, keys map[[2]string]*keyRow, committed map[[3]string]int) {
 	var ks [][2]string
 	for sk, k := range keys {
 		if k.flow == ledgerFlow {
@@ -428,8 +458,6 @@ func (e *env) checkSide(ctx context.Context, t testing.TB, r *report, keys map[[
 	for k, n := range committed {
 		r.violate("committed side effects of %s/%s phase %s (%d) for a key with no ledger row", k[0], k[1], k[2], n)
 	}
-	r.Side = &s
-	t.Logf("side effects: %s", s)
 }
 
 // TestSideEffects races concurrent duplicates of new keys of the ledger flow (each

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -62,31 +63,8 @@ func TestZombies(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			env := newEnv(t, pgtest.New(t))
-			if c.pipelined {
-				env.withPipelined(t)
-			}
-			var mu sync.Mutex
-			takenOver := map[string]chan struct{}{}
-			signal := func(key string) {
-				mu.Lock()
-				defer mu.Unlock()
-				if ch := takenOver[key]; ch != nil {
-					close(ch)
-					delete(takenOver, key)
-				}
-			}
-			en := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
-				Key: func(ctx context.Context, ev workflow.KeyEvent) {
-					if ev.Kind == workflow.KeyTakenOver || ev.Kind == workflow.KeySwept {
-						signal(ev.Key)
-					}
-				},
-			}})
-			sw := env.sweeper(en, nil)
+			z := newZombieRig(t, c.pipelined)
 			var keys [][2]string
-			fired, fenced := 0, 0
 			amount := int64(200)
 			for _, zc := range zombieCases {
 				if zc.flow != flow {
@@ -98,103 +76,171 @@ func TestZombies(t *testing.T) {
 						amount++ // keep to paid charges: the zombie must reach every point
 					}
 					key := fmt.Sprintf("zombie|%s|%s|%v|%d", zc.mode, zc.point, zc.cutIdle, trial)
-					req := request("acct", key, flow, amount)
 					keys = append(keys, [2]string{"acct", key})
-					cfg := childConfig{Mode: "do", Point: zc.point, Action: "stop", Requests: []workflow.Request{req}}
-					if zc.mode == "sweep" {
-						env.provider.FailNext(1) // released at its first durable recovery point
-						_, err := env.do(ctx, en, req)
-						require.ErrorIs(t, err, workflow.ErrTransient, key)
-						env.expireLease(t, "acct", key)
-						cfg = childConfig{Mode: "sweep", Point: zc.point, Action: "stop"}
-					}
-					zombie := env.startChild(t, cfg)
-					zombie.paused(t)
-					if zc.cutIdle {
-						require.Positive(t, env.endIdleTransactions(t, env.childApp()), "%s: the paused zombie has a transaction open", key)
-					}
-					fired++
-					zst := env.state(t, "acct", key)
-					madeBefore := env.provider.Made()
-
-					// The zombie's lease runs out by the database clock; another executor
-					// takes the key over.
-					ch := make(chan struct{})
-					mu.Lock()
-					takenOver[key] = ch
-					mu.Unlock()
-					env.expireLease(t, "acct", key)
-					type result struct {
-						a   answer
-						err error
-					}
-					done := make(chan result, 1)
-					go func() {
-						rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-						defer cancel()
-						if zc.mode == "sweep" && zst.Exists {
-							for rctx.Err() == nil {
-								st, err := sw.RunOnce(rctx)
-								if err != nil || st.Finished > 0 {
-									done <- result{err: err}
-									return
-								}
-								env.expireLease(t, "acct", key)
-							}
-							done <- result{err: rctx.Err()}
-							return
-						}
-						a, err := env.retryUntilFinal(rctx, en, req, 10*time.Second)
-						done <- result{a, err}
-					}()
-					var res result
-					zombieWaits := !c.pipelined && !zc.cutIdle && (zc.point == "finalize/before-commit" || zc.point == "settle/before-commit" || zc.point == "reserve/before-commit")
-					if zombieWaits {
-						// The new owner took the key over and waits on the zombie's locks:
-						// let the zombie go on now. Its commit must be fenced off.
-						select {
-						case <-ch:
-						case res = <-done:
-							t.Fatalf("%s: finished while the zombie held its locks: %+v\n%s", key, res, auditTrail(t, env, key))
-						}
-						lines := zombie.resume(t)
-						env.recordChildAnswers("acct", lines)
-						res = <-done
-						require.NoError(t, res.err, key)
-						requireZombieLost(t, key, lines)
-						fenced++
-					} else {
-						res = <-done
-						if res.err != nil {
-							stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.Pid()))
-							t.Fatalf("%s: %v\nzombie: %s\n%s\n%s", key, res.err, stat, auditTrail(t, env, key), sessions(t, env))
-						}
-						if zc.mode == "do" || !zst.Exists {
-							require.Contains(t, []int{201, 402}, res.a.Status, "%s: %+v\n%s", key, res.a, auditTrail(t, env, key))
-						}
-						before := env.rowSnapshot(t, "acct", key)
-						audit := auditCount(t, env)
-						made := env.provider.Made()
-						lines := zombie.resume(t)
-						env.recordChildAnswers("acct", lines)
-						requireZombieLost(t, key, lines)
-						require.Equal(t, before, env.rowSnapshot(t, "acct", key), "%s: the zombie changed the key row", key)
-						require.Equal(t, audit, auditCount(t, env), "%s: the zombie wrote to the key table", key)
-						require.Equal(t, made, env.provider.Made(), "%s: the zombie made a payment", key)
-						fenced++
-					}
-					require.LessOrEqual(t, env.provider.Made()-madeBefore, len(flowCalls[flow]), key)
-					replay, err := env.do(ctx, en, req)
-					require.NoError(t, err, key)
-					require.True(t, replay.Replayed, key)
+					z.trial(t, zc, request("acct", key, flow, amount))
 				}
 			}
-			r := env.check(t, checkOpts{keys: keys})
-			require.Equal(t, len(keys), fired)
+			r := z.env.check(t, checkOpts{keys: keys})
+			require.Equal(t, len(keys), z.fired)
 			t.Logf("zombies %s: trials=%d paused=%d fenced_off=%d keys=%d duplicates=%d unfinished=%d",
-				name, len(keys), fired, fenced, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
+				name, len(keys), z.fired, z.fenced, r.Keys, r.DuplicateEffects+r.DuplicatePayments, r.Unfinished)
 		})
 	}
+}
+
+// zombieRig is one TestZombies subtest's engine and sweeper, with the signal its key
+// hook sends when another executor takes a key over (or sweeps it), and the counts
+// of zombies paused and fenced off.
+type zombieRig struct {
+	env           *env
+	en            *workflow.Engine
+	sw            *sweeper.Sweeper
+	pipelined     bool
+	mu            sync.Mutex
+	takenOver     map[string]chan struct{}
+	fired, fenced int
+}
+
+func newZombieRig(t *testing.T, pipelined bool) *zombieRig {
+	t.Helper()
+	z := &zombieRig{env: newEnv(t, pgtest.New(t)), pipelined: pipelined, takenOver: map[string]chan struct{}{}}
+	if pipelined {
+		z.env.withPipelined(t)
+	}
+	z.en = z.env.engine(z.env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
+		Key: func(ctx context.Context, ev workflow.KeyEvent) {
+			if ev.Kind == workflow.KeyTakenOver || ev.Kind == workflow.KeySwept {
+				z.signal(ev.Key)
+			}
+		},
+	}})
+	z.sw = z.env.sweeper(z.en, nil)
+	return z
+}
+
+// watch returns the channel closed when key is taken over.
+func (z *zombieRig) watch(key string) chan struct{} {
+	ch := make(chan struct{})
+	z.mu.Lock()
+	z.takenOver[key] = ch
+	z.mu.Unlock()
+	return ch
+}
+
+func (z *zombieRig) signal(key string) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if ch := z.takenOver[key]; ch != nil {
+		close(ch)
+		delete(z.takenOver, key)
+	}
+}
+
+// zombieResult is what the new owner of a key got.
+type zombieResult struct {
+	a   answer
+	err error
+}
+
+// trial pauses a zombie at zc's point on req's key, has another executor take the
+// key over, resumes the zombie and checks that it changed nothing.
+func (z *zombieRig) trial(t *testing.T, zc zombieCase, req workflow.Request) {
+	t.Helper()
+	ctx, env, key := context.Background(), z.env, req.Key
+	cfg := childConfig{Mode: "do", Point: zc.point, Action: "stop", Requests: []workflow.Request{req}}
+	if zc.mode == "sweep" {
+		env.provider.FailNext(1) // released at its first durable recovery point
+		_, err := env.do(ctx, z.en, req)
+		require.ErrorIs(t, err, workflow.ErrTransient, key)
+		env.expireLease(t, "acct", key)
+		cfg = childConfig{Mode: "sweep", Point: zc.point, Action: "stop"}
+	}
+	zombie := env.startChild(t, cfg)
+	zombie.paused(t)
+	if zc.cutIdle {
+		require.Positive(t, env.endIdleTransactions(t, env.childApp()), "%s: the paused zombie has a transaction open", key)
+	}
+	z.fired++
+	zst := env.state(t, "acct", key)
+	madeBefore := env.provider.Made()
+
+	// The zombie's lease runs out by the database clock; another executor
+	// takes the key over.
+	ch := z.watch(key)
+	env.expireLease(t, "acct", key)
+	done := make(chan zombieResult, 1)
+	go func() { done <- z.takeOver(ctx, t, zc.mode == "sweep" && zst.Exists, req) }()
+	zombieWaits := !z.pipelined && !zc.cutIdle && (zc.point == "finalize/before-commit" || zc.point == "settle/before-commit" || zc.point == "reserve/before-commit")
+	if zombieWaits {
+		z.resumeWhileOwnerWaits(t, key, zombie, ch, done)
+	} else {
+		z.resumeAfterOwner(t, key, zombie, zc.mode == "do" || !zst.Exists, done)
+	}
+	z.fenced++
+	require.LessOrEqual(t, env.provider.Made()-madeBefore, len(flowCalls[req.Flow]), key)
+	replay, err := env.do(ctx, z.en, req)
+	require.NoError(t, err, key)
+	require.True(t, replay.Replayed, key)
+}
+
+// takeOver is the new owner: the sweeper (sweep, until it finishes a key) or a
+// client retrying req until it gets a final answer.
+func (z *zombieRig) takeOver(ctx context.Context, t *testing.T, sweep bool, req workflow.Request) zombieResult {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if sweep {
+		for rctx.Err() == nil {
+			st, err := z.sw.RunOnce(rctx)
+			if err != nil || st.Finished > 0 {
+				return zombieResult{err: err}
+			}
+			z.env.expireLease(t, "acct", req.Key)
+		}
+		return zombieResult{err: rctx.Err()}
+	}
+	a, err := z.env.retryUntilFinal(rctx, z.en, req, 10*time.Second)
+	return zombieResult{a, err}
+}
+
+// resumeWhileOwnerWaits: the new owner took the key over and waits on the zombie's
+// locks: let the zombie go on now. Its commit must be fenced off.
+func (z *zombieRig) resumeWhileOwnerWaits(t *testing.T, key string, zombie *child, ch chan struct{}, done chan zombieResult) {
+	t.Helper()
+	select {
+	case <-ch:
+	case res := <-done:
+		t.Fatalf("%s: finished while the zombie held its locks: %+v\n%s", key, res, auditTrail(t, z.env, key))
+	}
+	lines := zombie.resume(t)
+	z.env.recordChildAnswers("acct", lines)
+	res := <-done
+	require.NoError(t, res.err, key)
+	requireZombieLost(t, key, lines)
+}
+
+// resumeAfterOwner: the new owner finished (with a final answer, when wantAnswer);
+// the zombie, resumed, changes neither the key row, nor the key table, nor the
+// provider's payments.
+func (z *zombieRig) resumeAfterOwner(t *testing.T, key string, zombie *child, wantAnswer bool, done chan zombieResult) {
+	t.Helper()
+	env := z.env
+	res := <-done
+	if res.err != nil {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.Pid()))
+		t.Fatalf("%s: %v\nzombie: %s\n%s\n%s", key, res.err, stat, auditTrail(t, env, key), sessions(t, env))
+	}
+	if wantAnswer {
+		require.Contains(t, []int{201, 402}, res.a.Status, "%s: %+v\n%s", key, res.a, auditTrail(t, env, key))
+	}
+	before := env.rowSnapshot(t, "acct", key)
+	audit := auditCount(t, env)
+	made := env.provider.Made()
+	lines := zombie.resume(t)
+	env.recordChildAnswers("acct", lines)
+	requireZombieLost(t, key, lines)
+	require.Equal(t, before, env.rowSnapshot(t, "acct", key), "%s: the zombie changed the key row", key)
+	require.Equal(t, audit, auditCount(t, env), "%s: the zombie wrote to the key table", key)
+	require.Equal(t, made, env.provider.Made(), "%s: the zombie made a payment", key)
 }
 
 // requireZombieLost checks what a resumed zombie reported: a retryable answer (the

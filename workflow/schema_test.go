@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/migrations"
@@ -24,12 +25,7 @@ func TestSchemas(t *testing.T) {
 	ctx := context.Background()
 	db, p := testflow.Start(t) // the flow's tables, a key table, and the search_path
 	schemaA, schemaB := db.Schema+` "a"`, db.Schema+`'b`
-	t.Cleanup(func() {
-		for _, s := range []string{schemaA, schemaB} {
-			_, err := db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
-			require.NoError(t, err)
-		}
-	})
+	dropSchemasAtCleanup(t, db.Pool, schemaA, schemaB)
 	engine := func(schema string, before func(context.Context, phases.DBTX, *phases.Run) error) *workflow.Engine {
 		m, err := migrations.NewMigrator(&migrations.Config{Schema: schema})
 		require.NoError(t, err)
@@ -46,11 +42,6 @@ func TestSchemas(t *testing.T) {
 		return nil
 	})
 	b := engine(schemaB, nil)
-	count := func(schema string) int {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idemflow_keys"}.Sanitize()).Scan(&n))
-		return n
-	}
 
 	t.Run("KeysAreApart", func(t *testing.T) {
 		_, err := a.Do(ctx, chargeReq("acct", "k", `{"amount":1}`))
@@ -61,8 +52,8 @@ func TestSchemas(t *testing.T) {
 		res, err = a.Do(ctx, chargeReq("acct", "k", `{"amount":1}`))
 		require.NoError(t, err)
 		require.True(t, res.Replayed)
-		require.Equal(t, 1, count(schemaA))
-		require.Equal(t, 1, count(schemaB))
+		require.Equal(t, 1, keysIn(t, db.Pool, schemaA))
+		require.Equal(t, 1, keysIn(t, db.Pool, schemaB))
 	})
 
 	t.Run("ClaimLocksAreApart", func(t *testing.T) {
@@ -105,6 +96,25 @@ func TestSchemas(t *testing.T) {
 	})
 
 	require.Zero(t, testflow.CountKeys(t, db.Pool), "nothing went to the search_path's key table")
+}
+
+// dropSchemasAtCleanup drops the schemas when the test ends.
+func dropSchemasAtCleanup(t *testing.T, pool *pgxpool.Pool, schemas ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, s := range schemas {
+			_, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
+			require.NoError(t, err)
+		}
+	})
+}
+
+// keysIn counts the key rows of schema's key table.
+func keysIn(t *testing.T, pool *pgxpool.Pool, schema string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, "idemflow_keys"}.Sanitize()).Scan(&n))
+	return n
 }
 
 func TestSchemaRefused(t *testing.T) {

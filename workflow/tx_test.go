@@ -25,94 +25,108 @@ func TestTxEndsWithPhase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := tenants.New(t)
-	var kept pgx.Tx
-	var sp pgx.Tx
-	var rows pgx.Rows
-	var br pgx.BatchResults
-	var lo *pgx.LargeObject
-	var oid uint32
-	s.Phase["a"] = func(ctx context.Context, tx phases.DBTX) (*phases.Response, error) {
-		kept = tx.(pgx.Tx)
-		var err error
-		if sp, err = kept.Begin(ctx); err != nil {
-			return nil, err
-		}
-		if err := sp.Commit(ctx); err != nil {
-			return nil, err
-		}
-		sp, err = kept.Begin(ctx) // left open
-		if err != nil {
-			return nil, err
-		}
-		if rows, err = tx.Query(ctx, `SELECT 1`); err != nil {
-			return nil, err
-		}
-		rows.Close() // read in the phase, kept past it
-		b := &pgx.Batch{}
-		b.Queue(`SELECT 1`)
-		br = tx.SendBatch(ctx, b)
-		if err := br.Close(); err != nil {
-			return nil, err
-		}
-		los := kept.LargeObjects() // large objects work in the phase's transaction
-		if oid, err = los.Create(ctx, 0); err != nil {
-			return nil, err
-		}
-		if lo, err = los.Open(ctx, oid, pgx.LargeObjectModeWrite); err != nil {
-			return nil, err
-		}
-		if _, err := lo.Write([]byte("in the phase")); err != nil {
-			return nil, err
-		}
-		return tenants.Created(ctx, tx)
-	}
+	k := &keptOfPhase{}
+	s.Phase["a"] = k.phase
 	res, err := s.Engine.Do(ctx, tenants.Req("a"))
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
 
-	s.WhileBHolds(t, func() {
-		_, err := kept.Exec(ctx, `INSERT INTO notes (name) VALUES ('a-late')`)
-		require.ErrorIs(t, err, phases.ErrTxDone, "Exec after the phase")
-		require.ErrorIs(t, err, pgx.ErrTxClosed, "pgx sees a closed transaction")
-		_, err = kept.Query(ctx, `INSERT INTO notes (name) VALUES ('a-late-query') RETURNING name`)
-		require.ErrorIs(t, err, phases.ErrTxDone, "Query")
-		var name string
-		require.ErrorIs(t, kept.QueryRow(ctx, `INSERT INTO notes (name) VALUES ('a-late-row') RETURNING name`).Scan(&name), phases.ErrTxDone, "QueryRow")
-		b := &pgx.Batch{}
-		b.Queue(`INSERT INTO notes (name) VALUES ('a-late-batch')`)
-		require.ErrorIs(t, kept.SendBatch(ctx, b).Close(), phases.ErrTxDone, "SendBatch")
-		_, err = kept.CopyFrom(ctx, pgx.Identifier{"notes"}, []string{"name"}, pgx.CopyFromRows([][]any{{"a-late-copy"}}))
-		require.ErrorIs(t, err, phases.ErrTxDone, "CopyFrom")
-		_, err = kept.Prepare(ctx, "late", `INSERT INTO notes (name) VALUES ('a-late-prepared')`)
-		require.ErrorIs(t, err, phases.ErrTxDone, "Prepare")
-		_, err = kept.Begin(ctx)
-		require.ErrorIs(t, err, phases.ErrTxDone, "Begin")
-		require.ErrorIs(t, kept.Commit(ctx), phases.ErrTxDone, "Commit")
-		require.ErrorIs(t, kept.Rollback(ctx), phases.ErrTxDone, "Rollback")
-		require.Nil(t, kept.Conn(), "Conn")
-		_, err = sp.Exec(ctx, `INSERT INTO notes (name) VALUES ('a-late-savepoint')`)
-		require.ErrorIs(t, err, phases.ErrTxDone, "a savepoint's Exec")
-		require.ErrorIs(t, sp.Commit(ctx), phases.ErrTxDone, "a savepoint's Commit")
-		require.False(t, rows.Next(), "rows kept past the phase")
-		require.ErrorIs(t, rows.Err(), phases.ErrTxDone, "rows kept past the phase")
-		require.ErrorIs(t, rows.Scan(&name), phases.ErrTxDone, "rows kept past the phase")
-		require.Nil(t, rows.RawValues(), "rows kept past the phase")
-		_, err = br.Exec()
-		require.ErrorIs(t, err, phases.ErrTxDone, "batch results kept past the phase")
-		los := kept.LargeObjects()
-		_, err = los.Create(ctx, 0)
-		require.ErrorIs(t, err, phases.ErrTxDone, "LargeObjects().Create")
-		require.ErrorIs(t, los.Unlink(ctx, oid), phases.ErrTxDone, "LargeObjects().Unlink")
-		_, err = lo.Write([]byte("late"))
-		require.ErrorIs(t, err, phases.ErrTxDone, "a large object opened in the phase")
-		spLos := sp.LargeObjects()
-		_, err = spLos.Create(ctx, 0)
-		require.ErrorIs(t, err, phases.ErrTxDone, "a savepoint's LargeObjects().Create")
-	})
+	s.WhileBHolds(t, func() { k.requireDone(t) })
 	require.Equal(t, []string{"a", "b"}, s.Notes(t), "nothing of a's late calls committed, in b's transaction or elsewhere")
 	var data []byte
-	require.NoError(t, s.DB.Pool.QueryRow(ctx, `SELECT lo_get($1)`, oid).Scan(&data))
+	require.NoError(t, s.DB.Pool.QueryRow(ctx, `SELECT lo_get($1)`, k.oid).Scan(&data))
 	require.Equal(t, "in the phase", string(data), "the large object written in the phase committed with it, and nothing after it")
+}
+
+// keptOfPhase is what TestTxEndsWithPhase's phase of tenant a keeps of its
+// transaction: the pgx.Tx, a savepoint left open, rows, a batch's results, and a
+// large object it wrote.
+type keptOfPhase struct {
+	tx, sp pgx.Tx
+	rows   pgx.Rows
+	br     pgx.BatchResults
+	lo     *pgx.LargeObject
+	oid    uint32
+}
+
+// phase is tenant a's phase: it uses its transaction every way and keeps it.
+func (k *keptOfPhase) phase(ctx context.Context, tx phases.DBTX) (*phases.Response, error) {
+	k.tx = tx.(pgx.Tx)
+	var err error
+	if k.sp, err = k.tx.Begin(ctx); err != nil {
+		return nil, err
+	}
+	if err := k.sp.Commit(ctx); err != nil {
+		return nil, err
+	}
+	k.sp, err = k.tx.Begin(ctx) // left open
+	if err != nil {
+		return nil, err
+	}
+	if k.rows, err = tx.Query(ctx, `SELECT 1`); err != nil {
+		return nil, err
+	}
+	k.rows.Close() // read in the phase, kept past it
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1`)
+	k.br = tx.SendBatch(ctx, b)
+	if err := k.br.Close(); err != nil {
+		return nil, err
+	}
+	los := k.tx.LargeObjects() // large objects work in the phase's transaction
+	if k.oid, err = los.Create(ctx, 0); err != nil {
+		return nil, err
+	}
+	if k.lo, err = los.Open(ctx, k.oid, pgx.LargeObjectModeWrite); err != nil {
+		return nil, err
+	}
+	if _, err := k.lo.Write([]byte("in the phase")); err != nil {
+		return nil, err
+	}
+	return tenants.Created(ctx, tx)
+}
+
+// requireDone: every call on what the phase kept fails with phases.ErrTxDone.
+func (k *keptOfPhase) requireDone(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := k.tx.Exec(ctx, `INSERT INTO notes (name) VALUES ('a-late')`)
+	require.ErrorIs(t, err, phases.ErrTxDone, "Exec after the phase")
+	require.ErrorIs(t, err, pgx.ErrTxClosed, "pgx sees a closed transaction")
+	_, err = k.tx.Query(ctx, `INSERT INTO notes (name) VALUES ('a-late-query') RETURNING name`)
+	require.ErrorIs(t, err, phases.ErrTxDone, "Query")
+	var name string
+	require.ErrorIs(t, k.tx.QueryRow(ctx, `INSERT INTO notes (name) VALUES ('a-late-row') RETURNING name`).Scan(&name), phases.ErrTxDone, "QueryRow")
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO notes (name) VALUES ('a-late-batch')`)
+	require.ErrorIs(t, k.tx.SendBatch(ctx, b).Close(), phases.ErrTxDone, "SendBatch")
+	_, err = k.tx.CopyFrom(ctx, pgx.Identifier{"notes"}, []string{"name"}, pgx.CopyFromRows([][]any{{"a-late-copy"}}))
+	require.ErrorIs(t, err, phases.ErrTxDone, "CopyFrom")
+	_, err = k.tx.Prepare(ctx, "late", `INSERT INTO notes (name) VALUES ('a-late-prepared')`)
+	require.ErrorIs(t, err, phases.ErrTxDone, "Prepare")
+	_, err = k.tx.Begin(ctx)
+	require.ErrorIs(t, err, phases.ErrTxDone, "Begin")
+	require.ErrorIs(t, k.tx.Commit(ctx), phases.ErrTxDone, "Commit")
+	require.ErrorIs(t, k.tx.Rollback(ctx), phases.ErrTxDone, "Rollback")
+	require.Nil(t, k.tx.Conn(), "Conn")
+	_, err = k.sp.Exec(ctx, `INSERT INTO notes (name) VALUES ('a-late-savepoint')`)
+	require.ErrorIs(t, err, phases.ErrTxDone, "a savepoint's Exec")
+	require.ErrorIs(t, k.sp.Commit(ctx), phases.ErrTxDone, "a savepoint's Commit")
+	require.False(t, k.rows.Next(), "rows kept past the phase")
+	require.ErrorIs(t, k.rows.Err(), phases.ErrTxDone, "rows kept past the phase")
+	require.ErrorIs(t, k.rows.Scan(&name), phases.ErrTxDone, "rows kept past the phase")
+	require.Nil(t, k.rows.RawValues(), "rows kept past the phase")
+	_, err = k.br.Exec()
+	require.ErrorIs(t, err, phases.ErrTxDone, "batch results kept past the phase")
+	los := k.tx.LargeObjects()
+	_, err = los.Create(ctx, 0)
+	require.ErrorIs(t, err, phases.ErrTxDone, "LargeObjects().Create")
+	require.ErrorIs(t, los.Unlink(ctx, k.oid), phases.ErrTxDone, "LargeObjects().Unlink")
+	_, err = k.lo.Write([]byte("late"))
+	require.ErrorIs(t, err, phases.ErrTxDone, "a large object opened in the phase")
+	spLos := k.sp.LargeObjects()
+	_, err = spLos.Create(ctx, 0)
+	require.ErrorIs(t, err, phases.ErrTxDone, "a savepoint's LargeObjects().Create")
 }
 
 // TestTxEndsWithPhaseRowsLeftOpen: a phase that returns with rows still open fails (its

@@ -288,57 +288,9 @@ func testCharges(t *testing.T, db backend) {
 	s := newStack(t, db)
 	api := s.server.url
 
-	t.Run("SequentialDuplicate", func(t *testing.T) {
-		first := post(t, api, "acct_a", "seq", body)
-		require.Equal(t, 201, first.status, first.body)
-		require.Empty(t, first.header.Get("Idempotent-Replayed"))
-		var c chargeflow.Charge
-		require.NoError(t, json.Unmarshal([]byte(first.body), &c))
-		require.Equal(t, "succeeded", c.Status)
-		require.NotNil(t, c.ProviderPaymentID)
-		require.Equal(t, "/v1/charges/"+c.ID, first.header.Get("Location"))
+	t.Run("SequentialDuplicate", func(t *testing.T) { testChargesSequentialDuplicate(t, s, api) })
 
-		second := post(t, api, "acct_a", "seq", body)
-		require.Equal(t, 201, second.status)
-		require.Equal(t, first.body, second.body)
-		require.Equal(t, "true", second.header.Get("Idempotent-Replayed"))
-		require.Equal(t, first.header.Get("Location"), second.header.Get("Location"))
-		s.requireCharged(t, "acct_a", "seq")
-
-		got := get(t, api+"/v1/charges/"+c.ID, "acct_a")
-		require.Equal(t, 200, got.status)
-		require.Equal(t, 404, get(t, api+"/v1/charges/"+c.ID, "acct_other").status, "another account's charge")
-		list := get(t, api+"/v1/charges", "acct_a")
-		require.Equal(t, 200, list.status)
-		require.Contains(t, list.body, c.ID)
-	})
-
-	t.Run("ConcurrentDuplicates", func(t *testing.T) {
-		before := s.stats(t).Payments
-		answers := make([]answer, 20)
-		var wg sync.WaitGroup
-		for i := range answers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				answers[i], _ = tryPost(api, "acct_a", "conc", body)
-			}()
-		}
-		wg.Wait()
-		created := 0
-		for _, a := range answers {
-			require.Contains(t, []int{201, 409}, a.status)
-			if a.status == 409 {
-				require.NotEmpty(t, a.header.Get("Retry-After"))
-			}
-			if a.status == 201 {
-				created++
-			}
-		}
-		require.GreaterOrEqual(t, created, 1)
-		require.Equal(t, before+1, s.stats(t).Payments, "one provider payment")
-		s.requireCharged(t, "acct_a", "conc")
-	})
+	t.Run("ConcurrentDuplicates", func(t *testing.T) { testChargesConcurrentDuplicates(t, s, api) })
 
 	t.Run("BodyMismatch", func(t *testing.T) {
 		require.Equal(t, 201, post(t, api, "acct_a", "mm", body).status)
@@ -373,37 +325,7 @@ func testCharges(t *testing.T, db backend) {
 		s.requireCharged(t, "acct_y", "shared-key")
 	})
 
-	t.Run("BadInputs", func(t *testing.T) {
-		payments := s.stats(t).Payments
-		cases := []struct {
-			name, account, key, body string
-			want                     int
-		}{
-			{"NoKey", "acct_b", "", body, 400},
-			{"KeyTooLong", "acct_b", strings.Repeat("k", 256), body, 400},
-			{"NoAccount", "", "k-noauth", body, 401},
-			{"NegativeAmount", "acct_b", "k-neg", `{"amount":-5,"currency":"usd","source":"tok_visa"}`, 400},
-			{"BadCurrency", "acct_b", "k-cur", `{"amount":5,"currency":"USD","source":"tok_visa"}`, 400},
-			{"NoSource", "acct_b", "k-src", `{"amount":5,"currency":"usd","source":""}`, 400},
-			{"NotJSON", "acct_b", "k-json", `amount=5`, 400},
-			{"TooLarge", "acct_b", "k-big", `{"amount":5,"currency":"usd","source":"` + strings.Repeat("x", 1<<20) + `"}`, 413},
-		}
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				a := post(t, api, c.account, c.key, c.body)
-				require.Equal(t, c.want, a.status, a.body)
-				require.Contains(t, a.header.Get("Content-Type"), "application/problem+json")
-				if c.want == 400 && c.key != "" && len(c.key) <= 255 {
-					again := post(t, api, c.account, c.key, c.body)
-					require.Equal(t, a.status, again.status)
-					require.Equal(t, a.body, again.body, "an invalid request's answer is deterministic")
-				}
-			})
-		}
-		require.Equal(t, 0, s.count(t, `SELECT count(*) FROM charges WHERE account_id IN ('acct_b', '')`), "nothing charged")
-		require.Equal(t, 0, s.count(t, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key IN ('k-noauth', 'k-big')`), "no key row for refused requests")
-		require.Equal(t, payments, s.stats(t).Payments)
-	})
+	t.Run("BadInputs", func(t *testing.T) { testChargesBadInputs(t, s, api) })
 
 	t.Run("DeclineReplayed", func(t *testing.T) {
 		declinedBody := `{"amount":700,"currency":"usd","source":"card_declined"}`
@@ -415,6 +337,90 @@ func testCharges(t *testing.T, db backend) {
 		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM charges WHERE idempotency_key = 'decline' AND status = 'failed'`))
 	})
+}
+
+func testChargesSequentialDuplicate(t *testing.T, s *stack, api string) {
+	first := post(t, api, "acct_a", "seq", body)
+	require.Equal(t, 201, first.status, first.body)
+	require.Empty(t, first.header.Get("Idempotent-Replayed"))
+	var c chargeflow.Charge
+	require.NoError(t, json.Unmarshal([]byte(first.body), &c))
+	require.Equal(t, "succeeded", c.Status)
+	require.NotNil(t, c.ProviderPaymentID)
+	require.Equal(t, "/v1/charges/"+c.ID, first.header.Get("Location"))
+
+	second := post(t, api, "acct_a", "seq", body)
+	require.Equal(t, 201, second.status)
+	require.Equal(t, first.body, second.body)
+	require.Equal(t, "true", second.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.header.Get("Location"), second.header.Get("Location"))
+	s.requireCharged(t, "acct_a", "seq")
+
+	got := get(t, api+"/v1/charges/"+c.ID, "acct_a")
+	require.Equal(t, 200, got.status)
+	require.Equal(t, 404, get(t, api+"/v1/charges/"+c.ID, "acct_other").status, "another account's charge")
+	list := get(t, api+"/v1/charges", "acct_a")
+	require.Equal(t, 200, list.status)
+	require.Contains(t, list.body, c.ID)
+}
+
+func testChargesConcurrentDuplicates(t *testing.T, s *stack, api string) {
+	before := s.stats(t).Payments
+	answers := make([]answer, 20)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i], _ = tryPost(api, "acct_a", "conc", body)
+		}()
+	}
+	wg.Wait()
+	created := 0
+	for _, a := range answers {
+		require.Contains(t, []int{201, 409}, a.status)
+		if a.status == 409 {
+			require.NotEmpty(t, a.header.Get("Retry-After"))
+		}
+		if a.status == 201 {
+			created++
+		}
+	}
+	require.GreaterOrEqual(t, created, 1)
+	require.Equal(t, before+1, s.stats(t).Payments, "one provider payment")
+	s.requireCharged(t, "acct_a", "conc")
+}
+
+func testChargesBadInputs(t *testing.T, s *stack, api string) {
+	payments := s.stats(t).Payments
+	cases := []struct {
+		name, account, key, body string
+		want                     int
+	}{
+		{"NoKey", "acct_b", "", body, 400},
+		{"KeyTooLong", "acct_b", strings.Repeat("k", 256), body, 400},
+		{"NoAccount", "", "k-noauth", body, 401},
+		{"NegativeAmount", "acct_b", "k-neg", `{"amount":-5,"currency":"usd","source":"tok_visa"}`, 400},
+		{"BadCurrency", "acct_b", "k-cur", `{"amount":5,"currency":"USD","source":"tok_visa"}`, 400},
+		{"NoSource", "acct_b", "k-src", `{"amount":5,"currency":"usd","source":""}`, 400},
+		{"NotJSON", "acct_b", "k-json", `amount=5`, 400},
+		{"TooLarge", "acct_b", "k-big", `{"amount":5,"currency":"usd","source":"` + strings.Repeat("x", 1<<20) + `"}`, 413},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := post(t, api, c.account, c.key, c.body)
+			require.Equal(t, c.want, a.status, a.body)
+			require.Contains(t, a.header.Get("Content-Type"), "application/problem+json")
+			if c.want == 400 && c.key != "" && len(c.key) <= 255 {
+				again := post(t, api, c.account, c.key, c.body)
+				require.Equal(t, a.status, again.status)
+				require.Equal(t, a.body, again.body, "an invalid request's answer is deterministic")
+			}
+		})
+	}
+	require.Equal(t, 0, s.count(t, `SELECT count(*) FROM charges WHERE account_id IN ('acct_b', '')`), "nothing charged")
+	require.Equal(t, 0, s.count(t, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key IN ('k-noauth', 'k-big')`), "no key row for refused requests")
+	require.Equal(t, payments, s.stats(t).Payments)
 }
 
 func TestProviderOutageThenSuccess(t *testing.T) { testProviderOutageThenSuccess(t, direct) }
