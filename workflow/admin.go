@@ -343,7 +343,7 @@ func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, ch
 	if err != nil {
 		return err
 	}
-	e.emit(ctx, ev)
+	e.acted(ctx, ev)
 	return nil
 }
 

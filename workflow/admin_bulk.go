@@ -177,7 +177,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 		return err
 	}
 	res.Acted++
-	e.emit(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
+	e.acted(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
 	return nil
 }
 
@@ -290,7 +290,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err != nil {
 			return err
 		}
-		e.emit(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
+		e.acted(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
 		return nil
 	}
 	return fmt.Errorf("workflow: cancel key: scope %q key %q kept changing: %w", scope, key, ErrLeaseLost)

@@ -150,21 +150,32 @@ func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecord
 	if unrecorded != nil {
 		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
 	} else if r.recorded {
-		e.emit(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+		e.attemptEvent(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
 	}
 	if e.cfg.Hooks.AttemptEnd != nil {
 		e.cfg.Hooks.AttemptEnd(ctx, ev)
 	}
 }
 
-// emit is the one place a key event goes out: the only caller of Hooks.Key. Its
-// callers are report, for the event that ends an attempt (the outcome its row
-// records); the attempt's milestones, at the moment they happen (KeyClaimed once the
-// claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
-// what an operator or the engine's maintenance did to a key outside an attempt, once
-// that change has committed (operate for one key, CancelKey, the bulk actions,
-// TakeDue, GiveBack and Drain).
-func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
+// Key events go out at two points, the only callers of Hooks.Key
+// (TestOneKeyEventEmitter pins them and their callers, so a new one is seen):
+// attemptEvent for what happens to a key during an attempt, and acted for what is
+// done to it outside any attempt.
+
+// attemptEvent is the key event of an attempt: its outcome, from report, the one place
+// an attempt's result goes out; and its milestones, at the moment they happen, where
+// crash tests stop a process (KeyClaimed once the claim is durable, from
+// exec.committed; KeyTakenOver, from existingRow; KeyWaiting, from keyWaiter.wait).
+func (e *Engine) attemptEvent(ctx context.Context, ev KeyEvent) {
+	if e.cfg.Hooks.Key != nil {
+		e.cfg.Hooks.Key(ctx, ev)
+	}
+}
+
+// acted is the key event of what an operator or the engine's maintenance did to a key
+// outside any attempt, once that change has committed: operate (ReleaseKey, PurgeKey,
+// Redrive), CancelKey, bulkOne (BulkKeys), abandon (Drain), TakeDue and GiveBack.
+func (e *Engine) acted(ctx context.Context, ev KeyEvent) {
 	if e.cfg.Hooks.Key != nil {
 		e.cfg.Hooks.Key(ctx, ev)
 	}

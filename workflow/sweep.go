@@ -130,7 +130,7 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
 			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
-		e.emit(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
+		e.acted(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
 }
@@ -320,7 +320,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	if err != nil {
 		return err
 	}
-	e.emit(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
+	e.acted(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
 	return nil
 }
 
