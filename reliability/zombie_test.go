@@ -79,7 +79,7 @@ func TestZombies(t *testing.T) {
 			}
 			en := env.engine(env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
 				Key: func(ctx context.Context, ev workflow.KeyEvent) {
-					if ev.Kind == workflow.KeyTakenOver || ev.Kind == workflow.KeySwept {
+					if ev.Kind == workflow.OutcomeTakenOver || ev.Kind == workflow.OutcomeSwept {
 						signal(ev.Key)
 					}
 				},

@@ -85,7 +85,7 @@ func TestRunOnceFinishesStuckKeys(t *testing.T) {
 			stats, err = s.RunOnce(ctx)
 			require.NoError(t, err)
 			require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
-			require.Equal(t, 1, ev.count(workflow.KeySwept))
+			require.Equal(t, 1, ev.count(workflow.OutcomeSwept))
 
 			after := state(t, b.db, "k")
 			require.Equal(t, "finished", after.Status)
@@ -483,7 +483,7 @@ func TestStartStop(t *testing.T) {
 		require.NoError(t, <-stopped)
 
 		require.Equal(t, &sweeper.Stats{Taken: 3, Finished: 1, GivenBack: 2}, pass.Load())
-		require.Equal(t, 2, ev.count(workflow.KeyGivenBack))
+		require.Equal(t, 2, ev.count(workflow.OutcomeGivenBack))
 		requireOneEffect(t, b, running, testflow.Pay)
 		for _, k := range keys {
 			if k == running {

@@ -39,11 +39,6 @@ const (
 	KeysFinished KeyStatus = "finished"
 )
 
-// KeyPurged is the key event of PurgeKey deleting a finished key. The other admin
-// events are the outcomes their history entries record: OutcomeOperatorReleased
-// (ReleaseKey), OutcomeOperatorCancelled (CancelKey) and OutcomeRedriven (Redrive).
-const KeyPurged Outcome = "purged"
-
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
@@ -410,7 +405,7 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
 	return e.operate(ctx, scope, key, ErrNotFinished, func() (KeyEvent, error) {
 		err := e.store.Purge(ctx, e.pool, scope, key)
-		return KeyEvent{Kind: KeyPurged, Scope: scope, Key: key}, err
+		return KeyEvent{Kind: OutcomePurged, Scope: scope, Key: key}, err
 	})
 }
 

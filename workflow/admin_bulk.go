@@ -181,10 +181,6 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 	return nil
 }
 
-// OutcomeOperatorCancelled is only in a key's history: an operator cancelled the key
-// with a final answer of their choosing (CancelKey).
-const OutcomeOperatorCancelled Outcome = "operator_cancelled"
-
 // ErrCallMayHaveRun: CancelKey refused a key one of whose call phases may already
 // have reached the remote side (see CallMayHaveRunError). Nothing was changed.
 var ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")

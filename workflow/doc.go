@@ -74,7 +74,7 @@
 // and nothing is sent while it runs; else one poller per key and engine sends the
 // ordinary look-up, paced from the flow's observed answer time and backing off with
 // jitter, for all that key's waiters. A waiter sends at most 8 statements for its
-// whole wait, whatever its bound. Config.MaxWaiters caps the waiters; KeyWaiting
+// whole wait, whatever its bound. Config.MaxWaiters caps the waiters; OutcomeWaiting
 // reports each wait. No LISTEN/NOTIFY and no session state: it works behind a pooler
 // in transaction mode and on Citus.
 //

@@ -520,12 +520,12 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 
 // committed records that the key row's write up to target committed (commit,
 // pipeCommit): the key stands there now and, for the commit that carried a new key's
-// claim, the claim is durable, which is the key's KeyClaimed event.
+// claim, the claim is durable, which is the key's OutcomeClaimed event.
 func (x *exec) committed(ctx context.Context, target string) {
 	x.stored = target
 	if x.claim != nil {
 		x.claim = nil
-		x.e.attemptEvent(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
+		x.e.attemptEvent(ctx, KeyEvent{Kind: OutcomeClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
 	}
 }
 

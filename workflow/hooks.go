@@ -68,17 +68,6 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// Key events that are not the end of an attempt. The end of an attempt is its Outcome
-// (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
-// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); these name
-// what happens to a key on the way. Outside an attempt: KeySwept, KeyGivenBack,
-// KeyPurged, OutcomeRedriven, OutcomeOperatorReleased, OutcomeOperatorCancelled.
-const (
-	KeyClaimed   Outcome = "claimed"    // a new key row was created
-	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
-	KeyWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
-)
-
 // KeyEvent describes something that happened to a key.
 type KeyEvent struct {
 	// Kind is what happened: an Outcome, the one vocabulary of results, events,

@@ -218,7 +218,7 @@ func TestOperatorKeyEvents(t *testing.T) {
 	require.Equal(t, []workflow.KeyEvent{
 		{Kind: workflow.OutcomeOperatorReleased, Scope: "acct", Key: "stuck"},
 		{Kind: workflow.OutcomeRedriven, Flow: testflow.Name, Scope: "acct", Key: "dead", RecoveryPoint: dead},
-		{Kind: workflow.KeyPurged, Scope: "acct", Key: "done"},
+		{Kind: workflow.OutcomePurged, Scope: "acct", Key: "done"},
 		{Kind: workflow.OutcomeOperatorCancelled, Flow: testflow.Name, Scope: "acct", Key: "stuck", RecoveryPoint: stuck},
 	}, got)
 }

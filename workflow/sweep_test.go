@@ -23,7 +23,7 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 	ctx := context.Background()
 	var swept []workflow.KeyEvent
 	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeySwept {
+		if ev.Kind == workflow.OutcomeSwept {
 			swept = append(swept, ev)
 		}
 	}}}})
