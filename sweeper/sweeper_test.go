@@ -290,7 +290,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	require.Equal(t, 0, st.Attempts)
 	require.False(t, st.Leased)
 	require.True(t, st.Due)
-	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrWrongStatus)
 
 	b.provider.FailNext(0)
 	stats, err = s.RunOnce(ctx)
@@ -299,7 +299,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	requireOneEffect(t, b, "k", testflow.Pay)
 	require.Equal(t, 1, b.provider.Made())
 	require.Equal(t, 1, state(t, b.db, "k").Attempts)
-	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrWrongStatus)
 }
 
 // A key whose recovery point names a phase this build's flow does not have (another

@@ -43,14 +43,12 @@ var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
 	ErrUnknownStatus = store.ErrUnknownStatus
-	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered, or
-	// CancelKey found it finished. Nothing was changed.
-	ErrNotInProgress = errors.New("key not in progress")
-	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
-	// changed.
-	ErrNotDeadLettered = errors.New("key not dead-lettered")
-	// ErrNotFinished: PurgeKey found the key unfinished. Nothing was changed.
-	ErrNotFinished = errors.New("key not finished")
+	// ErrWrongStatus: an operator's action found the key in a status it does not apply
+	// to: ReleaseKey a finished or dead-lettered key (see Redrive), CancelKey a finished
+	// one, Redrive one not dead-lettered, PurgeKey one not finished. The message says
+	// which ("... is not in progress", "is not dead-lettered", "is not finished", "is
+	// finished"). Nothing was changed.
+	ErrWrongStatus = errors.New("wrong key status")
 	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
 	ErrInvalidCursor = errors.New("invalid list cursor")
 )
@@ -310,11 +308,11 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 // a key's claim that has not committed yet (no row) cannot be released: its holder's
 // connection holds it until the holder ends.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotInProgress for a finished
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus for a finished
 // or dead-lettered key (nothing changes; see Redrive); ErrNewerFormat for a key a
 // newer build wrote (nothing changes); ErrUnavailable.
 func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotInProgress, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not in progress", func() (KeyEvent, error) {
 		_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
 		return KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key}, err
 	})
@@ -323,8 +321,9 @@ func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 // operate runs an operator's change of one key (ReleaseKey, PurgeKey, Redrive): it
 // checks the key, refuses one a newer build wrote, runs change and, once change has
 // committed, emits the key event it returns. A change that matched no row ends in an
-// error wrapping ErrNotFound when the key is missing, else wrong.
-func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, change func() (KeyEvent, error)) error {
+// error wrapping ErrNotFound when the key is missing, else ErrWrongStatus saying the
+// key is wrong ("not in progress").
+func (e *Engine) operate(ctx context.Context, scope, key string, wrong string, change func() (KeyEvent, error)) error {
 	if err := checkKey(scope, key); err != nil {
 		return err
 	}
@@ -347,11 +346,11 @@ func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, ch
 // sweep (or a Resume, or the client's retry) runs it from there. Its last error is
 // kept until the next failure or the finish replaces it.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus when the key exists in another
 // state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
 // changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotDeadLettered, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not dead-lettered", func() (KeyEvent, error) {
 		row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 		if err != nil {
 			return KeyEvent{}, err
@@ -380,8 +379,8 @@ func (e *Engine) readable(ctx context.Context, scope, key string) error {
 }
 
 // notIn is the error of an admin call that matched no row: ErrNotFound if the key is
-// missing, else wrong.
-func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) error {
+// missing, else ErrWrongStatus saying the key is wrong.
+func (e *Engine) notIn(ctx context.Context, scope, key string, wrong string) error {
 	_, err := e.store.Lookup(ctx, e.pool, scope, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -389,7 +388,7 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 	case err != nil:
 		return err
 	}
-	return fmt.Errorf("%w: scope %q key %q", wrong, scope, key)
+	return fmt.Errorf("%w: scope %q key %q is %s", ErrWrongStatus, scope, key, wrong)
 }
 
 // PurgeKey deletes a finished key before its retention ends.
@@ -399,11 +398,11 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 // derived keys. Purge a key only when its client will never retry it, or when running
 // it again is what is wanted.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotFinished for a key in
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus for a key in
 // progress or dead-lettered (nothing changes); ErrNewerFormat for a key a newer build
 // wrote (nothing changes); ErrUnavailable.
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotFinished, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not finished", func() (KeyEvent, error) {
 		err := e.store.Purge(ctx, e.pool, scope, key)
 		return KeyEvent{Kind: OutcomePurged, Scope: scope, Key: key}, err
 	})

@@ -245,7 +245,7 @@ type CancelOptions struct {
 // always needs Force.
 //
 // Errors: ErrInvalidScope, ErrInvalidKey; ErrInvalidRequest for an answer that cannot
-// be stored (status, header, size); ErrNotFound; ErrNotInProgress for a finished key;
+// be stored (status, header, size); ErrNotFound; ErrWrongStatus for a finished key;
 // ErrCallMayHaveRun; ErrNewerFormat for a key a newer build wrote; ErrLeaseLost when
 // the key kept changing while it was being cancelled (nothing changed: try again);
 // ErrUnavailable. In every error case nothing was changed.
@@ -272,7 +272,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 			return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
 		}
 		if row.Status == store.StatusFinished {
-			return fmt.Errorf("%w: scope %q key %q is finished", ErrNotInProgress, scope, key)
+			return fmt.Errorf("%w: scope %q key %q is finished", ErrWrongStatus, scope, key)
 		}
 		if refused := e.mayHaveCalled(row); refused != nil && !opts.Force {
 			return refused
