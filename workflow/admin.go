@@ -140,11 +140,14 @@ type KeyInfo struct {
 	History []Attempt `json:"history"`
 }
 
-// KeyCount is how many keys of a flow have a status.
+// KeyCount is how many keys of a flow have a status (CountKeys), or ended in it,
+// finished or dead, in the bucket of time that starts at Start (CountOutcomes).
 type KeyCount struct {
 	Flow   string    `json:"flow"`
 	Status KeyStatus `json:"status"`
-	Keys   int64     `json:"keys"`
+	// Start is the start of the bucket, for CountOutcomes; zero for CountKeys.
+	Start time.Time `json:"start,omitzero"`
+	Keys  int64     `json:"keys"`
 }
 
 // KeyGauge is how many unfinished keys a flow has.
@@ -425,51 +428,42 @@ func (e *Engine) CountKeys(ctx context.Context) ([]KeyCount, error) {
 
 // Limits of OutcomeOptions.
 const (
-	OutcomeWindowDefault = time.Hour
-	OutcomeWindowMax     = 7 * 24 * time.Hour
-	OutcomeBucketsMax    = 1000
+	outcomeWindowDefault = time.Hour
+	outcomeWindowMax     = 7 * 24 * time.Hour
+	outcomeBucketsMax    = 1000
 )
 
 // OutcomeOptions select what CountOutcomes counts.
 type OutcomeOptions struct {
-	// Window is how far back to count, by the database clock. Defaults to
-	// OutcomeWindowDefault (1h); at most OutcomeWindowMax (7 days).
+	// Window is how far back to count, by the database clock. Defaults to an hour; at
+	// most 7 days.
 	Window time.Duration
 	// Bucket is the width of one count, at least a second; buckets start at whole
 	// multiples of it since the Unix epoch. Defaults to a twelfth of Window; at most
-	// OutcomeBucketsMax buckets in the window.
+	// 1000 buckets in the window.
 	Bucket time.Duration
 	// Status counts only keys that finished (KeysFinished) or only those dead-lettered
 	// (KeysDead); empty counts both.
 	Status KeyStatus
 }
 
-// OutcomeCount is how many keys of a flow ended in a status, finished or dead, in the
-// bucket of time that starts at Start. A dead-lettered key is counted when it died,
-// and not once it is re-driven.
-type OutcomeCount struct {
-	Flow   string    `json:"flow"`
-	Status KeyStatus `json:"status"`
-	Start  time.Time `json:"start"`
-	Keys   int64     `json:"keys"`
-}
-
 // CountOutcomes counts the keys that finished or were dead-lettered in the last
-// opts.Window, by flow and bucket, ordered by bucket, flow and status; buckets with
-// none are left out. It reads only the indexes of finished and of dead-lettered keys
+// opts.Window, by flow and bucket (KeyCount.Start), ordered by bucket, flow and
+// status; buckets with none are left out. A dead-lettered key is counted when it
+// died, and not once it is re-driven. It reads only the indexes of finished and of dead-lettered keys
 // over the window and their rows, so its cost follows the keys that ended in the
 // window, never the size of the table.
 //
 // Errors: ErrInvalidRequest for a window, bucket or status out of range;
 // ErrUnavailable when the database fails.
-func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]OutcomeCount, error) {
-	window := cmp.Or(opts.Window, OutcomeWindowDefault)
+func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]KeyCount, error) {
+	window := cmp.Or(opts.Window, outcomeWindowDefault)
 	bucket := cmp.Or(opts.Bucket, window/12)
 	switch {
-	case window < time.Second || window > OutcomeWindowMax:
-		return nil, fmt.Errorf("workflow: count outcomes: %w: window %v is outside 1s..%v", ErrInvalidRequest, opts.Window, OutcomeWindowMax)
-	case bucket < time.Second || window/bucket > OutcomeBucketsMax:
-		return nil, fmt.Errorf("workflow: count outcomes: %w: bucket %v is under 1s or makes more than %d buckets", ErrInvalidRequest, opts.Bucket, OutcomeBucketsMax)
+	case window < time.Second || window > outcomeWindowMax:
+		return nil, fmt.Errorf("workflow: count outcomes: %w: window %v is outside 1s..%v", ErrInvalidRequest, opts.Window, outcomeWindowMax)
+	case bucket < time.Second || window/bucket > outcomeBucketsMax:
+		return nil, fmt.Errorf("workflow: count outcomes: %w: bucket %v is under 1s or makes more than %d buckets", ErrInvalidRequest, opts.Bucket, outcomeBucketsMax)
 	case opts.Status != "" && opts.Status != KeysFinished && opts.Status != KeysDead:
 		return nil, fmt.Errorf("workflow: count outcomes: %w: status %q (want finished, dead or none)", ErrInvalidRequest, opts.Status)
 	}
@@ -477,9 +471,9 @@ func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]Outc
 	if err != nil {
 		return nil, err
 	}
-	out := make([]OutcomeCount, len(rows))
+	out := make([]KeyCount, len(rows))
 	for i, r := range rows {
-		out[i] = OutcomeCount{Flow: r.Flow, Status: KeyStatus(r.Status), Start: r.Start, Keys: r.Keys}
+		out[i] = KeyCount{Flow: r.Flow, Status: KeyStatus(r.Status), Start: r.Start, Keys: r.Keys}
 	}
 	return out, nil
 }
