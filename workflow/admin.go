@@ -12,14 +12,15 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// The admin API: what an operator needs to see and settle keys by hand, all in the
-// admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
+// The operator's API: what an operator needs to see and settle keys by hand, all in
+// the admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
 // (Redrive), release (ReleaseKey), purge (PurgeKey), counts (CountKeys, GaugeKeys,
 // CountOutcomes) here; cancel (CancelKey) and the bulk actions (BulkKeys) in
-// admin_bulk.go. It needs no flow registered (an engine made only for it, as
-// cmd/idemflow's, works), reads across scopes only to list and count, and changes one
-// key at a time, each statement filtered by the key's scope; a change that commits
-// emits its key event (operate).
+// admin_bulk.go; a scope's erasure (EraseScope) in admin_erase.go. It needs no flow
+// registered (an engine made only for it, as cmd/idemflow's, works), reads across
+// scopes only to list and count, and changes one key at a time, each statement
+// filtered by the key's scope; a change that commits emits its key event (acted). A
+// key in the wrong status for an action is refused with ErrWrongStatus.
 
 // KeyStatus is a key's status as operators see it.
 type KeyStatus string
