@@ -72,7 +72,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 
 // flowRows merges the gauges and the window's outcomes into one row per flow, ordered
 // by flow, and their total.
-func flowRows(gauges []workflow.KeyGauge, outcomes []workflow.OutcomeCount) ([]flowRow, flowRow) {
+func flowRows(gauges []workflow.KeyGauge, outcomes []workflow.KeyCount) ([]flowRow, flowRow) {
 	rows := map[string]*flowRow{}
 	row := func(flow string) *flowRow {
 		if rows[flow] == nil {
@@ -145,7 +145,7 @@ func epochBucket(t time.Time, bucket time.Duration) time.Time {
 
 // newChart lays the outcomes out in buckets from the one holding now-window to the
 // one holding now.
-func newChart(outcomes []workflow.OutcomeCount, now time.Time, window, bucket time.Duration) chart {
+func newChart(outcomes []workflow.KeyCount, now time.Time, window, bucket time.Duration) chart {
 	first := epochBucket(now.Add(-window), bucket)
 	n := int(epochBucket(now, bucket).Sub(first)/bucket) + 1
 	fin, dead := make([]int64, n), make([]int64, n)

@@ -56,7 +56,7 @@ func (h *Handler) failErr(w http.ResponseWriter, r *http.Request, err error) {
 		h.fail(w, r, http.StatusBadRequest, err.Error())
 	case errors.Is(err, workflow.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, "no such key")
-	case errors.Is(err, workflow.ErrNotDeadLettered), errors.Is(err, workflow.ErrNotInProgress):
+	case errors.Is(err, workflow.ErrWrongStatus):
 		h.fail(w, r, http.StatusConflict, err.Error()+": the key changed since the page was shown; nothing was done")
 	default:
 		h.opts.Logger.ErrorContext(r.Context(), "idemflowui: page failed", slog.String("path", r.URL.Path), slog.Any("error", err))

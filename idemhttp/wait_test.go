@@ -21,7 +21,7 @@ func waitServer(t *testing.T, wait time.Duration, h *testflow.Holder) (*httptest
 	t.Helper()
 	waiting := make(chan struct{}, 10)
 	b := setup(t, setupOpts{before: h.Before, cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeyWaiting {
+		if ev.Kind == workflow.OutcomeWaiting {
 			waiting <- struct{}{}
 		}
 	}}}})
@@ -96,7 +96,7 @@ func TestMiddlewareWaitsForTheOwner(t *testing.T) {
 	t.Parallel()
 	waiting := make(chan struct{}, 10)
 	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeyWaiting {
+		if ev.Kind == workflow.OutcomeWaiting {
 			waiting <- struct{}{}
 		}
 	}}}})

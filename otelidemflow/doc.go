@@ -41,10 +41,12 @@
 //   - idemflow.phase.duration (histogram, seconds): phase runs by idemflow.phase,
 //     idemflow.phase.kind (tx, call) and idemflow.phase.outcome (ok, error); a tx
 //     phase's includes its commit.
-//   - idemflow.key.events (counter): key events by idemflow.event: taken_over and swept
-//     (takeovers by a retry and by a sweeper), dead_lettered, released, lease_lost,
-//     parked, given_back, redriven, operator_released, purged, claimed, finished,
-//     replayed, in_progress, mismatch.
+//   - idemflow.key.events (counter): key events by idemflow.event, in the vocabulary
+//     of idemflow.outcome (workflow.Outcome): an attempt's claimed, taken_over (by a
+//     retry), waiting and its end (finished, replayed, in_progress, mismatch,
+//     released, dead_lettered, lease_lost, parked); swept and given_back (a sweeper's
+//     takeover and its return of a key unrun); redriven, operator_released,
+//     operator_cancelled and purged (an operator's).
 //   - idemflow.keys (gauge): unfinished keys by idemflow.key.status: in_progress
 //     (not stuck), stuck, dead; the statuses do not overlap, and each flow reads 0
 //     when it has none.

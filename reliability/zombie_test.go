@@ -109,7 +109,7 @@ func newZombieRig(t *testing.T, pipelined bool) *zombieRig {
 	}
 	z.en = z.env.engine(z.env.pool(poolOpts{}), &workflow.Config{Hooks: workflow.Hooks{
 		Key: func(ctx context.Context, ev workflow.KeyEvent) {
-			if ev.Kind == workflow.KeyTakenOver || ev.Kind == workflow.KeySwept {
+			if ev.Kind == workflow.OutcomeTakenOver || ev.Kind == workflow.OutcomeSwept {
 				z.signal(ev.Key)
 			}
 		},

@@ -51,10 +51,10 @@
 //
 // # Events
 //
-// Per-key events go through the engine's workflow.Hooks.Key: KeySwept when a sweeper
+// Per-key events go through the engine's workflow.Hooks.Key: OutcomeSwept when a sweeper
 // takes a key over; then the outcome of its attempt: OutcomeFinished, OutcomeReleased
 // (a failed attempt; Err says why), OutcomeParked (a client-only key released for its
-// client; Err says why), OutcomeLeaseLost or OutcomeDeadLettered; KeyGivenBack (taken
+// client; Err says why), OutcomeLeaseLost or OutcomeDeadLettered; OutcomeGivenBack (taken
 // but returned unrun when stopping), and OutcomeRedriven from workflow.Engine.Redrive.
 // Per-pass counts, including the number of keys expired, go to Config.Hooks.Pass.
 // Failures of the background loop and dead-lettered keys are logged through

@@ -120,14 +120,14 @@ func twoSweepers(t *testing.T, scan workflow.Scan) {
 	require.Equal(t, manyKeys, b.provider.Made(), "one payment a key")
 }
 
-// sweptKeys counts the KeySwept events of one engine by scope and key.
+// sweptKeys counts the OutcomeSwept events of one engine by scope and key.
 type sweptKeys struct {
 	mu   sync.Mutex
 	keys map[string]int
 }
 
 func (s *sweptKeys) hook(_ context.Context, e workflow.KeyEvent) {
-	if e.Kind != workflow.KeySwept {
+	if e.Kind != workflow.OutcomeSwept {
 		return
 	}
 	s.mu.Lock()

@@ -85,7 +85,7 @@ func TestRunOnceFinishesStuckKeys(t *testing.T) {
 			stats, err = s.RunOnce(ctx)
 			require.NoError(t, err)
 			require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
-			require.Equal(t, 1, ev.count(workflow.KeySwept))
+			require.Equal(t, 1, ev.count(workflow.OutcomeSwept))
 
 			after := state(t, b.db, "k")
 			require.Equal(t, "finished", after.Status)
@@ -290,7 +290,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	require.Equal(t, 0, st.Attempts)
 	require.False(t, st.Leased)
 	require.True(t, st.Due)
-	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrWrongStatus)
 
 	b.provider.FailNext(0)
 	stats, err = s.RunOnce(ctx)
@@ -299,7 +299,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 	requireOneEffect(t, b, "k", testflow.Pay)
 	require.Equal(t, 1, b.provider.Made())
 	require.Equal(t, 1, state(t, b.db, "k").Attempts)
-	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrWrongStatus)
 }
 
 // A key whose recovery point names a phase this build's flow does not have (another
@@ -483,7 +483,7 @@ func TestStartStop(t *testing.T) {
 		require.NoError(t, <-stopped)
 
 		require.Equal(t, &sweeper.Stats{Taken: 3, Finished: 1, GivenBack: 2}, pass.Load())
-		require.Equal(t, 2, ev.count(workflow.KeyGivenBack))
+		require.Equal(t, 2, ev.count(workflow.OutcomeGivenBack))
 		requireOneEffect(t, b, running, testflow.Pay)
 		for _, k := range keys {
 			if k == running {

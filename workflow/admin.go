@@ -12,14 +12,15 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// The admin API: what an operator needs to see and settle keys by hand, all in the
-// admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
+// The operator's API: what an operator needs to see and settle keys by hand, all in
+// the admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
 // (Redrive), release (ReleaseKey), purge (PurgeKey), counts (CountKeys, GaugeKeys,
 // CountOutcomes) here; cancel (CancelKey) and the bulk actions (BulkKeys) in
-// admin_bulk.go. It needs no flow registered (an engine made only for it, as
-// cmd/idemflow's, works), reads across scopes only to list and count, and changes one
-// key at a time, each statement filtered by the key's scope; a change that commits
-// emits its key event (operate).
+// admin_bulk.go; a scope's erasure (EraseScope) in admin_erase.go. It needs no flow
+// registered (an engine made only for it, as cmd/idemflow's, works), reads across
+// scopes only to list and count, and changes one key at a time, each statement
+// filtered by the key's scope; a change that commits emits its key event (acted). A
+// key in the wrong status for an action is refused with ErrWrongStatus.
 
 // KeyStatus is a key's status as operators see it.
 type KeyStatus string
@@ -39,23 +40,16 @@ const (
 	KeysFinished KeyStatus = "finished"
 )
 
-// KeyPurged is the key event of PurgeKey deleting a finished key. The other admin
-// events are the outcomes their history entries record: OutcomeOperatorReleased
-// (ReleaseKey), OutcomeOperatorCancelled (CancelKey) and OutcomeRedriven (Redrive).
-const KeyPurged Outcome = "purged"
-
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
 	ErrUnknownStatus = store.ErrUnknownStatus
-	// ErrNotInProgress: ReleaseKey found the key finished or dead-lettered, or
-	// CancelKey found it finished. Nothing was changed.
-	ErrNotInProgress = errors.New("key not in progress")
-	// ErrNotDeadLettered: Redrive found the key, but it is not dead-lettered. Nothing was
-	// changed.
-	ErrNotDeadLettered = errors.New("key not dead-lettered")
-	// ErrNotFinished: PurgeKey found the key unfinished. Nothing was changed.
-	ErrNotFinished = errors.New("key not finished")
+	// ErrWrongStatus: an operator's action found the key in a status it does not apply
+	// to: ReleaseKey a finished or dead-lettered key (see Redrive), CancelKey a finished
+	// one, Redrive one not dead-lettered, PurgeKey one not finished. The message says
+	// which ("... is not in progress", "is not dead-lettered", "is not finished", "is
+	// finished"). Nothing was changed.
+	ErrWrongStatus = errors.New("wrong key status")
 	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
 	ErrInvalidCursor = errors.New("invalid list cursor")
 )
@@ -147,11 +141,14 @@ type KeyInfo struct {
 	History []Attempt `json:"history"`
 }
 
-// KeyCount is how many keys of a flow have a status.
+// KeyCount is how many keys of a flow have a status (CountKeys), or ended in it,
+// finished or dead, in the bucket of time that starts at Start (CountOutcomes).
 type KeyCount struct {
 	Flow   string    `json:"flow"`
 	Status KeyStatus `json:"status"`
-	Keys   int64     `json:"keys"`
+	// Start is the start of the bucket, for CountOutcomes; zero for CountKeys.
+	Start time.Time `json:"start,omitzero"`
+	Keys  int64     `json:"keys"`
 }
 
 // KeyGauge is how many unfinished keys a flow has.
@@ -315,11 +312,11 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 // a key's claim that has not committed yet (no row) cannot be released: its holder's
 // connection holds it until the holder ends.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotInProgress for a finished
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus for a finished
 // or dead-lettered key (nothing changes; see Redrive); ErrNewerFormat for a key a
 // newer build wrote (nothing changes); ErrUnavailable.
 func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotInProgress, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not in progress", func() (KeyEvent, error) {
 		_, err := e.store.ReleaseKey(ctx, e.pool, scope, key, e.cfg.historyKeep())
 		return KeyEvent{Kind: OutcomeOperatorReleased, Scope: scope, Key: key}, err
 	})
@@ -328,8 +325,9 @@ func (e *Engine) ReleaseKey(ctx context.Context, scope, key string) error {
 // operate runs an operator's change of one key (ReleaseKey, PurgeKey, Redrive): it
 // checks the key, refuses one a newer build wrote, runs change and, once change has
 // committed, emits the key event it returns. A change that matched no row ends in an
-// error wrapping ErrNotFound when the key is missing, else wrong.
-func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, change func() (KeyEvent, error)) error {
+// error wrapping ErrNotFound when the key is missing, else ErrWrongStatus saying the
+// key is wrong ("not in progress").
+func (e *Engine) operate(ctx context.Context, scope, key string, wrong string, change func() (KeyEvent, error)) error {
 	if err := checkKey(scope, key); err != nil {
 		return err
 	}
@@ -343,7 +341,7 @@ func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, ch
 	if err != nil {
 		return err
 	}
-	e.emit(ctx, ev)
+	e.acted(ctx, ev)
 	return nil
 }
 
@@ -352,11 +350,11 @@ func (e *Engine) operate(ctx context.Context, scope, key string, wrong error, ch
 // sweep (or a Resume, or the client's retry) runs it from there. Its last error is
 // kept until the next failure or the finish replaces it.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotDeadLettered when the key exists in another
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus when the key exists in another
 // state (nothing changes); ErrNewerFormat for a key a newer build wrote (nothing
 // changes); ErrUnavailable when the database fails.
 func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotDeadLettered, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not dead-lettered", func() (KeyEvent, error) {
 		row, err := e.store.Redrive(ctx, e.pool, scope, key, e.entry(Attempt{By: ExecutorOperator, Outcome: OutcomeRedriven}))
 		if err != nil {
 			return KeyEvent{}, err
@@ -385,8 +383,8 @@ func (e *Engine) readable(ctx context.Context, scope, key string) error {
 }
 
 // notIn is the error of an admin call that matched no row: ErrNotFound if the key is
-// missing, else wrong.
-func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) error {
+// missing, else ErrWrongStatus saying the key is wrong.
+func (e *Engine) notIn(ctx context.Context, scope, key string, wrong string) error {
 	_, err := e.store.Lookup(ctx, e.pool, scope, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -394,7 +392,7 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 	case err != nil:
 		return err
 	}
-	return fmt.Errorf("%w: scope %q key %q", wrong, scope, key)
+	return fmt.Errorf("%w: scope %q key %q is %s", ErrWrongStatus, scope, key, wrong)
 }
 
 // PurgeKey deletes a finished key before its retention ends.
@@ -404,13 +402,13 @@ func (e *Engine) notIn(ctx context.Context, scope, key string, wrong error) erro
 // derived keys. Purge a key only when its client will never retry it, or when running
 // it again is what is wanted.
 //
-// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrNotFinished for a key in
+// Errors: ErrInvalidScope, ErrInvalidKey; ErrNotFound; ErrWrongStatus for a key in
 // progress or dead-lettered (nothing changes); ErrNewerFormat for a key a newer build
 // wrote (nothing changes); ErrUnavailable.
 func (e *Engine) PurgeKey(ctx context.Context, scope, key string) error {
-	return e.operate(ctx, scope, key, ErrNotFinished, func() (KeyEvent, error) {
+	return e.operate(ctx, scope, key, "not finished", func() (KeyEvent, error) {
 		err := e.store.Purge(ctx, e.pool, scope, key)
-		return KeyEvent{Kind: KeyPurged, Scope: scope, Key: key}, err
+		return KeyEvent{Kind: OutcomePurged, Scope: scope, Key: key}, err
 	})
 }
 
@@ -431,51 +429,42 @@ func (e *Engine) CountKeys(ctx context.Context) ([]KeyCount, error) {
 
 // Limits of OutcomeOptions.
 const (
-	OutcomeWindowDefault = time.Hour
-	OutcomeWindowMax     = 7 * 24 * time.Hour
-	OutcomeBucketsMax    = 1000
+	outcomeWindowDefault = time.Hour
+	outcomeWindowMax     = 7 * 24 * time.Hour
+	outcomeBucketsMax    = 1000
 )
 
 // OutcomeOptions select what CountOutcomes counts.
 type OutcomeOptions struct {
-	// Window is how far back to count, by the database clock. Defaults to
-	// OutcomeWindowDefault (1h); at most OutcomeWindowMax (7 days).
+	// Window is how far back to count, by the database clock. Defaults to an hour; at
+	// most 7 days.
 	Window time.Duration
 	// Bucket is the width of one count, at least a second; buckets start at whole
 	// multiples of it since the Unix epoch. Defaults to a twelfth of Window; at most
-	// OutcomeBucketsMax buckets in the window.
+	// 1000 buckets in the window.
 	Bucket time.Duration
 	// Status counts only keys that finished (KeysFinished) or only those dead-lettered
 	// (KeysDead); empty counts both.
 	Status KeyStatus
 }
 
-// OutcomeCount is how many keys of a flow ended in a status, finished or dead, in the
-// bucket of time that starts at Start. A dead-lettered key is counted when it died,
-// and not once it is re-driven.
-type OutcomeCount struct {
-	Flow   string    `json:"flow"`
-	Status KeyStatus `json:"status"`
-	Start  time.Time `json:"start"`
-	Keys   int64     `json:"keys"`
-}
-
 // CountOutcomes counts the keys that finished or were dead-lettered in the last
-// opts.Window, by flow and bucket, ordered by bucket, flow and status; buckets with
-// none are left out. It reads only the indexes of finished and of dead-lettered keys
+// opts.Window, by flow and bucket (KeyCount.Start), ordered by bucket, flow and
+// status; buckets with none are left out. A dead-lettered key is counted when it
+// died, and not once it is re-driven. It reads only the indexes of finished and of dead-lettered keys
 // over the window and their rows, so its cost follows the keys that ended in the
 // window, never the size of the table.
 //
 // Errors: ErrInvalidRequest for a window, bucket or status out of range;
 // ErrUnavailable when the database fails.
-func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]OutcomeCount, error) {
-	window := cmp.Or(opts.Window, OutcomeWindowDefault)
+func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]KeyCount, error) {
+	window := cmp.Or(opts.Window, outcomeWindowDefault)
 	bucket := cmp.Or(opts.Bucket, window/12)
 	switch {
-	case window < time.Second || window > OutcomeWindowMax:
-		return nil, fmt.Errorf("workflow: count outcomes: %w: window %v is outside 1s..%v", ErrInvalidRequest, opts.Window, OutcomeWindowMax)
-	case bucket < time.Second || window/bucket > OutcomeBucketsMax:
-		return nil, fmt.Errorf("workflow: count outcomes: %w: bucket %v is under 1s or makes more than %d buckets", ErrInvalidRequest, opts.Bucket, OutcomeBucketsMax)
+	case window < time.Second || window > outcomeWindowMax:
+		return nil, fmt.Errorf("workflow: count outcomes: %w: window %v is outside 1s..%v", ErrInvalidRequest, opts.Window, outcomeWindowMax)
+	case bucket < time.Second || window/bucket > outcomeBucketsMax:
+		return nil, fmt.Errorf("workflow: count outcomes: %w: bucket %v is under 1s or makes more than %d buckets", ErrInvalidRequest, opts.Bucket, outcomeBucketsMax)
 	case opts.Status != "" && opts.Status != KeysFinished && opts.Status != KeysDead:
 		return nil, fmt.Errorf("workflow: count outcomes: %w: status %q (want finished, dead or none)", ErrInvalidRequest, opts.Status)
 	}
@@ -483,9 +472,9 @@ func (e *Engine) CountOutcomes(ctx context.Context, opts OutcomeOptions) ([]Outc
 	if err != nil {
 		return nil, err
 	}
-	out := make([]OutcomeCount, len(rows))
+	out := make([]KeyCount, len(rows))
 	for i, r := range rows {
-		out[i] = OutcomeCount{Flow: r.Flow, Status: KeyStatus(r.Status), Start: r.Start, Keys: r.Keys}
+		out[i] = KeyCount{Flow: r.Flow, Status: KeyStatus(r.Status), Start: r.Start, Keys: r.Keys}
 	}
 	return out, nil
 }

@@ -177,13 +177,9 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 		return err
 	}
 	res.Acted++
-	e.emit(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
+	e.acted(ctx, KeyEvent{Kind: kind, Flow: k.Flow, Scope: k.Scope, Key: k.Key})
 	return nil
 }
-
-// OutcomeOperatorCancelled is only in a key's history: an operator cancelled the key
-// with a final answer of their choosing (CancelKey).
-const OutcomeOperatorCancelled Outcome = "operator_cancelled"
 
 // ErrCallMayHaveRun: CancelKey refused a key one of whose call phases may already
 // have reached the remote side (see CallMayHaveRunError). Nothing was changed.
@@ -249,7 +245,7 @@ type CancelOptions struct {
 // always needs Force.
 //
 // Errors: ErrInvalidScope, ErrInvalidKey; ErrInvalidRequest for an answer that cannot
-// be stored (status, header, size); ErrNotFound; ErrNotInProgress for a finished key;
+// be stored (status, header, size); ErrNotFound; ErrWrongStatus for a finished key;
 // ErrCallMayHaveRun; ErrNewerFormat for a key a newer build wrote; ErrLeaseLost when
 // the key kept changing while it was being cancelled (nothing changed: try again);
 // ErrUnavailable. In every error case nothing was changed.
@@ -276,7 +272,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 			return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
 		}
 		if row.Status == store.StatusFinished {
-			return fmt.Errorf("%w: scope %q key %q is finished", ErrNotInProgress, scope, key)
+			return fmt.Errorf("%w: scope %q key %q is finished", ErrWrongStatus, scope, key)
 		}
 		if refused := e.mayHaveCalled(row); refused != nil && !opts.Force {
 			return refused
@@ -290,7 +286,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err != nil {
 			return err
 		}
-		e.emit(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
+		e.acted(ctx, KeyEvent{Kind: OutcomeOperatorCancelled, Flow: row.Flow, Scope: scope, Key: key, RecoveryPoint: row.RecoveryPoint})
 		return nil
 	}
 	return fmt.Errorf("workflow: cancel key: scope %q key %q kept changing: %w", scope, key, ErrLeaseLost)

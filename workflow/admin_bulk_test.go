@@ -180,7 +180,7 @@ func TestCancelKey(t *testing.T) {
 
 	sweepable(t, b.db)
 	require.Empty(t, sweepOnce(t, b.engine, 5), "the sweeper never takes a cancelled key")
-	require.ErrorIs(t, b.engine.CancelKey(ctx, "acct", "dead", answer), workflow.ErrNotInProgress)
+	requireWrongStatus(t, b.engine.CancelKey(ctx, "acct", "dead", answer), "finished")
 	require.ErrorIs(t, b.engine.CancelKey(ctx, "acct", "nope", answer), workflow.ErrNotFound)
 	require.Zero(t, b.provider.Made(), "the provider failed every call: nothing to reconcile here")
 }

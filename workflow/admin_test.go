@@ -3,7 +3,6 @@ package workflow_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
 
@@ -312,7 +311,7 @@ func TestReleaseKey(t *testing.T) {
 	require.Equal(t, workflow.OutcomeFinished, info.History[1].Outcome)
 
 	row := keyRow(t, b.db, "acct", "k")
-	require.ErrorIs(t, b.engine.ReleaseKey(ctx, "acct", "k"), workflow.ErrNotInProgress)
+	requireWrongStatus(t, b.engine.ReleaseKey(ctx, "acct", "k"), "not in progress")
 	require.ErrorIs(t, b.engine.ReleaseKey(ctx, "acct", "missing"), workflow.ErrNotFound)
 	require.ErrorIs(t, b.engine.ReleaseKey(ctx, "\xfe", "k"), workflow.ErrInvalidScope)
 	require.Equal(t, row, keyRow(t, b.db, "acct", "k"), "refusals change nothing")
@@ -331,7 +330,7 @@ func TestPurgeKey(t *testing.T) {
 	rows := map[string]string{}
 	for _, k := range []string{"dead", "stuck"} {
 		rows[k] = keyRow(t, b.db, "acct", k)
-		require.ErrorIs(t, b.engine.PurgeKey(ctx, "acct", k), workflow.ErrNotFinished)
+		requireWrongStatus(t, b.engine.PurgeKey(ctx, "acct", k), "not finished")
 		require.Equal(t, rows[k], keyRow(t, b.db, "acct", k))
 	}
 	require.ErrorIs(t, b.engine.PurgeKey(ctx, "acct", "missing"), workflow.ErrNotFound)
@@ -431,5 +430,13 @@ func TestRedriveHistory(t *testing.T) {
 	last := info.History[len(info.History)-1]
 	require.Equal(t, workflow.Attempt{By: workflow.ExecutorOperator, Outcome: workflow.OutcomeRedriven}, withoutTime(last))
 	require.Equal(t, workflow.KeysStuck, info.Status)
-	require.True(t, errors.Is(b.engine.Redrive(ctx, "acct", "dead"), workflow.ErrNotDeadLettered))
+	requireWrongStatus(t, b.engine.Redrive(ctx, "acct", "dead"), "not dead-lettered")
+}
+
+// requireWrongStatus checks that err is an operator action's refusal of a key in the
+// wrong status, and that it says the key is, or is not, what status says.
+func requireWrongStatus(t *testing.T, err error, status string) {
+	t.Helper()
+	require.ErrorIs(t, err, workflow.ErrWrongStatus)
+	require.ErrorContains(t, err, " is "+status)
 }

@@ -56,10 +56,6 @@ var (
 	ErrDraining = errors.New("draining")
 )
 
-// OutcomeShed is the outcome of an attempt turned away before its claim (a
-// *ShedError): nothing was written.
-const OutcomeShed Outcome = "shed"
-
 // ShedError turns an attempt away before its claim: the engine is overloaded or
 // draining. Nothing was written; the client should retry, with the same key, after
 // RetryAfter (an idemhttp handler answers 503 with Retry-After).

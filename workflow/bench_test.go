@@ -144,7 +144,7 @@ func BenchmarkFingerprint(b *testing.B) {
 			b.SetBytes(int64(len(c.body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = workflow.Fingerprint("POST", "/v1/charges", c.body)
+				_ = workflow.WholeFingerprint("POST", "/v1/charges", c.body)
 			}
 		})
 	}
@@ -163,9 +163,9 @@ func BenchmarkFingerprint1MiB(b *testing.B) {
 		body []byte
 		fp   func(method, route string, body []byte) []byte
 	}{
-		{"V2", orders, workflow.Fingerprint},
+		{"V2", orders, workflow.WholeFingerprint},
 		{"V1", orders, func(m, r string, body []byte) []byte { fp := workflow.FingerprintV1(m, r, body); return fp[:] }},
-		{"V2DeepObjects", deep, workflow.Fingerprint},
+		{"V2DeepObjects", deep, workflow.WholeFingerprint},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			spaced := append([]byte(" "), c.body...)

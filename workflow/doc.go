@@ -74,7 +74,7 @@
 // and nothing is sent while it runs; else one poller per key and engine sends the
 // ordinary look-up, paced from the flow's observed answer time and backing off with
 // jitter, for all that key's waiters. A waiter sends at most 8 statements for its
-// whole wait, whatever its bound. Config.MaxWaiters caps the waiters; KeyWaiting
+// whole wait, whatever its bound. Config.MaxWaiters caps the waiters; OutcomeWaiting
 // reports each wait. No LISTEN/NOTIFY and no session state: it works behind a pooler
 // in transaction mode and on Citus.
 //
@@ -82,9 +82,16 @@
 // key row's id, attempt number, executor and outcome), phases and key events; several
 // observers combine with JoinHooks (package otelidemflow is one). Each key keeps a
 // bounded history of its attempts (Attempt, Config.History), written by the statements
-// that end them, at no extra round trip or commit. The admin API (ListKeys,
-// InspectKey, Redrive, ReleaseKey, PurgeKey, CountKeys, GaugeKeys, CountOutcomes) is
-// what cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on.
+// that end them, at no extra round trip or commit. One vocabulary, Outcome, names how
+// an attempt ended and every key event, history entry and metric.
+//
+// The operator's API, all on Engine and all in the admin*.go files: list (ListKeys),
+// show a key with its history (InspectKey), re-drive (Redrive), release (ReleaseKey),
+// cancel with an answer (CancelKey), purge (PurgeKey), bulk re-drive and release
+// (BulkKeys), erase a scope (EraseScope), and counts (CountKeys, GaugeKeys,
+// CountOutcomes). An action that refuses a key in the wrong status returns
+// ErrWrongStatus. cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on
+// it.
 //
 // This package imports idemflow's phases and store packages, internal/runstate (the
 // engine's side of a phases.Run, kept out of the API a phase function sees),

@@ -83,7 +83,7 @@ func (e *Engine) abandon(ctx context.Context) error {
 		switch {
 		case err == nil:
 			released++
-			e.emit(rctx, KeyEvent{Kind: OutcomeReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
+			e.acted(rctx, KeyEvent{Kind: OutcomeReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
 		case errors.Is(err, store.ErrLeaseLost): // it released its key, or lost it, meanwhile
 		default:
 			errs = append(errs, err)

@@ -720,7 +720,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	if err != nil {
 		return ended(failure(err))
 	}
-	e.emit(ctx, KeyEvent{Kind: KeyTakenOver, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
+	e.attemptEvent(ctx, KeyEvent{Kind: OutcomeTakenOver, Flow: row.Flow, Scope: row.Scope, Key: row.Key, RecoveryPoint: row.RecoveryPoint})
 	taken.RequestBody = body // opened; the fence names the same row
 	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
 		taken.RequestBody = req.Body // a retry brings the body that was not stored

@@ -494,11 +494,10 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	write, read := x.queue(tx, w)
 	err := tx.commit(ctx, write, read)
 	if err == nil {
-		x.stored = w.target
 		if x.claim != nil {
-			x.claim, x.fence.CreatedAt = nil, tx.createdAt
-			x.e.emit(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
+			x.fence.CreatedAt = tx.createdAt
 		}
+		x.committed(ctx, w.target)
 		return nil
 	}
 	tx.done(ctx) // before anything else uses the pool
@@ -516,6 +515,17 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 		return x.unknownCommit(ctx, w, err)
 	default:
 		return err
+	}
+}
+
+// committed records that the key row's write up to target committed (commit,
+// pipeCommit): the key stands there now and, for the commit that carried a new key's
+// claim, the claim is durable, which is the key's OutcomeClaimed event.
+func (x *exec) committed(ctx context.Context, target string) {
+	x.stored = target
+	if x.claim != nil {
+		x.claim = nil
+		x.e.attemptEvent(ctx, KeyEvent{Kind: OutcomeClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
 	}
 }
 

@@ -10,6 +10,9 @@ import (
 // FingerprintV1 is the fingerprint that releases before v2 stored, to write such rows.
 var FingerprintV1 = fingerprintV1
 
+// WholeFingerprint is the version 2 fingerprint, Fingerprint's without members.
+var WholeFingerprint = wholeFingerprint
+
 // MaxCanonicalDepth is the deepest nesting that Fingerprint canonicalises.
 const MaxCanonicalDepth = maxCanonicalDepth
 

@@ -33,7 +33,7 @@ import (
 //	    form (Fingerprint). Written for every new key of a flow without
 //	    phases.Flow.FingerprintMembers.
 //	v3: 73 bytes, the version byte 0x03, 8 bytes of the member list's hash, the
-//	    sha256 over the chosen members and the sha256 v2 has (FingerprintMembers).
+//	    sha256 over the chosen members and the sha256 v2 has (Fingerprint with members).
 //	    Written only for flows that set phases.Flow.FingerprintMembers.
 const (
 	fingerprintV1Len = sha256.Size
@@ -90,21 +90,43 @@ func (e *Engine) memberSet(flow string) *memberSet {
 // ruleFingerprint is the fingerprint of a request under a member list, or v2 for nil.
 func ruleFingerprint(ms *memberSet, method, route string, body []byte) ([]byte, error) {
 	if ms == nil {
-		return Fingerprint(method, route, body), nil
+		return wholeFingerprint(method, route, body), nil
 	}
 	return ms.fingerprint(method, route, body)
 }
 
-// Fingerprint returns the fingerprint of a request, the value stored on its key: 33
-// bytes, the version byte 0x02 and the sha256 of the method, the route and the body.
-// A body that is one valid JSON value is hashed in an exact canonical form, so object
-// key order, whitespace, string escapes and number spelling (1, 1.0, 1e0, 10e-1) don't
-// matter, while any two numbers of different decimal value, however many digits they
-// take, differ. Any other body, including JSON with duplicate member names, invalid
-// UTF-8, nesting deeper than 64 levels or an exponent of more than 18 digits, is hashed
-// as its bytes. The two cases are kept apart so that no raw body can collide with a
-// JSON one.
-func Fingerprint(method, route string, body []byte) []byte {
+// Fingerprint returns the fingerprint an engine stores on a request's key, for a flow
+// whose phases.Flow.FingerprintMembers is members.
+//
+// With no members (nil or empty), it is version 2: 33 bytes, the version byte 0x02 and
+// the sha256 of the method, the route and the body. A body that is one valid JSON value
+// is hashed in an exact canonical form, so object key order, whitespace, string escapes
+// and number spelling (1, 1.0, 1e0, 10e-1) don't matter, while any two numbers of
+// different decimal value, however many digits they take, differ. Any other body,
+// including JSON with duplicate member names, invalid UTF-8, nesting deeper than 64
+// levels or an exponent of more than 18 digits, is hashed as its bytes. The two cases
+// are kept apart so that no raw body can collide with a JSON one. It never fails.
+//
+// With members (JSON pointers), it is version 3: 73 bytes, the version byte 0x03 and
+// hashes over the method, the route, the member list and the canonical form of the
+// members the pointers name, an absent member told apart from a null one, and over
+// the whole request, as version 2. Two requests are the same under the list when the
+// first 41 bytes of their fingerprints are equal; the last 32 tell whether they are
+// the same as a whole. It fails if the list is invalid (see
+// phases.Flow.FingerprintMembers) or with ErrBodyNotJSON.
+func Fingerprint(method, route string, body []byte, members []string) ([]byte, error) {
+	if len(members) == 0 {
+		return wholeFingerprint(method, route, body), nil
+	}
+	ms, err := newMemberSet(members)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: %w", err)
+	}
+	return ms.fingerprint(method, route, body)
+}
+
+// wholeFingerprint is the version 2 fingerprint (see Fingerprint).
+func wholeFingerprint(method, route string, body []byte) []byte {
 	f := getFingerprinter()
 	defer f.release()
 	out := append(make([]byte, 0, fingerprintV2Len), fingerprintV2)
@@ -619,13 +641,13 @@ func storedMatches(stored, fp []byte, req *Request, ms *memberSet) bool {
 // fingerprint of this request: a v2 fingerprint equal to Fingerprint's, or a v1
 // fingerprint (32 bytes, written by releases before v2) equal to the one they computed.
 // A stored value of any other length matches nothing, and so does a v3 fingerprint,
-// which only a flow's member list can compute (see FingerprintMembers). v1 compared numbers as float64,
+// which only a flow's member list can compute (see Fingerprint). v1 compared numbers as float64,
 // so a v1 row still matches a body whose numbers differ only beyond float64's
 // precision; such rows age out with retention.
 func fingerprintMatches(stored []byte, method, route string, body []byte) bool {
 	switch len(stored) {
 	case fingerprintV2Len:
-		return bytes.Equal(stored, Fingerprint(method, route, body))
+		return bytes.Equal(stored, wholeFingerprint(method, route, body))
 	case fingerprintV1Len:
 		v1 := fingerprintV1(method, route, body)
 		return bytes.Equal(stored, v1[:])
@@ -733,24 +755,4 @@ func parsePointer(p string) ([]string, error) {
 		tokens[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
 	}
 	return tokens, nil
-}
-
-// FingerprintMembers returns the version 3 fingerprint that an engine stores for a
-// request of a flow whose phases.Flow.FingerprintMembers is pointers: 73 bytes, the
-// version byte 0x03 and hashes over the method, the route, the member list and the
-// canonical form (see Fingerprint) of the members the pointers name, an absent member
-// told apart from a null one, and over the whole request, as Fingerprint. Two requests
-// are the same under the list when the first 41 bytes of their fingerprints are equal;
-// the last 32 tell whether they are the same as a whole. It fails
-// if the list is invalid (see phases.Flow.FingerprintMembers; nil or empty is invalid
-// here) or with ErrBodyNotJSON.
-func FingerprintMembers(method, route string, body []byte, pointers []string) ([]byte, error) {
-	if len(pointers) == 0 {
-		return nil, errors.New("workflow: FingerprintMembers: no pointers")
-	}
-	ms, err := newMemberSet(pointers)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: %w", err)
-	}
-	return ms.fingerprint(method, route, body)
 }

@@ -9,16 +9,16 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// fpm is the part of FingerprintMembers for POST /charges that is equal for the same
+// fpm is the part of Fingerprint with members for POST /charges that is equal for the same
 // request under the list (its first 41 bytes), failing the test on an error.
 func fpm(t *testing.T, body string, pointers ...string) []byte {
 	return fpmAll(t, body, pointers...)[:41]
 }
 
-// fpmAll is the whole of FingerprintMembers for POST /charges.
+// fpmAll is the whole of Fingerprint with members for POST /charges.
 func fpmAll(t *testing.T, body string, pointers ...string) []byte {
 	t.Helper()
-	fp, err := workflow.FingerprintMembers("POST", "/charges", []byte(body), pointers)
+	fp, err := workflow.Fingerprint("POST", "/charges", []byte(body), pointers)
 	require.NoError(t, err, "body %s", body)
 	require.Len(t, fp, 73)
 	return fp
@@ -80,13 +80,13 @@ func TestFingerprintMembersCanonical(t *testing.T) {
 	// The whole body, "", compares as version 2 does, and differs from it.
 	require.Equal(t, fpm(t, `{"a":1,"b":[1.0]}`, ""), fpm(t, ` {"b":[1],"a":10e-1}`, ""))
 	require.NotEqual(t, fpm(t, `{"a":1}`, ""), fpm(t, `{"a":1,"b":2}`, ""))
-	require.NotEqual(t, workflow.Fingerprint("POST", "/charges", []byte(`{"a":1}`))[1:], fpm(t, `{"a":1}`, "")[9:])
+	require.NotEqual(t, workflow.WholeFingerprint("POST", "/charges", []byte(`{"a":1}`))[1:], fpm(t, `{"a":1}`, "")[9:])
 	// The last 32 bytes are v2's hash of the whole request, for builds with another rule.
-	require.Equal(t, workflow.Fingerprint("POST", "/charges", []byte(first))[1:], fpmAll(t, first, chosen...)[41:])
-	require.Equal(t, workflow.Fingerprint("POST", "/charges", []byte(same["respelled"]))[1:], fpmAll(t, same["respelled"], chosen...)[41:])
+	require.Equal(t, workflow.WholeFingerprint("POST", "/charges", []byte(first))[1:], fpmAll(t, first, chosen...)[41:])
+	require.Equal(t, workflow.WholeFingerprint("POST", "/charges", []byte(same["respelled"]))[1:], fpmAll(t, same["respelled"], chosen...)[41:])
 	require.NotEqual(t, fpmAll(t, first, chosen...)[41:], fpmAll(t, same["other timestamp"], chosen...)[41:])
 	// Method and route count.
-	other, err := workflow.FingerprintMembers("PUT", "/charges", []byte(first), chosen)
+	other, err := workflow.Fingerprint("PUT", "/charges", []byte(first), chosen)
 	require.NoError(t, err)
 	require.NotEqual(t, fp, other[:41])
 }
@@ -110,7 +110,6 @@ func TestFingerprintMembersListCounts(t *testing.T) {
 func TestFingerprintMembersRefused(t *testing.T) {
 	t.Parallel()
 	for name, list := range map[string][]string{
-		"none":             nil,
 		"no slash":         {"amount"},
 		"bare tilde":       {"/a~"},
 		"tilde 2":          {"/a~2b"},
@@ -119,18 +118,23 @@ func TestFingerprintMembersRefused(t *testing.T) {
 		"too long":         {"/" + string(make([]byte, 1024))},
 		"too many members": make([]string, 65),
 	} {
-		_, err := workflow.FingerprintMembers("POST", "/charges", []byte(`{}`), list)
+		_, err := workflow.Fingerprint("POST", "/charges", []byte(`{}`), list)
 		require.Error(t, err, name)
 		require.NotErrorIs(t, err, workflow.ErrBodyNotJSON, name)
 	}
+	for _, none := range [][]string{nil, {}} { // no member list: version 2, for any body
+		fp, err := workflow.Fingerprint("POST", "/charges", []byte(`amount=100`), none)
+		require.NoError(t, err)
+		require.Equal(t, workflow.WholeFingerprint("POST", "/charges", []byte(`amount=100`)), fp)
+	}
 	for _, body := range []string{``, `amount=100`, `{"amount":1,"amount":1}`, `{"a":1} {"a":1}`, "\"\xff\"", `[1e1234567890123456789]`} {
-		_, err := workflow.FingerprintMembers("POST", "/charges", []byte(body), []string{"/amount"})
+		_, err := workflow.Fingerprint("POST", "/charges", []byte(body), []string{"/amount"})
 		require.ErrorIs(t, err, workflow.ErrBodyNotJSON, "body %q", body)
 		require.ErrorIs(t, err, workflow.ErrInvalidRequest, "body %q", body)
 	}
 }
 
-// FuzzFingerprintMembers checks that no body and pointer make FingerprintMembers fail
+// FuzzFingerprintMembers checks that no body and pointer make Fingerprint with members fail
 // other than by refusing them, and that re-encoding a JSON body (which reorders object
 // keys and drops whitespace) never changes the chosen members' part.
 func FuzzFingerprintMembers(f *testing.F) {
@@ -146,7 +150,7 @@ func FuzzFingerprintMembers(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, pointer string) {
 		list := []string{pointer, "/a/0", "/0/a"}
-		got, err := workflow.FingerprintMembers("POST", "/r", body, list)
+		got, err := workflow.Fingerprint("POST", "/r", body, list)
 		if err != nil {
 			return // an invalid or repeated pointer, or a body that is not JSON
 		}
@@ -157,7 +161,7 @@ func FuzzFingerprintMembers(f *testing.F) {
 		}
 		again, err := json.Marshal(v)
 		require.NoError(t, err)
-		re, err := workflow.FingerprintMembers("POST", "/r", again, list)
+		re, err := workflow.Fingerprint("POST", "/r", again, list)
 		require.NoError(t, err)
 		require.Equal(t, got[:41], re[:41], "re-encoded JSON has the same members: %q vs %q", body, again)
 		require.Equal(t, got[41:], re[41:], "and is the same request")

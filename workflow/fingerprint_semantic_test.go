@@ -41,7 +41,7 @@ func FuzzFingerprintSemantic(f *testing.F) {
 		if !ok {
 			return // not canonicalisable JSON: hashed as bytes, covered by FuzzFingerprint
 		}
-		fp := func(b []byte) []byte { return workflow.Fingerprint("POST", "/r", b) }
+		fp := func(b []byte) []byte { return workflow.WholeFingerprint("POST", "/r", b) }
 		want := fp(body)
 		rng := rand.New(rand.NewPCG(seed, uint64(pick)))
 

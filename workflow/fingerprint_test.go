@@ -14,7 +14,7 @@ import (
 
 func TestFingerprint(t *testing.T) {
 	t.Parallel()
-	fp := func(method, route, body string) []byte { return workflow.Fingerprint(method, route, []byte(body)) }
+	fp := func(method, route, body string) []byte { return workflow.WholeFingerprint(method, route, []byte(body)) }
 	base := fp("POST", "/v1/charges", `{"amount":100,"currency":"usd"}`)
 	require.Len(t, base, 33)
 	require.Equal(t, byte(0x02), base[0], "v2 fingerprints start with their version")
@@ -52,7 +52,7 @@ func TestFingerprint(t *testing.T) {
 // have different fingerprints, and spellings of one value the same.
 func TestFingerprintExact(t *testing.T) {
 	t.Parallel()
-	fp := func(body string) []byte { return workflow.Fingerprint("POST", "/r", []byte(body)) }
+	fp := func(body string) []byte { return workflow.WholeFingerprint("POST", "/r", []byte(body)) }
 	requireSame := func(t *testing.T, bodies ...string) {
 		t.Helper()
 		for _, b := range bodies[1:] {
@@ -135,8 +135,8 @@ func TestFingerprintExact(t *testing.T) {
 // whitespace before it changes its fingerprint.
 func requireHashedAsBytes(t *testing.T, body string) {
 	t.Helper()
-	fp := workflow.Fingerprint("POST", "/r", []byte(body))
-	require.NotEqual(t, fp, workflow.Fingerprint("POST", "/r", []byte(" "+body)), "%.40q is hashed as bytes", body)
+	fp := workflow.WholeFingerprint("POST", "/r", []byte(body))
+	require.NotEqual(t, fp, workflow.WholeFingerprint("POST", "/r", []byte(" "+body)), "%.40q is hashed as bytes", body)
 }
 
 func TestFingerprintMatches(t *testing.T) {
@@ -145,7 +145,7 @@ func TestFingerprintMatches(t *testing.T) {
 	respelled := []byte(`{"currency":"\u0075sd", "amount":1e2}`)
 	other := []byte(`{"amount":101,"currency":"usd"}`)
 	v1 := workflow.FingerprintV1("POST", "/r", body)
-	v2 := workflow.Fingerprint("POST", "/r", body)
+	v2 := workflow.WholeFingerprint("POST", "/r", body)
 
 	for name, stored := range map[string][]byte{"V1": v1[:], "V2": v2} {
 		t.Run(name, func(t *testing.T) {
@@ -183,16 +183,16 @@ func FuzzFingerprint(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got := workflow.Fingerprint("POST", "/r", body)
-		require.Equal(t, got, workflow.Fingerprint("POST", "/r", body), "deterministic")
+		got := workflow.WholeFingerprint("POST", "/r", body)
+		require.Equal(t, got, workflow.WholeFingerprint("POST", "/r", body), "deterministic")
 		v, ok := decodeStrict(body)
 		if !ok {
 			return // not canonicalisable: hashed as bytes
 		}
 		again, err := json.Marshal(v) // json.Number keeps its literal
 		require.NoError(t, err)
-		require.Equal(t, got, workflow.Fingerprint("POST", "/r", again), "re-encoded JSON is the same request: %q vs %q", body, again)
-		require.NotEqual(t, got, workflow.Fingerprint("POST", "/other", body), "the route is part of the request")
+		require.Equal(t, got, workflow.WholeFingerprint("POST", "/r", again), "re-encoded JSON is the same request: %q vs %q", body, again)
+		require.NotEqual(t, got, workflow.WholeFingerprint("POST", "/other", body), "the route is part of the request")
 	})
 }
 

@@ -39,7 +39,7 @@ func TestJSONFormat(t *testing.T) {
 // v1 (32 bytes, any first byte) and v2 (0x02 and 32 bytes) are known; any other
 // version byte or length is a newer format.
 func TestFingerprintFormat(t *testing.T) {
-	v2 := Fingerprint("POST", "/charges", []byte(`{"amount": 1}`))
+	v2 := wholeFingerprint("POST", "/charges", []byte(`{"amount": 1}`))
 	require.True(t, fingerprintFormat(v2))
 	require.True(t, fingerprintFormat(bytes.Repeat([]byte{0x02}, 32)), "v1 is told by its length")
 	for _, stored := range [][]byte{

@@ -68,17 +68,6 @@ type PhaseEvent struct {
 // phase's function.
 func (ev PhaseEvent) DerivedKey() string { return ev.ID + ":" + ev.Phase }
 
-// Key events that are not the end of an attempt. The end of an attempt is its Outcome
-// (OutcomeFinished, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
-// OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost, OutcomeParked); these name
-// what happens to a key on the way. Outside an attempt: KeySwept, KeyGivenBack,
-// KeyPurged, OutcomeRedriven, OutcomeOperatorReleased, OutcomeOperatorCancelled.
-const (
-	KeyClaimed   Outcome = "claimed"    // a new key row was created
-	KeyTakenOver Outcome = "taken_over" // an expired or released lease was taken
-	KeyWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
-)
-
 // KeyEvent describes something that happened to a key.
 type KeyEvent struct {
 	// Kind is what happened: an Outcome, the one vocabulary of results, events,
@@ -129,13 +118,13 @@ type Hooks struct {
 	// Origin returns a short text that identifies the attempt that claims a new key,
 	// such as a W3C traceparent, to be stored with the key (in the write that creates
 	// its row) and handed to every later attempt as AttemptEvent.Origin. It runs once
-	// per new key, with AttemptStart's context. Texts over MaxOriginBytes, or not
-	// UTF-8 without NUL, are not stored.
+	// per new key, with AttemptStart's context. Texts over 512 bytes, or not UTF-8
+	// without NUL, are not stored.
 	Origin func(ctx context.Context) string
 }
 
-// MaxOriginBytes is the longest origin stored with a key (see Hooks.Origin).
-const MaxOriginBytes = 512
+// maxOriginBytes is the longest origin stored with a key (see Hooks.Origin).
+const maxOriginBytes = 512
 
 // JoinHooks returns hooks that run each of hs's, in order: start hooks pass the
 // context each returns to the next, and Origin is the first non-empty one's. A field
@@ -254,7 +243,7 @@ func (h *Hooks) origin(ctx context.Context) string {
 		return ""
 	}
 	s := h.Origin(ctx)
-	if len(s) > MaxOriginBytes || !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+	if len(s) > maxOriginBytes || !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
 		return ""
 	}
 	return s

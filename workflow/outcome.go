@@ -19,10 +19,10 @@ import (
 // history rows and exported as metric attribute values: they never change.
 type Outcome string
 
-// Outcomes of an attempt (Result.Outcome, AttemptEvent.Outcome, Attempt.Outcome), each
-// also the key event of the key the attempt ended on (KeyEvent.Kind), where one is
-// emitted: finished, replayed, in_progress, mismatch, released, dead_lettered,
-// lease_lost and parked.
+// The outcomes, in one list. An attempt ends in one of the first ten (Result.Outcome,
+// AttemptEvent.Outcome); the key event of the key it ended on (KeyEvent.Kind, emitted
+// when the key's row decided it, never for shed or failed) and the history entry of an
+// attempt that wrote its end (Attempt.Outcome) say the same.
 const (
 	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
 	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
@@ -32,15 +32,26 @@ const (
 	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
 	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
 	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
+	OutcomeShed         Outcome = "shed"          // turned away before its claim (a *ShedError): nothing was written
 	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
+
+	// What happens to a key during an attempt, before it ends: key events only.
+	OutcomeClaimed   Outcome = "claimed"    // a new key row was created
+	OutcomeTakenOver Outcome = "taken_over" // an expired or released lease was taken by a client's attempt
+	OutcomeWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
+
+	// What is done to a key outside any attempt: key events, and the history entries
+	// of those that write one (redriven, operator_released, operator_cancelled).
+	OutcomeSwept             Outcome = "swept"              // a sweeper took over an expired or released lease (Maintenance.TakeDue)
+	OutcomeGivenBack         Outcome = "given_back"         // a key taken by a sweeper was returned unrun (Maintenance.GiveBack)
+	OutcomeRedriven          Outcome = "redriven"           // an operator re-drove the dead-lettered key (Redrive, BulkKeys)
+	OutcomeOperatorReleased  Outcome = "operator_released"  // an operator took its lease away (ReleaseKey, BulkKeys)
+	OutcomeOperatorCancelled Outcome = "operator_cancelled" // an operator finished it with an answer of their choosing (CancelKey)
+	OutcomePurged            Outcome = "purged"             // an operator deleted the finished key (PurgeKey); no history is left
+
 	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
 	// crash, a pause, a partition) and its lease ran out.
 	OutcomeAbandoned Outcome = "abandoned"
-	// OutcomeRedriven and OutcomeOperatorReleased are in a key's history and are key
-	// events: an operator re-drove the dead-lettered key, or took its lease away
-	// (ReleaseKey).
-	OutcomeRedriven         Outcome = "redriven"
-	OutcomeOperatorReleased Outcome = "operator_released"
 )
 
 // Result is how one attempt on a key ended (Engine.Run, Do, Resume, Maintenance.Run):
@@ -150,21 +161,32 @@ func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecord
 	if unrecorded != nil {
 		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
 	} else if r.recorded {
-		e.emit(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+		e.attemptEvent(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
 	}
 	if e.cfg.Hooks.AttemptEnd != nil {
 		e.cfg.Hooks.AttemptEnd(ctx, ev)
 	}
 }
 
-// emit is the one place a key event goes out: the only caller of Hooks.Key. Its
-// callers are report, for the event that ends an attempt (the outcome its row
-// records); the attempt's milestones, at the moment they happen (KeyClaimed once the
-// claim is durable, KeyTakenOver, KeyWaiting), where crash tests stop a process; and
-// what an operator or the engine's maintenance did to a key outside an attempt, once
-// that change has committed (operate for one key, CancelKey, the bulk actions,
-// TakeDue, GiveBack and Drain).
-func (e *Engine) emit(ctx context.Context, ev KeyEvent) {
+// Key events go out at two points, the only callers of Hooks.Key
+// (TestOneKeyEventEmitter pins them and their callers, so a new one is seen):
+// attemptEvent for what happens to a key during an attempt, and acted for what is
+// done to it outside any attempt.
+
+// attemptEvent is the key event of an attempt: its outcome, from report, the one place
+// an attempt's result goes out; and its milestones, at the moment they happen, where
+// crash tests stop a process (OutcomeClaimed once the claim is durable, from
+// exec.committed; OutcomeTakenOver, from existingRow; OutcomeWaiting, from keyWaiter.wait).
+func (e *Engine) attemptEvent(ctx context.Context, ev KeyEvent) {
+	if e.cfg.Hooks.Key != nil {
+		e.cfg.Hooks.Key(ctx, ev)
+	}
+}
+
+// acted is the key event of what an operator or the engine's maintenance did to a key
+// outside any attempt, once that change has committed: operate (ReleaseKey, PurgeKey,
+// Redrive), CancelKey, bulkOne (BulkKeys), abandon (Drain), TakeDue and GiveBack.
+func (e *Engine) acted(ctx context.Context, ev KeyEvent) {
 	if e.cfg.Hooks.Key != nil {
 		e.cfg.Hooks.Key(ctx, ev)
 	}

@@ -312,11 +312,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 		return read(br)
 	})
 	if err == nil {
-		x.stored = w.target
-		if x.claim != nil {
-			x.claim = nil
-			x.e.emit(ctx, KeyEvent{Kind: KeyClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: w.target})
-		}
+		x.committed(ctx, w.target)
 		return nil
 	}
 	tx.done(ctx) // before anything else uses the pool

@@ -15,13 +15,6 @@ import (
 // through the same phase code a retry runs, dead-lettering and retention.
 // The sweeper package schedules these calls; this file decides what they mean.
 
-// Key events of sweeps that are not the end of an attempt (a sweep's attempt ends
-// with its Outcome).
-const (
-	KeySwept     Outcome = "swept"      // a sweeper took over an expired or released lease
-	KeyGivenBack Outcome = "given_back" // a key taken by a sweeper was returned unrun
-)
-
 // Defaults of TakeDueOpts and RunOpts: those of sweeper.Config, so that zero means the
 // same in both (TestSweepDefaultsMatchTheSweeper checks it).
 const (
@@ -104,7 +97,7 @@ type RunOpts struct {
 // have, or with phase data in a newer format. Rows
 // locked by anyone else are skipped rather than waited for, so any number of sweepers
 // take disjoint sets, and a key that finished or was taken over after the statement's
-// snapshot is left alone. Each key taken gets a KeySwept event.
+// snapshot is left alone. Each key taken gets a OutcomeSwept event.
 //
 // It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
 // when the database fails (nothing was taken).
@@ -130,7 +123,7 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
 			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
-		e.emit(ctx, KeyEvent{Kind: KeySwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
+		e.acted(ctx, KeyEvent{Kind: OutcomeSwept, Flow: r.Flow, Scope: r.Scope, Key: r.Key, RecoveryPoint: r.RecoveryPoint})
 	}
 	return out, nil
 }
@@ -320,7 +313,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	if err != nil {
 		return err
 	}
-	e.emit(ctx, KeyEvent{Kind: KeyGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
+	e.acted(ctx, KeyEvent{Kind: OutcomeGivenBack, Flow: t.Flow, Scope: t.Scope, Key: t.Key, RecoveryPoint: t.RecoveryPoint})
 	return nil
 }
 

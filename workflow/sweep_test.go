@@ -23,7 +23,7 @@ func TestTakeDueAndRunTaken(t *testing.T) {
 	ctx := context.Background()
 	var swept []workflow.KeyEvent
 	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeySwept {
+		if ev.Kind == workflow.OutcomeSwept {
 			swept = append(swept, ev)
 		}
 	}}}})
@@ -165,7 +165,7 @@ func TestRedriveAndExpireValidate(t *testing.T) {
 	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "none"), workflow.ErrNotFound)
 	_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":7}`))
 	require.NoError(t, err)
-	require.ErrorIs(t, b.engine.Redrive(ctx, "acct", "k"), workflow.ErrNotDeadLettered)
+	requireWrongStatus(t, b.engine.Redrive(ctx, "acct", "k"), "not dead-lettered")
 
 	_, err = b.engine.Maintenance().ExpireFinished(ctx, 0, 10)
 	require.Error(t, err)

@@ -217,7 +217,7 @@ func (w *keyWaiter) wait(ctx context.Context, polls int) (row *store.Row, ok boo
 	}
 	wt.n++
 	ws.mu.Unlock()
-	w.e.emit(ctx, KeyEvent{Kind: KeyWaiting, Flow: w.flow, Scope: w.k.scope, Key: w.k.key})
+	w.e.attemptEvent(ctx, KeyEvent{Kind: OutcomeWaiting, Flow: w.flow, Scope: w.k.scope, Key: w.k.key})
 
 	t := time.NewTimer(time.Until(w.deadline))
 	defer t.Stop()

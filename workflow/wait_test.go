@@ -91,7 +91,7 @@ func waitEngine(t *testing.T, b *bundle, cfg *workflow.Config, before func(conte
 		c = *cfg
 	}
 	c.Hooks = workflow.JoinHooks(c.Hooks, workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeyWaiting {
+		if ev.Kind == workflow.OutcomeWaiting {
 			k.waiting <- ev.Key
 		}
 	}})

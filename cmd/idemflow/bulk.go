@@ -119,7 +119,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 		return fmt.Errorf("no key %q in scope %q", key, scope)
 	case errors.Is(err, workflow.ErrInvalidRequest):
 		return badUsage("keys cancel: %v", err)
-	case errors.Is(err, workflow.ErrCallMayHaveRun), errors.Is(err, workflow.ErrNotInProgress):
+	case errors.Is(err, workflow.ErrCallMayHaveRun), errors.Is(err, workflow.ErrWrongStatus):
 		return fmt.Errorf("keys cancel: nothing changed: %w", err)
 	case err != nil:
 		return err

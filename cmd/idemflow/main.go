@@ -357,7 +357,7 @@ func (c *cli) act(ctx context.Context, verb string, args []string) error {
 	switch {
 	case errors.Is(err, workflow.ErrNotFound):
 		return fmt.Errorf("no key %q in scope %q", key, scope)
-	case errors.Is(err, workflow.ErrNotDeadLettered), errors.Is(err, workflow.ErrNotInProgress), errors.Is(err, workflow.ErrNotFinished):
+	case errors.Is(err, workflow.ErrWrongStatus):
 		return fmt.Errorf("keys %s: %w", verb, err)
 	case err != nil:
 		return err

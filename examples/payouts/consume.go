@@ -334,7 +334,7 @@ func (c *consumer) hooks() workflow.Hooks {
 			}
 		},
 		Key: func(ctx context.Context, ev workflow.KeyEvent) {
-			if ev.Kind == workflow.KeySwept {
+			if ev.Kind == workflow.OutcomeSwept {
 				c.report("swept payout=%s recovery_point=%s", ev.Key, ev.RecoveryPoint)
 			}
 		},

@@ -96,11 +96,11 @@ func (ps *Points) Hooks(next workflow.Hooks) workflow.Hooks {
 			case ev.Kind == workflow.OutcomeFinished:
 				ps.At(Finished)
 			case ps.point == "":
-			case ev.Kind == workflow.KeyClaimed:
+			case ev.Kind == workflow.OutcomeClaimed:
 				ps.At(Claimed)
-			case ev.Kind == workflow.KeyTakenOver:
+			case ev.Kind == workflow.OutcomeTakenOver:
 				ps.At(TakenOver)
-			case ev.Kind == workflow.KeySwept:
+			case ev.Kind == workflow.OutcomeSwept:
 				ps.At(Swept)
 			}
 		},

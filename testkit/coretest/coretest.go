@@ -141,7 +141,7 @@ func waitForOtherEngine(t *testing.T, c *kit) {
 	})
 	waiting := make(chan struct{}, 1)
 	waiter := testflow.Engine(t, c.Pool, &workflow.Config{Schema: c.Schema, Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
-		if ev.Kind == workflow.KeyWaiting {
+		if ev.Kind == workflow.OutcomeWaiting {
 			waiting <- struct{}{}
 		}
 	}}}, c.Provider, nil)

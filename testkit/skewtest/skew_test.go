@@ -207,7 +207,7 @@ func v3Case(t *testing.T, db *pgtest.DB, prev, cur build) {
 	const key, body = "fingerprint-version-3", `{"amount": 700}`
 	a, _ := cur.do(t, "", key, body)
 	require.Equal(t, 201, a.Status, "%+v", a)
-	fp, err := workflow.FingerprintMembers("POST", "/skew", []byte(body), []string{"/amount"})
+	fp, err := workflow.Fingerprint("POST", "/skew", []byte(body), []string{"/amount"})
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(context.Background(),
 		`UPDATE idemflow_keys SET fingerprint = $2 WHERE scope = 'acct' AND idempotency_key = $1`, key, fp)
