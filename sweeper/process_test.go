@@ -73,10 +73,6 @@ func runChild() {
 	if err := registerFlows(e, os.Getenv(envProvider), nil); err != nil {
 		childproc.Fail("register", err)
 	}
-	s, err := sweeper.New(e, nil)
-	if err != nil {
-		childproc.Fail("sweeper", err)
-	}
 	var total sweeper.Stats
 	switch mode {
 	case "crash":
@@ -88,7 +84,7 @@ func runChild() {
 			childproc.Fail("wait for go", err)
 		}
 		for {
-			st, err := s.RunOnce(ctx)
+			st, err := e.Sweep(ctx, nil)
 			if err != nil {
 				childproc.Fail("pass", err)
 			}
@@ -104,7 +100,7 @@ func runChild() {
 			}
 		}
 	case "zombie":
-		total, err = s.RunOnce(ctx)
+		total, err = e.Sweep(ctx, nil)
 		if err != nil {
 			childproc.Fail("pass", err)
 		}

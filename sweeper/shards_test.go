@@ -72,9 +72,7 @@ func twoSweepers(t *testing.T, scan workflow.Scan) {
 	require.NoError(t, err)
 	require.NoError(t, registerFlows(other, b.provider.URL, nil))
 	swCfg := &sweeper.Config{BatchSize: 50, Concurrency: 8, Grace: -1}
-	sweepers := [2]*sweeper.Sweeper{b.newSweeper(t, swCfg), nil}
-	sweepers[1], err = sweeper.New(other, swCfg)
-	require.NoError(t, err)
+	sweepers := [2]*engineSweeper{b.newSweeper(t, swCfg), sweeperOf(t, other, swCfg)}
 
 	// Both sweep at once, pass after pass, until a pass of each takes nothing.
 	for pass := 0; ; pass++ {
