@@ -182,7 +182,9 @@ type sweeperOn struct {
 }
 
 // RunOnce runs one pass (Engine.Sweep).
-func (s *sweeperOn) RunOnce(ctx context.Context) (sweeper.Stats, error) { return s.en.Sweep(ctx, s.cfg) }
+func (s *sweeperOn) RunOnce(ctx context.Context) (sweeper.Stats, error) {
+	return s.en.Sweep(ctx, s.cfg)
+}
 
 // Start starts the engine's sweeper (Engine.Start).
 func (s *sweeperOn) Start(ctx context.Context) error { return s.en.Start(ctx, s.cfg) }
