@@ -44,9 +44,9 @@ type childLine struct {
 //   - crash: runs one charge and SIGKILLs itself at the crash point;
 //   - loop: starts the engine's sweeper (Engine.Start) and SIGKILLs itself at the
 //     crash point of a key the background loop runs;
-//   - sweep: prints ready, waits for a line on stdin, runs RunOnce until a pass takes
-//     nothing, prints the summed Stats;
-//   - zombie: runs one RunOnce whose settle phase prints paused and SIGSTOPs the
+//   - sweep: prints ready, waits for a line on stdin, runs passes (Engine.Sweep)
+//     until one takes nothing, prints the summed Stats;
+//   - zombie: runs one pass whose settle phase prints paused and SIGSTOPs the
 //     process before it starts, and prints the pass's Stats.
 func runChild() {
 	mode := os.Getenv(envMode)

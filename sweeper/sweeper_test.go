@@ -403,6 +403,7 @@ func TestStartStopIdempotent(t *testing.T) {
 	for range 20 {
 		require.NoError(t, s.Start(ctx))
 		require.NoError(t, s.Start(ctx), "start while running does nothing")
+		require.Error(t, b.engine.Start(ctx, &sweeper.Config{Grace: -2}), "invalid settings are refused while running too")
 		require.NoError(t, s.Stop(ctx))
 		require.NoError(t, s.Stop(ctx))
 	}

@@ -92,9 +92,13 @@ func validateSweep(c *sweeper.Config) error {
 // finish keys, servers and workers alike: any number of sweepers may run at once, in
 // any number of processes, against the same database. Ending ctx stops the loop like
 // Stop does, without waiting: no more keys are taken, and keys in flight finish their
-// run. Start on an engine whose sweeper runs does nothing (cfg is not looked at). It
-// fails, starting nothing, if cfg is invalid.
+// run. It fails, starting nothing, if cfg is invalid; else Start on an engine whose
+// sweeper runs does nothing (the running one keeps its settings).
 func (e *Engine) Start(ctx context.Context, cfg *sweeper.Config) error {
+	sw, err := e.newSweep(cfg)
+	if err != nil {
+		return err
+	}
 	s := &e.sweeping
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -104,10 +108,6 @@ func (e *Engine) Start(ctx context.Context, cfg *sweeper.Config) error {
 		default:
 			return nil
 		}
-	}
-	sw, err := e.newSweep(cfg)
-	if err != nil {
-		return err
 	}
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l := &loop{stop: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
