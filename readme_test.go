@@ -29,7 +29,6 @@ import (
 	"github.com/idemflow/idemflow/idemmsg"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -106,14 +105,10 @@ func chargesService() error {
 	}
 	mux.Handle("POST /v1/charges", handler)
 
-	sw, err := sweeper.New(engine, nil) // in the server or in any worker process
-	if err != nil {
+	if err := engine.Start(ctx, nil); err != nil { // its sweeper; in every worker process too
 		return err
 	}
-	if err := sw.Start(ctx); err != nil {
-		return err
-	}
-	defer sw.Stop(ctx)
+	defer engine.Stop(ctx)
 	return http.ListenAndServe(":8080", mux)
 }
 
@@ -152,11 +147,7 @@ func ownSchema() error {
 	if err != nil {
 		return err
 	}
-	sw, err := sweeper.New(engine, nil) // on its engine's schema
-	if err != nil {
-		return err
-	}
-	return sw.Start(ctx)
+	return engine.Start(ctx, nil) // its sweeper works on the engine's schema
 }
 
 var _ = []any{chargesService, refunds, consume, ownSchema}

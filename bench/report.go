@@ -300,7 +300,7 @@ func (r *report) mdDrain(b *strings.Builder) {
 	p := printer(b)
 	p("\n## Sweeper drain\n\n")
 	p("Stuck keys are made the way clients leave them: each charge runs through the engine with a provider that answers 503, so create_charge commits and the key is released at that recovery point. ")
-	p("The sweepers (separate processes of this binary, `sweeper.Start`, Interval 10ms, no grace) take them over, call a healthy provider with the derived key and finalize. keys/s runs from the start signal until no key is left unfinished (polled every 20 ms).\n\n")
+	p("The sweepers (separate processes of this binary, `Engine.Start`, Interval 10ms, no grace) take them over, call a healthy provider with the derived key and finalize. keys/s runs from the start signal until no key is left unfinished (polled every 20 ms).\n\n")
 	p("| sweeper processes | concurrency each | stuck keys | time | keys/s | passes | taken | finished | released | lease lost | one charge per key | provider requests / payments / keys called twice | lock versions |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, d := range r.drains {
@@ -318,7 +318,7 @@ func (r *report) mdRetention(b *strings.Builder) {
 		p("\n## Retention cleanup under live traffic\n\n")
 		p("%d expired finished keys (finished two days ago) inserted with INSERT … SELECT generate_series, then VACUUM ANALYZE and CHECKPOINT (%s). ",
 			rt.Backlog, rt.InsertTime.Round(time.Millisecond))
-		p("Live traffic: idemflow fresh requests at concurrency %d. One sweeper process runs one `RunOnce` pass (batches of %d until none is left) with the default 24h retention: %d keys deleted in %s.\n\n",
+		p("Live traffic: idemflow fresh requests at concurrency %d. One sweeper process runs one pass (`Engine.Sweep`) (batches of %d until none is left) with the default 24h retention: %d keys deleted in %s.\n\n",
 			rt.Conc, sweeper.CleanupBatchDefault, rt.Expired, rt.CleanupTime.Round(time.Millisecond))
 		p("| window | requests | req/s | p50 (ms) | p99 (ms) | live backends seen waiting on a row or table lock | all lock waits seen |\n|---|---|---|---|---|---|---|\n")
 		for _, w := range []struct {

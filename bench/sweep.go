@@ -62,7 +62,7 @@ func (r *childReport) add(o childReport) {
 
 // runChild is a sweeper process: it connects, prints "ready", waits for "go" on stdin,
 // then either runs the sweeper's background loop until "stop" (mode drain) or one
-// RunOnce pass (mode cleanup), and prints a childReport as JSON.
+// pass (mode cleanup, Engine.Sweep), and prints a childReport as JSON.
 func runChild(args []string) error {
 	fs := flag.NewFlagSet(childCommand, flag.ContinueOnError)
 	serverURL := fs.String("url", "", "server URL")
@@ -99,7 +99,7 @@ func runChild(args []string) error {
 	}
 	var mu sync.Mutex
 	var rep childReport
-	sw, err := sweeper.New(eng, &sweeper.Config{
+	swCfg := &sweeper.Config{
 		Interval: *interval, Grace: -1, BatchSize: *batch, Concurrency: *conc, CleanupBatch: *cleanupBatch,
 		Logger: log,
 		Hooks: sweeper.Hooks{Pass: func(_ context.Context, st sweeper.Stats, err error) {
@@ -107,9 +107,6 @@ func runChild(args []string) error {
 			defer mu.Unlock()
 			rep.addPass(st, err)
 		}},
-	})
-	if err != nil {
-		return err
 	}
 	if err := pool.Ping(ctx); err != nil {
 		return err
@@ -120,7 +117,7 @@ func runChild(args []string) error {
 		return errors.New("stdin closed before go")
 	}
 	start := time.Now()
-	if err := runMode(ctx, *mode, sw, in); err != nil {
+	if err := runMode(ctx, *mode, eng, swCfg, in); err != nil {
 		return err
 	}
 	mu.Lock()
@@ -150,23 +147,23 @@ func (r *childReport) addPass(st sweeper.Stats, err error) {
 	}
 }
 
-// runMode runs sw as mode says: its background loop until "stop" on in (drain), or one
-// RunOnce pass (cleanup).
-func runMode(ctx context.Context, mode string, sw *sweeper.Sweeper, in *bufio.Scanner) error {
+// runMode runs eng's sweeper with cfg as mode says: its background loop until "stop" on
+// in (drain), or one pass (cleanup).
+func runMode(ctx context.Context, mode string, eng *workflow.Engine, cfg *sweeper.Config, in *bufio.Scanner) error {
 	switch mode {
 	case "drain":
-		if err := sw.Start(ctx); err != nil {
+		if err := eng.Start(ctx, cfg); err != nil {
 			return err
 		}
 		in.Scan() // "stop", or EOF when the parent goes away
 		stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := sw.Stop(stopCtx)
+		err := eng.Stop(stopCtx)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("stop sweeper: %w", err)
 		}
 	case "cleanup":
-		if _, err := sw.RunOnce(ctx); err != nil {
+		if _, err := eng.Sweep(ctx, cfg); err != nil {
 			return fmt.Errorf("sweeper pass: %w", err)
 		}
 	default:
@@ -530,7 +527,7 @@ func (e *env) retention(ctx context.Context) (*retentionResult, error) {
 		return nil, err
 	}
 
-	// During: a sweeper process deletes the backlog (one RunOnce: batches until none left).
+	// During: a sweeper process deletes the backlog (one pass: batches until none left).
 	rep, err := e.cleanupWindow(ctx, live, res)
 	if err != nil {
 		return nil, err
@@ -601,8 +598,8 @@ func liveWindowOf(l load, s *sampler) (liveWindow, error) {
 		Samples: a.Samples, lats: l.lats}, nil
 }
 
-// cleanupWindow runs live traffic while a sweeper process deletes the backlog (one
-// RunOnce: batches until none is left), into res.During, and returns the child's report.
+// cleanupWindow runs live traffic while a sweeper process deletes the backlog (in
+// one pass: batches until none is left), into res.During, and returns the child's report.
 func (e *env) cleanupWindow(ctx context.Context, live doFunc, res *retentionResult) (childReport, error) {
 	kids, err := e.startChildren(ctx, 1, e.fast.URL, "-mode", "cleanup")
 	defer killAll(kids)

@@ -88,7 +88,7 @@ const (
 	// ByRetry: the client retries with the same key once the dead attempt's lease has
 	// run out (ExpireLease), and gets the final answer.
 	ByRetry Recovery = "retry"
-	// BySweeper: a sweeper pass (sweeper.Sweeper.RunOnce) finishes the key once its
+	// BySweeper: a sweeper pass (workflow.Engine.Sweep) finishes the key once its
 	// lease has run out; a key with no row yet (the crash came before the claim
 	// committed) is left to the client's retry.
 	BySweeper Recovery = "sweeper"
@@ -273,13 +273,12 @@ func (r *recorder) record(msg string) {
 
 // matrix is a crash matrix being run.
 type matrix struct {
-	c       Crash
-	test    string
-	call    int
-	engine  *workflow.Engine // the parent's
-	sweeper *sweeper.Sweeper
-	cases   []matrixCase
-	seq     int
+	c      Crash
+	test   string
+	call   int
+	engine *workflow.Engine // the parent's
+	cases  []matrixCase
+	seq    int
 }
 
 type matrixCase struct {
@@ -346,9 +345,6 @@ func newMatrix(t *testing.T, c Crash) *matrix {
 	}
 	var err error
 	if m.engine, err = newEngine(c, c.DB, workflow.Hooks{}); err != nil {
-		t.Fatalf("idemflowtest: %v", err)
-	}
-	if m.sweeper, err = sweeper.New(m.engine, &sweeper.Config{Grace: -1}); err != nil {
 		t.Fatalf("idemflowtest: %v", err)
 	}
 	return m
@@ -564,7 +560,7 @@ func (m *matrix) recover(t testing.TB, cs matrixCase, req workflow.Request, left
 		m.crashSweeper(t, cs, req)
 	}
 	if cs.recovery != ByRetry {
-		st, err := m.sweeper.RunOnce(ctx)
+		st, err := m.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
 		if err != nil {
 			t.Fatalf("%s: sweeper pass: %v", cs.name(), err)
 		}
@@ -633,11 +629,7 @@ func (m *matrix) runChild(t *testing.T) {
 		_, err := e.Do(ctx, req)
 		fail("the attempt never reached %s; Do returned %v", spec.Boundary, err)
 	case "sweep":
-		s, err := sweeper.New(e, &sweeper.Config{Grace: -1, Concurrency: 1})
-		if err != nil {
-			fail("sweeper: %v", err)
-		}
-		st, err := s.RunOnce(ctx)
+		st, err := e.Sweep(ctx, &sweeper.Config{Grace: -1, Concurrency: 1})
 		childproc.Emit(childLine{Taken: st.Taken, Finished: st.Finished})
 		fail("the sweeper pass reached no boundary (%+v, %v)", st, err)
 	}

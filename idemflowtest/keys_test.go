@@ -37,13 +37,12 @@ func TestKeyStates(t *testing.T) {
 	require.False(t, k.Leased, "a transient failure released the key")
 	require.Contains(t, k.LastError, "503")
 
-	s, err := sweeper.New(e, &sweeper.Config{MaxAttempts: 2})
-	require.NoError(t, err)
-	st, err := s.RunOnce(ctx)
+	swCfg := &sweeper.Config{MaxAttempts: 2}
+	st, err := e.Sweep(ctx, swCfg)
 	require.NoError(t, err)
 	require.Zero(t, st.Taken, "the backoff and the grace period have not run out")
 	require.True(t, idemflowtest.ExpireLease(t, db.Pool, "acct", "dead"))
-	st, err = s.RunOnce(ctx)
+	st, err = e.Sweep(ctx, swCfg)
 	require.NoError(t, err)
 	require.Equal(t, 1, st.DeadLettered, "%+v", st)
 	require.Zero(t, remote.Armed(), "both failures fired")

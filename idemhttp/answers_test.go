@@ -359,10 +359,8 @@ func TestHandlerDeadLettered(t *testing.T) {
 
 	r := mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
 	requireProblem(t, r, http.StatusServiceUnavailable)
-	sw, err := sweeper.New(b.engine, &sweeper.Config{MaxAttempts: 1})
-	require.NoError(t, err)
 	sweepable(t, b.db)
-	stats, err := sw.RunOnce(ctx)
+	stats, err := b.engine.Sweep(ctx, &sweeper.Config{MaxAttempts: 1})
 	require.NoError(t, err)
 	require.Equal(t, 1, stats.DeadLettered)
 	require.Equal(t, "dead", state(t, b.db, "acct", "k").Status)

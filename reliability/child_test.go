@@ -112,13 +112,9 @@ func runChild() {
 			childproc.Emit(childLine{Event: "answer", Key: req.Key, Answer: &a})
 		}
 	case "sweep":
-		s, err := sweeper.New(e, &sweeper.Config{Grace: -1})
-		if err != nil {
-			childproc.Fail("sweeper", err)
-		}
 		var total sweeper.Stats
 		for {
-			st, err := s.RunOnce(ctx)
+			st, err := e.Sweep(ctx, &sweeper.Config{Grace: -1})
 			if err != nil {
 				childproc.Fail("pass", err)
 			}

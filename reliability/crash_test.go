@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -115,7 +114,7 @@ func TestCrashMatrix(t *testing.T) {
 type crashRig struct {
 	env                                                             *env
 	en                                                              *workflow.Engine
-	sw                                                              *sweeper.Sweeper
+	sw                                                              *sweeperOn
 	flow                                                            string
 	crashes, byRetry, bySweeper, bySweeperAfterCrash, claimedAtOnce atomic.Int64
 }

@@ -175,8 +175,26 @@ func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txProlo
 	return en
 }
 
-// sweeper returns a sweeper on en with no grace (experiments decide when keys are due).
-func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeper.Sweeper {
+// sweeperOn is an engine's sweeper with the settings an experiment gave it.
+type sweeperOn struct {
+	en  *workflow.Engine
+	cfg *sweeper.Config
+}
+
+// RunOnce runs one pass (Engine.Sweep).
+func (s *sweeperOn) RunOnce(ctx context.Context) (sweeper.Stats, error) {
+	return s.en.Sweep(ctx, s.cfg)
+}
+
+// Start starts the engine's sweeper (Engine.Start).
+func (s *sweeperOn) Start(ctx context.Context) error { return s.en.Start(ctx, s.cfg) }
+
+// Stop stops the engine's sweeper (Engine.Stop).
+func (s *sweeperOn) Stop(ctx context.Context) error { return s.en.Stop(ctx) }
+
+// sweeper returns en's sweeper with no grace (experiments decide when keys are due);
+// Start and RunOnce refuse invalid settings.
+func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeperOn {
 	e.t.Helper()
 	c := sweeper.Config{Grace: -1}
 	if cfg != nil {
@@ -185,9 +203,7 @@ func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeper.Sweeper
 			c.Grace = -1
 		}
 	}
-	s, err := sweeper.New(en, &c)
-	require.NoError(e.t, err)
-	return s
+	return &sweeperOn{en: en, cfg: &c}
 }
 
 // do runs one attempt and records the answer.

@@ -33,29 +33,28 @@ func TestStartStopLeaks(t *testing.T) {
 		en, err := workflow.New(pool, nil)
 		require.NoError(t, err)
 		require.NoError(t, registerFlows(en, env.provider.URL, env.client, nil, nil, flowShape{}))
-		sw, err := sweeper.New(en, &sweeper.Config{Interval: time.Millisecond, Grace: -1})
-		require.NoError(t, err)
+		swCfg := &sweeper.Config{Interval: time.Millisecond, Grace: -1}
 		switch i % 4 {
 		case 0: // start, stop
-			require.NoError(t, sw.Start(ctx))
-			require.NoError(t, sw.Stop(ctx))
+			require.NoError(t, en.Start(ctx, swCfg))
+			require.NoError(t, en.Stop(ctx))
 		case 1: // start, end its context, start again, stop
 			sctx, cancel := context.WithCancel(ctx)
-			require.NoError(t, sw.Start(sctx))
+			require.NoError(t, en.Start(sctx, swCfg))
 			cancel()
-			require.NoError(t, sw.Start(ctx))
-			require.NoError(t, sw.Stop(ctx))
+			require.NoError(t, en.Start(ctx, swCfg))
+			require.NoError(t, en.Stop(ctx))
 		case 2: // a key to sweep, stop while the pass may run
 			req := request("acct", fmt.Sprintf("leak-%d", i), []string{"create_charge", twoCallFlow}[i%2], int64(1+i))
 			env.provider.FailNext(1)
 			_, err := en.Do(ctx, req)
 			require.ErrorIs(t, err, workflow.ErrTransient)
 			env.expireLease(t, "acct", req.Key)
-			require.NoError(t, sw.Start(ctx))
+			require.NoError(t, en.Start(ctx, swCfg))
 			stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			require.NoError(t, sw.Stop(stopCtx))
+			require.NoError(t, en.Stop(stopCtx))
 			cancel()
-			_, err = sw.RunOnce(ctx) // whatever the pass left
+			_, err = en.Sweep(ctx, swCfg) // whatever the pass left
 			require.NoError(t, err)
 		case 3: // a request, a replay, RunOnce
 			req := request("acct", fmt.Sprintf("leak-%d", i), chargeflowName, int64(1+i))
@@ -64,7 +63,7 @@ func TestStartStopLeaks(t *testing.T) {
 			res, err := en.Do(ctx, req)
 			require.NoError(t, err)
 			require.True(t, res.Replayed)
-			_, err = sw.RunOnce(ctx)
+			_, err = en.Sweep(ctx, swCfg)
 			require.NoError(t, err)
 		}
 	}

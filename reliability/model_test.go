@@ -86,7 +86,7 @@ type modelRun struct {
 	rng      *rand.Rand
 	env      *env
 	en       *workflow.Engine
-	sw       *sweeper.Sweeper
+	sw       *sweeperOn
 	keys     []*mkey
 	armed    int // provider failures armed
 	kills    int // backends terminated: a later in-process step may find its connection dead

@@ -39,7 +39,7 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 	env := newEnv(t, pgtest.New(t)).withSide(t)
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
 	en := env.engine(env.pool(poolOpts{maxConns: 8}), cfg)
-	var sweepers []*sweeper.Sweeper
+	var sweepers []*sweeperOn
 	for range 2 {
 		s := env.sweeper(env.engine(env.pool(poolOpts{maxConns: 4}), cfg),
 			&sweeper.Config{Interval: 20 * time.Millisecond, MaxAttempts: 2, Concurrency: 2})

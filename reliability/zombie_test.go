@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -94,7 +93,7 @@ func TestZombies(t *testing.T) {
 type zombieRig struct {
 	env           *env
 	en            *workflow.Engine
-	sw            *sweeper.Sweeper
+	sw            *sweeperOn
 	pipelined     bool
 	mu            sync.Mutex
 	takenOver     map[string]chan struct{}

@@ -1,7 +1,7 @@
 // Package store is the only code that runs SQL on idemflow's key table. It claims keys,
 // looks them up, takes over expired leases, advances recovery points under a fence,
 // finishes keys with a response, and releases, parks, gives back or dead-letters them,
-// in the words workflow.Maintenance defines.
+// in the words of the engine's sweeper (workflow/sweep.go).
 //
 // It is the driver layer, with no compatibility promise (docs/COMPATIBILITY.md):
 // its exported API serves the engine and changes with it. Users never need to import

@@ -48,14 +48,16 @@ func TestConfigWithDefaultsIsIdempotent(t *testing.T) {
 
 func TestConfigValidateGrace(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	_, err := sweeper.New(b.engine, &sweeper.Config{Grace: -2})
+	_, err := b.engine.Sweep(ctx, &sweeper.Config{Grace: -2})
 	require.ErrorContains(t, err, "-1 means no grace")
-	_, err = sweeper.New(b.engine, &sweeper.Config{Grace: -time.Second})
+	require.ErrorContains(t, b.engine.Start(ctx, &sweeper.Config{Grace: -2}), "-1 means no grace")
+	_, err = b.engine.Sweep(ctx, &sweeper.Config{Grace: -time.Second})
 	require.Error(t, err)
 }
 
-// TestNoGraceSurvivesASecondPass: a config that went through WithDefaults before New
+// TestNoGraceSurvivesASecondPass: a config that went through WithDefaults before Sweep
 // (which applies it again) still sweeps a key claimed a moment ago.
 func TestNoGraceSurvivesASecondPass(t *testing.T) {
 	t.Parallel()

@@ -1,25 +1,24 @@
-// Package sweeper finishes idemflow keys whose client went away and expires finished
-// keys after their retention. Embed it in any process that has an engine with the
-// flows registered; any number of sweepers may run at once, in any number of
-// processes, against the same database.
+// Package sweeper holds the settings (Config, Hooks) and the report (Stats) of
+// idemflow's sweeper, and documents what it does: it finishes keys whose client went
+// away and expires finished keys after their retention. The engine runs it
+// (workflow.Engine.Start and Stop, workflow.Engine.Sweep for one pass), in any process
+// that has an engine with the flows registered, a server's or a worker's; any number
+// of sweepers may run at once, in any number of processes, against the same database.
+// A service that keeps the defaults does not import this package.
 //
 // Usage:
 //
-//	sw, err := sweeper.New(engine, nil) // nil *Config: all defaults
-//	if err != nil {
-//		return err
-//	}
-//	if err := sw.Start(ctx); err != nil { // returns at once
+//	if err := engine.Start(ctx, nil); err != nil { // nil *sweeper.Config: all defaults; returns at once
 //		return err
 //	}
 //	<-done // until the process shuts down
 //	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 //	defer cancel()
-//	if err := sw.Stop(stopCtx); err != nil { // lets in-flight keys finish, returns the rest
+//	if err := engine.Stop(stopCtx); err != nil { // lets in-flight keys finish, returns the rest
 //		return err
 //	}
 //
-//	stats, err := sw.RunOnce(ctx) // one pass, synchronously: for tests and operators
+//	stats, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1}) // one pass, synchronously: for tests and operators
 //
 // Each pass takes over, in short statements with FOR UPDATE SKIP LOCKED, up to
 // Config.BatchSize keys that are in progress with an expired or released lease, due
@@ -60,7 +59,10 @@
 // Failures of the background loop and dead-lettered keys are logged through
 // Config.Logger.
 //
-// This package imports idemflow's workflow package; the engine hands a sweeper its
-// maintenance calls as a typed value (workflow.Engine.Maintenance), which services
-// never call themselves.
+// # Imports
+//
+// This package imports no other package of idemflow: package workflow imports it, and
+// its engine runs the sweeper with these settings (the loop is the engine's, in
+// workflow/sweeper.go; what a pass does to a key, in workflow/sweep.go). A Config is
+// checked when it is used: Engine.Start and Engine.Sweep refuse an invalid one.
 package sweeper

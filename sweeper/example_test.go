@@ -55,12 +55,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	sw, err := sweeper.New(engine, &sweeper.Config{Grace: -1})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	stats, err := sw.RunOnce(ctx)
+	stats, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1})
 	fmt.Println("sweep:", stats.Finished, "finished", err)
 
 	res, err := engine.Do(ctx, req)

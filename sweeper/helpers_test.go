@@ -102,12 +102,30 @@ func registerFlows(e *workflow.Engine, providerURL string, check func(*phases.Ru
 	return e.Register(testflow.PayFirst(testflow.Options{ProviderURL: providerURL, Before: before}))
 }
 
-func (b *bundle) newSweeper(t *testing.T, cfg *sweeper.Config) *sweeper.Sweeper {
+// engineSweeper is an engine's sweeper with the settings a test gave it: RunOnce is
+// one pass (Engine.Sweep), Start and Stop are the engine's.
+type engineSweeper struct {
+	engine *workflow.Engine
+	cfg    *sweeper.Config
+}
+
+func (s *engineSweeper) RunOnce(ctx context.Context) (sweeper.Stats, error) {
+	return s.engine.Sweep(ctx, s.cfg)
+}
+func (s *engineSweeper) Start(ctx context.Context) error { return s.engine.Start(ctx, s.cfg) }
+func (s *engineSweeper) Stop(ctx context.Context) error  { return s.engine.Stop(ctx) }
+
+// sweeperOf is e's sweeper with cfg, stopped at the end of the test.
+func sweeperOf(t *testing.T, e *workflow.Engine, cfg *sweeper.Config) *engineSweeper {
 	t.Helper()
-	s, err := sweeper.New(b.engine, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Stop(context.Background())) })
-	return s
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	return &engineSweeper{engine: e, cfg: cfg}
+}
+
+// newSweeper is the bundle's engine's sweeper with cfg.
+func (b *bundle) newSweeper(t *testing.T, cfg *sweeper.Config) *engineSweeper {
+	t.Helper()
+	return sweeperOf(t, b.engine, cfg)
 }
 
 func chargeReq(key string) workflow.Request {

@@ -1,15 +1,5 @@
 package sweeper
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"sync/atomic"
-
-	"github.com/idemflow/idemflow/store"
-)
-
 // PartitionStats is what a pass did to a partitioned key table (docs/PARTITIONS.md).
 // All zero when the key table is not partitioned.
 type PartitionStats struct {
@@ -21,31 +11,4 @@ type PartitionStats struct {
 	// Kept counts partitions past retention kept because they hold an unfinished or
 	// dead-lettered key.
 	Created, Removed, Kept int
-}
-
-// partitionState is what a sweeper remembers between passes about partitions.
-type partitionState struct {
-	warned atomic.Bool // the low-partitions warning was logged and not cleared since
-}
-
-// maintainPartitions runs the partition maintenance step of a pass, if the key table
-// is partitioned. Retention counts from a key's creation on this
-// layout: a partition is removed once its newest possible row is Config.Retention old.
-func (s *Sweeper) maintainPartitions(ctx context.Context, st *Stats) error {
-	r, err := s.engine.MaintainPartitions(ctx, s.cfg.Retention)
-	if errors.Is(err, store.ErrNotPartitioned) {
-		return nil
-	}
-	st.Partitions = PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept}
-	switch {
-	case r.Low() && !s.partitions.warned.Swap(true):
-		s.cfg.Logger.WarnContext(ctx, "sweeper: few key table partitions ahead",
-			slog.Int("ahead", r.Ahead), slog.Int("want", r.Want))
-	case !r.Low() && r.Want > 0:
-		s.partitions.warned.Store(false)
-	}
-	if err != nil {
-		return fmt.Errorf("maintain partitions: %w", err)
-	}
-	return nil
 }

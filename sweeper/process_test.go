@@ -24,7 +24,7 @@ import (
 // Child processes: the test binary re-executed as childproc's program "sweeper", with
 // these variables set.
 const (
-	envMode     = "IDEMFLOW_SWEEP_CHILD" // crash, sweep or zombie
+	envMode     = "IDEMFLOW_SWEEP_CHILD" // crash, loop, sweep or zombie
 	envDBURL    = "IDEMFLOW_SWEEP_DB_URL"
 	envProvider = "IDEMFLOW_SWEEP_PROVIDER_URL"
 	envPoint    = "IDEMFLOW_SWEEP_CRASH_POINT"
@@ -42,9 +42,11 @@ type childLine struct {
 // runChild is a child process's work:
 //
 //   - crash: runs one charge and SIGKILLs itself at the crash point;
-//   - sweep: prints ready, waits for a line on stdin, runs RunOnce until a pass takes
-//     nothing, prints the summed Stats;
-//   - zombie: runs one RunOnce whose settle phase prints paused and SIGSTOPs the
+//   - loop: starts the engine's sweeper (Engine.Start) and SIGKILLs itself at the
+//     crash point of a key the background loop runs;
+//   - sweep: prints ready, waits for a line on stdin, runs passes (Engine.Sweep)
+//     until one takes nothing, prints the summed Stats;
+//   - zombie: runs one pass whose settle phase prints paused and SIGSTOPs the
 //     process before it starts, and prints the pass's Stats.
 func runChild() {
 	mode := os.Getenv(envMode)
@@ -55,7 +57,7 @@ func runChild() {
 	}
 	var hooks workflow.Hooks
 	switch mode {
-	case "crash":
+	case "crash", "loop":
 		hooks = childproc.NewPoints(os.Getenv(envPoint), 0, func(string) { childproc.Kill() }).Hooks(hooks)
 	case "zombie":
 		hooks.PhaseStart = func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
@@ -73,22 +75,24 @@ func runChild() {
 	if err := registerFlows(e, os.Getenv(envProvider), nil); err != nil {
 		childproc.Fail("register", err)
 	}
-	s, err := sweeper.New(e, nil)
-	if err != nil {
-		childproc.Fail("sweeper", err)
-	}
 	var total sweeper.Stats
 	switch mode {
 	case "crash":
 		_, err := e.Do(ctx, chargeReq(os.Getenv(envKey)))
 		childproc.Fail("the crash point never fired; Do returned", err)
+	case "loop":
+		if err := e.Start(ctx, &sweeper.Config{Grace: -1, Interval: time.Millisecond}); err != nil {
+			childproc.Fail("start", err)
+		}
+		<-time.After(time.Minute) // a bound on a failure, not a wait for success
+		childproc.Fail("the crash point never fired", errors.New("the background loop ran on"))
 	case "sweep":
 		childproc.Emit(childLine{Event: "ready"})
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 			childproc.Fail("wait for go", err)
 		}
 		for {
-			st, err := s.RunOnce(ctx)
+			st, err := e.Sweep(ctx, nil)
 			if err != nil {
 				childproc.Fail("pass", err)
 			}
@@ -104,7 +108,7 @@ func runChild() {
 			}
 		}
 	case "zombie":
-		total, err = s.RunOnce(ctx)
+		total, err = e.Sweep(ctx, nil)
 		if err != nil {
 			childproc.Fail("pass", err)
 		}
@@ -171,6 +175,39 @@ func TestRunOnceAfterCrash(t *testing.T) {
 
 			makeDue(t, b.db, "k")
 			stats, err = s.RunOnce(ctx)
+			require.NoError(t, err)
+			require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
+			requireOneEffect(t, b, "k", testflow.Pay)
+			require.Equal(t, 1, b.provider.Made())
+		})
+	}
+}
+
+// TestStartedSweeperKilled: a process whose engine's sweeper (Engine.Start) is killed
+// while its background loop holds a key (right after taking it over, after the
+// provider's call, before the last commit) leaves the key leased; once the lease ends a
+// pass of another process finishes it, with one effect.
+func TestStartedSweeperKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, point := range []string{childproc.Swept, "pay/after-call", "settle/before-commit"} {
+		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{})
+			b.stuck(t, chargeReq("k"), testflow.Pay)
+			makeDue(t, b.db, "k")
+			before := state(t, b.db, "k")
+			ch := startChild(t, b, "loop", envPoint+"="+point)
+			killed, _ := ch.Killed(t)
+			require.True(t, killed, "not killed at %s: %s", point, ch.Stderr())
+			st := state(t, b.db, "k")
+			require.Equal(t, "in_progress", st.Status)
+			require.Equal(t, testflow.Reserve, st.RecoveryPoint)
+			require.True(t, st.Leased, "the dead process's takeover holds the key")
+			require.Equal(t, before.LockVersion+1, st.LockVersion, "taken over once")
+
+			makeDue(t, b.db, "k")
+			stats, err := b.engine.Sweep(ctx, nil)
 			require.NoError(t, err)
 			require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats)
 			requireOneEffect(t, b, "k", testflow.Pay)

@@ -39,65 +39,15 @@ func TestTwoSweepersManyKeys(t *testing.T) {
 func twoSweepers(t *testing.T, scan workflow.Scan) {
 	ctx := context.Background()
 	var taken [2]sweptKeys
-	// The keys are made by 16 attempts at once that admission lets wait as long as it
-	// takes (AdmitWait -1): on a loaded machine they may otherwise be shed as
-	// overloaded, which is not what this test is about.
 	b := setup(t, setupOpts{engine: &workflow.Config{Scan: scan, AdmitWait: -1, Hooks: workflow.Hooks{Key: taken[0].hook}}})
-	b.fail.setAll(func(_, phase string) bool { return phase == testflow.Pay })
-	var wg sync.WaitGroup
-	errs := make([]error, manyKeys)
-	slots := make(chan struct{}, 16)
-	for i := range manyKeys {
-		wg.Add(1)
-		slots <- struct{}{}
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			req := chargeReq(fmt.Sprintf("k%04d", i))
-			req.Scope = fmt.Sprintf("acct-%03d", i%manyScopes)
-			if _, err := b.engine.Do(ctx, req); !errors.Is(err, workflow.ErrTransient) {
-				errs[i] = fmt.Errorf("key %s: want a transient failure, got %v", req.Key, err)
-			}
-		}()
-	}
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
-	b.fail.setAll(nil)
-	testflow.Sweepable(t, b.db.Pool)
-	if pgtest.CitusMode() {
-		requireOnEveryWorker(t, b.db)
-	}
+	manyStuckKeys(t, b)
 
 	cfg := (&workflow.Config{Scan: scan, Hooks: workflow.Hooks{Key: taken[1].hook}}).WithDefaults()
 	other, err := workflow.New(b.db.NewPool(t), cfg)
 	require.NoError(t, err)
 	require.NoError(t, registerFlows(other, b.provider.URL, nil))
 	swCfg := &sweeper.Config{BatchSize: 50, Concurrency: 8, Grace: -1}
-	sweepers := [2]*sweeper.Sweeper{b.newSweeper(t, swCfg), nil}
-	sweepers[1], err = sweeper.New(other, swCfg)
-	require.NoError(t, err)
-
-	// Both sweep at once, pass after pass, until a pass of each takes nothing.
-	for pass := 0; ; pass++ {
-		require.Less(t, pass, 4*manyKeys/swCfg.BatchSize, "the sweepers stopped making progress")
-		var stats [2]sweeper.Stats
-		var wg sync.WaitGroup
-		errs := make([]error, 2)
-		for i, s := range sweepers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				stats[i], errs[i] = s.RunOnce(ctx)
-			}()
-		}
-		wg.Wait()
-		require.NoError(t, errs[0])
-		require.NoError(t, errs[1])
-		require.Equal(t, stats[0].Taken, stats[0].Finished, "every key taken is finished")
-		require.Equal(t, stats[1].Taken, stats[1].Finished, "every key taken is finished")
-		if stats[0].Taken == 0 && stats[1].Taken == 0 {
-			break
-		}
-	}
+	sweepAtOnce(t, [2]*engineSweeper{b.newSweeper(t, swCfg), sweeperOf(t, other, swCfg)}, swCfg.BatchSize)
 
 	both := map[string]int{}
 	for i := range taken {
@@ -118,6 +68,64 @@ func twoSweepers(t *testing.T, scan workflow.Scan) {
 	require.Equal(t, manyKeys, ledger, "one ledger row a key")
 	require.Equal(t, manyKeys, settled, "one settlement a key")
 	require.Equal(t, manyKeys, b.provider.Made(), "one payment a key")
+}
+
+// manyStuckKeys makes manyKeys keys over manyScopes scopes stuck at the pay phase, and
+// due. The keys are made by 16 attempts at once that admission lets wait as long as it
+// takes (the engine's AdmitWait -1): on a loaded machine they may otherwise be shed as
+// overloaded, which is not what the test is about.
+func manyStuckKeys(t *testing.T, b *bundle) {
+	t.Helper()
+	b.fail.setAll(func(_, phase string) bool { return phase == testflow.Pay })
+	var wg sync.WaitGroup
+	errs := make([]error, manyKeys)
+	slots := make(chan struct{}, 16)
+	for i := range manyKeys {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			req := chargeReq(fmt.Sprintf("k%04d", i))
+			req.Scope = fmt.Sprintf("acct-%03d", i%manyScopes)
+			if _, err := b.engine.Do(context.Background(), req); !errors.Is(err, workflow.ErrTransient) {
+				errs[i] = fmt.Errorf("key %s: want a transient failure, got %v", req.Key, err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	b.fail.setAll(nil)
+	testflow.Sweepable(t, b.db.Pool)
+	if pgtest.CitusMode() {
+		requireOnEveryWorker(t, b.db)
+	}
+}
+
+// sweepAtOnce runs a pass of both sweepers at once, pass after pass, until a pass of
+// each takes nothing, requiring every key taken to be finished.
+func sweepAtOnce(t *testing.T, sweepers [2]*engineSweeper, batch int) {
+	t.Helper()
+	for pass := 0; ; pass++ {
+		require.Less(t, pass, 4*manyKeys/batch, "the sweepers stopped making progress")
+		var stats [2]sweeper.Stats
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, s := range sweepers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				stats[i], errs[i] = s.RunOnce(context.Background())
+			}()
+		}
+		wg.Wait()
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		require.Equal(t, stats[0].Taken, stats[0].Finished, "every key taken is finished")
+		require.Equal(t, stats[1].Taken, stats[1].Finished, "every key taken is finished")
+		if stats[0].Taken == 0 && stats[1].Taken == 0 {
+			break
+		}
+	}
 }
 
 // sweptKeys counts the OutcomeSwept events of one engine by scope and key.

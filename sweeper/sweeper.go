@@ -3,14 +3,8 @@ package sweeper
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"sync"
 	"time"
-
-	"github.com/idemflow/idemflow/workflow"
 )
 
 // Defaults for Config.
@@ -29,7 +23,8 @@ const (
 	ParkedRetentionDefault = 30 * 24 * time.Hour
 )
 
-// Config configures a Sweeper. The zero value (or a nil *Config) means all defaults. A
+// Config configures an engine's sweeper (workflow.Engine.Start, Sweep). The zero value
+// (or a nil *Config) means all defaults; Start and Sweep refuse an invalid one. A
 // field's zero value always means its default; special values (Grace -1) are kept as
 // written by WithDefaults, so applying it again changes nothing.
 type Config struct {
@@ -76,14 +71,15 @@ type Config struct {
 	// Hooks observe passes. Optional.
 	Hooks Hooks
 	// Logger receives the background loop's failures and dead-lettered keys. Defaults
-	// to the engine's Config.Logger (filled in by New, not by WithDefaults).
+	// to the engine's workflow.Config.Logger (filled in by Start and Sweep, not by
+	// WithDefaults).
 	Logger *slog.Logger
 }
 
-// Hooks observe a sweeper. Every field is optional; hooks must be safe for concurrent
+// Hooks observe an engine's sweeper. Every field is optional; hooks must be safe for concurrent
 // use. Per-key events go through the engine's workflow.Hooks.Key.
 type Hooks struct {
-	// Pass runs after every pass, from RunOnce or the background loop, with its counts
+	// Pass runs after every pass, from workflow.Engine.Sweep or the background loop, with its counts
 	// (Stats.Expired is the number of finished keys deleted) and its error.
 	Pass func(ctx context.Context, s Stats, err error)
 }
@@ -107,32 +103,6 @@ func (c *Config) WithDefaults() *Config {
 	out.DeadRetention = cmp.Or(out.DeadRetention, DeadRetentionDefault)
 	out.ParkedRetention = cmp.Or(out.ParkedRetention, ParkedRetentionDefault)
 	return &out
-}
-
-func (c *Config) validate() error {
-	switch {
-	case c.Interval < time.Millisecond:
-		return fmt.Errorf("sweeper: Interval %s is under 1ms", c.Interval)
-	case c.Grace < -1:
-		return fmt.Errorf("sweeper: Grace %s is negative; -1 means no grace", c.Grace)
-	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return fmt.Errorf("sweeper: BatchSize %d is outside 1..10000", c.BatchSize)
-	case c.Concurrency < 1 || c.Concurrency > 1024:
-		return fmt.Errorf("sweeper: Concurrency %d is outside 1..1024", c.Concurrency)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("sweeper: MaxAttempts %d is under 1", c.MaxAttempts)
-	case c.Retention < time.Minute:
-		return fmt.Errorf("sweeper: Retention %s is under 1m", c.Retention)
-	case c.DeadRetention != -1 && c.DeadRetention < time.Minute:
-		return fmt.Errorf("sweeper: DeadRetention %s is under 1m; -1 keeps dead-lettered keys forever", c.DeadRetention)
-	case c.ParkedRetention != -1 && c.ParkedRetention < time.Minute:
-		return fmt.Errorf("sweeper: ParkedRetention %s is under 1m; -1 keeps parked keys forever", c.ParkedRetention)
-	case c.CleanupBatch < 1 || c.CleanupBatch > 100000:
-		return fmt.Errorf("sweeper: CleanupBatch %d is outside 1..100000", c.CleanupBatch)
-	case !(c.CleanupShare > 0 && c.CleanupShare <= 1):
-		return fmt.Errorf("sweeper: CleanupShare %g is outside (0, 1]", c.CleanupShare)
-	}
-	return nil
 }
 
 // Stats counts what one pass did.
@@ -161,331 +131,6 @@ type Stats struct {
 	// deleted at the end of their retention (Config.DeadRetention, ParkedRetention).
 	ExpiredDead   int64
 	ExpiredParked int64
-	// Partitions is what the pass did to a partitioned key table (partition.go).
+	// Partitions is what the pass did to a partitioned key table.
 	Partitions PartitionStats
-}
-
-func (s *Stats) add(o workflow.Outcome) {
-	switch o {
-	case workflow.OutcomeFinished:
-		s.Finished++
-	case workflow.OutcomeReleased:
-		s.Released++
-	case workflow.OutcomeDeadLettered:
-		s.DeadLettered++
-	case workflow.OutcomeLeaseLost:
-		s.LeaseLost++
-	case workflow.OutcomeParked:
-		s.Parked++
-	}
-}
-
-// Sweeper takes over and finishes stuck keys and expires old finished ones. It is safe
-// for concurrent use; any number may run at once, in any number of processes.
-type Sweeper struct {
-	engine workflow.Maintenance
-	cfg    *Config
-	lease  time.Duration
-
-	mu   sync.Mutex
-	loop *loop // the running background loop, nil when stopped
-
-	partitions partitionState // partition.go
-
-	stopping func() // test hook: runs in Stop after the loop was told to stop
-	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
-	rest func(ctx context.Context, stop <-chan struct{}, d time.Duration)
-}
-
-// loop is one run of the background loop, from Start to Stop.
-type loop struct {
-	stop     chan struct{} // closed when the loop must take nothing more
-	stopOnce sync.Once
-	cancel   context.CancelFunc // ends the work in flight
-	done     chan struct{}      // closed when the loop has returned
-}
-
-func (l *loop) signalStop() { l.stopOnce.Do(func() { close(l.stop) }) }
-
-// New returns a sweeper that drives keys through engine, whose flows must be
-// registered (keys of flows it does not know are left to other processes). cfg may be
-// nil. It fails if the configuration is invalid.
-func New(engine *workflow.Engine, cfg *Config) (*Sweeper, error) {
-	if engine == nil {
-		return nil, errors.New("sweeper: nil engine")
-	}
-	c := cfg.WithDefaults()
-	if err := c.validate(); err != nil {
-		return nil, err
-	}
-	ec := engine.Config()
-	if c.Logger == nil {
-		c.Logger = ec.Logger
-	}
-	return &Sweeper{engine: engine.Maintenance(), cfg: c, lease: ec.Lease, rest: rest}, nil
-}
-
-// Start runs passes in the background until Stop, and returns at once. The first pass
-// starts immediately. Ending ctx stops the loop like Stop does, without waiting: no
-// more keys are taken, and keys in flight finish their run. Start on a running sweeper
-// does nothing.
-func (s *Sweeper) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.loop != nil {
-		select {
-		case <-s.loop.done: // ended with its context; start afresh
-		default:
-			return nil
-		}
-	}
-	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l := &loop{stop: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
-	s.loop = l
-	unhook := context.AfterFunc(ctx, l.signalStop)
-	go func() {
-		defer close(l.done)
-		defer cancel()
-		defer unhook()
-		s.run(work, l.stop)
-	}()
-	return nil
-}
-
-// Stop stops the background loop: no more keys are taken, keys being run finish their
-// run, and keys taken but not yet started are released at once for any sweeper to
-// take. It waits for that until ctx ends; then it cancels the runs still in flight
-// (they release their keys, as after any failure), waits for them to unwind, and
-// returns ctx's error. Stop is idempotent, and a no-op on a sweeper never started.
-func (s *Sweeper) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	l := s.loop
-	s.loop = nil
-	s.mu.Unlock()
-	if l == nil {
-		return nil
-	}
-	l.signalStop()
-	if s.stopping != nil {
-		s.stopping()
-	}
-	select {
-	case <-l.done:
-		return nil
-	case <-ctx.Done():
-		l.cancel()
-		<-l.done
-		return ctx.Err()
-	}
-}
-
-// RunOnce runs one pass synchronously: it takes over up to Config.BatchSize due keys,
-// runs them (Config.Concurrency at a time) until each is finished, released or
-// dead-lettered, then deletes expired finished keys until none is left. The error
-// joins the failures of the pass (taking keys, recording a key's fate, the cleanup,
-// ctx ending); Stats counts what was done regardless. A key's failed attempt is not an
-// error of the pass: it is counted in Stats.Released or Stats.DeadLettered. RunOnce
-// runs independently of Start and Stop; only ctx bounds it.
-func (s *Sweeper) RunOnce(ctx context.Context) (Stats, error) {
-	return s.pass(ctx, nil)
-}
-
-// run is the background loop.
-func (s *Sweeper) run(ctx context.Context, stop <-chan struct{}) {
-	for {
-		st, err := s.pass(ctx, stop)
-		if err != nil && ctx.Err() == nil {
-			s.cfg.Logger.ErrorContext(ctx, "sweeper: pass failed", slog.Any("err", err))
-		}
-		if st.Expired > 0 {
-			s.cfg.Logger.InfoContext(ctx, "sweeper: expired finished keys",
-				slog.Int64("count", st.Expired), slog.Duration("retention", s.cfg.Retention))
-		}
-		if st.ExpiredDead > 0 || st.ExpiredParked > 0 {
-			s.cfg.Logger.InfoContext(ctx, "sweeper: expired unfinished keys",
-				slog.Int64("dead_lettered", st.ExpiredDead), slog.Duration("dead_retention", s.cfg.DeadRetention),
-				slog.Int64("parked", st.ExpiredParked), slog.Duration("parked_retention", s.cfg.ParkedRetention))
-		}
-		wait := jitter(s.cfg.Interval)
-		if st.Taken >= s.cfg.BatchSize && err == nil {
-			wait = 0 // more is due
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-stop:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// jitter spreads d by ±20%.
-func jitter(d time.Duration) time.Duration {
-	spread := int64(d) * 2 / 5
-	if spread <= 0 {
-		return d
-	}
-	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread+1))
-}
-
-func stopped(ctx context.Context, stop <-chan struct{}) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	select {
-	case <-stop:
-		return true
-	default:
-		return false
-	}
-}
-
-// pass takes due keys, runs them and cleans up. stop (nil for RunOnce) tells it to
-// start nothing new.
-func (s *Sweeper) pass(ctx context.Context, stop <-chan struct{}) (Stats, error) {
-	var st Stats
-	var errs []error
-	if !stopped(ctx, stop) {
-		taken, err := s.engine.TakeDue(ctx, workflow.TakeDueOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("take due keys: %w", err))
-		}
-		st.Taken = len(taken)
-		errs = append(errs, s.runTaken(ctx, stop, taken, &st)...)
-	}
-	for _, c := range []struct {
-		name      string
-		retention time.Duration
-		expire    func(context.Context, time.Duration, int) (int64, error)
-		count     *int64
-	}{
-		{"finished", s.cfg.Retention, s.engine.ExpireFinished, &st.Expired},
-		{"dead-lettered", s.cfg.DeadRetention, s.engine.ExpireDead, &st.ExpiredDead},
-		{"parked", s.cfg.ParkedRetention, s.engine.ExpireParked, &st.ExpiredParked},
-	} {
-		if stopped(ctx, stop) || c.retention < 0 {
-			continue
-		}
-		n, err := s.cleanup(ctx, stop, c.name, c.retention, c.expire)
-		*c.count = n
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if !stopped(ctx, stop) {
-		if err := s.maintainPartitions(ctx, &st); err != nil { // partition.go
-			errs = append(errs, err)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	err := errors.Join(errs...)
-	if s.cfg.Hooks.Pass != nil {
-		s.cfg.Hooks.Pass(ctx, st, err)
-	}
-	return st, err
-}
-
-// runTaken runs taken keys, Config.Concurrency at a time. A key a worker gets to after
-// stop, or with less than half its lease left, is given back unrun.
-func (s *Sweeper) runTaken(ctx context.Context, stop <-chan struct{}, taken []*workflow.Taken, st *Stats) []error {
-	if len(taken) == 0 {
-		return nil
-	}
-	queue := make(chan *workflow.Taken, len(taken))
-	for _, t := range taken {
-		queue <- t
-	}
-	close(queue)
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for range min(s.cfg.Concurrency, len(taken)) {
-		wg.Go(func() {
-			for t := range queue {
-				if stopped(ctx, stop) || t.LeaseLeft() < s.lease/2 {
-					err := s.engine.GiveBack(ctx, t)
-					mu.Lock()
-					st.GivenBack++
-					if err != nil {
-						errs = append(errs, fmt.Errorf("give back key %q: %w", t.Key, err))
-					}
-					mu.Unlock()
-					continue
-				}
-				res, err := s.engine.Run(ctx, t, &workflow.RunOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
-				s.logFate(ctx, t, res)
-				mu.Lock()
-				st.add(res.Outcome)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("record fate of key %q: %w", t.Key, err))
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errs
-}
-
-// logFate logs a key the sweeper finished, parked or dead-lettered: its id, scope,
-// client key, flow and the recovery point it was resumed from, never its body or
-// response. A dead-lettered key is a warning with its last error.
-func (s *Sweeper) logFate(ctx context.Context, t *workflow.Taken, res workflow.Result) {
-	level, msg := slog.LevelInfo, ""
-	switch res.Outcome {
-	case workflow.OutcomeFinished:
-		msg = "sweeper: key finished"
-	case workflow.OutcomeParked:
-		msg = "sweeper: key parked"
-	case workflow.OutcomeDeadLettered:
-		level, msg = slog.LevelWarn, "sweeper: key dead-lettered"
-	default:
-		return
-	}
-	attrs := []slog.Attr{
-		slog.Group("key", slog.String("id", t.ID), slog.String("scope", t.Scope), slog.String("key", t.Key)),
-		slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint), slog.Int("attempts", t.Attempts),
-	}
-	if res.Outcome == workflow.OutcomeDeadLettered {
-		attrs = append(attrs, slog.Any("err", res.Err))
-	}
-	s.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
-}
-
-// cleanup deletes expired keys of one kind (what's name) with expire in batches until
-// one comes back short, resting between full batches so that it spends
-// Config.CleanupShare of its time deleting.
-func (s *Sweeper) cleanup(ctx context.Context, stop <-chan struct{}, what string, retention time.Duration,
-	expire func(context.Context, time.Duration, int) (int64, error)) (int64, error) {
-	var total int64
-	for !stopped(ctx, stop) {
-		began := time.Now()
-		n, err := expire(ctx, retention, s.cfg.CleanupBatch)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("expire %s keys: %w", what, err)
-		}
-		if n < int64(s.cfg.CleanupBatch) {
-			break
-		}
-		if s.cfg.CleanupShare < 1 {
-			took := time.Since(began)
-			s.rest(ctx, stop, time.Duration(float64(took)*(1-s.cfg.CleanupShare)/s.cfg.CleanupShare))
-		}
-	}
-	return total, nil
-}
-
-// rest waits d, or until stop is closed or ctx ends.
-func rest(ctx context.Context, stop <-chan struct{}, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-stop:
-	case <-ctx.Done():
-	}
 }

@@ -20,11 +20,11 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-func TestNew(t *testing.T) {
+// TestConfigRefused: Sweep and Start refuse invalid settings, and Start then starts
+// nothing (Stop has nothing to stop, and a valid Start afterwards runs).
+func TestConfigRefused(t *testing.T) {
 	t.Parallel()
-	_, err := sweeper.New(nil, nil)
-	require.Error(t, err)
-
+	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	for name, cfg := range map[string]sweeper.Config{
 		"NegativeInterval":  {Interval: -time.Second},
@@ -36,10 +36,14 @@ func TestNew(t *testing.T) {
 		"NegativeRetention": {Retention: -time.Hour},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := sweeper.New(b.engine, &cfg)
+			_, err := b.engine.Sweep(ctx, &cfg)
 			require.Error(t, err)
+			require.Error(t, b.engine.Start(ctx, &cfg))
+			require.NoError(t, b.engine.Stop(ctx))
 		})
 	}
+	require.NoError(t, b.engine.Start(ctx, &sweeper.Config{Interval: time.Hour}))
+	require.NoError(t, b.engine.Stop(ctx))
 	d := (*sweeper.Config)(nil).WithDefaults()
 	require.Equal(t, sweeper.IntervalDefault, d.Interval)
 	require.Equal(t, sweeper.GraceDefault, d.Grace)
@@ -170,61 +174,62 @@ func TestRunOnceLeavesAlone(t *testing.T) {
 
 		other, err := workflow.New(b.db.Pool, nil) // knows no flow: another service's sweeper
 		require.NoError(t, err)
-		s, err := sweeper.New(other, nil)
-		require.NoError(t, err)
-		stats, err := s.RunOnce(ctx)
+		stats, err := other.Sweep(ctx, nil)
 		require.NoError(t, err)
 		require.Equal(t, sweeper.Stats{}, stats)
 		require.Equal(t, before, keyRow(t, b.db, "k"), "left for a process that has the flow")
 	})
 
-	// A request that finishes between the sweeper's read and its update: the request
-	// holds the key row's lock while it commits its finish (here: a transaction that
-	// finishes the key under its own fence and is held open). The sweeper's statement
-	// sees the key in progress, expired and due in its snapshot, but skips the locked
-	// row instead of waiting; after the finish commits, the key is no longer a
-	// candidate. An identical key that nobody holds is swept in the same pass.
-	t.Run("FinishedBetweenReadAndUpdate", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, setupOpts{})
-		for _, k := range []string{"racing", "other"} {
-			b.stuck(t, chargeReq(k), testflow.Settle)
-			makeDue(t, b.db, k)
-		}
-		seen := state(t, b.db, "racing")
+}
 
-		tx, err := b.db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		row, err := store.New().Lookup(ctx, b.db.Pool, "acct", "racing")
-		require.NoError(t, err)
-		fence := store.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
-		st := store.New()
-		finish := &pgx.Batch{}
-		st.QueueFinish(finish, fence, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
-		br := tx.SendBatch(ctx, finish)
-		require.NoError(t, st.ReadFenced(br))
-		require.NoError(t, br.Close())
+// TestRunOnceSkipsKeyFinishedBetweenReadAndUpdate: a request that finishes between
+// the sweeper's read and its update holds the key row's lock while it commits its
+// finish (here: a transaction that finishes the key under its own fence and is held
+// open). The sweeper's statement sees the key in progress, expired and due in its
+// snapshot, but skips the locked row instead of waiting; after the finish commits, the
+// key is no longer a candidate. An identical key that nobody holds is swept in the
+// same pass.
+func TestRunOnceSkipsKeyFinishedBetweenReadAndUpdate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	for _, k := range []string{"racing", "other"} {
+		b.stuck(t, chargeReq(k), testflow.Settle)
+		makeDue(t, b.db, k)
+	}
+	seen := state(t, b.db, "racing")
 
-		s := b.newSweeper(t, nil)
-		stats, err := s.RunOnce(ctx)
-		require.NoError(t, err)
-		require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats, "only the key nobody holds is taken")
-		require.Equal(t, "finished", state(t, b.db, "other").Status)
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	row, err := store.New().Lookup(ctx, b.db.Pool, "acct", "racing")
+	require.NoError(t, err)
+	fence := store.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
+	st := store.New()
+	finish := &pgx.Batch{}
+	st.QueueFinish(finish, fence, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
+	br := tx.SendBatch(ctx, finish)
+	require.NoError(t, st.ReadFenced(br))
+	require.NoError(t, br.Close())
 
-		require.NoError(t, tx.Commit(ctx))
-		finished := keyRow(t, b.db, "racing")
-		stats, err = s.RunOnce(ctx)
-		require.NoError(t, err)
-		require.Equal(t, sweeper.Stats{}, stats)
-		require.Equal(t, finished, keyRow(t, b.db, "racing"), "the finished key is untouched")
-		after := state(t, b.db, "racing")
-		require.Equal(t, seen.LockVersion, after.LockVersion, "never taken over")
-		res, err := b.engine.Do(ctx, chargeReq("racing"))
-		require.NoError(t, err)
-		require.True(t, res.Replayed)
-		require.JSONEq(t, `{"late":true}`, string(res.Response.Body), "the request's own answer stands")
-	})
+	s := b.newSweeper(t, nil)
+	stats, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, stats, "only the key nobody holds is taken")
+	require.Equal(t, "finished", state(t, b.db, "other").Status)
+
+	require.NoError(t, tx.Commit(ctx))
+	finished := keyRow(t, b.db, "racing")
+	stats, err = s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.Stats{}, stats)
+	require.Equal(t, finished, keyRow(t, b.db, "racing"), "the finished key is untouched")
+	after := state(t, b.db, "racing")
+	require.Equal(t, seen.LockVersion, after.LockVersion, "never taken over")
+	res, err := b.engine.Do(ctx, chargeReq("racing"))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.JSONEq(t, `{"late":true}`, string(res.Response.Body), "the request's own answer stands")
 }
 
 func TestBackoffDeadLetterRedrive(t *testing.T) {
@@ -387,151 +392,81 @@ func TestClientOnlyKeysAreReleased(t *testing.T) {
 	require.Equal(t, "finished", state(t, b.db, "k").Status)
 }
 
-func TestStartStop(t *testing.T) {
+// TestStartStopIdempotent: Stop before Start, Start while running and Stop twice are
+// harmless; a Start whose context ended can be followed by another.
+func TestStartStopIdempotent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-
-	t.Run("Idempotent", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, setupOpts{})
-		s, err := sweeper.New(b.engine, &sweeper.Config{Interval: time.Millisecond})
-		require.NoError(t, err)
-		require.NoError(t, s.Stop(ctx), "stop before start")
-		for range 20 {
-			require.NoError(t, s.Start(ctx))
-			require.NoError(t, s.Start(ctx), "start while running does nothing")
-			require.NoError(t, s.Stop(ctx))
-			require.NoError(t, s.Stop(ctx))
-		}
-		// Start with a context that ends: the loop stops by itself; Start again runs.
-		cctx, cancel := context.WithCancel(ctx)
-		require.NoError(t, s.Start(cctx))
-		cancel()
-		require.NoError(t, s.Stop(ctx))
+	b := setup(t, setupOpts{})
+	s := b.newSweeper(t, &sweeper.Config{Interval: time.Millisecond})
+	require.NoError(t, s.Stop(ctx), "stop before start")
+	for range 20 {
 		require.NoError(t, s.Start(ctx))
+		require.NoError(t, s.Start(ctx), "start while running does nothing")
+		require.Error(t, b.engine.Start(ctx, &sweeper.Config{Grace: -2}), "invalid settings are refused while running too")
 		require.NoError(t, s.Stop(ctx))
-	})
-
-	t.Run("BackgroundLoopSweeps", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, setupOpts{})
-		b.stuck(t, chargeReq("k"), testflow.Pay)
-		makeDue(t, b.db, "k")
-		passes := make(chan sweeper.Stats, 100)
-		s := b.newSweeper(t, &sweeper.Config{Interval: time.Millisecond, Hooks: sweeper.Hooks{
-			Pass: func(_ context.Context, st sweeper.Stats, err error) {
-				if err == nil && st.Finished > 0 {
-					select {
-					case passes <- st:
-					default:
-					}
-				}
-			},
-		}})
-		require.NoError(t, s.Start(ctx))
-		require.Equal(t, 1, (<-passes).Finished)
 		require.NoError(t, s.Stop(ctx))
-		requireOneEffect(t, b, "k", testflow.Pay)
-	})
+	}
+	// Start with a context that ends: the loop stops by itself; Start again runs.
+	cctx, cancel := context.WithCancel(ctx)
+	require.NoError(t, s.Start(cctx))
+	cancel()
+	require.NoError(t, s.Stop(ctx))
+	require.NoError(t, s.Start(ctx))
+	require.NoError(t, s.Stop(ctx))
+}
 
-	// Stop lets the key being run finish and gives back, at once, the keys taken but
-	// not started.
-	t.Run("StopFinishesInFlightGivesBackTheRest", func(t *testing.T) {
-		t.Parallel()
-		entered := make(chan string, 1)
-		unblock := make(chan struct{})
-		var armed, blocked atomic.Bool
-		var ev events
-		b := setup(t, setupOpts{engine: &workflow.Config{Hooks: workflow.Hooks{
-			Key: ev.hook,
-			PhaseStart: func(ctx context.Context, e workflow.PhaseEvent) context.Context {
-				if armed.Load() && e.Phase == testflow.Pay && blocked.CompareAndSwap(false, true) {
-					entered <- e.Key
-					<-unblock
+// TestStartRunsTheBackgroundLoop: the loop Start runs finishes a stuck key.
+func TestStartRunsTheBackgroundLoop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	b.stuck(t, chargeReq("k"), testflow.Pay)
+	makeDue(t, b.db, "k")
+	passes := make(chan sweeper.Stats, 100)
+	s := b.newSweeper(t, &sweeper.Config{Interval: time.Millisecond, Hooks: sweeper.Hooks{
+		Pass: func(_ context.Context, st sweeper.Stats, err error) {
+			if err == nil && st.Finished > 0 {
+				select {
+				case passes <- st:
+				default:
 				}
-				return ctx
-			},
-		}}})
-		keys := []string{"a", "b", "c"}
-		for _, k := range keys {
-			b.stuck(t, chargeReq(k), testflow.Pay)
-			makeDue(t, b.db, k)
-		}
-		armed.Store(true)
-		before := map[string]keyState{}
-		for _, k := range keys {
-			before[k] = state(t, b.db, k)
-		}
-
-		var pass atomic.Pointer[sweeper.Stats]
-		stopping := make(chan struct{})
-		s := b.newSweeper(t, &sweeper.Config{BatchSize: 3, Concurrency: 1, Hooks: sweeper.Hooks{
-			Pass: func(_ context.Context, st sweeper.Stats, err error) {
-				if st.Taken > 0 {
-					pass.Store(&st)
-				}
-			},
-		}})
-		sweeper.SetStoppingHook(s, func() { close(stopping) })
-		require.NoError(t, s.Start(ctx))
-		running := <-entered
-
-		stopped := make(chan error, 1)
-		go func() { stopped <- s.Stop(ctx) }()
-		<-stopping
-		close(unblock)
-		require.NoError(t, <-stopped)
-
-		require.Equal(t, &sweeper.Stats{Taken: 3, Finished: 1, GivenBack: 2}, pass.Load())
-		require.Equal(t, 2, ev.count(workflow.OutcomeGivenBack))
-		requireOneEffect(t, b, running, testflow.Pay)
-		for _, k := range keys {
-			if k == running {
-				continue
 			}
-			st := state(t, b.db, k)
-			require.Equal(t, "in_progress", st.Status, k)
-			require.False(t, st.Leased, "%s: released at once", k)
-			require.True(t, st.Due, "%s: still due", k)
-			require.Equal(t, before[k].Attempts, st.Attempts, "%s: the unrun attempt is not counted", k)
-			require.Equal(t, before[k].LockVersion+1, st.LockVersion, k)
-		}
+		},
+	}})
+	require.NoError(t, s.Start(ctx))
+	require.Equal(t, 1, (<-passes).Finished)
+	require.NoError(t, s.Stop(ctx))
+	requireOneEffect(t, b, "k", testflow.Pay)
+}
 
-		stats, err := s.RunOnce(ctx)
-		require.NoError(t, err)
-		require.Equal(t, sweeper.Stats{Taken: 2, Finished: 2}, stats)
-		for _, k := range keys {
-			requireOneEffect(t, b, k, testflow.Pay)
-		}
-		require.Equal(t, 3, b.provider.Made())
-	})
-
-	// A Stop whose context ends cancels the run in flight, which releases its key.
-	t.Run("StopBoundedByContext", func(t *testing.T) {
-		t.Parallel()
-		entered := make(chan struct{})
-		var armed atomic.Bool
-		b := setup(t, setupOpts{engine: &workflow.Config{Hooks: workflow.Hooks{
-			PhaseStart: func(ctx context.Context, e workflow.PhaseEvent) context.Context {
-				if armed.Load() && e.Phase == testflow.Pay {
-					close(entered)
-					<-ctx.Done() // a phase that only ends when cancelled
-				}
-				return ctx
-			},
-		}}})
-		b.stuck(t, chargeReq("k"), testflow.Pay)
-		makeDue(t, b.db, "k")
-		armed.Store(true)
-		s := b.newSweeper(t, nil)
-		require.NoError(t, s.Start(ctx))
-		<-entered
-		sctx, cancel := context.WithCancel(ctx)
-		cancel()
-		require.ErrorIs(t, s.Stop(sctx), context.Canceled)
-		st := state(t, b.db, "k")
-		require.Equal(t, "in_progress", st.Status)
-		require.False(t, st.Leased, "the cancelled run released its key")
-		require.Equal(t, testflow.Reserve, st.RecoveryPoint)
-	})
+// TestStopBoundedByContext: a Stop whose context ends cancels the run in flight, which
+// releases its key.
+func TestStopBoundedByContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	entered := make(chan struct{})
+	var armed atomic.Bool
+	b := setup(t, setupOpts{engine: &workflow.Config{Hooks: workflow.Hooks{
+		PhaseStart: func(ctx context.Context, e workflow.PhaseEvent) context.Context {
+			if armed.Load() && e.Phase == testflow.Pay {
+				close(entered)
+				<-ctx.Done() // a phase that only ends when cancelled
+			}
+			return ctx
+		},
+	}}})
+	b.stuck(t, chargeReq("k"), testflow.Pay)
+	makeDue(t, b.db, "k")
+	armed.Store(true)
+	s := b.newSweeper(t, nil)
+	require.NoError(t, s.Start(ctx))
+	<-entered
+	sctx, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, s.Stop(sctx), context.Canceled)
+	st := state(t, b.db, "k")
+	require.Equal(t, "in_progress", st.Status)
+	require.False(t, st.Leased, "the cancelled run released its key")
+	require.Equal(t, testflow.Reserve, st.RecoveryPoint)
 }

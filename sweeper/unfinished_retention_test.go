@@ -71,7 +71,7 @@ func TestDeadRetention(t *testing.T) {
 	require.Equal(t, "", keyRow(t, b.db, "old"))
 	require.NotEqual(t, "", keyRow(t, b.db, "redriven"), "in progress again: not a dead key")
 
-	_, err = sweeper.New(b.engine, &sweeper.Config{DeadRetention: 59e9})
+	_, err = b.engine.Sweep(ctx, &sweeper.Config{DeadRetention: 59e9})
 	require.Error(t, err, "under a minute")
 }
 

@@ -93,10 +93,19 @@
 // ErrWrongStatus. cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on
 // it.
 //
-// This package imports idemflow's phases and store packages, internal/runstate (the
-// engine's side of a phases.Run, kept out of the API a phase function sees),
-// github.com/go-json-experiment/json/jsontext (the JSON tokenizer under Fingerprint),
-// and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints stored before v2).
+// The sweeper. Start runs the engine's sweeper in the background until Stop; Sweep runs
+// one pass. It takes over keys whose lease ended and that are due, runs them from their
+// recovery point through the same phase code a retry runs, dead-letters the ones whose
+// attempts ran out, and expires old keys and partitions. Run it in every process with
+// an engine, servers and workers alike. Its settings and report are package sweeper's
+// (sweeper.Config, sweeper.Stats), which documents what a pass does.
+//
+// This package imports idemflow's phases, store and sweeper packages (sweeper for the
+// sweeper's settings and report only: it imports no idemflow package),
+// internal/runstate (the engine's side of a phases.Run, kept out of the API a phase
+// function sees), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
+// Fingerprint), and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints
+// stored before v2).
 // It does not import net/http (header names are canonicalised with net/textproto);
 // phases.Response.Header is an http.Header, so net/http is among its dependencies
 // through phases.

@@ -25,7 +25,7 @@ import (
 //
 // Call Drain once, after the HTTP server stopped taking connections or together with
 // its Shutdown; the engine refuses work for good after it. Stop the process's sweeper
-// first (sweeper.Stop): its attempts are released the same way, but it should not
+// first (Engine.Stop): its attempts are released the same way, but it should not
 // take new keys.
 func (e *Engine) Drain(ctx context.Context) error {
 	a := e.adm

@@ -260,10 +260,11 @@ type Engine struct {
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
 
-	adm     *admission            // attempts in flight, executors running, the drain
-	waits   waits                 // the keys this engine runs, and the attempts that wait
-	members map[string]*memberSet // the flows' FingerprintMembers, validated
-	started sync.Once             // the start-up check of the key table (partition.go)
+	adm      *admission            // attempts in flight, executors running, the drain
+	waits    waits                 // the keys this engine runs, and the attempts that wait
+	members  map[string]*memberSet // the flows' FingerprintMembers, validated
+	started  sync.Once             // the start-up check of the key table (partition.go)
+	sweeping sweeping              // the engine's sweeper (sweeper.go)
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated

@@ -200,9 +200,7 @@ func TestMembersInProgressResumed(t *testing.T) {
 
 	testflow.Sweepable(t, b.db.Pool)
 	plain := b.engine // the flow without a member list
-	sw, err := sweeper.New(plain, &sweeper.Config{MaxAttempts: 1, Grace: -1})
-	require.NoError(t, err)
-	st, err := sw.RunOnce(ctx)
+	st, err := plain.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Finished, "the sweep finished the key")
 	res, err := e.Do(ctx, chargeReq("acct", "k", `{"sent_at":"t2","amount":100}`))

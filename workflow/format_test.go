@@ -125,9 +125,7 @@ func checkLeftAlone(t *testing.T, b *bundle, req workflow.Request, post func(str
 
 	perKey := b.newEngine(t, setupOpts{cfg: &workflow.Config{Scan: workflow.ScanPerKey}})
 	for _, e := range []*workflow.Engine{b.engine, perKey} {
-		sw, err := sweeper.New(e, &sweeper.Config{MaxAttempts: 1, Grace: -1})
-		require.NoError(t, err)
-		st, err := sw.RunOnce(ctx)
+		st, err := e.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
 		require.NoError(t, err)
 		require.Equal(t, sweeper.Stats{}, st, "the sweep (scan %q) took the key", e.Config().Scan)
 	}
@@ -145,9 +143,7 @@ func checkAnsweredAsUsual(t *testing.T, b *bundle, post func(string) *httptest.R
 	ctx := context.Background()
 	if first.Code != http.StatusCreated {
 		testflow.Sweepable(t, b.db.Pool)
-		sw, err := sweeper.New(b.engine, &sweeper.Config{MaxAttempts: 1, Grace: -1})
-		require.NoError(t, err)
-		st, err := sw.RunOnce(ctx)
+		st, err := b.engine.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Finished, "the sweep finished the key")
 	}

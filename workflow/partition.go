@@ -19,7 +19,7 @@ type PartitionReport = store.PartitionReport
 // removed (see store.Store.MaintainPartitions). It returns store.ErrNotPartitioned,
 // after asking once and without a connection afterwards, when the key table is not
 // partitioned.
-func (m Maintenance) MaintainPartitions(ctx context.Context, retention time.Duration) (PartitionReport, error) {
+func (m maintenance) MaintainPartitions(ctx context.Context, retention time.Duration) (PartitionReport, error) {
 	if m.e.store.KnownUnpartitioned() {
 		return PartitionReport{}, store.ErrNotPartitioned
 	}

@@ -9,36 +9,34 @@ import (
 
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/sweeper"
 )
 
-// The engine's side of the sweeper: taking over due keys in batches, running them
-// through the same phase code a retry runs, dead-lettering and retention.
-// The sweeper package schedules these calls; this file decides what they mean.
+// The engine's side of its sweeper: taking over due keys in batches, running them
+// through the same phase code a retry runs, dead-lettering and retention. The
+// sweeper's loop (sweeper.go) schedules these calls; this file decides what they mean.
 
-// Defaults of TakeDueOpts and RunOpts: those of sweeper.Config, so that zero means the
-// same in both (TestSweepDefaultsMatchTheSweeper checks it).
+// Defaults of takeDueOpts and runOpts: those of sweeper.Config, so that zero means the
+// same in both.
 const (
-	sweepGraceDefault  = 5 * time.Second
-	maxAttemptsDefault = 10
+	sweepGraceDefault  = sweeper.GraceDefault
+	maxAttemptsDefault = sweeper.MaxAttemptsDefault
 )
 
-// Maintenance is the engine's side of a sweeper: taking over keys whose lease ran out,
-// running them from their recovery point, giving back the ones not run, and expiring
-// old keys. Package sweeper schedules these calls (sweeper.New takes it from the
-// engine); a service needs none of them. Get it with Engine.Maintenance.
+// maintenance is the engine's side of its sweeper: taking over keys whose lease ran
+// out, running them from their recovery point, giving back the ones not run, and
+// expiring old keys. The sweeper's loop (sweeper.go) schedules these calls; the tests
+// of package workflow_test reach them through export_test files.
 //
 // The words, as everywhere in idemflow: a key is "released" by a failed attempt (its
 // lease cleared, due again after a backoff), "given back" when a sweeper took it but
 // did not run it (the takeover's attempt uncounted, due at once), and "parked" when
 // only its client can finish it (released for the client's retry, left alone by sweeps
 // for a while).
-type Maintenance struct{ e *Engine }
+type maintenance struct{ e *Engine }
 
-// Maintenance returns the engine's maintenance calls, for a sweeper.
-func (e *Engine) Maintenance() Maintenance { return Maintenance{e} }
-
-// TakeDueOpts select the keys Maintenance.TakeDue takes.
-type TakeDueOpts struct {
+// takeDueOpts select the keys maintenance.TakeDue takes.
+type takeDueOpts struct {
 	// Limit is the most keys taken. Required, positive.
 	Limit int
 	// Grace leaves keys claimed less than Grace ago (by the database clock) to their
@@ -47,10 +45,10 @@ type TakeDueOpts struct {
 	Grace time.Duration
 }
 
-// Taken is a key taken over by Maintenance.TakeDue: its lock version was bumped, so
+// taken is a key taken over by maintenance.TakeDue: its lock version was bumped, so
 // nothing that ran it before can commit, and it holds a fresh lease. Pass it to
-// Maintenance.Run, or to Maintenance.GiveBack if it will not be run.
-type Taken struct {
+// maintenance.Run, or to maintenance.GiveBack if it will not be run.
+type taken struct {
 	Scope         string
 	Key           string
 	ID            string // the key row's identity
@@ -65,7 +63,7 @@ type Taken struct {
 }
 
 // fence is the fence of the taken key's row.
-func (t *Taken) fence() store.Fence {
+func (t *taken) fence() store.Fence {
 	f := store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
 	if t.row != nil {
 		f.CreatedAt = t.row.CreatedAt
@@ -75,12 +73,12 @@ func (t *Taken) fence() store.Fence {
 
 // LeaseLeft estimates how much of the lease set by the takeover remains, measured from
 // when the takeover was sent.
-func (t *Taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Since(t.at) }
+func (t *taken) LeaseLeft() time.Duration { return t.row.LeaseLeft() - time.Since(t.at) }
 
-// RunOpts configure Maintenance.Run. A nil *RunOpts means all defaults.
-type RunOpts struct {
+// runOpts configure maintenance.Run. A nil *runOpts means all defaults.
+type runOpts struct {
 	// MaxAttempts dead-letters a key whose failed attempt was its MaxAttempts-th or
-	// later (Taken.Attempts counts the claim and every takeover). Zero means the
+	// later (taken.Attempts counts the claim and every takeover). Zero means the
 	// default, 10, as sweeper.Config.MaxAttempts; -1 means a key is never
 	// dead-lettered.
 	MaxAttempts int
@@ -101,7 +99,7 @@ type RunOpts struct {
 //
 // It returns an empty slice when nothing is due, and ErrUnavailable or ErrConflict
 // when the database fails (nothing was taken).
-func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, error) {
+func (m maintenance) TakeDue(ctx context.Context, opts takeDueOpts) ([]*taken, error) {
 	e := m.e
 	if opts.Limit <= 0 {
 		return nil, fmt.Errorf("workflow: take due keys: limit %d is not positive", opts.Limit)
@@ -117,9 +115,9 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*Taken, len(rows))
+	out := make([]*taken, len(rows))
 	for i, r := range rows {
-		out[i] = &Taken{
+		out[i] = &taken{
 			Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, RecoveryPoint: r.RecoveryPoint,
 			LockVersion: r.LockVersion, Attempts: r.Attempts, row: r, at: sent,
 		}
@@ -149,14 +147,14 @@ func (e *Engine) knownPoints() ([]string, map[string][]string) {
 }
 
 // maxAttempts is opts.MaxAttempts as exec.maxAttempts reads it: 0 for never.
-func maxAttempts(o *RunOpts) int {
+func maxAttempts(o *runOpts) int {
 	if o.MaxAttempts < 0 {
 		return 0
 	}
 	return cmp.Or(o.MaxAttempts, maxAttemptsDefault)
 }
 
-// RunTaken runs a key taken with TakeDue from its recovery point, with the request
+// Run runs a key taken with TakeDue from its recovery point, with the request
 // stored on the key, through the same phase code a client's retry runs.
 //
 // A key of a client-only flow (phases.Flow.ClientOnly, such as idemhttp's middlewares')
@@ -182,7 +180,7 @@ func maxAttempts(o *RunOpts) int {
 // The error is non-nil only when the key's fate could not be recorded (the database
 // failed while releasing or dead-lettering it); its lease then runs out and a later
 // sweep takes it again. opts may be nil.
-func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (Result, error) {
+func (m maintenance) Run(ctx context.Context, t *taken, opts *runOpts) (Result, error) {
 	e := m.e
 	if t == nil || t.row == nil {
 		return Result{}, errors.New("workflow: run taken key: not a key from TakeDue")
@@ -191,7 +189,7 @@ func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (Result, 
 		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.row.Origin}
 	return e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) {
 		if opts == nil {
-			opts = &RunOpts{}
+			opts = &runOpts{}
 		}
 		out, err := e.runTaken(ctx, t, opts)
 		return out.with(t.ID, t.Flow, t.row.Origin, t.RecoveryPoint, t.Attempts), err
@@ -199,7 +197,7 @@ func (m Maintenance) Run(ctx context.Context, t *Taken, opts *RunOpts) (Result, 
 }
 
 // runTaken is Run without its hooks.
-func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts) (Result, error) {
+func (e *Engine) runTaken(ctx context.Context, t *taken, opts *runOpts) (Result, error) {
 	f, ok := e.flow(t.Flow)
 	if ok && f.ClientOnly {
 		return e.park(ctx, t, opts.ParkFor)
@@ -208,7 +206,7 @@ func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts) (Result,
 		return e.settleUnrun(ctx, t, fmt.Errorf("%w: %q", ErrUnknownFlow, t.Flow), maxAttempts(opts))
 	}
 	if err := e.checkRow(t.row); err != nil { // a newer build's key: give it back unrun, for a build that reads it
-		return Result{Outcome: OutcomeReleased, Err: err}, (Maintenance{e}).GiveBack(ctx, t)
+		return Result{Outcome: OutcomeReleased, Err: err}, (maintenance{e}).GiveBack(ctx, t)
 	}
 	next, _ := f.Index(t.RecoveryPoint) // checkRow has found it
 	row, err := e.openedRow(ctx, t.row)
@@ -232,7 +230,7 @@ func (e *Engine) runTaken(ctx context.Context, t *Taken, opts *RunOpts) (Result,
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
-func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAttempts int) (Result, error) {
+func (e *Engine) settleUnrun(ctx context.Context, t *taken, cause error, maxAttempts int) (Result, error) {
 	if maxAttempts > 0 && t.Attempts >= maxAttempts {
 		return e.deadLetter(ctx, t, cause)
 	}
@@ -258,7 +256,7 @@ func settled(outcome Outcome, cause, err error) (Result, error) {
 }
 
 // park releases a taken key of a client-only flow for its client.
-func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (Result, error) {
+func (e *Engine) park(ctx context.Context, t *taken, d time.Duration) (Result, error) {
 	if d <= 0 {
 		d = e.cfg.BackoffMax
 	}
@@ -272,7 +270,7 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (Result, e
 // deadLetter marks a taken key that was not run dead with cause, under its fence. If
 // the fence no longer matches, the key was released and taken by someone else in
 // between: that executor decides its fate.
-func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (Result, error) {
+func (e *Engine) deadLetter(ctx context.Context, t *taken, cause error) (Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.DeadLetter(rctx, e.pool, t.fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
@@ -285,7 +283,7 @@ func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (Result,
 }
 
 // sweepEntry is the history entry of a sweep that did not run taken key t.
-func (e *Engine) sweepEntry(t *Taken, outcome Outcome, cause error) store.History {
+func (e *Engine) sweepEntry(t *taken, outcome Outcome, cause error) store.History {
 	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
 		Error: cut(cause.Error(), maxHistoryError)})
 }
@@ -299,7 +297,7 @@ const settleTimeout = 10 * time.Second
 // attempt the takeover counted is uncounted, and the key stays due for any sweeper.
 // It runs even if ctx has ended (bounded by a few seconds). It returns nil if the key
 // was taken over by someone else meanwhile, and ErrUnavailable when the database fails.
-func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
+func (m maintenance) GiveBack(ctx context.Context, t *taken) error {
 	e := m.e
 	if t == nil || t.row == nil {
 		return errors.New("workflow: give back taken key: not a key from TakeDue")
@@ -323,7 +321,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 // nothing more is expired for now. Keys in progress and dead-lettered keys are never
 // deleted. A finished key is replayed until it is deleted, so a client can rely on
 // replays for at least retention; a retry after the deletion is a new request.
-func (m Maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m maintenance) ExpireFinished(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	return m.expire(ctx, "finished", retention, func(ctx context.Context) (int64, error) {
 		return m.e.store.ExpireFinished(ctx, m.e.pool, retention, limit)
 	})
@@ -331,7 +329,7 @@ func (m Maintenance) ExpireFinished(ctx context.Context, retention time.Duration
 
 // expire runs one expiry statement of what's keys, bounded like the engine's own
 // statements, after checking its retention.
-func (m Maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
+func (m maintenance) expire(ctx context.Context, what string, retention time.Duration, run func(context.Context) (int64, error)) (int64, error) {
 	if retention <= 0 {
 		return 0, fmt.Errorf("workflow: expire %s keys: retention %s is not positive", what, retention)
 	}
@@ -343,7 +341,7 @@ func (m Maintenance) expire(ctx context.Context, what string, retention time.Dur
 // ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were
 // dead-lettered more than retention ago by the database clock, and returns how many.
 // A dead-lettered key is listed and can be re-driven until then.
-func (m Maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m maintenance) ExpireDead(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	return m.expire(ctx, "dead", retention, func(ctx context.Context) (int64, error) {
 		return m.e.store.ExpireDead(ctx, m.e.pool, retention, limit)
 	})
@@ -353,7 +351,7 @@ func (m Maintenance) ExpireDead(ctx context.Context, retention time.Duration, li
 // client-only flows that are in progress without a live lease (parked for their
 // client) and were claimed more than retention ago, and returns how many. Keys of
 // other flows are never deleted by it: a sweeper finishes them or dead-letters them.
-func (m Maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+func (m maintenance) ExpireParked(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	e := m.e
 	e.mu.RLock()
 	var flows []string

@@ -503,9 +503,7 @@ func mustEffects(t *testing.T, b *bundle, key string) testflow.Effects {
 // sweepOnce runs one sweeper pass with no grace and returns how many keys it finished.
 func sweepOnce(t *testing.T, b *bundle) int {
 	t.Helper()
-	s, err := sweeper.New(b.engine, &sweeper.Config{Grace: -1})
-	require.NoError(t, err)
-	st, err := s.RunOnce(context.Background())
+	st, err := b.engine.Sweep(context.Background(), &sweeper.Config{Grace: -1})
 	require.NoError(t, err)
 	return st.Finished
 }

@@ -80,9 +80,7 @@ func exported(t *testing.T) map[string]map[string]bool {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	testflow.Sweepable(t, db.Pool)
 	provider.FailNext(1)
-	s, err := sweeper.New(engine, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	st, err := s.RunOnce(ctx)
+	st, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.DeadLettered)
 

@@ -274,8 +274,9 @@ func crashHooks() workflow.Hooks {
 	}}
 }
 
-func newSweeper(e *env, c *common) (*sweeper.Sweeper, error) {
-	return sweeper.New(e.engine, &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log})
+// sweeperConfig is the settings of the engine's sweeper (Engine.Start), from the flags.
+func sweeperConfig(e *env, c *common) *sweeper.Config {
+	return &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log}
 }
 
 func logger(w io.Writer) *slog.Logger {

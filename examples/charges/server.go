@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -70,18 +69,14 @@ func serve(ctx context.Context, args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 
-	var sw *sweeper.Sweeper
 	if *withSweeper {
-		if sw, err = newSweeper(e, &c); err != nil {
-			return err
-		}
-		if err := sw.Start(ctx); err != nil {
+		if err := e.engine.Start(ctx, sweeperConfig(e, &c)); err != nil {
 			return err
 		}
 		defer func() { // on an early return; Stop after shutdown does nothing
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_ = sw.Stop(sctx)
+			_ = e.engine.Stop(sctx)
 		}()
 	}
 	fmt.Printf("charges: listening on http://%s\n", ln.Addr())
@@ -91,20 +86,18 @@ func serve(ctx context.Context, args []string) error {
 	case err := <-errc:
 		return err
 	}
-	return shutdown(e, hs, sw, *grace)
+	return shutdown(e, hs, *grace)
 }
 
-// shutdown stops the process's sweeper, then drains the engine while the HTTP server
+// shutdown stops the engine's sweeper, then drains the engine while the HTTP server
 // shuts down: a request on a connection still open is answered 503 with Retry-After,
 // running attempts may finish within grace and start no call phase, and at the end of
 // grace the keys still held are released (fenced) so that a retry on another server
 // resumes them at once instead of waiting for their leases.
-func shutdown(e *env, hs *http.Server, sw *sweeper.Sweeper, grace time.Duration) error {
+func shutdown(e *env, hs *http.Server, grace time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if sw != nil {
-		_ = sw.Stop(ctx) // its attempts are drained below like the others
-	}
+	_ = e.engine.Stop(ctx) // if it runs; its attempts are drained below like the others
 	drained := make(chan error, 1)
 	go func() { drained <- e.engine.Drain(ctx) }()
 	err := hs.Shutdown(ctx)
@@ -134,10 +127,14 @@ func worker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.close()
-	sw, err := newSweeper(e, &c)
-	if err != nil {
+	if err := e.engine.Start(ctx, sweeperConfig(e, &c)); err != nil { // before the mailer: a bad flag fails first
 		return err
 	}
+	defer func() { // on an early return; Stop after the one below does nothing
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.engine.Stop(sctx)
+	}()
 	if *mailURL == "" {
 		url, stop, err := startMailbox()
 		if err != nil {
@@ -154,14 +151,11 @@ func worker(ctx context.Context, args []string) error {
 	if err := mailer.Start(ctx); err != nil {
 		return fmt.Errorf("start river: %w", err)
 	}
-	if err := sw.Start(ctx); err != nil {
-		return err
-	}
 	fmt.Println("worker: sweeping")
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return errors.Join(sw.Stop(sctx), mailer.Stop(sctx))
+	return errors.Join(e.engine.Stop(sctx), mailer.Stop(sctx))
 }
 
 // runProvider runs the fake payment provider.

@@ -106,17 +106,13 @@ func consumeCmd(ctx context.Context, args []string) error {
 	if err := c.engine.Register(payout.Flow(bank)); err != nil {
 		return err
 	}
-	sw, err := sweeper.New(c.engine, &sweeper.Config{Interval: *sweepInterval, Grace: *sweepGrace, Logger: log})
-	if err != nil {
-		return err
-	}
-	if err := sw.Start(ctx); err != nil {
+	if err := c.engine.Start(ctx, &sweeper.Config{Interval: *sweepInterval, Grace: *sweepGrace, Logger: log}); err != nil {
 		return err
 	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = sw.Stop(sctx)
+		_ = c.engine.Stop(sctx)
 	}()
 	return s.consume(ctx, c.handle, func() {
 		fmt.Fprintf(c.out, "consumer: consuming %s from %s/%s\n", s.subject, s.name, s.durable)

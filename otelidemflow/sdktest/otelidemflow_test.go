@@ -55,9 +55,7 @@ func (b *bundle) newEngine(t *testing.T, before func(context.Context, phases.DBT
 
 func (b *bundle) sweep(t *testing.T, maxAttempts int) sweeper.Stats {
 	t.Helper()
-	s, err := sweeper.New(b.engine, &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
-	require.NoError(t, err)
-	st, err := s.RunOnce(context.Background())
+	st, err := b.engine.Sweep(context.Background(), &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
 	require.NoError(t, err)
 	return st
 }

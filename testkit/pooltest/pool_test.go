@@ -110,14 +110,12 @@ func TestHTTPAndSweeperLoop(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, down.StatusCode)
 	testflow.Sweepable(t, p.Direct.Pool)
 
-	sw, err := sweeper.New(engine, &sweeper.Config{Grace: -1, Hooks: sweeper.Hooks{Pass: func(_ context.Context, s sweeper.Stats, err error) {
+	require.NoError(t, engine.Start(ctx, &sweeper.Config{Grace: -1, Hooks: sweeper.Hooks{Pass: func(_ context.Context, s sweeper.Stats, err error) {
 		if err == nil && s.Finished > 0 {
 			passes <- s
 		}
-	}}})
-	require.NoError(t, err)
-	require.NoError(t, sw.Start(ctx))
-	t.Cleanup(func() { require.NoError(t, sw.Stop(context.Background())) })
+	}}}))
+	t.Cleanup(func() { require.NoError(t, engine.Stop(context.Background())) })
 	<-passes // the background loop finished h2
 	replay, _ := post("h2")
 	require.Equal(t, http.StatusCreated, replay.StatusCode)

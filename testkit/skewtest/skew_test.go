@@ -338,6 +338,7 @@ func buildBoth(t *testing.T) (prev, cur build) {
 	src, err := os.ReadFile(filepath.Join(root, "testkit", "skewtest", "driver", "main.go"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "main.go"), src, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go"), []byte(previousSweep), 0o644))
 	prev = build{name: "previous", bin: filepath.Join(dir, "driver-previous")}
 	cur = build{name: "current", bin: filepath.Join(dir, "driver-current")}
 	goBuild(t, old, prev.bin)
@@ -345,6 +346,26 @@ func buildBoth(t *testing.T) (prev, cur build) {
 	t.Logf("previous release %s and this tree built", commit)
 	return prev, cur
 }
+
+// previousSweep is the driver's sweep.go for the previous release, whose sweeper was
+// built with sweeper.New (from v0.4.0 the engine runs it: Engine.Sweep).
+const previousSweep = `package main
+
+import (
+	"context"
+
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+func sweep(ctx context.Context, e *workflow.Engine) (sweeper.Stats, error) {
+	s, err := sweeper.New(e, &sweeper.Config{Grace: -1, MaxAttempts: 1})
+	if err != nil {
+		return sweeper.Stats{}, err
+	}
+	return s.RunOnce(ctx)
+}
+`
 
 func goBuild(t *testing.T, dir, bin string) {
 	cmd := exec.Command("go", "build", "-o", bin, "./testkit/skewtest/driver")

@@ -89,9 +89,7 @@ func (f *Fixture) Dead(t *testing.T, scope, key string) {
 // Sweep runs one sweeper pass, no grace, with maxAttempts (0: the default).
 func (f *Fixture) Sweep(t *testing.T, maxAttempts int) sweeper.Stats {
 	t.Helper()
-	s, err := sweeper.New(f.Engine, &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
-	require.NoError(t, err)
-	st, err := s.RunOnce(context.Background())
+	st, err := f.Engine.Sweep(context.Background(), &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
 	require.NoError(t, err)
 	return st
 }

@@ -2,7 +2,9 @@
 // idemflow. The skew test (testkit/skewtest) builds it twice, from this tree and from
 // the previous release's (the file is copied into that tree), and runs both against
 // one schema. It uses only API that both releases have: workflow.New, Register, Do,
-// Resume, Hooks.PhaseEnd, sweeper.New and RunOnce; keep it that way.
+// Resume, Hooks.PhaseEnd; keep it that way. A sweeper pass is the one call whose API
+// changed: sweep.go holds this tree's, and the skew test writes the previous
+// release's in its place (skew_test.go, previousSweep).
 //
 //	driver do KEY BODY    one attempt; prints its answer as a JSON line
 //	driver resume KEY     Engine.Resume; prints its answer
@@ -26,7 +28,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -80,11 +81,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		return out.Encode(a)
 	case args[0] == "sweep" && len(args) == 1:
-		s, err := sweeper.New(e, &sweeper.Config{Grace: -1, MaxAttempts: 1})
-		if err != nil {
-			return err
-		}
-		st, err := s.RunOnce(ctx)
+		st, err := sweep(ctx, e)
 		if err != nil {
 			return err
 		}

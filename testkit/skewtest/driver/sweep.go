@@ -1,0 +1,14 @@
+package main
+
+import (
+	"context"
+
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// sweep runs one sweeper pass with no grace and one attempt per key. The skew test
+// replaces this file with the previous release's version of it (previousSweep).
+func sweep(ctx context.Context, e *workflow.Engine) (sweeper.Stats, error) {
+	return e.Sweep(ctx, &sweeper.Config{Grace: -1, MaxAttempts: 1})
+}
