@@ -129,35 +129,11 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 
 	const removals = 4
 	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-30 * time.Minute)
-	var past []string
-	for i := range removals + 1 {
-		past = append(past, attachMinute(t, db, base.Add(time.Duration(i)*time.Minute)))
-		fillFinished(t, db, base.Add(time.Duration(i)*time.Minute), 200)
-	}
-	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000001", "f",
-		`'`+base.Add(removals*time.Minute+time.Second).Format(time.RFC3339)+`'`, releasedSet)
+	past := pastMinutes(t, db, base, removals)
 	if citus {
 		requireDistributed(t, db)
 	}
-
-	tr := &traffic{tick: make(chan struct{}, 64)}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tr.run(ctx, db, w, stop)
-		}()
-	}
-	stopped := false
-	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
+	tr, halt := startTraffic(ctx, db)
 	defer halt()
 
 	// Each step runs after the traffic has made 20 requests on its own.
@@ -190,6 +166,59 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 	require.Equal(t, 1, r.Kept)
 	halt()
 
+	requireRemovedUnderTraffic(t, db, tr, base, past, removals)
+	if citus {
+		requireDistributed(t, db)
+		requireRepeatableReadRefused(t, db)
+	}
+	logStalls(t, citus, tr.done, windows)
+}
+
+// pastMinutes attaches the minute partitions from base on, one more than removals,
+// each holding 200 finished keys, and an unfinished key in the last: their names.
+func pastMinutes(t *testing.T, db *pgtest.DB, base time.Time, removals int) []string {
+	t.Helper()
+	var past []string
+	for i := range removals + 1 {
+		past = append(past, attachMinute(t, db, base.Add(time.Duration(i)*time.Minute)))
+		fillFinished(t, db, base.Add(time.Duration(i)*time.Minute), 200)
+	}
+	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000001", "f",
+		`'`+base.Add(time.Duration(removals)*time.Minute+time.Second).Format(time.RFC3339)+`'`, releasedSet)
+	return past
+}
+
+// startTraffic starts four workers of traffic on db; halt stops them and waits for
+// them (once; later calls do nothing).
+func startTraffic(ctx context.Context, db *pgtest.DB) (tr *traffic, halt func()) {
+	tr = &traffic{tick: make(chan struct{}, 64)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr.run(ctx, db, w, stop)
+		}()
+	}
+	stopped := false
+	return tr, func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+}
+
+// requireRemovedUnderTraffic checks, after TestPartitionsUnderTraffic's steps, that
+// every live request succeeded and its key is there once, that the first removals
+// partitions of past are gone (rows and tables) and the last kept, and that its
+// unfinished key is still found.
+func requireRemovedUnderTraffic(t *testing.T, db *pgtest.DB, tr *traffic, base time.Time, past []string, removals int) {
+	t.Helper()
+	ctx := context.Background()
+	st := store.New()
 	require.Empty(t, tr.errs, "every live request succeeded")
 	require.NotEmpty(t, tr.keys)
 	var rows, distinct, pastRows int
@@ -198,7 +227,7 @@ FROM idemflow_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&rows, &distinct))
 	require.Equal(t, len(tr.keys), rows, "every committed key is there, once")
 	require.Equal(t, rows, distinct, "no key twice")
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE created_at < $1`,
-		base.Add(removals*time.Minute)).Scan(&pastRows))
+		base.Add(time.Duration(removals)*time.Minute)).Scan(&pastRows))
 	require.Zero(t, pastRows, "the removed partitions' rows are gone")
 	names := partitionNames(t, db)
 	for i, p := range past {
@@ -211,13 +240,8 @@ FROM idemflow_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&rows, &distinct))
 	var tables int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = ANY($1)`, past[:removals]).Scan(&tables))
 	require.Zero(t, tables, "dropped, not only detached")
-	_, err = st.Lookup(ctx, db.Pool, "s", "unfinished")
+	_, err := st.Lookup(ctx, db.Pool, "s", "unfinished")
 	require.NoError(t, err)
-	if citus {
-		requireDistributed(t, db)
-		requireRepeatableReadRefused(t, db)
-	}
-	logStalls(t, citus, tr.done, windows)
 }
 
 // attachMinute is addPartition in two statements, which a Citus coordinator needs (a
