@@ -274,8 +274,8 @@ WHERE created_at >= $1 AND created_at < $2`, from, from.Add(time.Minute))
 }
 
 // requireDistributed checks, on Citus, that the key table and each of its partitions
-// are distributed by scope in one colocation group, and that a key's look-up is routed
-// to one shard.
+// are distributed by scope in one colocation group, the default one (the plain key
+// table's), and that a key's look-up is routed to one shard.
 func requireDistributed(t *testing.T, db *pgtest.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -288,6 +288,12 @@ WHERE p.logicalrelid = 'idemflow_keys'::regclass
 	require.Equal(t, len(partitionNames(t, db))+1, tables, "the table and every partition distributed")
 	require.Equal(t, 1, groups, "colocated")
 	require.Equal(t, tables, byScope, "by scope")
+	var inDefault bool // as the plain key table was (pgtest distributes it with colocate_with 'default')
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT p.colocationid = (SELECT min(d.colocationid) FROM pg_dist_colocation d
+	WHERE (d.shardcount, d.replicationfactor, d.distributioncolumntype) = (c.shardcount, c.replicationfactor, c.distributioncolumntype))
+FROM pg_dist_partition p JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
+WHERE p.logicalrelid = 'idemflow_keys'::regclass`).Scan(&inDefault))
+	require.True(t, inDefault, "in the default colocation group, as the plain key table was")
 	rows, err := db.Pool.Query(ctx, `EXPLAIN SELECT * FROM idemflow_keys WHERE scope = 's1' AND idempotency_key = 'k'`)
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
