@@ -124,8 +124,11 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	st := store.New()
-	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, store.PartitionMinute, 3*time.Minute))
 	citus := pgtest.CitusMode()
+	if citus {
+		colocationWitness(t, db)
+	}
+	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, store.PartitionMinute, 3*time.Minute))
 
 	const removals = 4
 	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-30 * time.Minute)
@@ -274,8 +277,8 @@ WHERE created_at >= $1 AND created_at < $2`, from, from.Add(time.Minute))
 }
 
 // requireDistributed checks, on Citus, that the key table and each of its partitions
-// are distributed by scope in one colocation group, the default one (the plain key
-// table's), and that a key's look-up is routed to one shard.
+// are distributed by scope in one colocation group, the plain key table's (that of
+// colocationWitness), and that a key's look-up is routed to one shard.
 func requireDistributed(t *testing.T, db *pgtest.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -288,18 +291,29 @@ WHERE p.logicalrelid = 'idemflow_keys'::regclass
 	require.Equal(t, len(partitionNames(t, db))+1, tables, "the table and every partition distributed")
 	require.Equal(t, 1, groups, "colocated")
 	require.Equal(t, tables, byScope, "by scope")
-	var inDefault bool // as the plain key table was (pgtest distributes it with colocate_with 'default')
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT p.colocationid = (SELECT min(d.colocationid) FROM pg_dist_colocation d
-	WHERE (d.shardcount, d.replicationfactor, d.distributioncolumntype) = (c.shardcount, c.replicationfactor, c.distributioncolumntype))
-FROM pg_dist_partition p JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
-WHERE p.logicalrelid = 'idemflow_keys'::regclass`).Scan(&inDefault))
-	require.True(t, inDefault, "in the default colocation group, as the plain key table was")
+	var withWitness bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT p.colocationid = w.colocationid FROM pg_dist_partition p, pg_dist_partition w
+WHERE p.logicalrelid = 'idemflow_keys'::regclass AND w.logicalrelid = 'colocation_witness'::regclass`).Scan(&withWitness))
+	require.True(t, withWitness, "in the plain key table's colocation group (colocationWitness)")
 	rows, err := db.Pool.Query(ctx, `EXPLAIN SELECT * FROM idemflow_keys WHERE scope = 's1' AND idempotency_key = 'k'`)
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.True(t, slices.ContainsFunc(plan, func(l string) bool { return strings.TrimSpace(l) == "Task Count: 1" }),
 		"one shard:\n%s", strings.Join(plan, "\n"))
+}
+
+// colocationWitness distributes a table of its own in the plain key table's colocation
+// group (the default one: pgtest distributes the key table so), so that the group
+// outlives the plain key table when the set-up drops it and requireDistributed can
+// tell it from a new one.
+func colocationWitness(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE colocation_witness (scope text NOT NULL)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `SELECT create_distributed_table('colocation_witness', 'scope', colocate_with => 'idemflow_keys')`)
+	require.NoError(t, err)
 }
 
 // requireRepeatableReadRefused: on Citus too, a key row inserted outside READ
