@@ -21,7 +21,7 @@ import (
 func addressedTable(t *testing.T) (*pgtest.DB, *Store, time.Time) {
 	t.Helper()
 	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
+		t.Skip("skipped on Citus: a Store does not address partitions by name there (learnAddress), which is what this suite checks")
 	}
 	ctx := context.Background()
 	db := pgtest.New(t)
@@ -35,8 +35,11 @@ WHERE extract(second FROM clock_timestamp()) > 45`)
 	require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionMinute, 3*time.Minute))
 	for i := 1; i <= 4; i++ {
 		from := now.Add(-time.Duration(i) * time.Minute)
-		_, err := db.Pool.Exec(ctx, `CREATE TABLE `+partitionName(from, time.Minute)+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE idemflow_keys ATTACH PARTITION `+partitionName(from, time.Minute)+` FOR VALUES FROM (`+boundLiteral(from)+`) TO (`+boundLiteral(from.Add(time.Minute))+`)`)
+		// Two statements: Citus refuses to attach a table in the string that created it.
+		_, err := db.Pool.Exec(ctx, `CREATE TABLE `+partitionName(from, time.Minute)+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys ATTACH PARTITION `+partitionName(from, time.Minute)+
+			` FOR VALUES FROM (`+boundLiteral(from)+`) TO (`+boundLiteral(from.Add(time.Minute))+`)`)
 		require.NoError(t, err)
 	}
 	_, err = s.CheckPartitions(ctx, db.Pool)

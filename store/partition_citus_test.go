@@ -124,40 +124,19 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	st := store.New()
-	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, store.PartitionMinute, 3*time.Minute))
 	citus := pgtest.CitusMode()
+	if citus {
+		colocationWitness(t, db)
+	}
+	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, store.PartitionMinute, 3*time.Minute))
 
 	const removals = 4
 	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-30 * time.Minute)
-	var past []string
-	for i := range removals + 1 {
-		past = append(past, attachMinute(t, db, base.Add(time.Duration(i)*time.Minute)))
-		fillFinished(t, db, base.Add(time.Duration(i)*time.Minute), 200)
-	}
-	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000001", "f",
-		`'`+base.Add(removals*time.Minute+time.Second).Format(time.RFC3339)+`'`, releasedSet)
+	past := pastMinutes(t, db, base, removals)
 	if citus {
 		requireDistributed(t, db)
 	}
-
-	tr := &traffic{tick: make(chan struct{}, 64)}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tr.run(ctx, db, w, stop)
-		}()
-	}
-	stopped := false
-	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
+	tr, halt := startTraffic(ctx, db)
 	defer halt()
 
 	// Each step runs after the traffic has made 20 requests on its own.
@@ -190,6 +169,59 @@ func TestPartitionsUnderTraffic(t *testing.T) {
 	require.Equal(t, 1, r.Kept)
 	halt()
 
+	requireRemovedUnderTraffic(t, db, tr, base, past, removals)
+	if citus {
+		requireDistributed(t, db)
+		requireRepeatableReadRefused(t, db)
+	}
+	logStalls(t, citus, tr.done, windows)
+}
+
+// pastMinutes attaches the minute partitions from base on, one more than removals,
+// each holding 200 finished keys, and an unfinished key in the last: their names.
+func pastMinutes(t *testing.T, db *pgtest.DB, base time.Time, removals int) []string {
+	t.Helper()
+	var past []string
+	for i := range removals + 1 {
+		past = append(past, attachMinute(t, db, base.Add(time.Duration(i)*time.Minute)))
+		fillFinished(t, db, base.Add(time.Duration(i)*time.Minute), 200)
+	}
+	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000001", "f",
+		`'`+base.Add(time.Duration(removals)*time.Minute+time.Second).Format(time.RFC3339)+`'`, releasedSet)
+	return past
+}
+
+// startTraffic starts four workers of traffic on db; halt stops them and waits for
+// them (once; later calls do nothing).
+func startTraffic(ctx context.Context, db *pgtest.DB) (tr *traffic, halt func()) {
+	tr = &traffic{tick: make(chan struct{}, 64)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr.run(ctx, db, w, stop)
+		}()
+	}
+	stopped := false
+	return tr, func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+}
+
+// requireRemovedUnderTraffic checks, after TestPartitionsUnderTraffic's steps, that
+// every live request succeeded and its key is there once, that the first removals
+// partitions of past are gone (rows and tables) and the last kept, and that its
+// unfinished key is still found.
+func requireRemovedUnderTraffic(t *testing.T, db *pgtest.DB, tr *traffic, base time.Time, past []string, removals int) {
+	t.Helper()
+	ctx := context.Background()
+	st := store.New()
 	require.Empty(t, tr.errs, "every live request succeeded")
 	require.NotEmpty(t, tr.keys)
 	var rows, distinct, pastRows int
@@ -198,7 +230,7 @@ FROM idemflow_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&rows, &distinct))
 	require.Equal(t, len(tr.keys), rows, "every committed key is there, once")
 	require.Equal(t, rows, distinct, "no key twice")
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE created_at < $1`,
-		base.Add(removals*time.Minute)).Scan(&pastRows))
+		base.Add(time.Duration(removals)*time.Minute)).Scan(&pastRows))
 	require.Zero(t, pastRows, "the removed partitions' rows are gone")
 	names := partitionNames(t, db)
 	for i, p := range past {
@@ -211,13 +243,8 @@ FROM idemflow_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&rows, &distinct))
 	var tables int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = ANY($1)`, past[:removals]).Scan(&tables))
 	require.Zero(t, tables, "dropped, not only detached")
-	_, err = st.Lookup(ctx, db.Pool, "s", "unfinished")
+	_, err := st.Lookup(ctx, db.Pool, "s", "unfinished")
 	require.NoError(t, err)
-	if citus {
-		requireDistributed(t, db)
-		requireRepeatableReadRefused(t, db)
-	}
-	logStalls(t, citus, tr.done, windows)
 }
 
 // attachMinute is addPartition in two statements, which a Citus coordinator needs (a
@@ -250,8 +277,8 @@ WHERE created_at >= $1 AND created_at < $2`, from, from.Add(time.Minute))
 }
 
 // requireDistributed checks, on Citus, that the key table and each of its partitions
-// are distributed by scope in one colocation group, and that a key's look-up is routed
-// to one shard.
+// are distributed by scope in one colocation group, the plain key table's (that of
+// colocationWitness), and that a key's look-up is routed to one shard.
 func requireDistributed(t *testing.T, db *pgtest.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -264,12 +291,29 @@ WHERE p.logicalrelid = 'idemflow_keys'::regclass
 	require.Equal(t, len(partitionNames(t, db))+1, tables, "the table and every partition distributed")
 	require.Equal(t, 1, groups, "colocated")
 	require.Equal(t, tables, byScope, "by scope")
+	var withWitness bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT p.colocationid = w.colocationid FROM pg_dist_partition p, pg_dist_partition w
+WHERE p.logicalrelid = 'idemflow_keys'::regclass AND w.logicalrelid = 'colocation_witness'::regclass`).Scan(&withWitness))
+	require.True(t, withWitness, "in the plain key table's colocation group (colocationWitness)")
 	rows, err := db.Pool.Query(ctx, `EXPLAIN SELECT * FROM idemflow_keys WHERE scope = 's1' AND idempotency_key = 'k'`)
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.True(t, slices.ContainsFunc(plan, func(l string) bool { return strings.TrimSpace(l) == "Task Count: 1" }),
 		"one shard:\n%s", strings.Join(plan, "\n"))
+}
+
+// colocationWitness distributes a table of its own in the plain key table's colocation
+// group (the default one: pgtest distributes the key table so), so that the group
+// outlives the plain key table when the set-up drops it and requireDistributed can
+// tell it from a new one.
+func colocationWitness(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE colocation_witness (scope text NOT NULL)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `SELECT create_distributed_table('colocation_witness', 'scope', colocate_with => 'idemflow_keys')`)
+	require.NoError(t, err)
 }
 
 // requireRepeatableReadRefused: on Citus too, a key row inserted outside READ

@@ -17,9 +17,6 @@ import (
 // with partitions three minutes ahead.
 func setupPartitioned(t *testing.T) *pgtest.DB {
 	t.Helper()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	db := pgtest.New(t)
 	require.NoError(t, store.New().SetupPartitioned(context.Background(), db.Pool, store.PartitionMinute, 3*time.Minute))
 	return db
@@ -38,9 +35,12 @@ func dbNow(t *testing.T, db *pgtest.DB) time.Time {
 func addPartition(t *testing.T, db *pgtest.DB, from time.Time) string {
 	t.Helper()
 	name := "idemflow_keys_p" + from.UTC().Format("200601021504")
-	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM ('`+from.UTC().Format(time.RFC3339)+`') TO ('`+
-		from.Add(time.Minute).UTC().Format(time.RFC3339)+`')`)
+	// Two statements, not one string of two: a Citus coordinator refuses to attach a
+	// table to a distributed one in the statement string that created it.
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(context.Background(), `ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM ('`+
+		from.UTC().Format(time.RFC3339)+`') TO ('`+from.Add(time.Minute).UTC().Format(time.RFC3339)+`')`)
 	require.NoError(t, err)
 	return name
 }
@@ -114,9 +114,6 @@ func requireOnlyDueAdded(t *testing.T, db *pgtest.DB, before []store.Partition, 
 
 func TestSetupPartitionedRefusesRows(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	db := pgtest.New(t)
 	claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
@@ -233,6 +230,9 @@ func TestRemovePartitions(t *testing.T) {
 // the next removal finishes the detach and drops it, and the other keys are intact.
 func TestRemovePartitionsFinishesDetach(t *testing.T) {
 	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there; TestDetachBounded covers its plain detach")
+	}
 	ctx := context.Background()
 	db := setupPartitioned(t)
 	st := store.New()
@@ -384,9 +384,6 @@ func TestRemovePartitionsConcurrent(t *testing.T) {
 // mode, and a claim on the partitioned table.
 func TestPartitionsThroughPgbouncer(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	p := pgtest.NewPooled(t)
 	st := store.New()
@@ -418,9 +415,6 @@ func TestPartitionsThroughPgbouncer(t *testing.T) {
 // table of that schema on connections whose search_path does not name it.
 func TestPartitionedInSchema(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	db := pgtest.New(t)
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -456,9 +450,6 @@ func TestPartitionedInSchema(t *testing.T) {
 // that the table is not partitioned, then answers without the database.
 func TestMaintainPartitionsPlain(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	db := pgtest.New(t)
 	st := store.New()
@@ -477,9 +468,6 @@ func TestMaintainPartitionsPlain(t *testing.T) {
 // default week ahead, and a key claimed now lands in the current one.
 func TestSetupPartitionedWeek(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	db := pgtest.New(t)
 	st := store.New()
@@ -501,9 +489,9 @@ func TestSetupPartitionedWeek(t *testing.T) {
 		}
 	}
 	row := claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
-	var part string
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM idemflow_keys WHERE idempotency_key = $1`, row.Key).Scan(&part))
-	require.Equal(t, parts[0].Name, part)
+	var inCurrent int // read from the partition, not by tableoid: on Citus that names a shard
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+parts[0].Name+` WHERE idempotency_key = $1`, row.Key).Scan(&inCurrent))
+	require.Equal(t, 1, inCurrent, "the key is in the current week's partition")
 
 	r, err := st.CheckPartitions(ctx, db.Pool)
 	require.NoError(t, err)

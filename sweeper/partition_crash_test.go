@@ -8,7 +8,6 @@ import (
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -19,9 +18,6 @@ import (
 // one provider payment per key, and one row per (scope, key).
 func TestPartitionedCrashMatrix(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	ctx := context.Background()
 	db := idemflowtest.NewDB(t, testflow.Schema)
 	// In the parent this partitions the fresh, empty key table; in each child, which

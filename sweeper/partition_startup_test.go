@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -21,9 +20,6 @@ import (
 // enough ahead, and on a plain one, it says nothing.
 func TestEngineWarnsAtStartUp(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: this partition suite does not run on Citus yet; TestPartitionsUnderTraffic covers the layout there (docs/PARTITIONS.md)")
-	}
 	const warning = "too few partitions of the key table exist ahead"
 	ctx := context.Background()
 	engine := func(t *testing.T, b *bundle) (*workflow.Engine, func() string) {
