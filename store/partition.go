@@ -133,11 +133,17 @@ type partStatements struct {
 	addr   *atomic.Pointer[partAddress]
 	texts  *sync.Map
 	textsN *atomic.Int64
+	// The claim that inserts without a look-up before (QueueClaimInsert), on this
+	// layout: the lock, the check, then the insert (see queueClaimChecks).
+	claimLock, claimAbsent, insertKey, insertFinished string
 }
 
 func newPartStatements(schema string) partStatements {
+	q := func(sql string) string { return qualify(sql, schema) }
 	return partStatements{schema: schema, table: qualify(keyTable, schema),
-		addr: &atomic.Pointer[partAddress]{}, texts: &sync.Map{}, textsN: &atomic.Int64{}}
+		addr: &atomic.Pointer[partAddress]{}, texts: &sync.Map{}, textsN: &atomic.Int64{},
+		claimLock: q(sqlClaimLockChecked), claimAbsent: q(sqlPipeClaimAbsent),
+		insertKey: q(sqlInsertKey + "\nRETURNING created_at"), insertFinished: q(sqlInsertFinished + "\nRETURNING created_at")}
 }
 
 // ident is a partition's name as the statements of sql.go would name it: qualified
@@ -565,21 +571,120 @@ func outsideTx(db DBTX) bool {
 // is false when it did not answer (not sent, the key is not there, or the partition
 // does not exist): Lookup then looks in every partition.
 func (s *Store) lookupCurrent(ctx context.Context, db DBTX, scope, key string) (*Row, bool, error) {
+	row, err := s.lookupCurrentOnly(ctx, db, scope, key)
+	switch {
+	case err == nil:
+		return row, true, nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, errCurrentGone):
+		return nil, false, nil
+	}
+	return nil, true, err
+}
+
+// errCurrentGone: the current partition's look-up was not sent (s does not address
+// partitions, or db is in a transaction) or its partition does not exist.
+var errCurrentGone = errors.New("no current partition to look in")
+
+// lookupCurrentOnly is the look-up of the partition that holds now: the row,
+// ErrNotFound when it is not there, errCurrentGone when the statement was not sent or
+// its partition does not exist, or another error.
+func (s *Store) lookupCurrentOnly(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
 	sql := s.currentPartitionLookup(db)
 	if sql == "" {
-		return nil, false, nil
+		return nil, errCurrentGone
 	}
 	rows, err := db.Query(ctx, sql, scope, key)
 	if err == nil {
 		var row *Row
 		row, err = scanOne(rows, "look up key", ErrNotFound)
-		if err == nil {
-			return row, true, nil
+		if err == nil || errors.Is(err, ErrNotFound) {
+			return row, err
 		}
 	}
 	var pgErr *pgconn.PgError
-	if errors.Is(err, ErrNotFound) || errors.As(err, &pgErr) && partitionGone(pgErr) {
-		return nil, false, nil
+	if errors.As(err, &pgErr) && partitionGone(pgErr) {
+		return nil, errCurrentGone
 	}
-	return nil, true, fmt.Errorf("look up key: %w", Classify(err))
+	return nil, fmt.Errorf("look up key: %w", Classify(err))
+}
+
+// LookupRecent is the look-up before a claim: Lookup, except that on a partitioned
+// key table whose partitions s addresses by name, and outside a transaction, it reads
+// the current partition alone (docs/PARTITIONS.md, "The look-up before a claim"). A
+// replay of a recent key reads one table; a new key is not looked for in every past
+// partition twice. ErrNotFound then means only that the key is not in the current
+// partition: the caller must claim the key with a claim that looks in every partition
+// under the claim lock (every claim at READ COMMITTED does: phaseTx's look-up, the
+// pipelined claim's check, and QueueClaimInsert on this layout) and take the row that
+// claim finds. Where s does not address partitions (a plain table, Citus, the layout
+// not learnt yet, in a transaction), or the current partition does not exist, it is
+// Lookup.
+func (s *Store) LookupRecent(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	row, err := s.lookupCurrentOnly(ctx, db, scope, key)
+	if errors.Is(err, errCurrentGone) {
+		return s.Lookup(ctx, db, scope, key)
+	}
+	return row, err
+}
+
+// The claim that inserts a new key's row without a look-up before it under the lock
+// (QueueClaimInsert, QueueClaimInsertFinished: a first call phase's commit, a first
+// answer stored alone) relies on the primary key on the plain layout: a row that
+// exists makes the insert fail, whatever the snapshot. A partitioned key table has no
+// such key, so there the claim is three statements in the one round trip: the claim
+// lock, raising when another transaction holds it; then, in a statement of its own (a
+// snapshot taken after the lock, see sqlClaimLock), the check that no partition holds
+// the key, raising when one does; then the insert. The first returns two columns, the
+// plain form's one: readClaimInsertAt tells the forms apart by that, so a Store that
+// learns the layout between queueing and reading reads what it queued.
+
+// sqlClaimLockChecked takes the claim lock, or raises 22012 when another transaction
+// holds it.
+var sqlClaimLockChecked = `SELECT 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int, now()`
+
+// queueClaimChecks queues the claim lock and the check that no row exists when s has
+// learnt the partitioned layout, and reports whether it did: the insert that follows
+// is then the plain insert returning created_at.
+func (s *Store) queueClaimChecks(b *pgx.Batch, c Claim) bool {
+	if s.learnt.partitioned.Load() != 2 {
+		return false
+	}
+	b.Queue(s.part.claimLock, claimHash(c.Scope, c.Key))
+	b.Queue(s.part.claimAbsent, c.Scope, c.Key)
+	return true
+}
+
+// readClaimInsertAt reads either form of the claim that inserts: the inserted row's
+// created_at, pgx.ErrNoRows or ErrClaimBusy when the lock was held elsewhere,
+// ErrClaimExists when a row exists, or the error of the statement that failed.
+func readClaimInsertAt(br pgx.BatchResults) (time.Time, error) {
+	var at time.Time
+	rows, _ := br.Query()
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); isCode(err, codeDivisionByZero) {
+			return at, fmt.Errorf("claim key: %w", ErrClaimBusy)
+		} else if err != nil {
+			return at, err
+		}
+		return at, pgx.ErrNoRows
+	}
+	if len(rows.RawValues()) != 2 { // the plain form: the insert's created_at
+		err := rows.Scan(&at)
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		return at, err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return at, err
+	}
+	if _, err := br.Exec(); isCode(err, codeDivisionByZero) {
+		return at, fmt.Errorf("claim key: %w", ErrClaimExists)
+	} else if err != nil {
+		return at, err
+	}
+	return at, br.QueryRow().Scan(&at)
 }

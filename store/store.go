@@ -277,6 +277,11 @@ func (s *Store) ReadInsert(br pgx.BatchResults) error {
 // in progress at recoveryPoint with data, for a transaction that claims the key
 // without looking first. Read its result with ReadClaimInsert.
 func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
+	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
+		b.Queue(s.part.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+			recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
+		return
+	}
 	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
 		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
 }
@@ -285,14 +290,20 @@ func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, da
 // its history resp.History's entry alone.
 func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
 	e, _ := resp.History.args()
+	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
+		b.Queue(s.part.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+		return
+	}
 	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
 }
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
 // nil when the row was inserted; ErrClaimBusy when another attempt holds the claim
-// lock (nothing was written and the transaction is still good); ErrClaimExists when
-// the row exists (the transaction is aborted); or another translated error.
+// lock (nothing was written; on a partitioned key table the transaction is aborted,
+// else it is still good); ErrClaimExists when the row exists (the transaction is
+// aborted); or another translated error.
 func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
 	_, err := s.ReadClaimInsertAt(br)
 	return err
@@ -301,9 +312,10 @@ func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
 // ReadClaimInsertAt is ReadClaimInsert that also returns the inserted row's
 // created_at (Fence.CreatedAt).
 func (s *Store) ReadClaimInsertAt(br pgx.BatchResults) (time.Time, error) {
-	var at time.Time
-	err := br.QueryRow().Scan(&at)
+	at, err := readClaimInsertAt(br)
 	switch {
+	case errors.Is(err, ErrClaimBusy), errors.Is(err, ErrClaimExists):
+		return time.Time{}, err
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, fmt.Errorf("claim key: %w", ErrClaimBusy)
 	case err != nil:

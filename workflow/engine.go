@@ -578,7 +578,7 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 		if !known && w.ownerHere() { // this engine runs the key: wait, sending nothing
 			a = ended(inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), false))
 		} else {
-			a = e.attempt(ctx, f, &req, fp, seen, known)
+			a = e.attempt(ctx, f, &req, fp, seen, known, races == 0)
 		}
 		if a.again {
 			races++
@@ -606,11 +606,17 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 }
 
 // attempt answers req once: as row when known (nil: the key has no row), else as
-// the key's row looked up now.
-func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *store.Row, known bool) answer {
+// the key's row looked up now. first: no claim of this request found the key's row
+// yet; then, when the flow's claim looks for the row under the claim lock, the look-up
+// may be the recent one (store.Store.LookupRecent): a row it misses, the claim finds.
+func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *store.Row, known, first bool) answer {
 	if !known {
 		var err error
-		row, err = e.lookup(ctx, req.Scope, req.Key)
+		if first && claimLooks(f) {
+			row, err = e.lookupRecent(ctx, req.Scope, req.Key)
+		} else {
+			row, err = e.lookup(ctx, req.Scope, req.Key)
+		}
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			row = nil
@@ -838,6 +844,34 @@ func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, err
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	return e.store.Lookup(ctx, pc, scope, key)
+}
+
+// lookupRecent is lookup before a claim that looks for the key row itself, under the
+// claim lock: on a partitioned key table it reads the current partition alone
+// (docs/PARTITIONS.md, "The look-up before a claim").
+func (e *Engine) lookupRecent(ctx context.Context, scope, key string) (*store.Row, error) {
+	pc, err := e.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Release()
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	return e.store.LookupRecent(ctx, pc, scope, key)
+}
+
+// claimLooks reports whether f's claim of a new key looks for the key's row under the
+// claim lock, in a snapshot taken after it: every claim at READ COMMITTED (a first tx
+// phase's, a pipelined phase's, and the claim that inserts the row with a first call
+// phase's commit). A first tx phase at REPEATABLE READ or SERIALIZABLE claims in its
+// one snapshot, taken before the lock (refused on a partitioned key table): its
+// look-up before the claim must find every row.
+func claimLooks(f phases.Flow) bool {
+	if len(f.Phases) == 0 || f.Phases[0].Kind != phases.KindTx {
+		return true
+	}
+	iso := f.Phases[0].IsoLevel
+	return iso == "" || iso == pgx.ReadCommitted || iso == pgx.ReadUncommitted
 }
 
 func storedResponse(row *store.Row) (*phases.Response, error) {

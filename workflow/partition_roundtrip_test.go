@@ -1,0 +1,52 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+)
+
+// TestRoundTripsPartitioned is TestRoundTrips on a day-partitioned key table
+// (docs/PARTITIONS.md, "The look-up before a claim"): a fresh key costs what it costs
+// on the plain layout (the look-up before the claim reads the current partition alone,
+// in one round trip), and a replay of a recent key one round trip.
+func TestRoundTripsPartitioned(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped: the partition suites do not run on Citus yet (docs/PARTITIONS.md)")
+	}
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := b.newEngine(t, setupOpts{pool: pool})
+
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+
+	rt.n.Store(0)
+	res, err := e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, int64(7), rt.n.Load(), "the current partition's look-up, BEGIN+claim, INSERT, key INSERT+COMMIT, BEGIN+UPDATE, INSERT, finish+COMMIT")
+
+	rt.n.Store(0)
+	res, err = e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, int64(1), rt.n.Load(), "round trips for a replay")
+}
