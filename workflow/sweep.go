@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // The engine's side of the sweeper: taking over due keys in batches, running them
@@ -67,13 +67,13 @@ type Taken struct {
 	// Attempts counts the claim and every takeover, this one included.
 	Attempts int
 
-	row *store.Row // the key row as the takeover returned it
-	at  time.Time  // when the takeover was sent
+	row *keytable.Row // the key row as the takeover returned it
+	at  time.Time     // when the takeover was sent
 }
 
 // fence is the fence of the taken key's row.
-func (t *Taken) fence() store.Fence {
-	f := store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+func (t *Taken) fence() keytable.Fence {
+	f := keytable.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
 	if t.row != nil {
 		f.CreatedAt = t.row.CreatedAt
 	}
@@ -117,7 +117,7 @@ func (m Maintenance) TakeDue(ctx context.Context, opts TakeDueOpts) ([]*Taken, e
 	sent := time.Now()
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
-	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
+	rows, err := e.store.TakeDue(ctx, e.pool, keytable.TakeDue{
 		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
 		Points: points, History: e.cfg.historyKeep(),
 	})
@@ -245,7 +245,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAtte
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
+	err := e.store.Release(rctx, e.pool, t.fence(), keytable.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
 		History: e.sweepEntry(t, OutcomeReleased, cause)})
 	return settled(OutcomeReleased, cause, err)
 }
@@ -256,7 +256,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *Taken, cause error, maxAtte
 // lease runs out and a later sweep takes the key again).
 func settled(outcome Outcome, cause, err error) (Result, error) {
 	switch {
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, keytable.ErrLeaseLost):
 		return Result{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
 		return Result{Outcome: outcome, Err: cause}, err
@@ -272,7 +272,7 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (Result, e
 	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
+	err := e.store.Park(rctx, e.pool, t.fence(), keytable.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
 	return settled(OutcomeParked, cause, err)
 }
 
@@ -282,7 +282,7 @@ func (e *Engine) park(ctx context.Context, t *Taken, d time.Duration) (Result, e
 func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
+	err := e.store.DeadLetter(rctx, e.pool, t.fence(), keytable.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
 		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
 	out, uerr := settled(OutcomeDeadLettered, cause, err)
 	if uerr != nil {
@@ -292,7 +292,7 @@ func (e *Engine) deadLetter(ctx context.Context, t *Taken, cause error) (Result,
 }
 
 // sweepEntry is the history entry of a sweep that did not run taken key t.
-func (e *Engine) sweepEntry(t *Taken, outcome Outcome, cause error) store.History {
+func (e *Engine) sweepEntry(t *Taken, outcome Outcome, cause error) keytable.History {
 	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
 		Error: cut(cause.Error(), maxHistoryError)})
 }
@@ -314,7 +314,7 @@ func (m Maintenance) GiveBack(ctx context.Context, t *Taken) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.GiveBack(rctx, e.pool, t.fence())
-	if errors.Is(err, store.ErrLeaseLost) {
+	if errors.Is(err, keytable.ErrLeaseLost) {
 		return nil
 	}
 	if err != nil {
