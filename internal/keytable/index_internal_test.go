@@ -140,28 +140,7 @@ func TestIndexEntries(t *testing.T) {
 
 	entries := func(name string, write func()) []string {
 		t.Helper()
-		var start, end string
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&start))
-		write()
-		// The write committed, so its WAL is flushed up to here.
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&end))
-		rows, err := db.Pool.Query(ctx, `SELECT coalesce(block_ref, '') FROM `+walinspect+`.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
-WHERE resource_manager = 'Btree'`, start, end)
-		require.NoError(t, err, name)
-		refs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err, name)
-		var touched []string
-		for index, node := range indexes {
-			re := regexp.MustCompile(`/` + node + `\b`)
-			for _, ref := range refs {
-				if re.MatchString(ref) {
-					touched = append(touched, index)
-					break
-				}
-			}
-		}
-		slices.Sort(touched)
-		return touched
+		return btreeEntries(t, db.Pool, walinspect, indexes, name, write)
 	}
 
 	claim := func(key string) Fence {
@@ -212,6 +191,35 @@ WHERE resource_manager = 'Btree'`, start, end)
 		require.NoError(t, br.Close())
 		require.NoError(t, tx.Commit(ctx))
 	}), "a key finished by its first transaction: the primary key and the retention index")
+}
+
+// btreeEntries runs write and returns, sorted, the key table's indexes (by name; the
+// values of indexes are their relfilenodes) that the WAL written meanwhile touched.
+func btreeEntries(t *testing.T, pool *pgxpool.Pool, walinspect string, indexes map[string]string, name string, write func()) []string {
+	ctx := context.Background()
+	t.Helper()
+	var start, end string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&start))
+	write()
+	// The write committed, so its WAL is flushed up to here.
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&end))
+	rows, err := pool.Query(ctx, `SELECT coalesce(block_ref, '') FROM `+walinspect+`.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+WHERE resource_manager = 'Btree'`, start, end)
+	require.NoError(t, err, name)
+	refs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err, name)
+	var touched []string
+	for index, node := range indexes {
+		re := regexp.MustCompile(`/` + node + `\b`)
+		for _, ref := range refs {
+			if re.MatchString(ref) {
+				touched = append(touched, index)
+				break
+			}
+		}
+	}
+	slices.Sort(touched)
+	return touched
 }
 
 // walInspectSchema returns the schema of the pg_walinspect extension, created in

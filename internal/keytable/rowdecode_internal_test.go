@@ -73,7 +73,13 @@ VALUES
 	require.Equal(t, `{"n": [1, 2.5, "x"]}`, string(row.PhaseData), "jsonb's text, without its version byte")
 	require.Equal(t, []byte{0x00, 0xff}, row.RequestBody)
 
-	// Where decodeRow declines, scanOne scans: the same rows.
+	decodeDeclined(t, db, s, keys)
+}
+
+// decodeDeclined is TestDecodeRow's second half: where decodeRow declines (the simple
+// protocol, a timestamptz codec of the connection's own), scanOne scans the same rows.
+func decodeDeclined(t *testing.T, db *pgtest.DB, s *Store, keys [][2]string) {
+	ctx := context.Background()
 	for name, configure := range map[string]func(*pgxpool.Config){
 		"SimpleProtocol": func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
 		"ScanLocation": func(c *pgxpool.Config) {

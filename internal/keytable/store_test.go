@@ -125,36 +125,7 @@ func TestStatements(t *testing.T) {
 		require.Error(t, br.Close())
 	})
 
-	t.Run("ReleaseThenTakeover", func(t *testing.T) {
-		require.NoError(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{"a":1}`), LastError: "boom", Stored: "started"}))
-		require.NoError(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "again", Stored: "one"}), "releasing twice under the same lease is harmless")
-		row, err := st.Lookup(ctx, db.Pool, "s1", "k")
-		require.NoError(t, err)
-		require.False(t, row.LeaseLive)
-		require.Equal(t, "one", row.RecoveryPoint)
-		require.Equal(t, "again", *row.LastError)
-
-		stale := f
-		stale.LockVersion = 5
-		_, err = st.Takeover(ctx, db.Pool, stale, time.Minute, 0)
-		require.ErrorIs(t, err, keytable.ErrNotTaken, "a stale view of the row takes nothing")
-		taken, err := st.Takeover(ctx, db.Pool, f, time.Minute, 0)
-		require.NoError(t, err)
-		require.EqualValues(t, 2, taken.LockVersion)
-		require.Equal(t, 2, taken.Attempts)
-		require.ErrorIs(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "zombie", Stored: "one"}), keytable.ErrLeaseLost,
-			"the old lock version can no longer release")
-
-		f2 := f
-		f2.LockVersion = 2
-		require.NoError(t, finish(ctx, db, f2, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok")}))
-		require.ErrorIs(t, finish(ctx, db, f2, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("twice")}), keytable.ErrLeaseLost)
-		row, err = st.Lookup(ctx, db.Pool, "s1", "k")
-		require.NoError(t, err)
-		require.Equal(t, keytable.StatusFinished, row.Status)
-		require.Equal(t, []byte("ok"), row.ResponseBody)
-		require.Equal(t, 201, *row.ResponseStatus)
-	})
+	t.Run("ReleaseThenTakeover", func(t *testing.T) { releaseThenTakeover(t, db, st, f) })
 
 	t.Run("OtherScopeUntouched", func(t *testing.T) {
 		row, err := st.Lookup(ctx, db.Pool, "s2", "k")
@@ -170,6 +141,41 @@ func TestStatements(t *testing.T) {
 		err := finish(ctx, db, fo, keytable.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
 		require.ErrorIs(t, err, keytable.ErrInvalid)
 	})
+}
+
+// releaseThenTakeover is TestStatements' step on the first key: released (twice, under
+// one lease), taken over (not by a stale view), refused to the old lock version, and
+// finished once by the new one.
+func releaseThenTakeover(t *testing.T, db *pgtest.DB, st *keytable.Store, f keytable.Fence) {
+	ctx := context.Background()
+	require.NoError(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{"a":1}`), LastError: "boom", Stored: "started"}))
+	require.NoError(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "again", Stored: "one"}), "releasing twice under the same lease is harmless")
+	row, err := st.Lookup(ctx, db.Pool, "s1", "k")
+	require.NoError(t, err)
+	require.False(t, row.LeaseLive)
+	require.Equal(t, "one", row.RecoveryPoint)
+	require.Equal(t, "again", *row.LastError)
+
+	stale := f
+	stale.LockVersion = 5
+	_, err = st.Takeover(ctx, db.Pool, stale, time.Minute, 0)
+	require.ErrorIs(t, err, keytable.ErrNotTaken, "a stale view of the row takes nothing")
+	taken, err := st.Takeover(ctx, db.Pool, f, time.Minute, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, taken.LockVersion)
+	require.Equal(t, 2, taken.Attempts)
+	require.ErrorIs(t, st.Release(ctx, db.Pool, f, keytable.Release{RecoveryPoint: "one", Data: []byte(`{}`), LastError: "zombie", Stored: "one"}), keytable.ErrLeaseLost,
+		"the old lock version can no longer release")
+
+	f2 := f
+	f2.LockVersion = 2
+	require.NoError(t, finish(ctx, db, f2, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok")}))
+	require.ErrorIs(t, finish(ctx, db, f2, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("twice")}), keytable.ErrLeaseLost)
+	row, err = st.Lookup(ctx, db.Pool, "s1", "k")
+	require.NoError(t, err)
+	require.Equal(t, keytable.StatusFinished, row.Status)
+	require.Equal(t, []byte("ok"), row.ResponseBody)
+	require.Equal(t, 201, *row.ResponseStatus)
 }
 
 // TestReleaseNeverMovesBack: a release matches only while the row holds the recovery
