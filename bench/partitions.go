@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -238,7 +239,7 @@ WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.T
 	res.Base = base.liveStats
 	cpu0, _ := backendCPU(pid)
 	cleanup := func() error {
-		st := store.New()
+		st := keytable.New()
 		start := time.Now()
 		defer func() { res.Cleanup = time.Since(start) }()
 		if partitioned {
@@ -662,7 +663,7 @@ func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB,
 				return err
 			}
 		}
-		st := store.New()
+		st := keytable.New()
 		var sizes []string
 		var cleanup time.Duration
 		for d := range days {
@@ -691,7 +692,7 @@ func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB,
 
 // weekCleanup removes the keys created before cutoff on one side of weekSizes: the
 // retention of each statement is the database clock's distance to cutoff.
-func weekCleanup(ctx context.Context, s *growthDB, st *store.Store, partitioned bool, cutoff time.Time) error {
+func weekCleanup(ctx context.Context, s *growthDB, st *keytable.Store, partitioned bool, cutoff time.Time) error {
 	retention := func() (time.Duration, error) {
 		var now time.Time
 		err := s.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now)

@@ -7,12 +7,11 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/workflow"
 )
 
 // Partitioner is what ObservePartitions reads; *workflow.Engine satisfies it.
 type Partitioner interface {
-	CheckPartitions(ctx context.Context) (workflow.PartitionReport, error)
+	CheckPartitions(ctx context.Context) (store.PartitionReport, error)
 }
 
 // ObservePartitions reports, at every collection of the meter provider's readers,

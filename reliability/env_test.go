@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/faultproxy"
 	"github.com/idemflow/idemflow/testkit/pgtest"
@@ -347,7 +346,7 @@ func fromDo(res *workflow.Result, err error, via string) answer {
 		a.Status, a.Retryable = http.StatusConflict, true
 	case errors.As(err, &te) && te.Response != nil && te.Response.Status >= 500:
 		a.Status, a.Retryable = te.Response.Status, true
-	case errors.Is(err, workflow.ErrTransient), errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrConflict),
+	case errors.Is(err, workflow.ErrTransient), errors.Is(err, workflow.ErrUnavailable), errors.Is(err, workflow.ErrConflict),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errors.As(err, new(*workflow.ShedError)): // turned away before the claim: idemhttp answers 503
 		a.Status, a.Retryable = http.StatusServiceUnavailable, true

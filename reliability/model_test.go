@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
@@ -109,7 +108,7 @@ func runModel(t *testing.T, seed uint64, steps, nkeys int) {
 	cfg := &workflow.Config{Lease: 5 * time.Minute, BackoffBase: time.Hour, BackoffMax: time.Hour,
 		Hooks: workflow.Hooks{Key: func(ctx context.Context, ev workflow.KeyEvent) {
 			if ev.Kind == workflow.OutcomeReleased {
-				if errors.Is(ev.Err, store.ErrUnavailable) {
+				if errors.Is(ev.Err, workflow.ErrUnavailable) {
 					m.unavail.Add(1)
 				}
 				m.relMu.Lock()
@@ -225,7 +224,7 @@ func (m *modelRun) do(ctx context.Context, k *mkey) {
 	res, err := m.en.Do(ctx, k.req)
 	a := fromDo(res, err, "engine")
 	m.env.answers.record("acct", k.req.Key, a)
-	if m.kills > 0 && (errors.Is(err, store.ErrUnavailable) || m.unavail.Load() > 0) {
+	if m.kills > 0 && (errors.Is(err, workflow.ErrUnavailable) || m.unavail.Load() > 0) {
 		// A connection whose backend was terminated: the attempt failed somewhere.
 		m.counts["attempts_hit_dead_connection"]++
 		m.resync()
@@ -353,7 +352,7 @@ func (m *modelRun) sweep(ctx context.Context) {
 	m.released = nil
 	m.relMu.Unlock()
 	st, err := m.sw.RunOnce(ctx)
-	if m.kills > 0 && (m.unavail.Load() > 0 || errors.Is(err, store.ErrUnavailable)) {
+	if m.kills > 0 && (m.unavail.Load() > 0 || errors.Is(err, workflow.ErrUnavailable)) {
 		m.counts["sweeps_hit_dead_connection"]++
 		m.resync()
 		return
@@ -506,7 +505,7 @@ func (h *releaseFailures) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h *releaseFailures) WithGroup(string) slog.Handler            { return h }
 func (h *releaseFailures) Handle(_ context.Context, r slog.Record) error {
 	r.Attrs(func(a slog.Attr) bool {
-		if err, ok := a.Value.Any().(error); ok && a.Key == "err" && errors.Is(err, store.ErrUnavailable) {
+		if err, ok := a.Value.Any().(error); ok && a.Key == "err" && errors.Is(err, workflow.ErrUnavailable) {
 			h.unavail.Add(1)
 		}
 		return true

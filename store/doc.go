@@ -1,46 +1,19 @@
-// Package store is the only code that runs SQL on idemflow's key table. It claims keys,
-// looks them up, takes over expired leases, advances recovery points under a fence,
-// finishes keys with a response, and releases, parks, gives back or dead-letters them,
-// in the words of the engine's sweeper (workflow/sweep.go).
+// Package store is idemflow's driver layer as a user sees it: the key table's layout.
+// The engine (package workflow) runs its own statements on the key table and needs
+// nothing from here; a deployment imports store only to move the key table to the
+// partitioned layout and to keep its partitions (docs/PARTITIONS.md):
 //
-// It is the driver layer, with no compatibility promise (docs/COMPATIBILITY.md):
-// its exported API serves the engine and changes with it. Users never need to import
-// it, except to lay out a partitioned key table (SetupPartitioned and the Partition*
-// values; docs/PARTITIONS.md). Its one consumer is the engine (package workflow,
-// whose Maintenance type the sweeper drives), and the errors a user branches on are
-// aliased there: workflow.ErrUnavailable, ErrConflict, ErrLeaseLost and ErrNotFound
-// are this package's errors under the names of the package the user calls. It is a
-// top-level package only so that the SQL has a home of its own, in one file (sql.go)
-// kept for review.
+//	st := store.New() // or store.NewInSchema(schema), as workflow.Config.Schema
+//	err := st.SetupPartitioned(ctx, pool, store.PartitionDay, 0)
 //
-// A Store holds the texts of the statements it sends, built once by New, and its
-// methods send only those; the zero Store is not usable. That is the one place where
-// what varies between two engines' SQL (a schema-qualified table name, say) is
-// applied, once per Store, rather than on every call. What sends no SQL (Classify,
-// IsCommitted) is a plain function.
+// then EnsurePartitions and RemovePartitions, which the sweeper runs on every pass
+// (with sweeper.Config.Retention), Partitions to list them and CheckPartitions to
+// see how many exist ahead. Its errors are the layout's own (ErrNotPartitioned,
+// ErrNotEmpty, ErrLiveKeysInDetached); the errors of the database (unavailable,
+// refused, a conflict) are named once, in workflow (workflow.ErrUnavailable, ...).
 //
-// Every statement on one key filters by its scope. The sweeper's statements (TakeDue,
-// ExpireFinished) select across scopes by design, but change only rows they locked
-// with SKIP LOCKED in the same short statement and re-check every guard on them; no
-// transaction spans scopes. Fenced statements match the key row's identity and
-// lock version; the ones meant to be pipelined with COMMIT abort the transaction when
-// they match no row, so the COMMIT that follows cannot succeed. A new key's row is
-// written under its claim lock, a transaction-scoped advisory lock on a hash of the key
-// and the table (QueueClaimLock, QueueClaimInsert).
-//
-// Statements that must share a round trip with their neighbours come in pairs: QueueXxx
-// adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's
-// results, in order. The engine owns the batch; this package owns the SQL. A
-// statement with more inputs than a fence and a value or two takes them as a struct
-// named as the statement (Advance, Release, Park, DeadLetter, TakeDue).
-//
-// pgx errors are translated into this package's errors (ErrConflict, ErrUnavailable,
-// ErrLeaseLost, ...) here and nowhere else; Classify does it for errors that came from
-// a caller's own SQL.
-//
-// Every stored format that can change carries its version (format.go): the engine
-// answers a row in a newer format retryable and leaves it alone, and the sweeper's
-// statements do not take it.
-//
-// This package imports none of idemflow's other packages.
+// The statements themselves, and the translation of pgx errors into the errors above
+// and workflow's, live in one internal package of this module; store runs no SQL of
+// its own. It may import the standard library, pgx and that package, and none of
+// idemflow's public packages.
 package store

@@ -232,7 +232,7 @@ FROM (SELECT date_trunc('minute', statement_timestamp()) + $3 * interval '1 minu
 	})
 }
 
-// partitionLockSalt is store's maintenance lock salt (store/partition_maint.go).
+// partitionLockSalt is the key table's maintenance lock salt (internal/keytable/partition_maint.go).
 const partitionLockSalt int64 = 0x1dfb3a64f0c59e27
 
 type lockedWriter struct {

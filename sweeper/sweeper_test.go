@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemhttp"
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -202,12 +202,12 @@ func TestRunOnceSkipsKeyFinishedBetweenReadAndUpdate(t *testing.T) {
 	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	row, err := store.New().Lookup(ctx, b.db.Pool, "acct", "racing")
+	row, err := keytable.New().Lookup(ctx, b.db.Pool, "acct", "racing")
 	require.NoError(t, err)
-	fence := store.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
-	st := store.New()
+	fence := keytable.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
+	st := keytable.New()
 	finish := &pgx.Batch{}
-	st.QueueFinish(finish, fence, store.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
+	st.QueueFinish(finish, fence, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
 	br := tx.SendBatch(ctx, finish)
 	require.NoError(t, st.ReadFenced(br))
 	require.NoError(t, br.Close())

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // The operator's API: what an operator needs to see and settle keys by hand, all in
@@ -43,7 +43,7 @@ const (
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
-	ErrUnknownStatus = store.ErrUnknownStatus
+	ErrUnknownStatus = keytable.ErrUnknownStatus
 	// ErrWrongStatus: an operator's action found the key in a status it does not apply
 	// to: ReleaseKey a finished or dead-lettered key (see Redrive), CancelKey a finished
 	// one, Redrive one not dead-lettered, PurgeKey one not finished. The message says
@@ -197,13 +197,13 @@ func (e *Engine) ListKeys(ctx context.Context, opts ListOptions) (KeyPage, error
 	if limit < 0 || limit > ListLimitMax {
 		return KeyPage{}, fmt.Errorf("workflow: list keys: %w: limit %d is outside 1..%d", ErrInvalidRequest, opts.Limit, ListLimitMax)
 	}
-	q := store.ListKeys{Status: string(opts.Status), Flow: opts.Flow, Scope: opts.Scope, OlderThan: opts.OlderThan, Limit: limit}
+	q := keytable.ListKeys{Status: string(opts.Status), Flow: opts.Flow, Scope: opts.Scope, OlderThan: opts.OlderThan, Limit: limit}
 	if opts.After != "" {
 		c, err := decodeCursor(opts.After)
 		if err != nil || c.Status != opts.Status {
 			return KeyPage{}, fmt.Errorf("workflow: list keys: %w", ErrInvalidCursor)
 		}
-		q.After = &store.Cursor{At: c.At, Scope: c.Scope, Key: c.Key}
+		q.After = &keytable.Cursor{At: c.At, Scope: c.Scope, Key: c.Key}
 	}
 	rows, err := e.store.List(ctx, e.pool, q)
 	if err != nil {
@@ -236,7 +236,7 @@ func decodeCursor(s string) (cursor, error) {
 	return c, err
 }
 
-func summary(r *store.KeySummary) KeySummary {
+func summary(r *keytable.KeySummary) KeySummary {
 	k := KeySummary{
 		Scope: r.Scope, Key: r.Key, ID: r.ID, Flow: r.Flow, Status: KeyStatus(r.Status),
 		RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts,
@@ -265,7 +265,7 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 		return nil, err
 	}
 	d, err := e.store.Show(ctx, e.pool, scope, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, keytable.ErrNotFound) {
 		return nil, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	}
 	if err != nil {
@@ -335,7 +335,7 @@ func (e *Engine) operate(ctx context.Context, scope, key string, wrong string, c
 		return err
 	}
 	ev, err := change()
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, keytable.ErrNotFound) {
 		return e.notIn(ctx, scope, key, wrong)
 	}
 	if err != nil {
@@ -371,7 +371,7 @@ func (e *Engine) Redrive(ctx context.Context, scope, key string) error {
 func (e *Engine) readable(ctx context.Context, scope, key string) error {
 	row, err := e.store.Lookup(ctx, e.pool, scope, key)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, keytable.ErrNotFound):
 		return nil
 	case err != nil:
 		return err
@@ -387,7 +387,7 @@ func (e *Engine) readable(ctx context.Context, scope, key string) error {
 func (e *Engine) notIn(ctx context.Context, scope, key string, wrong string) error {
 	_, err := e.store.Lookup(ctx, e.pool, scope, key)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, keytable.ErrNotFound):
 		return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	case err != nil:
 		return err

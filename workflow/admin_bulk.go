@@ -10,8 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // Operators' actions on many keys (BulkKeys) and the cancel of one (CancelKey).
@@ -98,8 +98,8 @@ func (e *Engine) BulkKeys(ctx context.Context, opts BulkOptions) (BulkResult, er
 	if limit == 0 {
 		limit = BulkLimitDefault
 	}
-	f := store.Filter{Flow: opts.Flow, Scope: opts.Scope, RecoveryPoint: opts.RecoveryPoint, ErrorContains: opts.ErrorContains}
-	var after *store.BulkKey
+	f := keytable.Filter{Flow: opts.Flow, Scope: opts.Scope, RecoveryPoint: opts.RecoveryPoint, ErrorContains: opts.ErrorContains}
+	var after *keytable.BulkKey
 	for {
 		page, err := e.store.BulkScan(ctx, e.pool, status, f, after, bulkBatch)
 		if err != nil {
@@ -126,9 +126,9 @@ func (o *BulkOptions) check() (string, error) {
 	var status string
 	switch o.Action {
 	case BulkRedrive:
-		status = store.StatusDead
+		status = keytable.StatusDead
 	case BulkRelease:
-		status = store.StatusInProgress
+		status = keytable.StatusInProgress
 	default:
 		return "", fmt.Errorf("workflow: bulk: %w: action %q (want redrive or release)", ErrInvalidRequest, o.Action)
 	}
@@ -147,7 +147,7 @@ func (o *BulkOptions) check() (string, error) {
 }
 
 // bulkOne checks and acts on one key a bulk scan found, and counts it in res.
-func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, k *store.BulkKey, res *BulkResult) error {
+func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f keytable.Filter, k *keytable.BulkKey, res *BulkResult) error {
 	err := e.readable(ctx, k.Scope, k.Key)
 	switch {
 	case errors.Is(err, ErrNewerFormat):
@@ -169,7 +169,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f store.Filter, 
 		err = e.store.BulkRelease(ctx, e.pool, k.Scope, k.Key, f, e.cfg.historyKeep())
 	}
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, keytable.ErrNotFound):
 		res.Matched--
 		res.Changed++
 		return nil
@@ -262,7 +262,7 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 	}
 	for range 3 { // the row may move between the read and the update; read again
 		row, err := e.store.Lookup(ctx, e.pool, scope, key)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, keytable.ErrNotFound) {
 			return fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 		}
 		if err != nil {
@@ -271,16 +271,16 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 		if err := e.checkKnown(row); err != nil {
 			return fmt.Errorf("workflow: scope %q key %q: %w", scope, key, err)
 		}
-		if row.Status == store.StatusFinished {
+		if row.Status == keytable.StatusFinished {
 			return fmt.Errorf("%w: scope %q key %q is finished", ErrWrongStatus, scope, key)
 		}
 		if refused := e.mayHaveCalled(row); refused != nil && !opts.Force {
 			return refused
 		}
 		resp.History = e.entry(Attempt{By: ExecutorOperator, From: row.RecoveryPoint, Outcome: OutcomeOperatorCancelled})
-		err = e.store.CancelKey(ctx, e.pool, scope, key, store.Cancel{ID: row.ID, LockVersion: row.LockVersion, CreatedAt: row.CreatedAt,
+		err = e.store.CancelKey(ctx, e.pool, scope, key, keytable.Cancel{ID: row.ID, LockVersion: row.LockVersion, CreatedAt: row.CreatedAt,
 			RecoveryPoint: row.RecoveryPoint, Response: resp})
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, keytable.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -293,39 +293,39 @@ func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOp
 }
 
 // cancelResponse checks the answer of a cancel and encodes it as stored.
-func (e *Engine) cancelResponse(opts CancelOptions) (store.StoredResponse, error) {
+func (e *Engine) cancelResponse(opts CancelOptions) (keytable.StoredResponse, error) {
 	if (opts.Status < 200 || opts.Status > 299) && (opts.Status < 400 || opts.Status > 499) {
-		return store.StoredResponse{}, fmt.Errorf("%w: status %d is not a final 2xx or 4xx (a 5xx is never stored)", ErrInvalidRequest, opts.Status)
+		return keytable.StoredResponse{}, fmt.Errorf("%w: status %d is not a final 2xx or 4xx (a 5xx is never stored)", ErrInvalidRequest, opts.Status)
 	}
 	if len(opts.Body) > e.cfg.MaxResponseBytes {
-		return store.StoredResponse{}, fmt.Errorf("%w: body of %d bytes, the limit is %d", ErrInvalidRequest, len(opts.Body), e.cfg.MaxResponseBytes)
+		return keytable.StoredResponse{}, fmt.Errorf("%w: body of %d bytes, the limit is %d", ErrInvalidRequest, len(opts.Body), e.cfg.MaxResponseBytes)
 	}
 	kept := map[string][]string{}
 	for _, k := range slices.Sorted(maps.Keys(opts.Header)) {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
 		if !e.keeps(ck) {
-			return store.StoredResponse{}, fmt.Errorf("%w: header %q is not one the engine stores (Config.StoredHeaders)", ErrInvalidRequest, k)
+			return keytable.StoredResponse{}, fmt.Errorf("%w: header %q is not one the engine stores (Config.StoredHeaders)", ErrInvalidRequest, k)
 		}
 		for _, v := range opts.Header[k] {
 			if !storableText(v) || strings.ContainsAny(v, "\r\n") {
-				return store.StoredResponse{}, fmt.Errorf("%w: header %q has a value with a line break or NUL", ErrInvalidRequest, k)
+				return keytable.StoredResponse{}, fmt.Errorf("%w: header %q has a value with a line break or NUL", ErrInvalidRequest, k)
 			}
 		}
 		kept[ck] = append(kept[ck], opts.Header[k]...)
 	}
 	headers, err := json.Marshal(kept)
 	if err != nil {
-		return store.StoredResponse{}, fmt.Errorf("encode headers: %w", err)
+		return keytable.StoredResponse{}, fmt.Errorf("encode headers: %w", err)
 	}
 	body := opts.Body
 	if body == nil {
 		body = []byte{}
 	}
-	return store.StoredResponse{Status: opts.Status, Headers: headers, Body: body}, nil
+	return keytable.StoredResponse{Status: opts.Status, Headers: headers, Body: body}, nil
 }
 
 // mayHaveCalled is the refusal of a cancel of row, or nil: see CancelKey.
-func (e *Engine) mayHaveCalled(row *store.Row) *CallMayHaveRunError {
+func (e *Engine) mayHaveCalled(row *keytable.Row) *CallMayHaveRunError {
 	ref := &CallMayHaveRunError{ID: row.ID, Scope: row.Scope, Key: row.Key, Flow: row.Flow, RecoveryPoint: row.RecoveryPoint}
 	f, ok := e.flow(row.Flow)
 	if !ok {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // Defaults of the admission settings of Config (MaxInFlight, AdmitWait).
@@ -348,5 +348,5 @@ func (e *Engine) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("acquire connection: %w", ctx.Err())
 	}
-	return nil, fmt.Errorf("acquire connection: %w", store.Classify(err))
+	return nil, fmt.Errorf("acquire connection: %w", keytable.Classify(err))
 }

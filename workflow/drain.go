@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // Drain stops the engine for a shutdown, such as on SIGTERM before the process exits.
@@ -84,7 +84,7 @@ func (e *Engine) abandon(ctx context.Context) error {
 		case err == nil:
 			released++
 			e.acted(rctx, KeyEvent{Kind: OutcomeReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
-		case errors.Is(err, store.ErrLeaseLost): // it released its key, or lost it, meanwhile
+		case errors.Is(err, keytable.ErrLeaseLost): // it released its key, or lost it, meanwhile
 		default:
 			errs = append(errs, err)
 		}
@@ -144,7 +144,7 @@ func (x *exec) claiming(ctx context.Context) (context.Context, func(), error) {
 	if err := ctx.Err(); err != nil {
 		x.gate.Unlock()
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) { // the phase outlived its lease
-			return nil, nil, fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+			return nil, nil, fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
 		}
 		return nil, nil, fmt.Errorf("claim key: the caller gave up before the claim: %w", err)
 	}
@@ -160,7 +160,7 @@ func (x *exec) claiming(ctx context.Context) (context.Context, func(), error) {
 // The caller's ctx is honoured until the statement is sent (and for the wait for a
 // connection, bounded by AdmitWait); the statement itself is detached, so that a
 // caller going away cannot leave a lease taken that nobody runs.
-func (e *Engine) takeover(ctx context.Context, row *store.Row) (*store.Row, error) {
+func (e *Engine) takeover(ctx context.Context, row *keytable.Row) (*keytable.Row, error) {
 	if e.adm.isDraining() {
 		return nil, shed(ErrDraining)
 	}

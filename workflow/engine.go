@@ -21,9 +21,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // Defaults for Config.
@@ -213,7 +213,7 @@ func (c *Config) validate() error {
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
 	}
-	if err := store.ValidateSchema(c.Schema); err != nil {
+	if err := keytable.ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("workflow: Schema: %w", err)
 	}
 	switch c.Scan {
@@ -240,19 +240,19 @@ type Pool interface {
 
 // Scan is how sweeps and expiries find keys across scopes (Config.Scan): an alias of
 // the store's, so that nobody imports store to choose one.
-type Scan = store.Scan
+type Scan = keytable.Scan
 
 // The scans of Config.Scan.
 const (
-	ScanAuto   = store.ScanAuto
-	ScanSingle = store.ScanSingle
-	ScanPerKey = store.ScanPerKey
+	ScanAuto   = keytable.ScanAuto
+	ScanSingle = keytable.ScanSingle
+	ScanPerKey = keytable.ScanPerKey
 )
 
 // Engine runs flows under idempotency keys. It is safe for concurrent use.
 type Engine struct {
 	pool   Pool
-	store  *store.Store
+	store  *keytable.Store
 	cfg    *Config
 	stored map[string]bool // canonical header names kept on finished keys
 
@@ -284,7 +284,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	for _, never := range []string{"Set-Cookie", "Date", "Authorization", "Proxy-Authenticate", "Www-Authenticate", "Proxy-Authorization"} {
 		delete(stored, never)
 	}
-	st, err := store.NewWith(store.Options{Schema: c.Schema, Scan: c.Scan, SealedBodies: c.Sealer != nil})
+	st, err := keytable.NewWith(keytable.Options{Schema: c.Schema, Scan: c.Scan, SealedBodies: c.Sealer != nil})
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
@@ -502,8 +502,8 @@ const maxRaces = 8
 // whose claim found the row, as that row.
 type answer struct {
 	out   Result
-	again bool       // look the key up again
-	found *store.Row // fresh only: answer as this row
+	again bool          // look the key up again
+	found *keytable.Row // fresh only: answer as this row
 	// claimLost: fresh only, the claim found another attempt in the key's first
 	// transaction (the answer is in progress)
 	claimLost bool
@@ -571,8 +571,8 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 	}
 	w := e.newWaiter(f.Name, req)
 	defer w.leave()
-	var seen *store.Row // the key as a watch read it for this waiter
-	known := false      // seen is the key's state: no look-up needed (nil: no row)
+	var seen *keytable.Row // the key as a watch read it for this waiter
+	known := false         // seen is the key's state: no look-up needed (nil: no row)
 	for races := 0; races < maxRaces; {
 		var a answer
 		if !known && w.ownerHere() { // this engine runs the key: wait, sending nothing
@@ -602,14 +602,14 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 		}
 		*held = true
 	}
-	return ended(failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict)))
+	return ended(failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, keytable.ErrConflict)))
 }
 
 // attempt answers req once: as row when known (nil: the key has no row), else as
 // the key's row looked up now. first: no claim of this request found the key's row
 // yet; then, when the flow's claim looks for the row under the claim lock, the look-up
-// may be the recent one (store.Store.LookupRecent): a row it misses, the claim finds.
-func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *store.Row, known, first bool) answer {
+// may be the recent one (keytable.Store.LookupRecent): a row it misses, the claim finds.
+func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *keytable.Row, known, first bool) answer {
 	if !known {
 		var err error
 		if first && claimLooks(f) {
@@ -618,7 +618,7 @@ func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []
 			row, err = e.lookup(ctx, req.Scope, req.Key)
 		}
 		switch {
-		case errors.Is(err, store.ErrNotFound):
+		case errors.Is(err, keytable.ErrNotFound):
 			row = nil
 		case err != nil:
 			return ended(failure(err))
@@ -658,7 +658,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 func (e *Engine) resume(ctx context.Context, scope, key string) Result {
 	for range maxRaces {
 		row, err := e.lookup(ctx, scope, key)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, keytable.ErrNotFound) {
 			return failure(fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key))
 		}
 		if err != nil {
@@ -668,17 +668,17 @@ func (e *Engine) resume(ctx context.Context, scope, key string) Result {
 			return a.out
 		}
 	}
-	return failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, store.ErrConflict))
+	return failure(fmt.Errorf("workflow: key kept changing under %d attempts: %w", maxRaces, keytable.ErrConflict))
 }
 
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
-func (e *Engine) existing(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
+func (e *Engine) existing(ctx context.Context, row *keytable.Row, req *Request, fp []byte) answer {
 	a := e.existingRow(ctx, row, req, fp)
 	a.out = a.out.with(row.ID, row.Flow, row.Origin, row.RecoveryPoint, 0)
 	return a
 }
 
-func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, fp []byte) answer {
+func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Request, fp []byte) answer {
 	if err := e.checkRow(row); err != nil {
 		return ended(failure(err)) // a newer build's row: nothing final, nothing written
 	}
@@ -686,13 +686,13 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 		return ended(Result{Outcome: OutcomeMismatch, Err: ErrMismatch, recorded: true})
 	}
 	switch row.Status {
-	case store.StatusFinished:
+	case keytable.StatusFinished:
 		resp, err := e.openResponse(ctx, row)
 		if err != nil {
 			return ended(failure(err))
 		}
 		return ended(answered(resp, true))
-	case store.StatusDead:
+	case keytable.StatusDead:
 		last := ""
 		if row.LastError != nil {
 			last = *row.LastError
@@ -721,7 +721,7 @@ func (e *Engine) existingRow(ctx context.Context, row *store.Row, req *Request, 
 	defer e.waits.end(row.Scope, row.Key, e.waits.run(row.Scope, row.Key)) // wakes this engine's waiters
 	started := time.Now()
 	taken, err := e.takeover(ctx, row)
-	if errors.Is(err, store.ErrNotTaken) {
+	if errors.Is(err, keytable.ErrNotTaken) {
 		return answer{again: true}
 	}
 	if err != nil {
@@ -765,10 +765,10 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		e:      e,
 		flow:   f,
 		origin: origin,
-		fence:  store.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
+		fence:  keytable.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
 		rp:     phases.Started,
 		// no row yet: stored is set by the first commit
-		claim: &store.Claim{
+		claim: &keytable.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
 			Lease: e.cfg.Lease, Origin: origin,
@@ -783,7 +783,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
 	}, nil)
 	if sealed {
-		x.state().SetValue(store.FormatMember, sealedMark) // phase data format 2: the body is sealed
+		x.state().SetValue(keytable.FormatMember, sealedMark) // phase data format 2: the body is sealed
 	}
 	started := time.Now()
 	st := x.drive(ctx, 0)
@@ -804,7 +804,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 	return ended(st.out.with(x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
 }
 
-func (e *Engine) newExec(f phases.Flow, row *store.Row, started time.Time) (*exec, error) {
+func (e *Engine) newExec(f phases.Flow, row *keytable.Row, started time.Time) (*exec, error) {
 	run, err := newRun(runstate.Info{
 		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
 		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
@@ -835,7 +835,7 @@ func (e *Engine) bounded(ctx context.Context) (context.Context, context.CancelFu
 
 // lookup reads a key row before the claim: the wait for a connection is bounded by
 // AdmitWait.
-func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, error) {
+func (e *Engine) lookup(ctx context.Context, scope, key string) (*keytable.Row, error) {
 	pc, err := e.acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -849,7 +849,7 @@ func (e *Engine) lookup(ctx context.Context, scope, key string) (*store.Row, err
 // lookupRecent is lookup before a claim that looks for the key row itself, under the
 // claim lock: on a partitioned key table it reads the current partition alone
 // (docs/PARTITIONS.md, "The look-up before a claim").
-func (e *Engine) lookupRecent(ctx context.Context, scope, key string) (*store.Row, error) {
+func (e *Engine) lookupRecent(ctx context.Context, scope, key string) (*keytable.Row, error) {
 	pc, err := e.acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -874,7 +874,7 @@ func claimLooks(f phases.Flow) bool {
 	return iso == "" || iso == pgx.ReadCommitted || iso == pgx.ReadUncommitted
 }
 
-func storedResponse(row *store.Row) (*phases.Response, error) {
+func storedResponse(row *keytable.Row) (*phases.Response, error) {
 	resp := &phases.Response{Body: row.ResponseBody, Header: map[string][]string{}}
 	if row.ResponseStatus != nil {
 		resp.Status = *row.ResponseStatus

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 var (
@@ -68,29 +68,30 @@ var (
 // fails like one without a response, and the key is released.
 var errNotFinal = fmt.Errorf("status is not a final response: %w", ErrNoResponse)
 
-// Errors of the database and of fencing. They are the store package's own values
-// (aliases, not copies), so errors.Is matches them whichever layer wrapped them, and
-// nobody needs to import store to handle an error.
+// Errors of the database and of fencing. They are the key table's own values
+// (aliases, not copies, of the internal package that runs the engine's SQL and
+// translates pgx's errors), so errors.Is matches them whichever layer wrapped them;
+// this is their one public name.
 var (
 	// ErrUnavailable: the database could not be reached or the connection broke. It
 	// comes back on its own when nothing was run yet, and inside a *TransientError
 	// when a phase failed with it (then the key was released or its lease runs out).
-	ErrUnavailable = store.ErrUnavailable
+	ErrUnavailable = keytable.ErrUnavailable
 	// ErrConflict: a serialization failure or deadlock outlived Config.TxRetries
 	// (inside a *TransientError), or the key kept changing under the attempt. Retrying
 	// is safe.
-	ErrConflict = store.ErrConflict
+	ErrConflict = keytable.ErrConflict
 	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
 	// work was rolled back and the new owner answers.
-	ErrLeaseLost = store.ErrLeaseLost
+	ErrLeaseLost = keytable.ErrLeaseLost
 	// ErrNotFound: Resume or Redrive found no key row.
-	ErrNotFound = store.ErrNotFound
+	ErrNotFound = keytable.ErrNotFound
 	// ErrMisconfigured: the connection's settings do not fit what is between the
 	// engine and Postgres: pgx's default query exec mode behind a pooler in
 	// transaction mode that keeps no prepared statements. The message names the fix
 	// (default_query_exec_mode=cache_describe); retrying does not help. The HTTP layer
 	// answers it 500, not 503.
-	ErrMisconfigured = store.ErrMisconfigured
+	ErrMisconfigured = keytable.ErrMisconfigured
 	// ErrRefused: the database refused one of the engine's statements, or a tx
 	// phase's, for good: a feature it does not support (SQLSTATE 0A000, as Citus
 	// answers a statement it cannot run on one shard), a syntax error, an undefined or
@@ -98,7 +99,7 @@ var (
 	// *TransientError: a retry would be refused the same way. A key whose row exists
 	// is dead-lettered with the refusal as its last error, so no sweeper retries it;
 	// re-drive it once the cause is fixed. The HTTP layer answers it 500.
-	ErrRefused = store.ErrRefused
+	ErrRefused = keytable.ErrRefused
 )
 
 // InProgressError is returned while another attempt holds a key's lease.

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -20,11 +20,11 @@ import (
 func TestErrorsAreAliases(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct{ ours, store error }{
-		"Unavailable": {workflow.ErrUnavailable, store.ErrUnavailable},
-		"Conflict":    {workflow.ErrConflict, store.ErrConflict},
-		"LeaseLost":   {workflow.ErrLeaseLost, store.ErrLeaseLost},
-		"NotFound":    {workflow.ErrNotFound, store.ErrNotFound},
-		"Refused":     {workflow.ErrRefused, store.ErrRefused},
+		"Unavailable": {workflow.ErrUnavailable, keytable.ErrUnavailable},
+		"Conflict":    {workflow.ErrConflict, keytable.ErrConflict},
+		"LeaseLost":   {workflow.ErrLeaseLost, keytable.ErrLeaseLost},
+		"NotFound":    {workflow.ErrNotFound, keytable.ErrNotFound},
+		"Refused":     {workflow.ErrRefused, keytable.ErrRefused},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -88,7 +88,7 @@ func TestErrorsMatchThroughTheEngine(t *testing.T) {
 		require.False(t, errors.As(err, &te), "a refusal is not transient: %v", err)
 		require.ErrorContains(t, err, "permanently")
 		st := testflow.State(t, b.db.Pool, "acct", "k")
-		require.Equal(t, store.StatusDead, st.Status)
+		require.Equal(t, keytable.StatusDead, st.Status)
 		require.NotNil(t, st.LastError)
 		require.Contains(t, *st.LastError, "refused")
 		sweepable(t, b.db)

@@ -15,16 +15,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // exec drives one key through its phases as the holder of its lease.
 type exec struct {
 	e     *Engine
 	flow  phases.Flow
-	fence store.Fence
+	fence keytable.Fence
 	// rp is the recovery point as this executor knows it. After a call phase it is
 	// ahead of the stored one until the next commit carries it.
 	rp string
@@ -33,7 +33,7 @@ type exec struct {
 	// while the row still holds it.
 	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
-	claim    *store.Claim
+	claim    *keytable.Claim
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -79,8 +79,8 @@ type step struct {
 	out   Result // stepFinished, stepStop: how the attempt ended
 	resp  *phases.Response
 	err   error
-	lost  claimed    // stepLost: claimBusy or claimExists
-	found *store.Row // stepLost with claimExists: the row, when the claim read it
+	lost  claimed       // stepLost: claimBusy or claimExists
+	found *keytable.Row // stepLost with claimExists: the row, when the claim read it
 }
 
 // stop is the step that ends the attempt with out.
@@ -106,15 +106,15 @@ func (x *exec) failed(err error) step {
 	switch {
 	case errors.As(err, new(*ShedError)):
 		return stop(failure(err))
-	case errors.Is(err, store.ErrClaimBusy):
+	case errors.Is(err, keytable.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
-	case errors.Is(err, store.ErrClaimExists):
+	case errors.Is(err, keytable.ErrClaimExists):
 		return step{kind: stepLost, lost: claimExists, err: err}
 	case errors.Is(err, ErrLeaseLost):
 		return stop(x.leaseLost(err))
 	case errors.As(err, &te):
 		return stop(Result{Outcome: OutcomeReleased, Phase: te.Phase, RetryAfter: te.RetryAfter, Err: err})
-	case errors.Is(err, store.ErrConflict):
+	case errors.Is(err, keytable.ErrConflict):
 		return step{kind: stepConflict, err: err}
 	}
 	return step{kind: stepTransient, err: err}
@@ -305,10 +305,10 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	case respondAlone:
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	if errors.Is(v.err, store.ErrLeaseLost) {
+	if errors.Is(v.err, keytable.ErrLeaseLost) {
 		x.lostAtCommit = true // the check is the commit's fence, sent first: reported as lost
 	}
-	st = x.failed(store.Classify(v.err))
+	st = x.failed(keytable.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -393,7 +393,7 @@ func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 	}
 	pc, err := x.e.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("acquire connection: %w", store.Classify(err))
+		return nil, fmt.Errorf("acquire connection: %w", keytable.Classify(err))
 	}
 	return newPhaseTx(pc, x.e.store, iso), nil
 }
@@ -410,9 +410,9 @@ func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 		return step{}, true
 	}
 	// The hooks see the phase end with the claim's refusal, never as a success.
-	cause := fmt.Errorf("claim key: %w", store.ErrClaimBusy)
+	cause := fmt.Errorf("claim key: %w", keytable.ErrClaimBusy)
 	if got == claimExists {
-		cause = fmt.Errorf("claim key: %w", store.ErrClaimExists)
+		cause = fmt.Errorf("claim key: %w", keytable.ErrClaimExists)
 	}
 	return step{kind: stepLost, lost: got, found: row, err: cause}, false
 }
@@ -444,7 +444,7 @@ func (x *exec) finished(resp *phases.Response) Result {
 type keyWrite struct {
 	target string
 	data   []byte
-	resp   *store.StoredResponse
+	resp   *keytable.StoredResponse
 }
 
 // queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
@@ -471,7 +471,7 @@ func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchR
 		return func(b *pgx.Batch) { st.QueueFinish(b, f, *w.resp) }, st.ReadFenced
 	default:
 		return func(b *pgx.Batch) {
-			st.QueueAdvance(b, f, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+			st.QueueAdvance(b, f, keytable.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
 		}, st.ReadFenced
 	}
 }
@@ -504,14 +504,14 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 	switch {
 	case claimLost(err):
 		return err
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, keytable.ErrLeaseLost):
 		x.lostAtCommit = true
 		return err
-	case errors.Is(err, store.ErrConflict):
+	case errors.Is(err, keytable.ErrConflict):
 		return err
-	case errors.Is(err, store.ErrNotSent):
+	case errors.Is(err, keytable.ErrNotSent):
 		return err // nothing reached the server
-	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
+	case errors.Is(err, keytable.ErrUnavailable), ctx.Err() != nil:
 		return x.unknownCommit(ctx, w, err)
 	default:
 		return err
@@ -532,7 +532,7 @@ func (x *exec) committed(ctx context.Context, target string) {
 // claimLost reports whether err means that a new key's claim did not give this attempt
 // the key: another attempt is claiming it, or its row exists.
 func claimLost(err error) bool {
-	return errors.Is(err, store.ErrClaimBusy) || errors.Is(err, store.ErrClaimExists)
+	return errors.Is(err, keytable.ErrClaimBusy) || errors.Is(err, keytable.ErrClaimExists)
 }
 
 // resolve reads the key row to learn whether a commit with an unknown outcome took
@@ -541,7 +541,7 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	row, err := x.e.store.Lookup(ctx, x.e.pool, x.fence.Scope, x.fence.Key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, keytable.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -552,7 +552,7 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 	}
 	x.fence.CreatedAt = row.CreatedAt // the claim's commit, if it was one, inserted it
 	if finish {
-		return row.Status == store.StatusFinished, nil
+		return row.Status == keytable.StatusFinished, nil
 	}
 	return row.RecoveryPoint == target, nil
 }
@@ -564,7 +564,7 @@ func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, e
 // exists instead. Released and dead-lettered are recorded (their key event is due)
 // only when the statement that says so committed.
 func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) Result {
-	if errors.Is(cause, store.ErrLeaseLost) {
+	if errors.Is(cause, keytable.ErrLeaseLost) {
 		return x.leaseLost(cause)
 	}
 	after := time.Duration(0)
@@ -580,7 +580,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		derr := x.release(ctx, phase, cause, after, dead)
 		switch {
-		case errors.Is(derr, store.ErrLeaseLost):
+		case errors.Is(derr, keytable.ErrLeaseLost):
 			return x.leaseLost(derr)
 		case derr != nil:
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
@@ -621,10 +621,10 @@ func (x *exec) release(ctx context.Context, phase string, cause error, after tim
 	case err != nil:
 		return err
 	case dead:
-		return x.e.store.DeadLetter(rctx, x.e.pool, x.fence, store.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
+		return x.e.store.DeadLetter(rctx, x.e.pool, x.fence, keytable.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
 			History: x.history(OutcomeDeadLettered, phase, cause)})
 	}
-	return x.e.store.Release(rctx, x.e.pool, x.fence, store.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
+	return x.e.store.Release(rctx, x.e.pool, x.fence, keytable.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
 		History: x.history(OutcomeReleased, phase, cause)})
 }
 
@@ -645,12 +645,12 @@ func (x *exec) data() ([]byte, error) {
 
 // storable returns the response as stored (allow-listed headers only) and the phase
 // data, or an error if either is too large. Nothing is ever truncated.
-func (x *exec) storable(ctx context.Context, resp *phases.Response) (store.StoredResponse, []byte, error) {
+func (x *exec) storable(ctx context.Context, resp *phases.Response) (keytable.StoredResponse, []byte, error) {
 	if resp.Status < 200 || resp.Status > 499 { // 1xx is not a final answer
-		return store.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, errNotFinal)
+		return keytable.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, errNotFinal)
 	}
 	if len(resp.Body) > x.e.cfg.MaxResponseBytes {
-		return store.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
+		return keytable.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
 	}
 	// Names that differ only in case are one header: their values are merged, in the
 	// order of the names as written, so that what is stored does not depend on map
@@ -663,17 +663,17 @@ func (x *exec) storable(ctx context.Context, resp *phases.Response) (store.Store
 	}
 	headers, err := json.Marshal(kept)
 	if err != nil {
-		return store.StoredResponse{}, nil, fmt.Errorf("encode headers: %w", err)
+		return keytable.StoredResponse{}, nil, fmt.Errorf("encode headers: %w", err)
 	}
 	data, err := x.data()
 	if err != nil {
-		return store.StoredResponse{}, nil, err
+		return keytable.StoredResponse{}, nil, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	stored, err := x.e.sealResponse(ctx, x.fence.Scope, x.fence.Key, store.StoredResponse{Status: resp.Status, Headers: headers, Body: body})
+	stored, err := x.e.sealResponse(ctx, x.fence.Scope, x.fence.Key, keytable.StoredResponse{Status: resp.Status, Headers: headers, Body: body})
 	return stored, data, err
 }
 

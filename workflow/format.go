@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // ErrNewerFormat: the key's row holds something this build cannot read: a status, a
@@ -39,12 +39,12 @@ func fingerprintFormat(stored []byte) bool {
 	return false
 }
 
-// formatMember is store.FormatMember as bytes, made once: jsonFormat runs on every
+// formatMember is keytable.FormatMember as bytes, made once: jsonFormat runs on every
 // look-up.
-var formatMember = []byte(store.FormatMember)
+var formatMember = []byte(keytable.FormatMember)
 
 // jsonFormat is the format version of a stored JSON object (phase data, response
-// headers): its member store.FormatMember, 1 when absent. ok is false when the member
+// headers): its member keytable.FormatMember, 1 when absent. ok is false when the member
 // is not a positive integer or the object cannot be decoded: not a format this build
 // reads.
 func jsonFormat(obj []byte) (version int, ok bool) {
@@ -55,7 +55,7 @@ func jsonFormat(obj []byte) (version int, ok bool) {
 	if err := json.Unmarshal(obj, &m); err != nil {
 		return 0, false
 	}
-	raw, found := m[store.FormatMember]
+	raw, found := m[keytable.FormatMember]
 	if !found {
 		return 1, true
 	}
@@ -70,8 +70,8 @@ func jsonFormat(obj []byte) (version int, ok bool) {
 // build does not read (see ErrNewerFormat), before anything is decided on it. The
 // recovery point is checked against the flow where the flow is known (see
 // unknownPoint).
-func checkFormat(row *store.Row) error {
-	if !store.KnownStatus(row.Status) {
+func checkFormat(row *keytable.Row) error {
+	if !keytable.KnownStatus(row.Status) {
 		return fmt.Errorf("%w: status %q", ErrNewerFormat, row.Status)
 	}
 	if !fingerprintFormat(row.Fingerprint) {
@@ -81,11 +81,11 @@ func checkFormat(row *store.Row) error {
 		}
 		return fmt.Errorf("%w: fingerprint of %d bytes (version byte %d)", ErrNewerFormat, len(row.Fingerprint), v)
 	}
-	if v, ok := jsonFormat(row.PhaseData); !ok || v > store.PhaseDataFormat && v != store.PhaseDataSealed {
+	if v, ok := jsonFormat(row.PhaseData); !ok || v > keytable.PhaseDataFormat && v != keytable.PhaseDataSealed {
 		return fmt.Errorf("%w: phase data format %d", ErrNewerFormat, v)
 	}
-	if row.Status == store.StatusFinished {
-		if v, ok := jsonFormat(row.ResponseHeaders); !ok || v > store.ResponseFormat && v != responseSealed {
+	if row.Status == keytable.StatusFinished {
+		if v, ok := jsonFormat(row.ResponseHeaders); !ok || v > keytable.ResponseFormat && v != responseSealed {
 			return fmt.Errorf("%w: stored response format %d", ErrNewerFormat, v)
 		}
 	}
@@ -94,7 +94,7 @@ func checkFormat(row *store.Row) error {
 
 // checkRow is checkKnown, and that the engine can open what the row holds sealed
 // (checkSealed): what an attempt on the key needs before it decides anything.
-func (e *Engine) checkRow(row *store.Row) error {
+func (e *Engine) checkRow(row *keytable.Row) error {
 	if err := e.checkKnown(row); err != nil {
 		return err
 	}
@@ -104,11 +104,11 @@ func (e *Engine) checkRow(row *store.Row) error {
 // checkKnown is checkFormat, and for an unfinished row of a registered flow, that the
 // flow has its recovery point. An operator's action on one key needs no more: it
 // opens nothing sealed.
-func (e *Engine) checkKnown(row *store.Row) error {
+func (e *Engine) checkKnown(row *keytable.Row) error {
 	if err := checkFormat(row); err != nil {
 		return err
 	}
-	if row.Status == store.StatusFinished {
+	if row.Status == keytable.StatusFinished {
 		return nil
 	}
 	if f, ok := e.flow(row.Flow); ok {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // noPool is a Pool for engines that never reach the database.
@@ -60,7 +60,7 @@ func FuzzStoredHeaders(f *testing.F) {
 			x := &exec{e: e, run: run}
 			stored, _, err := x.storable(t.Context(), &phases.Response{Status: 201, Header: h, Body: []byte("b")})
 			require.NoError(t, err)
-			resp, err := storedResponse(&store.Row{ResponseStatus: &stored.Status, ResponseHeaders: stored.Headers, ResponseBody: stored.Body})
+			resp, err := storedResponse(&keytable.Row{ResponseStatus: &stored.Status, ResponseHeaders: stored.Headers, ResponseBody: stored.Body})
 			require.NoError(t, err)
 			for k, v := range resp.Header {
 				require.True(t, e.keeps(k), "%q is neither allow-listed nor a header of the body", k)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // TestStoredHeaders decodes stored response headers as encoding/json does, in the
@@ -38,7 +38,7 @@ func TestStoredHeaders(t *testing.T) {
 		want := map[string][]string{}
 		wantErr := json.Unmarshal([]byte(c.stored), &want)
 		status := 200
-		resp, err := storedResponse(&store.Row{ResponseStatus: &status, ResponseHeaders: []byte(c.stored)})
+		resp, err := storedResponse(&keytable.Row{ResponseStatus: &status, ResponseHeaders: []byte(c.stored)})
 		if wantErr != nil {
 			require.Error(t, err, c.stored)
 		} else {

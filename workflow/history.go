@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // Attempt is one entry of a key's history (KeyInfo.History): an attempt on the key,
@@ -51,10 +51,10 @@ const maxHistoryError = 500
 
 // history is the entry of the attempt x runs, ending with outcome (in phase, with
 // cause); none when history is off.
-func (x *exec) history(outcome Outcome, phase string, cause error) store.History {
+func (x *exec) history(outcome Outcome, phase string, cause error) keytable.History {
 	keep := x.e.cfg.historyKeep()
 	if keep == 0 {
-		return store.History{}
+		return keytable.History{}
 	}
 	done := x.done
 	if outcome == OutcomeFinished {
@@ -85,17 +85,17 @@ func startedAt(x *exec) string {
 }
 
 // entry is a as a history entry; none when history is off.
-func (e *Engine) entry(a Attempt) store.History {
+func (e *Engine) entry(a Attempt) keytable.History {
 	keep := e.cfg.historyKeep()
 	if keep == 0 {
-		return store.History{}
+		return keytable.History{}
 	}
 	b, ok := a.appendJSON(append(make([]byte, 0, entryCap), '['))
 	if !ok { // an At json.Marshal refuses too (a year past 9999): no entry, as before
-		return store.History{}
+		return keytable.History{}
 	}
-	// As the array the statement takes (store.History), so that it is not copied again.
-	return store.History{Entry: append(b, ']'), Keep: keep}
+	// As the array the statement takes (keytable.History), so that it is not copied again.
+	return keytable.History{Entry: append(b, ']'), Keep: keep}
 }
 
 // entryCap is room for a usual entry: a finish's, with two phases, is about 100 bytes.

@@ -7,37 +7,34 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/store"
 )
 
-// PartitionReport is what one maintenance step did to a partitioned key table
-// (docs/PARTITIONS.md): an alias of the store's, so that nobody imports store for it.
-type PartitionReport = store.PartitionReport
-
 // MaintainPartitions runs one maintenance step of a partitioned key table on one
 // connection of the engine's pool: partitions created ahead, partitions past retention
-// removed (see store.Store.MaintainPartitions). It returns store.ErrNotPartitioned,
-// after asking once and without a connection afterwards, when the key table is not
-// partitioned.
-func (m maintenance) MaintainPartitions(ctx context.Context, retention time.Duration) (PartitionReport, error) {
+// removed (see store.Store.EnsurePartitions and RemovePartitions). It returns
+// store.ErrNotPartitioned, after asking once and without a connection afterwards,
+// when the key table is not partitioned.
+func (m maintenance) MaintainPartitions(ctx context.Context, retention time.Duration) (store.PartitionReport, error) {
 	if m.e.store.KnownUnpartitioned() {
-		return PartitionReport{}, store.ErrNotPartitioned
+		return store.PartitionReport{}, keytable.ErrNotPartitioned
 	}
 	conn, err := m.e.pool.Acquire(ctx)
 	if err != nil {
-		return PartitionReport{}, fmt.Errorf("workflow: maintain partitions: %w", store.Classify(err))
+		return store.PartitionReport{}, fmt.Errorf("workflow: maintain partitions: %w", keytable.Classify(err))
 	}
 	defer conn.Release()
 	return m.e.store.MaintainPartitions(ctx, conn, retention)
 }
 
 // CheckPartitions reports how many partitions of a partitioned key table exist ahead
-// of now, and how many the default calls for (PartitionReport.Ahead, Want; Low says a
-// warning is due), from the catalog, changing nothing. It returns
+// of now, and how many the default calls for (store.PartitionReport's Ahead, Want; Low
+// says a warning is due), from the catalog, changing nothing. It returns
 // store.ErrNotPartitioned when the key table is not partitioned. The engine runs it
 // once by itself, on its first connection (see startupCheck); otelidemflow reports it
 // as the idemflow.partitions.ahead gauge.
-func (e *Engine) CheckPartitions(ctx context.Context) (PartitionReport, error) {
+func (e *Engine) CheckPartitions(ctx context.Context) (store.PartitionReport, error) {
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	r, err := e.store.CheckPartitions(ctx, e.pool)
@@ -53,12 +50,12 @@ func (e *Engine) CheckPartitions(ctx context.Context) (PartitionReport, error) {
 // (docs/PARTITIONS.md), and the engine warns when too few partitions exist ahead (a
 // claim whose creation time has no partition fails, retryably, until a sweeper's pass
 // creates it). A failure is logged at debug level: nothing depends on the check.
-func (e *Engine) startupCheck(ctx context.Context, conn store.DBTX) {
+func (e *Engine) startupCheck(ctx context.Context, conn keytable.DBTX) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startupCheckTimeout)
 	defer cancel()
 	r, err := e.store.CheckPartitions(ctx, conn)
 	switch {
-	case errors.Is(err, store.ErrNotPartitioned):
+	case errors.Is(err, keytable.ErrNotPartitioned):
 	case err != nil:
 		e.cfg.Logger.DebugContext(ctx, "workflow: start-up check of the key table's layout failed", "err", err)
 	case r.Low():

@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/pipestate"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // A pipelined tx phase (phases.Pipelined) declares its statements before any is sent,
@@ -22,7 +22,7 @@ import (
 // then, once the callbacks and Then have run, the key row's write and COMMIT.
 //
 // The claim or the fence goes first and raises only when this attempt may not run the
-// phase (store/pipeline.go): the server then skips everything after it, so a loser runs
+// phase (internal/keytable/pipeline.go): the server then skips everything after it, so a loser runs
 // none of the phase's statements and never waits for a lock.
 
 // pipeline is one run of a pipelined phase's builder.
@@ -175,7 +175,7 @@ func (x *exec) verdictStep(v verdict) step {
 	if v.kind == respondAlone {
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	st := x.failed(store.Classify(v.err))
+	st := x.failed(keytable.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -211,7 +211,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 		return x.verdictStep(v), false
 	}
 	if err := br.Close(); err != nil {
-		return x.failed(store.Classify(err)), false
+		return x.failed(keytable.Classify(err)), false
 	}
 	return step{}, true
 }
@@ -219,11 +219,11 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 // headLost is the step of a claim or fence that refused this attempt.
 func (x *exec) headLost(ctx context.Context, err error) step {
 	switch {
-	case errors.Is(err, store.ErrClaimBusy):
+	case errors.Is(err, keytable.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
-	case errors.Is(err, store.ErrClaimExists):
+	case errors.Is(err, keytable.ErrClaimExists):
 		return step{kind: stepLost, lost: claimExists, err: err}
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, keytable.ErrLeaseLost):
 		x.lostAtCommit = true // the fence is the commit's check, sent first: reported as lost
 	}
 	return x.failed(err)
@@ -236,7 +236,7 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 	w := keyWrite{target: phase}
 	var err error
 	if v.kind == respond {
-		var stored store.StoredResponse
+		var stored keytable.StoredResponse
 		stored, w.data, err = x.storable(ctx, v.resp)
 		stored.History = x.history(OutcomeFinished, "", nil)
 		w.target, w.resp = phases.Finished, &stored
@@ -280,7 +280,7 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 		return func(b *pgx.Batch) { st.QueuePipeFinish(b, x.fence, *w.resp) }, st.ReadPipeWrite
 	}
 	return func(b *pgx.Batch) {
-		st.QueuePipeAdvance(b, x.fence, store.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
+		st.QueuePipeAdvance(b, x.fence, keytable.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
 	}, st.ReadPipeWrite
 }
 
@@ -318,12 +318,12 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 	tx.done(ctx) // before anything else uses the pool
 	var pf pipeFailure
 	switch {
-	case errors.As(err, &pf), claimLost(err), errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotSent):
+	case errors.As(err, &pf), claimLost(err), errors.Is(err, keytable.ErrConflict), errors.Is(err, keytable.ErrNotSent):
 		return err
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, keytable.ErrLeaseLost):
 		x.lostAtCommit = true
 		return err
-	case errors.Is(err, store.ErrUnavailable), ctx.Err() != nil:
+	case errors.Is(err, keytable.ErrUnavailable), ctx.Err() != nil:
 		return x.unknownCommit(ctx, w, err)
 	}
 	return err

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -103,7 +103,7 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data)
 		VALUES ('acct', 'held', gen_random_uuid(), 'pipe', 'POST', '/pipe', '\x00', '', 'reserve', '{}')`)
 	require.NoError(t, err)
-	var f store.Fence
+	var f keytable.Fence
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT scope, idempotency_key, id::text, lock_version, created_at FROM idemflow_keys WHERE idempotency_key = 'held'`).
 		Scan(&f.Scope, &f.Key, &f.ID, &f.LockVersion, &f.CreatedAt))
 	holder, err := b.pool.Begin(ctx)
@@ -112,8 +112,8 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 	_, err = holder.Exec(ctx, `SELECT 1 FROM idemflow_keys WHERE idempotency_key = 'held' FOR UPDATE`)
 	require.NoError(t, err)
 
-	st := store.New()
-	fence := func(k store.Fence) error {
+	st := keytable.New()
+	fence := func(k keytable.Fence) error {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
@@ -125,11 +125,11 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 		_, err = st.ReadPipeFence(br)
 		return err
 	}
-	require.ErrorIs(t, fence(f), store.ErrConflict, "a held lock")
+	require.ErrorIs(t, fence(f), keytable.ErrConflict, "a held lock")
 	require.NoError(t, holder.Rollback(ctx))
 	stale := f
 	stale.LockVersion++
-	require.ErrorIs(t, fence(stale), store.ErrLeaseLost, "a stale lock version")
+	require.ErrorIs(t, fence(stale), keytable.ErrLeaseLost, "a stale lock version")
 	require.NoError(t, fence(f))
 	require.EqualValues(t, 1, seqRuns(t, b.db), "the statement after a refusing fence never ran")
 }

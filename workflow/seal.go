@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // Sealer seals what a key stores of a request (its body) and of an answer (its body),
@@ -52,11 +52,11 @@ type Sealer interface {
 var ErrOpenSealed = errors.New("cannot open the sealed value")
 
 // responseSealed is the stored response format of a sealed answer: its headers carry
-// store.FormatMember 2 and its body is what Sealer.Seal returned.
+// keytable.FormatMember 2 and its body is what Sealer.Seal returned.
 const responseSealed = 2
 
 // sealResponse seals r's body when the engine has a Sealer, marking its headers.
-func (e *Engine) sealResponse(ctx context.Context, scope, key string, r store.StoredResponse) (store.StoredResponse, error) {
+func (e *Engine) sealResponse(ctx context.Context, scope, key string, r keytable.StoredResponse) (keytable.StoredResponse, error) {
 	if e.cfg.Sealer == nil {
 		return r, nil
 	}
@@ -64,7 +64,7 @@ func (e *Engine) sealResponse(ctx context.Context, scope, key string, r store.St
 	if err := json.Unmarshal(r.Headers, &h); err != nil {
 		return r, fmt.Errorf("seal answer: %w", err)
 	}
-	h[store.FormatMember] = json.RawMessage(fmt.Sprint(responseSealed))
+	h[keytable.FormatMember] = json.RawMessage(fmt.Sprint(responseSealed))
 	headers, err := json.Marshal(h)
 	if err != nil {
 		return r, fmt.Errorf("seal answer: %w", err)
@@ -82,21 +82,21 @@ func (e *Engine) sealResponse(ctx context.Context, scope, key string, r store.St
 
 // checkSealed refuses a row whose answer or request body is sealed when the engine
 // has no Sealer to open it.
-func (e *Engine) checkSealed(row *store.Row) error {
+func (e *Engine) checkSealed(row *keytable.Row) error {
 	if e.cfg.Sealer != nil {
 		return nil
 	}
-	if v, _ := jsonFormat(row.ResponseHeaders); row.Status == store.StatusFinished && v == responseSealed {
+	if v, _ := jsonFormat(row.ResponseHeaders); row.Status == keytable.StatusFinished && v == responseSealed {
 		return fmt.Errorf("%w: the answer is sealed and this engine has no Config.Sealer", ErrNewerFormat)
 	}
-	if row.Status != store.StatusFinished && bodySealed(row) {
+	if row.Status != keytable.StatusFinished && bodySealed(row) {
 		return fmt.Errorf("%w: the request body is sealed and this engine has no Config.Sealer", ErrNewerFormat)
 	}
 	return nil
 }
 
 // openResponse is the answer stored on a finished row, opened when it is sealed.
-func (e *Engine) openResponse(ctx context.Context, row *store.Row) (*phases.Response, error) {
+func (e *Engine) openResponse(ctx context.Context, row *keytable.Row) (*phases.Response, error) {
 	if v, _ := jsonFormat(row.ResponseHeaders); v != responseSealed {
 		return storedResponse(row)
 	}
@@ -107,7 +107,7 @@ func (e *Engine) openResponse(ctx context.Context, row *store.Row) (*phases.Resp
 	if err := json.Unmarshal(row.ResponseHeaders, &h); err != nil {
 		return nil, fmt.Errorf("decode stored headers: %w", err)
 	}
-	delete(h, store.FormatMember)
+	delete(h, keytable.FormatMember)
 	headers, err := json.Marshal(h)
 	if err != nil {
 		return nil, fmt.Errorf("decode stored headers: %w", err)
@@ -122,13 +122,13 @@ func (e *Engine) openResponse(ctx context.Context, row *store.Row) (*phases.Resp
 }
 
 // bodySealed reports whether row's request body is sealed: its phase data is format 2.
-func bodySealed(row *store.Row) bool {
+func bodySealed(row *keytable.Row) bool {
 	v, _ := jsonFormat(row.PhaseData)
-	return v == store.PhaseDataSealed
+	return v == keytable.PhaseDataSealed
 }
 
 // sealedMark is the phase data member that marks a sealed request body.
-var sealedMark = json.RawMessage(strconv.Itoa(store.PhaseDataSealed))
+var sealedMark = json.RawMessage(strconv.Itoa(keytable.PhaseDataSealed))
 
 // storedBody is the request body stored on a new key of f, and whether it is sealed:
 // none when f forgets it (phases.Flow.ForgetBody), sealed when the engine has a
@@ -154,7 +154,7 @@ func (e *Engine) storedBody(ctx context.Context, f phases.Flow, req Request) ([]
 // openBody is the request body of row as the phases get it: opened when it is sealed.
 // It is called before anything changes the row, so that a body this engine cannot open
 // changes nothing.
-func (e *Engine) openBody(ctx context.Context, row *store.Row) ([]byte, error) {
+func (e *Engine) openBody(ctx context.Context, row *keytable.Row) ([]byte, error) {
 	if !bodySealed(row) {
 		return row.RequestBody, nil
 	}
@@ -169,7 +169,7 @@ func (e *Engine) openBody(ctx context.Context, row *store.Row) ([]byte, error) {
 }
 
 // openedRow is row with its request body opened (row itself when it is not sealed).
-func (e *Engine) openedRow(ctx context.Context, row *store.Row) (*store.Row, error) {
+func (e *Engine) openedRow(ctx context.Context, row *keytable.Row) (*keytable.Row, error) {
 	if !bodySealed(row) {
 		return row, nil
 	}
@@ -185,8 +185,8 @@ func (e *Engine) openedRow(ctx context.Context, row *store.Row) (*store.Row, err
 // showSealed fills in what info shows of d's sealed values: their size and that they
 // are sealed, never their bytes (the admin API opens nothing), and a sealed answer's
 // headers, which are stored in plain text.
-func showSealed(info *KeyInfo, d *store.KeyDetail) {
-	if d.PhaseDataFormat == strconv.Itoa(store.PhaseDataSealed) {
+func showSealed(info *KeyInfo, d *keytable.KeyDetail) {
+	if d.PhaseDataFormat == strconv.Itoa(keytable.PhaseDataSealed) {
 		info.RequestSealed, info.RequestSealedBytes, info.Request = true, len(d.RequestBody), nil
 	}
 	if v, _ := jsonFormat(d.ResponseHeaders); d.ResponseStatus == nil || v != responseSealed {
@@ -197,7 +197,7 @@ func showSealed(info *KeyInfo, d *store.KeyDetail) {
 	if json.Unmarshal(d.ResponseHeaders, &h) != nil {
 		return
 	}
-	delete(h, store.FormatMember)
+	delete(h, keytable.FormatMember)
 	info.ResponseHeader = map[string][]string{}
 	for name, raw := range h {
 		var vals []string

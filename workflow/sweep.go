@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 )
 
@@ -58,13 +58,13 @@ type taken struct {
 	// Attempts counts the claim and every takeover, this one included.
 	Attempts int
 
-	row *store.Row // the key row as the takeover returned it
-	at  time.Time  // when the takeover was sent
+	row *keytable.Row // the key row as the takeover returned it
+	at  time.Time     // when the takeover was sent
 }
 
 // fence is the fence of the taken key's row.
-func (t *taken) fence() store.Fence {
-	f := store.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
+func (t *taken) fence() keytable.Fence {
+	f := keytable.Fence{Scope: t.Scope, Key: t.Key, ID: t.ID, LockVersion: t.LockVersion}
 	if t.row != nil {
 		f.CreatedAt = t.row.CreatedAt
 	}
@@ -108,7 +108,7 @@ func (m maintenance) TakeDue(ctx context.Context, opts takeDueOpts) ([]*taken, e
 	sent := time.Now()
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
-	rows, err := e.store.TakeDue(ctx, e.pool, store.TakeDue{
+	rows, err := e.store.TakeDue(ctx, e.pool, keytable.TakeDue{
 		Limit: opts.Limit, Grace: max(cmp.Or(opts.Grace, sweepGraceDefault), 0), Lease: e.cfg.Lease, Flows: flows,
 		Points: points, History: e.cfg.historyKeep(),
 	})
@@ -236,7 +236,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *taken, cause error, maxAtte
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Release(rctx, e.pool, t.fence(), store.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
+	err := e.store.Release(rctx, e.pool, t.fence(), keytable.Release{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(), RetryIn: e.cfg.backoff(t.Attempts),
 		History: e.sweepEntry(t, OutcomeReleased, cause)})
 	return settled(OutcomeReleased, cause, err)
 }
@@ -247,7 +247,7 @@ func (e *Engine) settleUnrun(ctx context.Context, t *taken, cause error, maxAtte
 // lease runs out and a later sweep takes the key again).
 func settled(outcome Outcome, cause, err error) (Result, error) {
 	switch {
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, keytable.ErrLeaseLost):
 		return Result{Outcome: OutcomeLeaseLost, Err: err}, nil
 	case err != nil:
 		return Result{Outcome: outcome, Err: cause}, err
@@ -263,7 +263,7 @@ func (e *Engine) park(ctx context.Context, t *taken, d time.Duration) (Result, e
 	cause := fmt.Errorf("%w: flow %q is client-only", ErrNeedsClient, t.Flow)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.Park(rctx, e.pool, t.fence(), store.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
+	err := e.store.Park(rctx, e.pool, t.fence(), keytable.Park{LastError: cause.Error(), RetryIn: d, History: e.sweepEntry(t, OutcomeParked, cause)})
 	return settled(OutcomeParked, cause, err)
 }
 
@@ -273,7 +273,7 @@ func (e *Engine) park(ctx context.Context, t *taken, d time.Duration) (Result, e
 func (e *Engine) deadLetter(ctx context.Context, t *taken, cause error) (Result, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	err := e.store.DeadLetter(rctx, e.pool, t.fence(), store.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
+	err := e.store.DeadLetter(rctx, e.pool, t.fence(), keytable.DeadLetter{RecoveryPoint: t.RecoveryPoint, Stored: t.RecoveryPoint, Data: t.row.PhaseData, LastError: cause.Error(),
 		History: e.sweepEntry(t, OutcomeDeadLettered, cause)})
 	out, uerr := settled(OutcomeDeadLettered, cause, err)
 	if uerr != nil {
@@ -283,7 +283,7 @@ func (e *Engine) deadLetter(ctx context.Context, t *taken, cause error) (Result,
 }
 
 // sweepEntry is the history entry of a sweep that did not run taken key t.
-func (e *Engine) sweepEntry(t *taken, outcome Outcome, cause error) store.History {
+func (e *Engine) sweepEntry(t *taken, outcome Outcome, cause error) keytable.History {
 	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
 		Error: cut(cause.Error(), maxHistoryError)})
 }
@@ -305,7 +305,7 @@ func (m maintenance) GiveBack(ctx context.Context, t *taken) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	err := e.store.GiveBack(rctx, e.pool, t.fence())
-	if errors.Is(err, store.ErrLeaseLost) {
+	if errors.Is(err, keytable.ErrLeaseLost) {
 		return nil
 	}
 	if err != nil {

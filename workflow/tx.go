@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/store"
 )
 
 // phaseTx is the transaction a tx phase runs in. BEGIN is not sent on its own: it rides
@@ -31,7 +31,7 @@ import (
 type phaseTx struct {
 	pc    *pgxpool.Conn // nil once done
 	conn  *pgx.Conn
-	store *store.Store
+	store *keytable.Store
 	begin string // BEGIN with the phase's isolation level
 	// oneSnapshot: every statement of the transaction reads the snapshot of its first
 	// (REPEATABLE READ, SERIALIZABLE).
@@ -43,12 +43,12 @@ type phaseTx struct {
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
 	// createdAt is the created_at of the key row this transaction inserts (or
-	// inserted): read by the claim, or by the insert that claims (store.Fence).
+	// inserted): read by the claim, or by the insert that claims (keytable.Fence).
 	createdAt time.Time
 	// check, when set, is the fence of the existing key row the phase runs for: the
-	// transaction starts with its check (store.QueueFenceCheck), so that an executor
+	// transaction starts with its check (keytable.QueueFenceCheck), so that an executor
 	// whose lease was taken over runs none of the phase's statements.
-	check *store.Fence
+	check *keytable.Fence
 
 	savepoints int   // savepoints opened with Begin, for their names
 	refused    error // the phase's code called Commit or Rollback: the phase fails
@@ -75,7 +75,7 @@ var (
 // newPhaseTx returns a transaction on pc, which it owns until done. An empty iso means
 // READ COMMITTED, sent explicitly: the claim relies on each statement reading a fresh
 // snapshot, whatever the server's default.
-func newPhaseTx(pc *pgxpool.Conn, st *store.Store, iso pgx.TxIsoLevel) *phaseTx {
+func newPhaseTx(pc *pgxpool.Conn, st *keytable.Store, iso pgx.TxIsoLevel) *phaseTx {
 	if iso == "" {
 		iso = pgx.ReadCommitted
 	}
@@ -197,7 +197,7 @@ const (
 //
 // An attempt that does not own the key leaves the transaction to done, which rolls
 // it back; nothing of the flow has run.
-func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Row, error) {
+func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keytable.Row, error) {
 	b := &pgx.Batch{}
 	b.Queue(t.begin)
 	t.begun = true
@@ -210,14 +210,14 @@ func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Ro
 	br := t.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return 0, nil, fmt.Errorf("begin: %w", store.Classify(err))
+		return 0, nil, fmt.Errorf("begin: %w", keytable.Classify(err))
 	}
 	if t.oneSnapshot {
 		at, err := t.store.ReadClaimInsertAt(br)
 		switch {
-		case errors.Is(err, store.ErrClaimBusy):
+		case errors.Is(err, keytable.ErrClaimBusy):
 			return claimBusy, nil, nil
-		case errors.Is(err, store.ErrClaimExists):
+		case errors.Is(err, keytable.ErrClaimExists):
 			return claimExists, nil, nil
 		case err != nil:
 			return 0, nil, err
@@ -232,10 +232,10 @@ func (t *phaseTx) claim(ctx context.Context, c *store.Claim) (claimed, *store.Ro
 	t.createdAt = at
 	row, err := t.store.ReadLookup(br)
 	switch {
-	case errors.Is(err, store.ErrNotFound) && locked:
+	case errors.Is(err, keytable.ErrNotFound) && locked:
 		t.held = true
 		return claimOwned, nil, br.Close()
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, keytable.ErrNotFound):
 		return claimBusy, nil, nil
 	case err != nil:
 		return 0, nil, err
@@ -269,7 +269,7 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	if t.check == nil {
 		t.begun = true
 		if _, err := t.conn.Exec(ctx, t.begin); err != nil {
-			return fmt.Errorf("begin: %w", store.Classify(err))
+			return fmt.Errorf("begin: %w", keytable.Classify(err))
 		}
 		return nil
 	}
@@ -316,7 +316,7 @@ func (t *phaseTx) readHead(br pgx.BatchResults) error {
 // readBegin reads the result of a BEGIN queued at the head of a batch.
 func readBegin(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("begin: %w", store.Classify(err))
+		return fmt.Errorf("begin: %w", keytable.Classify(err))
 	}
 	return nil
 }
@@ -438,7 +438,7 @@ func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(
 // refusal there raises, and the transaction is aborted).
 func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error, claimBusyOK bool) (err error) {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
-		return fmt.Errorf("commit: %w: %w", cause, store.ErrNotSent)
+		return fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
 	}
 	defer func() {
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
@@ -463,18 +463,18 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	// A claim that found the key busy wrote nothing and aborted nothing: its COMMIT
 	// ends an empty transaction.
 	rerr := read(br)
-	if rerr != nil && (!claimBusyOK || !errors.Is(rerr, store.ErrClaimBusy)) {
+	if rerr != nil && (!claimBusyOK || !errors.Is(rerr, keytable.ErrClaimBusy)) {
 		return rerr
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return fmt.Errorf("commit: %w", store.Classify(err))
+		return fmt.Errorf("commit: %w", keytable.Classify(err))
 	}
 	if err := br.Close(); err != nil {
-		return fmt.Errorf("commit: %w", store.Classify(err))
+		return fmt.Errorf("commit: %w", keytable.Classify(err))
 	}
-	if !store.IsCommitted(tag) {
-		return fmt.Errorf("commit: server answered %q: %w", tag.String(), store.ErrConflict)
+	if !keytable.IsCommitted(tag) {
+		return fmt.Errorf("commit: server answered %q: %w", tag.String(), keytable.ErrConflict)
 	}
 	t.begun = false
 	return rerr
@@ -707,7 +707,7 @@ func (b *errBatch) Close() error                     { return b.err }
 func (b *errBatch) Tx() pgx.Tx                       { return nil }
 
 // readClaimInsert reads the result of a claim that inserts the key row at commit
-// (store.ReadClaimInsertAt), keeping the row's created_at for its fence.
+// (keytable.ReadClaimInsertAt), keeping the row's created_at for its fence.
 func (t *phaseTx) readClaimInsert(br pgx.BatchResults) error {
 	at, err := t.store.ReadClaimInsertAt(br)
 	if err == nil {

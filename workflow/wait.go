@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // The bounded wait (Request.Wait). An attempt turned away because another attempt
@@ -72,12 +72,12 @@ type watch struct {
 	n     int           // waiters on it
 	stop  chan struct{} // closed when the last waiter left before a result
 	done  chan struct{} // closed with the result set
-	row   *store.Row    // the key's row when done; nil when it has none
+	row   *keytable.Row // the key's row when done; nil when it has none
 }
 
 // result is the row wt read, once done, as a copy of the waiter's own: the waiters
 // share nothing they could change.
-func (wt *watch) result() *store.Row {
+func (wt *watch) result() *keytable.Row {
 	if wt.row == nil {
 		return nil
 	}
@@ -203,7 +203,7 @@ func (w *keyWaiter) waits(a answer) bool {
 // wait waits for the key's watch to learn something, the bound to pass or ctx to
 // end. It returns the row the watch read (nil for no row), or ok false when the
 // attempt should answer as it is.
-func (w *keyWaiter) wait(ctx context.Context, polls int) (row *store.Row, ok bool) {
+func (w *keyWaiter) wait(ctx context.Context, polls int) (row *keytable.Row, ok bool) {
 	ws := &w.e.waits
 	ws.mu.Lock()
 	wt := ws.watches[w.k]
@@ -266,15 +266,15 @@ func (e *Engine) watch(wt *watch) {
 		e.waits.note("poll", wt.k)
 		row, err := e.lookup(context.Background(), wt.k.scope, wt.k.key)
 		switch {
-		case errors.Is(err, store.ErrNotFound) && !here:
+		case errors.Is(err, keytable.ErrNotFound) && !here:
 			// A claim in flight elsewhere (its first transaction): nothing committed yet.
 			// Were it rolled back, there is nothing to wait for; the bound passes.
 			continue
-		case errors.Is(err, store.ErrNotFound):
+		case errors.Is(err, keytable.ErrNotFound):
 			row = nil // this engine's claim ended without a row: claim it anew
 		case err != nil:
 			continue // the database is unreachable: poll again later, or let the bound pass
-		case row.Status == store.StatusInProgress && row.LeaseLive:
+		case row.Status == keytable.StatusInProgress && row.LeaseLive:
 			continue // still held
 		}
 		if e.waits.deliver(wt, row) {
@@ -314,7 +314,7 @@ func (e *Engine) await(wt *watch, p *pace) (here, ok bool) {
 }
 
 // deliver hands row to wt's waiters, unless they all left.
-func (w *waits) deliver(wt *watch, row *store.Row) bool {
+func (w *waits) deliver(wt *watch, row *keytable.Row) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	select {

@@ -1,0 +1,509 @@
+package keytable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// partitionLockSalt is mixed into the maintenance lock's id (with the key table's oid,
+// as the claim lock's): the FNV-1a hash of "idemflow partitions".
+const partitionLockSalt int64 = 0x1dfb3a64f0c59e27
+
+// sqlPartitionLock takes the key table's maintenance lock if it is free, for the
+// transaction; $1 is the table's name as to_regclass reads it.
+const sqlPartitionLock = `SELECT pg_try_advisory_xact_lock($2::bigint # to_regclass($1)::oid::bigint)`
+
+// SetupPartitioned turns the key table, freshly migrated and empty, into the
+// partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay, PartitionWeek,
+// PartitionHour, or any width that divides a day into whole minutes), and creates
+// partitions from the current one to ahead from now (0: partitionsAheadDefault, or ten
+// partitions for widths under an hour). It
+// runs in one transaction: the table keeps its columns, defaults, state checks and
+// indexes; its primary key becomes (scope, idempotency_key, created_at). A table
+// already partitioned is left as it is, and only its partitions are ensured. It fails
+// with ErrNotEmpty when the table has rows, ErrNotPartitioned when it does not exist.
+func (s *Store) SetupPartitioned(ctx context.Context, db PartitionDB, w, ahead time.Duration) error {
+	if err := validWidth(w); err != nil {
+		return fmt.Errorf("set up partitions: %w", err)
+	}
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			return err
+		}
+		l, err := s.layout(ctx, tx)
+		if err != nil || l.partitioned {
+			return err
+		}
+		dist, err := readCitusDistribution(ctx, tx, l)
+		if err != nil {
+			return err
+		}
+		var rows bool
+		if err := queryRow(ctx, tx, []any{&rows}, `SELECT EXISTS (SELECT 1 FROM `+l.ident(keyTable)+`)`); err != nil {
+			return err
+		}
+		if rows {
+			return ErrNotEmpty
+		}
+		if err := repartition(ctx, tx, l); err != nil {
+			return err
+		}
+		if err := dist.distribute(ctx, tx, l); err != nil {
+			return err
+		}
+		l.partitioned = true
+		_, err = createAhead(ctx, tx, l, w, ahead)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set up partitions: %w", Classify(err))
+	}
+	_, err = s.EnsurePartitions(ctx, db, ahead)
+	return err
+}
+
+// repartition replaces the empty key table of l by a partitioned one with the same
+// columns, defaults, checks and (non-primary) indexes, in tx.
+func repartition(ctx context.Context, tx pgx.Tx, l *partitionLayout) error {
+	table, old := l.ident(keyTable), l.ident(keyTable+"_unpartitioned")
+	// The indexes' definitions, read before the rename: they name the table as
+	// idemflow_keys, so they are re-run on the new table as they are.
+	rows, err := tx.Query(ctx, `SELECT pg_catalog.pg_get_indexdef(indexrelid) FROM pg_catalog.pg_index
+WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, table)
+	if err != nil {
+		return err
+	}
+	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	stmts := []string{
+		`ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{keyTable + "_unpartitioned"}.Sanitize(),
+		`CREATE TABLE ` + table + ` (LIKE ` + old + ` INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)
+	PARTITION BY RANGE (created_at)`,
+		`DROP TABLE ` + old,
+		`ALTER TABLE ` + table + ` ADD CONSTRAINT ` + pgx.Identifier{keyTable + "_pkey"}.Sanitize() +
+			` PRIMARY KEY (scope, idempotency_key, created_at)`,
+	}
+	stmts = append(stmts, readCommittedOnly(l)...)
+	for _, sql := range append(stmts, indexes...) {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%.60s…: %w", sql, err)
+		}
+	}
+	return nil
+}
+
+// readCommittedOnly are the statements that make l's partitioned key table refuse an
+// insert outside READ COMMITTED: a statement trigger on the table. Without a unique
+// index across partitions, one row per (scope, key) rests on the claim lock and a
+// look-up in a snapshot taken after it, which REPEATABLE READ and SERIALIZABLE do not
+// give (their snapshot is taken before the lock): such a claim would insert a second
+// row where the default layout's primary key refuses it (docs/PARTITIONS.md). The
+// refusal is SQLSTATE 0A000, which Classify makes ErrRefused.
+func readCommittedOnly(l *partitionLayout) []string {
+	fn, trigger := l.ident(keyTable+"_read_committed"), pgx.Identifier{keyTable + "_read_committed"}.Sanitize()
+	return []string{`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'idemflow: key rows of a partitioned key table are inserted at READ COMMITTED only, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '0A000', HINT = 'a flow whose first phase runs at REPEATABLE READ or SERIALIZABLE cannot claim keys on this layout (docs/PARTITIONS.md)';
+    END IF;
+    RETURN NULL;
+END
+$$`,
+		`CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + l.ident(keyTable) + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `()`,
+	}
+}
+
+// EnsurePartitions creates the partitions missing from the current one to ahead from
+// now by the database clock (0: partitionsAheadDefault, or ten partitions for widths
+// under an hour), each by creating a table and
+// then attaching it, which no live statement waits on (docs/PARTITIONS.md). It runs in
+// one short transaction under the key table's maintenance lock, taken without waiting:
+// when another process holds it, nothing is created and the report says Busy. A table
+// left created but not attached by an interrupted step is attached. It returns
+// ErrNotPartitioned when the key table is not partitioned.
+func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
+	var r PartitionReport
+	local := time.Now()
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			return err
+		}
+		var locked bool
+		if err := queryRow(ctx, tx, []any{&locked}, sqlPartitionLock, s.tableName(), partitionLockSalt); err != nil {
+			return err
+		}
+		l, err := s.layout(ctx, tx)
+		switch {
+		case err != nil:
+			return err
+		case !l.partitioned:
+			return ErrNotPartitioned
+		}
+		w, err := l.width()
+		if err != nil {
+			return err
+		}
+		if !locked {
+			r.Busy, r.Ahead, r.Want = true, l.ahead(), int(defaultAhead(w)/w)
+			return nil
+		}
+		r.Created, err = createAhead(ctx, tx, l, w, ahead)
+		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
+		if err == nil {
+			s.learnAddress(ctx, tx, l, local)
+		}
+		return err
+	})
+	if err != nil {
+		return r, fmt.Errorf("ensure partitions: %w", Classify(err))
+	}
+	return r, nil
+}
+
+// createAhead creates and attaches, in tx, the partitions of width w missing from the
+// one holding l.now to the one holding l.now+ahead, and adds them to l. It returns
+// how many.
+func createAhead(ctx context.Context, tx pgx.Tx, l *partitionLayout, w, ahead time.Duration) (int, error) {
+	if ahead <= 0 {
+		ahead = defaultAhead(w)
+	}
+	orphan := map[string]bool{}
+	for _, o := range l.orphans {
+		orphan[o] = true
+	}
+	n := 0
+	for from := l.now.UTC().Truncate(w); !from.After(l.now.Add(ahead)); from = from.Add(w) {
+		if l.overlaps(from, w) {
+			continue
+		}
+		name := partitionName(from, w)
+		if !orphan[name] {
+			_, err := tx.Exec(ctx, `CREATE TABLE `+l.ident(name)+` (LIKE `+l.ident(keyTable)+
+				` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+			if err != nil {
+				return n, fmt.Errorf("create partition %s: %w", name, err)
+			}
+		}
+		if err := attach(ctx, tx, l, name, from, from.Add(w)); err != nil {
+			return n, err
+		}
+		to := from.Add(w)
+		l.parts = append(l.parts, Partition{Name: name, From: &from, To: &to})
+		n++
+	}
+	return n, nil
+}
+
+// attach attaches the table name as the partition [from, to) of l's key table.
+func attach(ctx context.Context, db DBTX, l *partitionLayout, name string, from, to time.Time) error {
+	_, err := db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` ATTACH PARTITION `+l.ident(name)+
+		` FOR VALUES FROM (`+boundLiteral(from)+`) TO (`+boundLiteral(to)+`)`)
+	if err != nil {
+		return fmt.Errorf("attach partition %s: %w", name, err)
+	}
+	return nil
+}
+
+// RemovePartitions removes the partitions whose every row was created more than
+// retention ago (by the database clock) and that hold no unfinished and no
+// dead-lettered key: it detaches each with DETACH PARTITION CONCURRENTLY (finishing a
+// detach left pending by an interrupted step), checks the detached table once more,
+// and drops it. No live statement waits on either (docs/PARTITIONS.md). A partition
+// that still holds such a key is kept and counted in the report's Kept; its finished
+// keys are left to the batched expiry. A detached table found to hold such a key after
+// all is attached back, never dropped, and the error is ErrLiveKeysInDetached. It
+// returns ErrNotPartitioned when the key table is not partitioned, and an error for
+// a retention that is not positive.
+func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
+	var r PartitionReport
+	if retention <= 0 {
+		return r, fmt.Errorf("remove partitions: retention %s is not positive", retention)
+	}
+	l, err := s.layout(ctx, db)
+	switch {
+	case err != nil:
+		return r, fmt.Errorf("remove partitions: %w", err)
+	case !l.partitioned:
+		return r, fmt.Errorf("remove partitions: %w", ErrNotPartitioned)
+	}
+	w, err := l.width()
+	if err != nil {
+		return r, fmt.Errorf("remove partitions: %w", err)
+	}
+	r.Ahead = l.ahead()
+	citus, _, err := s.scanLayout(ctx, db)
+	if err != nil {
+		return r, fmt.Errorf("remove partitions: %w", err)
+	}
+	horizon := l.now.Add(-retention)
+	var errs []error
+	for _, p := range l.parts {
+		if p.To == nil || p.To.After(horizon) {
+			continue
+		}
+		out, err := removePartition(ctx, db, l, p, citus, &r)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case out == partitionRemoved:
+			r.Removed++
+		case out == partitionKept:
+			r.Kept++
+		}
+	}
+	// Tables of the layout detached (or created) and not dropped by an interrupted
+	// step: dropped when past retention, after the same check.
+	for _, name := range l.orphans {
+		from, ok := partitionStart(name)
+		if !ok || from.Add(w).After(horizon) {
+			continue
+		}
+		to := from.Add(w)
+		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to})
+		if err != nil {
+			errs = append(errs, err)
+		} else if dropped {
+			r.Removed++
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return r, fmt.Errorf("remove partitions: %w", err)
+	}
+	return r, nil
+}
+
+// What removePartition did with a partition.
+const (
+	partitionKept    = iota // it holds a live key
+	partitionRemoved        // detached and dropped
+	partitionBusy           // another process is detaching it
+)
+
+// removePartition removes the attached partition p if it holds no live key. On Citus
+// (citus) the detach is the plain one (detachBounded), whose stall it adds to r.
+func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, citus bool, r *PartitionReport) (int, error) {
+	if !p.DetachPending {
+		live, err := holdsLiveKeys(ctx, db, l, p.Name)
+		if isPgCode(err, "42P01") { // dropped by another process since the listing
+			return partitionBusy, nil
+		}
+		if err != nil || live {
+			return partitionKept, err
+		}
+	}
+	how := "CONCURRENTLY"
+	if p.DetachPending {
+		how = "FINALIZE"
+	}
+	var err error
+	if citus && !p.DetachPending {
+		var stall time.Duration
+		stall, err = detachBounded(ctx, db, l, p)
+		r.Stall = max(r.Stall, stall)
+	} else {
+		_, err = db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+	}
+	switch {
+	// 42P01: not a partition any more, 55000: a detach already pending (another
+	// process removes it); the next step sees how it ended.
+	case isPgCode(err, "42P01", "55000"):
+		return partitionBusy, nil
+	case err != nil:
+		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
+	}
+	if _, err := dropDetached(ctx, db, l, p); err != nil {
+		return partitionKept, err
+	}
+	return partitionRemoved, nil
+}
+
+// On Citus 12.1 there is no DETACH … CONCURRENTLY: the plain detach takes ACCESS
+// EXCLUSIVE on the key table, and every statement on it queues behind the detach while
+// it waits for that lock and while it runs. The wait is bounded by a short lock
+// timeout, and a detach that timed out is retried after a pause (live traffic runs in
+// between), a few times, then left for the next pass.
+const (
+	citusDetachTimeout = 200 * time.Millisecond
+	citusDetachTries   = 5
+)
+
+// detachBounded detaches p with the plain DETACH PARTITION in a transaction whose
+// lock_timeout is citusDetachTimeout, retried up to citusDetachTries times on a lock
+// timeout (55P03). It returns the longest of its transactions: how long a live
+// statement on the key table may have waited behind it.
+func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (time.Duration, error) {
+	var stall time.Duration
+	pause := citusDetachTimeout
+	for try := 1; ; try++ {
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			// Citus sends the transaction's SET LOCAL commands to the workers with the
+			// detach when asked to (on plain PostgreSQL the first is a placeholder),
+			// so that the timeout bounds the shards' locks too.
+			if _, err := tx.Exec(ctx, `SET LOCAL citus.propagate_set_commands = 'local'`); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, citusDetachTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name))
+			return err
+		})
+		stall = max(stall, time.Since(start))
+		if err == nil || !isPgCode(err, "55P03") || try == citusDetachTries {
+			return stall, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return stall, ctx.Err()
+		case <-t.C:
+		}
+		pause *= 2
+	}
+}
+
+// dropDetached drops the detached partition p after checking that it holds no
+// unfinished or dead-lettered key; if it does, p is attached back. The whole check
+// (which reads the table when the index probes find nothing) runs before the ACCESS
+// EXCLUSIVE lock, and only the index probes again under it: a live statement whose
+// cached generic plan still names the partition locks it as the statement starts (and
+// then replans), so it waits while the lock is held, which must be as short as the
+// DROP itself. A table already dropped (by another process) is not an error; the
+// result says whether this call dropped it.
+func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
+	back := false
+	live, err := holdsLiveKeys(ctx, db, l, p.Name)
+	if isPgCode(err, "42P01") { // dropped by another process
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(p.Name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		if !live {
+			var err error
+			live, err = holdsLiveKeysProbe(ctx, tx, l, p.Name)
+			if err != nil {
+				return err
+			}
+		}
+		switch {
+		case !live:
+			_, err := tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
+			return err
+		case p.From == nil || p.To == nil:
+			return fmt.Errorf("%w: %s, left detached (no bounds to attach it back by)", ErrLiveKeysInDetached, p.Name)
+		}
+		back = true
+		return attach(ctx, tx, l, p.Name, *p.From, *p.To)
+	})
+	switch {
+	case isPgCode(err, "42P01"): // dropped by another process
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("drop partition %s: %w", p.Name, Classify(err))
+	case back:
+		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
+	}
+	return true, nil
+}
+
+// holdsLiveKeysProbe is holdsLiveKeys' index probes alone: an unfinished or a
+// dead-lettered key.
+func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
+	t := l.ident(name)
+	var live bool
+	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')`)
+	if err != nil {
+		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
+	}
+	return live, nil
+}
+
+// holdsLiveKeys reports whether the table name (a partition, attached or not) holds a
+// key that is not finished: unfinished, dead-lettered, or in a status a newer release
+// wrote. The first two are index probes; the last reads the whole table, and runs only
+// when the probes found nothing.
+func holdsLiveKeys(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
+	t := l.ident(name)
+	var live bool
+	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status <> 'finished')`)
+	if err != nil {
+		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
+	}
+	return live, nil
+}
+
+// KnownUnpartitioned reports whether s has learnt that its key table is not
+// partitioned (MaintainPartitions returned ErrNotPartitioned, or a sweep found it so),
+// so that a caller can skip even acquiring a connection for MaintainPartitions.
+func (s *Store) KnownUnpartitioned() bool { return s.learnt.partitioned.Load() == 1 }
+
+// MaintainPartitions is one maintenance step of a partitioned key table, as the
+// sweepers run it every pass: EnsurePartitions with the default ahead, then
+// RemovePartitions with retention (skipped when retention is not positive). On a key
+// table that is not partitioned it returns ErrNotPartitioned, and after the first time
+// it does so without asking the database again (a table is moved to the layout with
+// the sweepers stopped: docs/PARTITIONS.md).
+func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
+	if s.learnt.partitioned.Load() == 1 {
+		return PartitionReport{}, ErrNotPartitioned
+	}
+	r, err := s.EnsurePartitions(ctx, db, 0)
+	if errors.Is(err, ErrNotPartitioned) {
+		s.learnt.partitioned.Store(1)
+		return r, ErrNotPartitioned
+	}
+	if err != nil || retention <= 0 {
+		return r, err
+	}
+	s.learnt.partitioned.Store(2)
+	rr, err := s.RemovePartitions(ctx, db, retention)
+	r.Removed, r.Kept, r.Stall = rr.Removed, rr.Kept, rr.Stall
+	return r, err
+}
+
+// CheckPartitions reads the key table's layout without changing anything: on a
+// partitioned key table it reports how many partitions exist ahead of now and how
+// many the default ahead calls for (Ahead, Want; Low says when a warning is due), and
+// s learns the layout, so that its look-up prunes partitions from then on
+// (sqlLookupPartitioned). On a plain key table it returns ErrNotPartitioned, and s
+// keeps its statements. An engine calls it once as it starts.
+func (s *Store) CheckPartitions(ctx context.Context, db DBTX) (PartitionReport, error) {
+	var r PartitionReport
+	local := time.Now()
+	l, err := s.layout(ctx, db)
+	switch {
+	case err != nil:
+		return r, fmt.Errorf("check partitions: %w", err)
+	case !l.partitioned:
+		s.learnt.partitioned.Store(1)
+		return r, fmt.Errorf("check partitions: %w", ErrNotPartitioned)
+	}
+	s.learnt.partitioned.Store(2)
+	s.learnAddress(ctx, db, l, local)
+	r.Ahead = l.ahead()
+	if w, err := l.width(); err == nil {
+		r.Want = int(defaultAhead(w) / w)
+	}
+	return r, nil
+}

@@ -1,0 +1,503 @@
+package keytable_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+)
+
+// setupPartitioned returns a test schema whose key table is partitioned by the minute,
+// with partitions three minutes ahead.
+func setupPartitioned(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.New(t)
+	require.NoError(t, keytable.New().SetupPartitioned(context.Background(), db.Pool, keytable.PartitionMinute, 3*time.Minute))
+	return db
+}
+
+// dbNow is the database clock.
+func dbNow(t *testing.T, db *pgtest.DB) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT statement_timestamp()`).Scan(&now))
+	return now
+}
+
+// addPartition creates and attaches the minute partition beginning at from, named as
+// the Store names its own.
+func addPartition(t *testing.T, db *pgtest.DB, from time.Time) string {
+	t.Helper()
+	name := "idemflow_keys_p" + from.UTC().Format("200601021504")
+	// Two statements, not one string of two: a Citus coordinator refuses to attach a
+	// table to a distributed one in the statement string that created it.
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(context.Background(), `ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM ('`+
+		from.UTC().Format(time.RFC3339)+`') TO ('`+from.Add(time.Minute).UTC().Format(time.RFC3339)+`')`)
+	require.NoError(t, err)
+	return name
+}
+
+func partitionNames(t *testing.T, db *pgtest.DB) []string {
+	t.Helper()
+	parts, err := keytable.New().Partitions(context.Background(), db.Pool)
+	require.NoError(t, err)
+	var names []string
+	for _, p := range parts {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+func TestSetupPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+
+	var kind string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'idemflow_keys'::regclass`).Scan(&kind))
+	require.Equal(t, "p", kind)
+	var indexes []string
+	rows, err := db.Pool.Query(ctx, `SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'idemflow_keys'::regclass ORDER BY 1`)
+	require.NoError(t, err)
+	indexes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"idemflow_keys_dead_idx", "idemflow_keys_due_idx", "idemflow_keys_finished_idx", "idemflow_keys_pkey"}, indexes)
+
+	parts, err := st.Partitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(parts), 4, "the current minute and three ahead")
+	now := dbNow(t, db)
+	require.False(t, parts[0].From.After(now), "the first partition holds now")
+	for i, p := range parts {
+		require.Equal(t, time.Minute, p.To.Sub(*p.From), p.Name)
+		require.Equal(t, "idemflow_keys_p"+p.From.UTC().Format("200601021504"), p.Name)
+		if i > 0 {
+			require.Equal(t, *parts[i-1].To, *p.From, "contiguous")
+		}
+	}
+
+	row := claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+	require.Equal(t, "k", row.Key)
+
+	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, keytable.PartitionMinute, 3*time.Minute), "a second set-up changes nothing")
+	requireOnlyDueAdded(t, db, parts, 3*time.Minute)
+	require.Error(t, st.SetupPartitioned(ctx, db.Pool, 7*time.Minute, 0), "a width that does not divide a day")
+}
+
+// requireOnlyDueAdded checks that a second set-up dropped none of the partitions the
+// first made and added only those the database clock has made due since: a minute
+// boundary may pass between the two, and then the minute now+ahead is new.
+func requireOnlyDueAdded(t *testing.T, db *pgtest.DB, before []keytable.Partition, ahead time.Duration) {
+	t.Helper()
+	after := partitionNames(t, db)
+	require.GreaterOrEqual(t, len(after), len(before))
+	for i, p := range before {
+		require.Equal(t, p.Name, after[i], "a second set-up drops nothing")
+	}
+	end := dbNow(t, db).Truncate(time.Minute).Add(ahead)
+	from := *before[len(before)-1].To
+	for _, name := range after[len(before):] {
+		require.Equal(t, "idemflow_keys_p"+from.UTC().Format("200601021504"), name, "contiguous")
+		require.False(t, from.After(end), "%s: only partitions the clock has made due", name)
+		from = from.Add(time.Minute)
+	}
+}
+
+func TestSetupPartitionedRefusesRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+	err := keytable.New().SetupPartitioned(ctx, db.Pool, keytable.PartitionDay, 0)
+	require.ErrorIs(t, err, keytable.ErrNotEmpty)
+	var kind string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'idemflow_keys'::regclass`).Scan(&kind))
+	require.Equal(t, "r", kind, "the table is left as it was")
+	_, err = keytable.New().EnsurePartitions(ctx, db.Pool, 0)
+	require.ErrorIs(t, err, keytable.ErrNotPartitioned)
+}
+
+func TestEnsurePartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+
+	r, err := st.EnsurePartitions(ctx, db.Pool, 3*time.Minute)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Ahead, 3)
+	before := partitionNames(t, db)
+
+	r, err = st.EnsurePartitions(ctx, db.Pool, 6*time.Minute)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Created, 3, "three more minutes ahead")
+	require.GreaterOrEqual(t, r.Ahead, 6)
+	after := partitionNames(t, db)
+	require.Equal(t, before, after[:len(before)])
+
+	t.Run("Interrupted", func(t *testing.T) {
+		// A step that created its table but did not attach it: the next attaches it.
+		last := after[len(after)-1]
+		_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+last)
+		require.NoError(t, err)
+		r, err := st.EnsurePartitions(ctx, db.Pool, 6*time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, after, partitionNames(t, db)[:len(after)])
+		require.GreaterOrEqual(t, r.Created, 1)
+	})
+
+	t.Run("Busy", func(t *testing.T) {
+		// Another process holds the maintenance lock: nothing is created.
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		var locked bool
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::bigint # 'idemflow_keys'::regclass::oid::bigint)`,
+			keytable.PartitionLockSalt).Scan(&locked))
+		require.True(t, locked)
+		n := len(partitionNames(t, db))
+		r, err := st.EnsurePartitions(ctx, db.Pool, time.Hour)
+		require.NoError(t, err)
+		require.True(t, r.Busy)
+		require.Zero(t, r.Created)
+		require.Len(t, partitionNames(t, db), n)
+	})
+}
+
+// TestRemovePartitions: partitions past retention are removed only when they hold no
+// unfinished and no dead-lettered key.
+func TestRemovePartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-20 * time.Minute)
+	at := func(m int) string {
+		return `'` + base.Add(time.Duration(m)*time.Minute+time.Second).Format(time.RFC3339) + `'`
+	}
+	pFinished, pUnfinished := addPartition(t, db, base), addPartition(t, db, base.Add(time.Minute))
+	pDead, pEmpty := addPartition(t, db, base.Add(2*time.Minute)), addPartition(t, db, base.Add(3*time.Minute))
+	insertRaw(t, db, "finished", "00000000-0000-4000-8000-000000000001", "f", at(0), finishedSet+`, finished_at = `+at(0))
+	insertRaw(t, db, "unfinished", "00000000-0000-4000-8000-000000000002", "f", at(1), releasedSet)
+	insertRaw(t, db, "dead", "00000000-0000-4000-8000-000000000003", "f", at(2), `status = 'dead', locked_until = NULL`)
+	claimNow(t, db, claim("s", "current", "00000000-0000-4000-8000-000000000004"))
+
+	_, err := st.RemovePartitions(ctx, db.Pool, 0)
+	require.Error(t, err, "no retention")
+	r, err := st.RemovePartitions(ctx, db.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 2, r.Removed)
+	require.Equal(t, 2, r.Kept)
+	names := partitionNames(t, db)
+	require.NotContains(t, names, pFinished)
+	require.NotContains(t, names, pEmpty)
+	require.Contains(t, names, pUnfinished)
+	require.Contains(t, names, pDead)
+	for _, key := range []string{"unfinished", "dead", "current"} {
+		_, err := st.Lookup(ctx, db.Pool, "s", key)
+		require.NoError(t, err, key)
+	}
+	var tables int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname IN ($1, $2)`, pFinished, pEmpty).Scan(&tables))
+	require.Zero(t, tables, "dropped, not only detached")
+
+	t.Run("DetachedWithLiveKeys", func(t *testing.T) {
+		// A table of the layout left detached, past retention, holding an unfinished
+		// key (only a path that broke the rules could put it there): attached back,
+		// not dropped.
+		_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+pUnfinished)
+		require.NoError(t, err)
+		r, err := st.RemovePartitions(ctx, db.Pool, 10*time.Minute)
+		require.ErrorIs(t, err, keytable.ErrLiveKeysInDetached)
+		require.Zero(t, r.Removed)
+		require.Contains(t, partitionNames(t, db), pUnfinished)
+		_, err = st.Lookup(ctx, db.Pool, "s", "unfinished")
+		require.NoError(t, err)
+	})
+}
+
+// TestRemovePartitionsFinishesDetach: the backend of a removal is terminated while
+// its concurrent detach waits for an older transaction, leaving the partition pending;
+// the next removal finishes the detach and drops it, and the other keys are intact.
+func TestRemovePartitionsFinishesDetach(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there; TestDetachBounded covers its plain detach")
+	}
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+	old := addPartition(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-30*time.Minute))
+	claimNow(t, db, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
+
+	// A transaction that has read the key table makes the detach wait in its second
+	// phase, where the removal's backend is terminated.
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT count(*) FROM idemflow_keys`)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	app := "idemflow_remove_" + db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maint, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer maint.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
+		done <- err
+	}()
+	var killed bool
+	for !killed {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
+FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
+	AND a.query LIKE '%DETACH PARTITION%CONCURRENTLY'`, app).Scan(&killed))
+	}
+	err = <-done
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	parts, err := st.Partitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, old, parts[0].Name)
+	require.True(t, parts[0].DetachPending)
+
+	r, err := st.RemovePartitions(ctx, db.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Removed)
+	require.NotContains(t, partitionNames(t, db), old)
+	_, err = st.Lookup(ctx, db.Pool, "s", "live")
+	require.NoError(t, err)
+}
+
+// TestPartitionMissing: a claim whose creation time has no partition is refused as
+// ErrUnavailable (retryable), writes nothing, and succeeds once the partition exists.
+func TestPartitionMissing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	for _, name := range partitionNames(t, db) {
+		_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+name)
+		require.NoError(t, err)
+	}
+	c := claim("s", "k", "00000000-0000-4000-8000-000000000001")
+	err := tryClaim(t, db, c)
+	require.ErrorIs(t, err, keytable.ErrUnavailable)
+	require.NotErrorIs(t, err, keytable.ErrInvalid)
+
+	r, err := keytable.New().EnsurePartitions(ctx, db.Pool, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Created, 1, "the detached tables attached again")
+	require.NoError(t, tryClaim(t, db, c))
+}
+
+// TestPartitionedRepeatableReadClaim: a claim at REPEATABLE READ whose snapshot was
+// taken before another claim of the same key committed. On the default layout the
+// primary key refuses its insert (ErrClaimExists); on the partitioned layout, with no
+// unique index across partitions, its insert is refused outright (ErrRefused) instead
+// of making a second row for the key.
+func TestPartitionedRepeatableReadClaim(t *testing.T) {
+	t.Parallel()
+	for name, partitioned := range map[string]bool{"Default": false, "Partitioned": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var db *pgtest.DB
+			if partitioned {
+				db = setupPartitioned(t)
+			} else {
+				db = pgtest.New(t)
+			}
+			st := keytable.New()
+			late, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			require.NoError(t, err)
+			defer late.Rollback(ctx)
+			_, err = late.Exec(ctx, `SELECT 1`) // the snapshot, before the other claim commits
+			require.NoError(t, err)
+			claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+
+			b := &pgx.Batch{}
+			st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000002"), "started", []byte(`{}`))
+			br := late.SendBatch(ctx, b)
+			err = st.ReadClaimInsert(br)
+			_ = br.Close() // the error is err's
+			if partitioned {
+				require.ErrorIs(t, err, keytable.ErrRefused)
+				require.ErrorContains(t, err, "READ COMMITTED only")
+			} else {
+				require.ErrorIs(t, err, keytable.ErrClaimExists)
+			}
+			require.NoError(t, late.Rollback(ctx))
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key = 'k'`).Scan(&n))
+			require.Equal(t, 1, n, "one row for the key")
+		})
+	}
+}
+
+// TestRemovePartitionsConcurrent: two removals race over the same partitions past
+// retention: each partition is removed once, neither fails.
+func TestRemovePartitionsConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	base := dbNow(t, db).UTC().Truncate(time.Minute).Add(-40 * time.Minute)
+	for i := range 4 {
+		addPartition(t, db, base.Add(time.Duration(i)*time.Minute))
+	}
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION idemflow_keys_p`+base.Add(3*time.Minute).Format("200601021504"))
+	require.NoError(t, err) // one left detached by an interrupted removal
+	other := db.NewPool(t)
+	type out struct {
+		r   keytable.PartitionReport
+		err error
+	}
+	res := make(chan out, 2)
+	for _, pool := range []*pgxpool.Pool{db.Pool, other} {
+		go func() {
+			r, err := keytable.New().RemovePartitions(ctx, pool, 10*time.Minute)
+			res <- out{r, err}
+		}()
+	}
+	a, b := <-res, <-res
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	require.Equal(t, 4, a.r.Removed+b.r.Removed, "each removed once: %+v %+v", a.r, b.r)
+	var left int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE 'idemflow\_keys\_p%' AND relname < $1`,
+		"idemflow_keys_p"+base.Add(4*time.Minute).Format("200601021504")).Scan(&left))
+	require.Zero(t, left)
+}
+
+// TestPartitionsThroughPgbouncer: set-up, creation ahead and removal (a concurrent
+// detach is one statement outside a transaction) through pgbouncer in transaction
+// mode, and a claim on the partitioned table.
+func TestPartitionsThroughPgbouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := pgtest.NewPooled(t)
+	st := keytable.New()
+	require.NoError(t, st.SetupPartitioned(ctx, p.DB.Pool, keytable.PartitionMinute, 3*time.Minute))
+	claimNow(t, p.DB, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
+	old := addPartition(t, p.Direct, dbNow(t, p.Direct).UTC().Truncate(time.Minute).Add(-30*time.Minute))
+	insertRaw(t, p.Direct, "old", "00000000-0000-4000-8000-000000000002", "f", `date_trunc('minute', now()) - interval '30 minutes'`,
+		finishedSet+`, finished_at = now() - interval '29 minutes'`)
+
+	r, err := st.EnsurePartitions(ctx, p.DB.Pool, 5*time.Minute)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Ahead, 5)
+	r, err = st.RemovePartitions(ctx, p.DB.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Removed)
+	require.NotContains(t, partitionNames(t, p.DB), old)
+	row, err := st.Lookup(ctx, p.DB.Pool, "s", "live")
+	require.NoError(t, err)
+	// A fenced statement, sent to the row's partition by name (the Store learnt the
+	// layout above), through the pooler.
+	require.NoError(t, st.Release(ctx, p.DB.Pool, row.Fence(), keytable.Release{RecoveryPoint: row.RecoveryPoint,
+		Data: []byte(`{}`), LastError: "pooled", RetryIn: time.Second, Stored: row.RecoveryPoint}))
+	row, err = st.Lookup(ctx, p.DB.Pool, "s", "live")
+	require.NoError(t, err)
+	require.Equal(t, "pooled", *row.LastError)
+}
+
+// TestPartitionedInSchema: a Store with a schema sets up and maintains the partitioned
+// table of that schema on connections whose search_path does not name it.
+func TestPartitionedInSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "idemflow_no_such_schema"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	st, err := keytable.NewInSchema(db.Schema)
+	require.NoError(t, err)
+
+	require.NoError(t, st.SetupPartitioned(ctx, pool, keytable.PartitionMinute, 3*time.Minute))
+	parts, err := st.Partitions(ctx, pool)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(parts), 4)
+	r, err := st.MaintainPartitions(ctx, pool, time.Hour)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, r.Ahead, 3)
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000001"), "started", []byte(`{}`))
+	b.Queue("COMMIT")
+	require.NoError(t, pool.SendBatch(ctx, b).Close())
+	_, err = st.Lookup(ctx, pool, "s", "k")
+	require.NoError(t, err)
+	var kind string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'idemflow_keys'::regclass`).Scan(&kind))
+	require.Equal(t, "p", kind, "the schema's table is the partitioned one")
+}
+
+// TestMaintainPartitionsPlain: on the default layout the maintenance step learns once
+// that the table is not partitioned, then answers without the database.
+func TestMaintainPartitionsPlain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := keytable.New()
+	require.False(t, st.KnownUnpartitioned())
+	_, err := st.MaintainPartitions(ctx, db.Pool, time.Hour)
+	require.ErrorIs(t, err, keytable.ErrNotPartitioned)
+	require.True(t, st.KnownUnpartitioned())
+	closed := db.NewPool(t)
+	closed.Close()
+	_, err = st.MaintainPartitions(ctx, closed, time.Hour)
+	require.ErrorIs(t, err, keytable.ErrNotPartitioned, "answered without the (closed) pool")
+}
+
+// TestSetupPartitionedWeek: week-wide partitions (for long retentions) run from Monday
+// 00:00 UTC to the next Monday, are named by their first day, cover now and the
+// default week ahead, and a key claimed now lands in the current one.
+func TestSetupPartitionedWeek(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := keytable.New()
+	require.NoError(t, st.SetupPartitioned(ctx, db.Pool, keytable.PartitionWeek, 0))
+	parts, err := st.Partitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Len(t, parts, 2, "the current week and the next (a week ahead)")
+	now := dbNow(t, db)
+	require.False(t, parts[0].From.After(now), "the first partition holds now")
+	require.True(t, parts[1].To.After(now.Add(7*24*time.Hour)), "a week ahead is covered")
+	for i, p := range parts {
+		require.Equal(t, keytable.PartitionWeek, p.To.Sub(*p.From), p.Name)
+		from := p.From.UTC()
+		require.Equal(t, time.Monday, from.Weekday(), p.Name)
+		require.Equal(t, from, from.Truncate(24*time.Hour), "midnight UTC")
+		require.Equal(t, "idemflow_keys_p"+from.Format("20060102"), p.Name)
+		if i > 0 {
+			require.Equal(t, *parts[i-1].To, *p.From, "contiguous")
+		}
+	}
+	row := claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+	var inCurrent int // read from the partition, not by tableoid: on Citus that names a shard
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+parts[0].Name+` WHERE idempotency_key = $1`, row.Key).Scan(&inCurrent))
+	require.Equal(t, 1, inCurrent, "the key is in the current week's partition")
+
+	r, err := st.CheckPartitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.False(t, r.Low(), "%+v", r)
+	r, err = st.EnsurePartitions(ctx, db.Pool, 0)
+	require.NoError(t, err)
+	require.Zero(t, r.Created, "a second pass creates nothing")
+	require.Error(t, st.SetupPartitioned(ctx, db.Pool, 2*24*time.Hour, 0), "two days is neither a week nor a divisor of a day")
+}

@@ -1,0 +1,317 @@
+package keytable
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Scan is how a Store's sweeps and expiries find and change keys across scopes.
+type Scan string
+
+const (
+	// ScanAuto is ScanPerKey when the database has the citus extension, ScanSingle
+	// otherwise, asked once per Store on its first sweep or expiry.
+	ScanAuto Scan = ""
+	// ScanSingle takes over or deletes a batch of keys in one statement that locks its
+	// candidates with FOR UPDATE SKIP LOCKED and matches them by ctid: the cheapest
+	// form on plain PostgreSQL, refused by Citus on a distributed table.
+	ScanSingle Scan = "single"
+	// ScanPerKey reads a batch of candidates across scopes without locking anything,
+	// then takes over or deletes each by its primary key in a statement of its own (a
+	// single-shard statement on Citus) that skips a row locked by anyone else and
+	// re-checks every guard. The statements of one batch go in one round trip.
+	ScanPerKey Scan = "per_key"
+)
+
+// Options configure a Store made by NewWith.
+type Options struct {
+	// Schema names the key table's schema, as NewInSchema. Empty: the current schema.
+	Schema string
+	// Scan is how sweeps and expiries work. Defaults to ScanAuto.
+	Scan Scan
+	// SealedBodies makes sweeps take keys whose request body is sealed (phase data
+	// format PhaseDataSealed) as well: set it when the caller can open them. Without
+	// it such keys are left for a caller that can.
+	SealedBodies bool
+}
+
+// NewWith returns a Store with opts. It fails on a schema NewInSchema refuses and on
+// an unknown Scan.
+func NewWith(opts Options) (*Store, error) {
+	switch opts.Scan {
+	case ScanAuto, ScanSingle, ScanPerKey:
+	default:
+		return nil, fmt.Errorf("unknown scan %q (want %q, %q or empty)", opts.Scan, ScanSingle, ScanPerKey)
+	}
+	s, err := NewInSchema(opts.Schema)
+	if err != nil {
+		return nil, err
+	}
+	s.scan = opts.Scan
+	if opts.SealedBodies {
+		s.withSealedBodies()
+	}
+	return s, nil
+}
+
+// scanState is what a Store with ScanAuto learnt: 0 not asked yet, else a scan mode.
+type scanState struct {
+	perKey atomic.Int32
+	// partitioned: 0 not asked yet, 1 no, 2 yes (MaintainPartitions, partition.go).
+	partitioned atomic.Int32
+}
+
+// The statements of ScanPerKey. A scan reads candidates across scopes, oldest first,
+// without a lock (a multi-shard SELECT on Citus); each takeover names its key by scope
+// and key, and each delete its keys by scope and a list of keys: one shard. They take
+// a row only if no one else holds it (FOR UPDATE SKIP LOCKED) and re-check the
+// candidate's guard on the newest row version. A candidate that changed after the
+// scan is skipped.
+
+// lockedByNoOne is true, and locks the key row $1, $2 created at $7 for the
+// statement's transaction, unless another transaction holds it.
+const lockedByNoOne = `EXISTS (SELECT 1 FROM idemflow_keys l
+		WHERE l.scope = $1 AND l.idempotency_key = $2 AND l.created_at = $7::timestamptz FOR UPDATE SKIP LOCKED)`
+
+// dueGuard matches a key a sweeper may take: unfinished, lease expired or released, due.
+const dueGuard = `status = 'in_progress'
+	AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
+
+// sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3, at a recovery
+// point in $4 (knownPoint), with a fingerprint and phase data this release reads
+// (knownFormat): scope, key, lock version, created_at.
+var sqlScanDue = `SELECT scope, idempotency_key, lock_version, created_at
+FROM idemflow_keys
+WHERE ` + dueGuard + `
+	AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
+	AND flow = ANY($3::text[])
+	AND ` + knownPoint("4") + `
+	AND ` + knownFormat + `
+ORDER BY next_attempt_at
+LIMIT $1`
+
+// sqlTakeKey takes over the due key $1, $2 created at $7 (its partition) if its lock
+// version is still $3, as sqlTakeDue does for a batch: a lease of $4 ms, history kept
+// $5, recovery point in $6 and formats known, re-checked (a release may have moved
+// them since the scan).
+var sqlTakeKey = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
+	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
+WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3 AND created_at = $7::timestamptz
+	AND ` + dueGuard + `
+	AND ` + knownPoint("6") + `
+	AND ` + knownFormat + `
+	AND ` + lockedByNoOne + `
+RETURNING ` + leasedColumns("4")
+
+// expiryOf returns the scan of up to $2 keys of status whose column is more than $1
+// ms old, ordered by order, and the per-key delete of the key $1, $2 if it still is
+// (more than $3 ms old).
+func expiryOf(status, column, order string) (scan, del string) {
+	guard := `status = '` + status + `'
+	AND ` + column + ` < statement_timestamp() - $%d::bigint * interval '1 millisecond'`
+	scan = `SELECT scope, idempotency_key, lock_version, created_at
+FROM idemflow_keys
+WHERE ` + fmt.Sprintf(guard, 1) + `
+ORDER BY ` + order + `
+LIMIT $2`
+	return scan, deleteOfScope(fmt.Sprintf(guard, 3))
+}
+
+// deleteOfScope is the delete of the keys $2 (an array) of the scope $1, created
+// from $4 to $5 (the first and last of their created_at: on a partitioned key table,
+// the partitions read; a list of values would prune none when the executor starts),
+// that still match guard and that no one else holds: the guard is re-checked on the newest row
+// version by FOR UPDATE, and a row another transaction holds is skipped. One scope
+// is one shard on Citus.
+func deleteOfScope(guard string) string {
+	return `WITH c AS (
+	SELECT idempotency_key FROM idemflow_keys
+	WHERE scope = $1 AND idempotency_key = ANY($2::text[]) AND created_at BETWEEN $4::timestamptz AND $5::timestamptz
+		AND ` + guard + `
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idemflow_keys k USING c
+WHERE k.scope = $1 AND k.idempotency_key = c.idempotency_key AND k.created_at BETWEEN $4::timestamptz AND $5::timestamptz`
+}
+
+// The expiries of finished keys by finish, and of dead-lettered keys by the time
+// they were dead-lettered (their last change).
+var (
+	sqlScanFinished, sqlExpireFinishedKey = expiryOf("finished", "finished_at", "finished_at")
+	sqlScanDead, sqlExpireDeadKey         = expiryOf("dead", "updated_at", "created_at")
+)
+
+// parkedGuard matches a parked key claimed more than $3 ms ago.
+const parkedGuard = `status = 'in_progress'
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+	AND created_at < statement_timestamp() - $3::bigint * interval '1 millisecond'`
+
+// sqlScanParked lists up to $2 keys of the client-only flows $1 parked since their
+// claim more than $3 ms ago.
+const sqlScanParked = `SELECT scope, idempotency_key, lock_version, created_at
+FROM idemflow_keys
+WHERE flow = ANY($1::text[]) AND ` + parkedGuard + `
+ORDER BY next_attempt_at
+LIMIT $2`
+
+// sqlExpireParkedKey deletes the keys $2 of the scope $1 still parked and claimed more
+// than $3 ms ago.
+var sqlExpireParkedKey = deleteOfScope(parkedGuard)
+
+// perKey reports whether s scans per key, asking db once for ScanAuto and ScanSingle:
+// a partitioned key table is always scanned per key, and refuses ScanSingle (ctid is
+// unique only within a partition; see scanLayout in partition.go).
+func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
+	switch s.learnt.perKey.Load() {
+	case 1:
+		return false, nil
+	case 2:
+		return true, nil
+	}
+	if s.scan == ScanPerKey {
+		return true, nil
+	}
+	citus, partitioned, err := s.scanLayout(ctx, db)
+	switch {
+	case err != nil:
+		return false, err
+	case partitioned && s.scan == ScanSingle:
+		return false, ErrScanSingleOnPartitioned
+	}
+	s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
+	perKey := (citus && s.scan == ScanAuto) || partitioned
+	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[perKey])
+	return perKey, nil
+}
+
+// expiry is one kind of key that retention deletes: what (for messages), its single
+// statement (ScanSingle) and its scan and per-key delete (ScanPerKey).
+type expiry struct {
+	what              string
+	single, scan, del string
+}
+
+// expire deletes up to a batch of x's keys more than olderThan ms old, as s scans:
+// single runs with singleArgs, scan with scanArgs. It returns how many it deleted.
+func (s *Store) expire(ctx context.Context, db DBTX, x expiry, olderThan int64, singleArgs, scanArgs []any) (int64, error) {
+	perKey, err := s.perKey(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("expire %s keys: %w", x.what, err)
+	}
+	var n int64
+	if perKey {
+		n, err = expireKeys(ctx, db, x.scan, x.del, olderThan, scanArgs...)
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = db.Exec(ctx, x.single, singleArgs...)
+		n, err = tag.RowsAffected(), Classify(err)
+	}
+	if err != nil {
+		return n, fmt.Errorf("expire %s keys: %w", x.what, err)
+	}
+	return n, nil
+}
+
+// candidate is a key a scan found: its scope, key, lock version and created_at.
+type candidate struct {
+	scope, key string
+	version    int64
+	created    time.Time
+}
+
+// scanKeys runs the scan sql with args and returns its candidates.
+func scanKeys(ctx context.Context, db DBTX, sql string, args ...any) ([]candidate, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, Classify(err)
+	}
+	var out []candidate
+	var c candidate
+	_, err = pgx.ForEachRow(rows, []any{&c.scope, &c.key, &c.version, &c.created}, func() error {
+		out = append(out, c)
+		return nil
+	})
+	return out, Classify(err)
+}
+
+// expireKeys deletes the candidates of the scan sql (args) with the delete del (see
+// deleteOfScope), one statement per scope, all in one round trip, and returns how
+// many it deleted. del's arguments are a scope, its keys and olderThan in ms.
+func expireKeys(ctx context.Context, db DBTX, scan, del string, olderThan int64, args ...any) (int64, error) {
+	cands, err := scanKeys(ctx, db, scan, args...)
+	if err != nil || len(cands) == 0 {
+		return 0, err
+	}
+	var scopes []string
+	keys := map[string][]string{}
+	created := map[string][2]time.Time{} // the first and the last
+	for _, c := range cands {
+		span, ok := created[c.scope]
+		if !ok {
+			scopes = append(scopes, c.scope)
+			span = [2]time.Time{c.created, c.created}
+		}
+		keys[c.scope] = append(keys[c.scope], c.key)
+		if c.created.Before(span[0]) {
+			span[0] = c.created
+		}
+		if c.created.After(span[1]) {
+			span[1] = c.created
+		}
+		created[c.scope] = span
+	}
+	b := &pgx.Batch{}
+	for _, scope := range scopes {
+		b.Queue(del, scope, keys[scope], olderThan, created[scope][0], created[scope][1])
+	}
+	var n int64
+	err = each(ctx, db, b, func(rows pgx.Rows) error {
+		rows.Close()
+		n += rows.CommandTag().RowsAffected()
+		return rows.Err()
+	})
+	return n, err
+}
+
+// batcher sends a batch in one round trip; a pool, a connection and a transaction can.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// each runs the statements of b, in one round trip when db can, else one by one, and
+// hands each one's rows to read, in order. It stops at the first error, translated.
+func each(ctx context.Context, db DBTX, b *pgx.Batch, read func(pgx.Rows) error) error {
+	bt, ok := db.(batcher)
+	if !ok {
+		for _, q := range b.QueuedQueries {
+			rows, err := db.Query(ctx, q.SQL, q.Arguments...)
+			if err == nil {
+				err = read(rows)
+			}
+			if err != nil {
+				return Classify(err)
+			}
+		}
+		return nil
+	}
+	br := bt.SendBatch(ctx, b)
+	defer br.Close()
+	for range b.QueuedQueries {
+		rows, err := br.Query()
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
+			return Classify(err)
+		}
+	}
+	return Classify(br.Close())
+}

@@ -1,0 +1,342 @@
+package keytable
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// All of idemflow's SQL on the key table, in one place for review. Every statement on
+// one key filters by scope. Lease arithmetic uses the database clock, read with
+// statement_timestamp() (the start of the statement, not of its transaction, so a long
+// transaction does not shorten the lease it sets); durations arrive as milliseconds.
+//
+// Every statement here must also run as a single-shard (router) statement when the key
+// table is distributed by scope on Citus (see citus.go for the rules, which a test
+// checks): no volatile function such as statement_timestamp() in an UPDATE, only immutable
+// expressions in a RETURNING list, and no ctid. The single-statement sweeps of plain
+// PostgreSQL (takeDue, expire) break the last rule; a Store for Citus never sends them
+// and scans then acts per key instead (scan.go). jsonb values (phase data, response headers) are sent as json.RawMessage,
+// which pgx encodes as JSON text in every query exec mode (a []byte would go as bytea
+// where pgx does not ask the server for the parameters' types: the exec and
+// simple_protocol modes) and which costs no copy.
+
+// statements are the texts of the statements a Store sends, built once by New.
+type statements struct {
+	lookup, lookupPartitioned, claimLock                 string
+	insertKey, insertFinished                            string
+	claimInsertKey, claimInsertFinished                  string
+	advance, finish, release, takeover                   string
+	takeDue, giveBack, park, deadLetter, redrive, expire string
+	abandon                                              string
+	// ScanPerKey's (scan.go).
+	scanDue, takeKey, scanFinished, expireFinishedKey string
+}
+
+// newStatements returns the statements on the key table: idemflow_keys in the current
+// schema when schema is "", or in schema, named by every statement (see qualify).
+func newStatements(schema string) statements {
+	q := func(sql string) string { return qualify(sql, schema) }
+	return statements{
+		lookup: q(sqlLookup), lookupPartitioned: q(sqlLookupPartitioned), claimLock: q(sqlClaimLock),
+		insertKey: q(sqlInsertKey), insertFinished: q(sqlInsertFinished),
+		claimInsertKey: q(sqlClaimInsertKey), claimInsertFinished: q(sqlClaimInsertFinished),
+		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
+		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
+		redrive: q(sqlRedrive), expire: q(sqlExpireFinished), abandon: q(sqlAbandon),
+		scanDue: q(sqlScanDue), takeKey: q(sqlTakeKey), scanFinished: q(sqlScanFinished), expireFinishedKey: q(sqlExpireFinishedKey),
+	}
+}
+
+// keyTable is the key table's name as the statements below write it.
+const keyTable = "idemflow_keys"
+
+// qualify returns sql with every mention of the key table qualified by schema: the
+// claim lock's 'idemflow_keys'::regclass literal becomes the qualified name as a
+// string literal, and every other idemflow_keys the quoted schema and the table. With
+// schema "" it returns sql unchanged, so the default store sends the texts above byte
+// for byte. Nothing else in the statements contains the table's name (a test checks
+// that the qualified texts name no other).
+func qualify(sql, schema string) string {
+	if schema == "" {
+		return sql
+	}
+	name := pgx.Identifier{schema, keyTable}.Sanitize()
+	literal := "'" + strings.ReplaceAll(name, "'", "''") + "'"
+	sql = strings.ReplaceAll(sql, "'"+keyTable+"'", "\x00")
+	sql = strings.ReplaceAll(sql, keyTable, name)
+	return strings.ReplaceAll(sql, "\x00", literal)
+}
+
+// keyColumns are the columns of Row stored on a key row, in the order scanOne reads
+// them (and named as Row's db tags, for the sweeper's lists). created_at is the last
+// part of the row's identity (Fence.CreatedAt): on a partitioned key table it names
+// the row's partition.
+const keyColumns = `
+	scope, idempotency_key, id::text AS id, flow, method, route, fingerprint, request_body,
+	recovery_point, phase_data, status, lock_version, attempts, last_error, coalesce(origin, '') AS origin, created_at`
+
+// responseColumns are the stored response's columns of Row, read after the lease's.
+const responseColumns = `
+	response_status::int AS response_status, response_headers, response_body`
+
+// rowColumns are the columns of Row for a SELECT: the lease's computed from
+// locked_until by the database clock.
+const rowColumns = keyColumns + `,
+	coalesce(locked_until > statement_timestamp(), false) AS lease_live,
+	CASE WHEN locked_until > statement_timestamp()
+		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint
+		ELSE 0 END AS lease_left_ms,` + responseColumns
+
+// leasedColumns are the columns of Row for the RETURNING list of a statement that has
+// just set a lease of $n ms: the lease's are that argument, an immutable expression
+// (Citus refuses any other in a RETURNING list).
+func leasedColumns(n string) string {
+	return keyColumns + `,
+	$` + n + `::bigint > 0 AS lease_live, $` + n + `::bigint AS lease_left_ms,` + responseColumns
+}
+
+// releasedColumns are the columns of Row for the RETURNING list of a statement that
+// has just cleared the lease.
+const releasedColumns = keyColumns + `,
+	false AS lease_live, 0::bigint AS lease_left_ms,` + responseColumns
+
+// sqlLookup reads one key row: the replay path's only statement.
+const sqlLookup = `SELECT ` + rowColumns + `
+FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2`
+
+// sqlLookupPartitioned is sqlLookup on a partitioned key table (docs/PARTITIONS.md):
+// the partitions that begin after the statement's start are pruned when the executor
+// starts (no visible row was created after it: a row's created_at is its inserting
+// transaction's start), and the others are read newest first until one holds the key
+// (an ordered scan of the partitions under LIMIT 1), so that a replay of a recent key
+// reads one partition. Every attached partition in the past may hold a live key (a
+// partition is removed only once it holds no unfinished or dead-lettered key), so a
+// key not found has been looked for in each.
+const sqlLookupPartitioned = sqlLookup + `
+	AND created_at <= statement_timestamp()
+ORDER BY created_at DESC
+LIMIT 1`
+
+// The claim. A new key's row is written only when its first transaction commits, so
+// that a first phase costs one write of the key row, not an insert and an update. Until
+// then the key is held by a transaction-scoped advisory lock on a 64-bit hash of (scope,
+// key), taken without waiting: a concurrent attempt is told the key is busy at once,
+// never queued behind the first. The claim runs before any of the phase's code (see
+// workflow's phaseTx.claim), and the lock is read in a statement of its own: a READ
+// COMMITTED statement reads a snapshot taken when it starts, so a claim that committed
+// (letting go of its lock) after the lock statement started is visible only to the next
+// statement, the look-up.
+
+// claimLockID is the advisory-lock id of the key whose hash is $n: the hash mixed with
+// the key table's oid, so that key tables in two schemas of one database (or two test
+// schemas) never share a lock.
+func claimLockID(n string) string {
+	return `($` + n + `::bigint # 'idemflow_keys'::regclass::oid::bigint)`
+}
+
+// sqlClaimLock takes the key's claim lock if it is free: true when taken (or already
+// held by this transaction); and the transaction's start, which the key row inserted
+// by this transaction takes as its created_at (the column's default).
+var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `), now()`
+
+// insertColumns are the columns every insert of a key row sets.
+const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data`
+
+// keyValues are the values of a new, unfinished key row: recovery point $9, phase data
+// $10, a lease of $11 ms, origin $12.
+const keyValues = `$1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10,
+	statement_timestamp() + $11::bigint * interval '1 millisecond', $12`
+
+// finishedValues are the values of a new key row that is already finished with its
+// response ($8-$10), its attempt's history entry $11 (see historyFirst) and origin
+// $12. Like a finished row, it keeps no request body or phase data.
+var finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
+	'finished', $8, $9, $10, statement_timestamp(), ` + historyFirst("11") + `, $12`
+
+const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at, history, origin`
+
+// sqlInsertKey writes a new key row in the transaction that holds its claim lock and
+// found no row. Nothing that takes the lock can have written the row since; anything
+// else that did makes the primary key abort the transaction (23505).
+const sqlInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin) VALUES (` + keyValues + `)`
+
+// sqlInsertFinished is sqlInsertKey for a first transaction that answers.
+var sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VALUES (` + finishedValues + `)`
+
+// sqlClaimInsertKey claims a new key and writes its row in one statement: nothing is
+// inserted when the claim lock ($13) is held by another transaction, and a row that
+// exists aborts the transaction on the primary key (23505), whatever the snapshot.
+var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin)
+SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
+RETURNING created_at`
+
+// sqlClaimInsertFinished is sqlClaimInsertKey for a key that finishes in the same
+// transaction (lock id $13).
+var sqlClaimInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `)
+SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
+RETURNING created_at`
+
+// fence matches the row one executor owns: $1-$4 and, as the statement's last
+// argument $n, the row's created_at, which names its partition on a partitioned key
+// table (the statement then reads one partition) and changes nothing on a plain one
+// (the primary key finds the row).
+func fence(n string) string {
+	return `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'
+	AND created_at = $` + n + `::timestamptz`
+}
+
+// A fenced update that rides with COMMIT aborts the transaction unless it updated
+// exactly one row: 1/count(*) divides by zero (22012) when the fence missed, and the
+// COMMIT after it is then skipped.
+
+// sqlAdvance moves the recovery point and extends the lease; aborts unless it updated
+// exactly one row.
+var sqlAdvance = `WITH u AS (
+	UPDATE idemflow_keys
+	SET recovery_point = $5, phase_data = $6,
+		locked_until = statement_timestamp() + $7::bigint * interval '1 millisecond',
+		updated_at = statement_timestamp()
+	WHERE ` + fence("8") + `
+	RETURNING 1
+)
+SELECT 1/count(*)::int FROM u`
+
+// sqlFinish stores the response; aborts unless it updated exactly one row. A finished
+// row keeps only what a replay and a mismatch check need, and its history: the request
+// body and the phase data are emptied. History entry $8, kept $9.
+var sqlFinish = `WITH u AS (
+	UPDATE idemflow_keys
+	SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
+		response_status = $5, response_headers = $6, response_body = $7,
+		locked_until = NULL, last_error = NULL, history = ` + historyAppend("8", "9") + `,
+		finished_at = statement_timestamp(), updated_at = statement_timestamp()
+	WHERE ` + fence("10") + `
+	RETURNING 1
+)
+SELECT 1/count(*)::int FROM u`
+
+// sqlRelease gives up the lease after a transient failure. It matches only while the
+// row still holds the recovery point the caller last knew durable ($9): a COMMIT whose
+// outcome the caller could not learn, still running when it read the row, may advance
+// the row after all, and a release must then not move it back. History entry $10, kept
+// $11.
+var sqlRelease = `UPDATE idemflow_keys
+SET recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("10", "11") + `,
+	next_attempt_at = statement_timestamp() + $8::bigint * interval '1 millisecond',
+	locked_until = NULL, updated_at = statement_timestamp()
+WHERE ` + fence("12") + ` AND recovery_point = $9`
+
+// sqlTakeover takes an expired or released lease, bumping the lock version. An
+// expired lease's attempt ended without a record: it is recorded as abandoned (history
+// kept $6).
+var sqlTakeover = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("6") + `,
+	locked_until = statement_timestamp() + $5::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
+WHERE ` + fence("7") + `
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+RETURNING ` + leasedColumns("5")
+
+// The sweeper's and retention's statements. They select across scopes (that is their
+// job), from a candidate list locked with FOR UPDATE SKIP LOCKED in the same statement,
+// and re-check every guard on the row they change. The candidates are matched by ctid:
+// a row cannot move while the statement holds its lock, and a TID scan keeps the
+// planner from joining the candidates to the whole table (a hash join over a
+// sequential scan, at a few thousand rows). A ctid that were stale would only match a
+// dead row version, whose newest version then fails the ctid condition: skipped, not
+// misapplied.
+
+// The single-statement sweeps match only rows of the key table itself (ownTableRows,
+// partition.go): on a table partitioned after the Store learnt its layout, where ctid
+// is unique only within a partition, they match nothing rather than another
+// partition's row.
+
+// sqlTakeDue takes over up to $1 due keys in one short statement: unfinished, lease
+// expired or released, due by next_attempt_at, older than the grace period ($2 ms), of
+// a flow in $4. Rows locked by anyone else (a request committing, another sweeper) are
+// skipped, never waited for. FOR UPDATE re-checks the candidate guard on the newest
+// row version, and the UPDATE checks it once more, so a key that finished or was taken
+// over after this statement's snapshot is left alone. Sets a fresh lease of $3 ms, and
+// records an expired lease's attempt as abandoned (history kept $5). Only keys at a
+// recovery point in $6 (knownPoint), with a fingerprint and phase data this release
+// reads (knownFormat), are taken: see format.go.
+var sqlTakeDue = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
+	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
+		SELECT ctid
+		FROM idemflow_keys
+		WHERE status = 'in_progress'
+			AND next_attempt_at <= statement_timestamp()
+			AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+			AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
+			AND flow = ANY($4::text[])
+			AND ` + knownPoint("6") + `
+			AND ` + knownFormat + `
+		ORDER BY next_attempt_at
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED))
+	AND status = 'in_progress'
+	AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+RETURNING ` + leasedColumns("3")
+
+// sqlGiveBack gives back a key taken over but never run: the lease is cleared and the
+// attempt the takeover counted is uncounted, once (a key without a lease is not
+// matched). next_attempt_at is unchanged, so the key stays due. The lock version stays
+// bumped.
+var sqlGiveBack = `UPDATE idemflow_keys
+SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = statement_timestamp()
+WHERE ` + fence("5") + ` AND locked_until IS NOT NULL`
+
+// sqlAbandon takes a key away from an attempt its process gives up on (a drain past
+// its deadline): the lock version is bumped, so that the attempt, should it still run,
+// can commit nothing more; the lease is cleared and the key is due at once, with why
+// as its last error ($5) and history entry $6 (kept $7).
+var sqlAbandon = `UPDATE idemflow_keys
+SET lock_version = lock_version + 1, locked_until = NULL, last_error = $5, history = ` + historyAppend("6", "7") + `,
+	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
+WHERE ` + fence("8") + ` AND locked_until IS NOT NULL`
+
+// sqlPark parks a key that only its client can finish: the lease is cleared, the
+// takeover's attempt uncounted, why it waits recorded as its last error ($5), and the
+// key not due again for $6 ms. The lock version stays bumped. History entry $7, kept $8.
+var sqlPark = `UPDATE idemflow_keys
+SET locked_until = NULL, attempts = greatest(attempts - 1, 0), last_error = $5, history = ` + historyAppend("7", "8") + `,
+	next_attempt_at = statement_timestamp() + $6::bigint * interval '1 millisecond',
+	updated_at = statement_timestamp()
+WHERE ` + fence("9") + ` AND locked_until IS NOT NULL`
+
+// sqlDeadLetter gives up on a key: status 'dead' with its last error, no lease. The
+// recovery point and phase data are kept, so a re-drive resumes where it stopped.
+// History entry $9, kept $10.
+var sqlDeadLetter = `UPDATE idemflow_keys
+SET status = 'dead', recovery_point = $5, phase_data = $6, last_error = $7, history = ` + historyAppend("9", "10") + `,
+	locked_until = NULL, updated_at = statement_timestamp()
+WHERE ` + fence("11") + ` AND recovery_point = $8`
+
+// sqlRedrive puts a dead-lettered key back in progress: released, attempts reset, due
+// now. The lock version is bumped so nothing that ran it before can commit. last_error
+// is kept until the next failure or the finish replaces it. History entry $3, kept $4.
+var sqlRedrive = `UPDATE idemflow_keys
+SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
+	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
+WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
+RETURNING ` + releasedColumns
+
+// sqlExpireFinished deletes up to $2 finished keys whose finish is more than $1 ms old,
+// oldest first, skipping rows someone else has locked. Unfinished and dead keys are
+// never deleted.
+const sqlExpireFinished = `DELETE FROM idemflow_keys
+WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
+		SELECT ctid
+		FROM idemflow_keys
+		WHERE status = 'finished'
+			AND finished_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
+		ORDER BY finished_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED))
+	AND status = 'finished'`

@@ -1,0 +1,439 @@
+package keytable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Statuses of a key row the engine branches on. The third, "in_progress", is every
+// other row's.
+const (
+	StatusFinished = "finished"
+	StatusDead     = "dead"
+)
+
+// DBTX runs statements; *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Row is a key row as the engine sees it.
+type Row struct {
+	Scope         string  `db:"scope"`
+	Key           string  `db:"idempotency_key"`
+	ID            string  `db:"id"`
+	Flow          string  `db:"flow"`
+	Method        string  `db:"method"`
+	Route         string  `db:"route"`
+	Fingerprint   []byte  `db:"fingerprint"`
+	RequestBody   []byte  `db:"request_body"`
+	RecoveryPoint string  `db:"recovery_point"`
+	PhaseData     []byte  `db:"phase_data"`
+	Status        string  `db:"status"`
+	LockVersion   int64   `db:"lock_version"`
+	Attempts      int     `db:"attempts"`
+	LastError     *string `db:"last_error"`
+	// Origin is what the engine's Origin hook gave when the key was claimed; empty if
+	// none.
+	Origin string `db:"origin"`
+	// CreatedAt is when the key row was inserted (its inserting transaction's start,
+	// by the database clock, to the microsecond): the last part of the row's identity,
+	// which names its partition on a partitioned key table (docs/PARTITIONS.md).
+	CreatedAt time.Time `db:"created_at"`
+	// LeaseLive reports whether locked_until is in the future, by the database clock.
+	LeaseLive bool `db:"lease_live"`
+	// LeaseLeftMillis is how much of the lease remains in milliseconds, by the
+	// database clock (0 if none); LeaseLeft is the same as a duration.
+	LeaseLeftMillis int64 `db:"lease_left_ms"`
+	// Response, set when Status is StatusFinished.
+	ResponseStatus  *int   `db:"response_status"`
+	ResponseHeaders []byte `db:"response_headers"`
+	ResponseBody    []byte `db:"response_body"`
+}
+
+// LeaseLeft is the remaining lease as a duration.
+func (r *Row) LeaseLeft() time.Duration { return time.Duration(r.LeaseLeftMillis) * time.Millisecond }
+
+// Fence is the fence of the row as it was read.
+func (r *Row) Fence() Fence {
+	return Fence{Scope: r.Scope, Key: r.Key, ID: r.ID, LockVersion: r.LockVersion, CreatedAt: r.CreatedAt}
+}
+
+// Fence names one key row as one executor knows it: a fenced statement matches only if
+// the row still has this identity and lock version and is unfinished.
+type Fence struct {
+	Scope       string
+	Key         string
+	ID          string
+	LockVersion int64
+	// CreatedAt is the row's created_at (Row.CreatedAt, or what the claim that
+	// inserted it read: ReadClaimLockAt, ReadClaimInsertAt). Every fenced statement
+	// matches it: on a partitioned key table it prunes the statement to the row's
+	// partition.
+	CreatedAt time.Time
+}
+
+// Claim is a new key row.
+type Claim struct {
+	Scope       string
+	Key         string
+	ID          string // a fresh UUID chosen by the caller
+	Flow        string
+	Method      string
+	Route       string
+	Fingerprint []byte
+	Body        []byte
+	Lease       time.Duration
+	// Origin is stored with the row (see Row.Origin); empty stores none.
+	Origin string
+}
+
+// origin is the argument of c's origin: NULL when empty.
+func (c *Claim) origin() any {
+	if c.Origin == "" {
+		return nil
+	}
+	return c.Origin
+}
+
+// StoredResponse is a response as stored on a finished key.
+type StoredResponse struct {
+	Status  int
+	Headers []byte // a JSON object of header name to list of values
+	Body    []byte
+	// History is the finishing attempt's entry, appended to the key's history as the
+	// response is stored.
+	History History
+}
+
+// Advance is what QueueAdvance writes on a key row.
+type Advance struct {
+	// RecoveryPoint is the phase the key resumes at.
+	RecoveryPoint string
+	// Data is the phase data saved with it, a JSON object.
+	Data []byte
+	// Lease is the new lease, from the database clock's now.
+	Lease time.Duration
+}
+
+// Release is what Release writes on a key row after a transient failure.
+type Release struct {
+	// RecoveryPoint and Data are what is durable in the caller's view (it may carry a
+	// call phase's result forward).
+	RecoveryPoint string
+	Data          []byte
+	// LastError is recorded on the row, cut to 2000 bytes.
+	LastError string
+	// RetryIn is how long until the key is due again. Zero means at once.
+	RetryIn time.Duration
+	// Stored is the recovery point the caller last knew the row to hold. The release
+	// matches only while it still does (see sqlRelease).
+	Stored string
+	// History is the attempt's entry.
+	History History
+}
+
+// Store sends idemflow's statements on the key table. It holds their texts, built once
+// by New or NewInSchema, so that what varies between stores (the schema) is applied
+// once rather than on every call. The zero Store is not usable.
+type Store struct {
+	sql    statements
+	admin  adminStatements
+	scan   Scan
+	learnt scanState
+	part   partStatements // the partitioned layout's (partition.go)
+	pipe   pipeStatements // pipelined phases' (pipeline.go)
+}
+
+// New returns a Store of the statements in sql.go, on the key table of the current
+// schema (the first schema of the connection's search_path that exists).
+func New() *Store {
+	return &Store{sql: newStatements(""), admin: newAdminStatements(""), part: newPartStatements(""), pipe: newPipeStatements("")}
+}
+
+// NewInSchema returns a Store whose statements name the key table in schema, quoted,
+// whatever the connection's search_path. An empty schema is New's current schema. It
+// fails on a name PostgreSQL cannot hold: longer than 63 bytes or with a NUL byte.
+func NewInSchema(schema string) (*Store, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	return &Store{sql: newStatements(schema), admin: newAdminStatements(schema), part: newPartStatements(schema), pipe: newPipeStatements(schema)}, nil
+}
+
+// ValidateSchema reports whether schema can name a PostgreSQL schema as it is: at most
+// 63 bytes (PostgreSQL would silently cut a longer name) and no NUL byte. The empty
+// name, meaning the current schema, is valid.
+func ValidateSchema(schema string) error {
+	switch {
+	case len(schema) > 63:
+		return fmt.Errorf("schema name %q is longer than 63 bytes", schema)
+	case strings.IndexByte(schema, 0) >= 0:
+		return fmt.Errorf("schema name %q contains a NUL byte", schema)
+	}
+	return nil
+}
+
+// Lookup returns the key row, or ErrNotFound.
+func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	if row, ok, err := s.lookupCurrent(ctx, db, scope, key); ok {
+		return row, err
+	}
+	rows, err := db.Query(ctx, s.lookupSQL(), scope, key)
+	if err != nil {
+		return nil, fmt.Errorf("look up key: %w", Classify(err))
+	}
+	return scanOne(rows, "look up key", ErrNotFound)
+}
+
+// claimHash is the hash of a key from which its claim lock's id is made: a 64-bit
+// FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
+// (see the claim statements), so two keys share a lock only by a hash collision, which
+// costs one of them a 409, never a wrong answer.
+func claimHash(scope, key string) int64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for _, part := range [...]string{"idemflow\x00", scope, "\x00", key} {
+		for i := 0; i < len(part); i++ {
+			h ^= uint64(part[i])
+			h *= prime
+		}
+	}
+	return int64(h)
+}
+
+// QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
+// free. Read its result with ReadClaimLock.
+func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
+	b.Queue(s.sql.claimLock, claimHash(c.Scope, c.Key))
+}
+
+// ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
+func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
+	locked, _, err := s.ReadClaimLockAt(br)
+	return locked, err
+}
+
+// ReadClaimLockAt is ReadClaimLock that also returns the transaction's start: the
+// created_at of a key row the transaction inserts (Fence.CreatedAt).
+func (s *Store) ReadClaimLockAt(br pgx.BatchResults) (bool, time.Time, error) {
+	var locked bool
+	var at time.Time
+	if err := br.QueryRow().Scan(&locked, &at); err != nil {
+		return false, time.Time{}, fmt.Errorf("claim key: %w", Classify(err))
+	}
+	return locked, at, nil
+}
+
+// QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
+func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
+	b.Queue(s.lookupSQL(), scope, key)
+}
+
+// ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
+func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("look up key: %w", Classify(err))
+	}
+	return scanOne(rows, "look up key", ErrNotFound)
+}
+
+// QueueInsertKey adds to b the insert of a new key row, in progress at recoveryPoint
+// with data, leased for c.Lease, for a transaction that holds the key's claim lock and
+// found no row. Read its result with ReadInsert.
+func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
+	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
+}
+
+// QueueInsertFinished is QueueInsertKey for a key row that is already finished with
+// resp, its history resp.History's entry alone.
+func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	e, _ := resp.History.args()
+	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+}
+
+// ReadInsert reads the result of QueueInsertKey or QueueInsertFinished: nil, or
+// ErrClaimExists when the row exists (written by something that takes no claim lock;
+// the transaction is aborted), or another translated error.
+func (s *Store) ReadInsert(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return insertErr(err)
+	}
+	return nil
+}
+
+// QueueClaimInsert adds to b the statement that claims a new key and inserts its row,
+// in progress at recoveryPoint with data, for a transaction that claims the key
+// without looking first. Read its result with ReadClaimInsert.
+func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
+	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
+		b.Queue(s.part.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+			recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
+		return
+	}
+	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
+}
+
+// QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp,
+// its history resp.History's entry alone.
+func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
+	e, _ := resp.History.args()
+	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
+		b.Queue(s.part.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+		return
+	}
+	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
+}
+
+// ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
+// nil when the row was inserted; ErrClaimBusy when another attempt holds the claim
+// lock (nothing was written; on a partitioned key table the transaction is aborted,
+// else it is still good); ErrClaimExists when the row exists (the transaction is
+// aborted); or another translated error.
+func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
+	_, err := s.ReadClaimInsertAt(br)
+	return err
+}
+
+// ReadClaimInsertAt is ReadClaimInsert that also returns the inserted row's
+// created_at (Fence.CreatedAt).
+func (s *Store) ReadClaimInsertAt(br pgx.BatchResults) (time.Time, error) {
+	at, err := readClaimInsertAt(br)
+	switch {
+	case errors.Is(err, ErrClaimBusy), errors.Is(err, ErrClaimExists):
+		return time.Time{}, err
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, fmt.Errorf("claim key: %w", ErrClaimBusy)
+	case err != nil:
+		return time.Time{}, insertErr(err)
+	}
+	return at, nil
+}
+
+func insertErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUniqueViolation ||
+		// Citus sends the claim's INSERT ... SELECT through the coordinator and raises a
+		// shard's unique violation as an internal error.
+		pgErr.Code == "XX000" && strings.HasPrefix(pgErr.Message, "duplicate key value violates unique constraint")) {
+		return fmt.Errorf("insert key: %w: %w", ErrClaimExists, err)
+	}
+	return fmt.Errorf("insert key: %w", Classify(err))
+}
+
+// QueueAdvance adds to b the fenced update that moves the recovery point to
+// a.RecoveryPoint and stores a.Data, setting a lease of a.Lease. If the fence does not
+// match, the statement raises and the transaction aborts. Read its result with
+// ReadFenced.
+func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
+	b.Queue(s.onPartition(s.sql.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds(), f.CreatedAt)
+}
+
+// QueueFinish adds to b the fenced update that stores the response, appends
+// resp.History to the key's history and marks the key finished. Like QueueAdvance it
+// raises when the fence does not match.
+func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
+	e, keep := resp.History.args()
+	b.Queue(s.onPartition(s.sql.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
+}
+
+// ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
+// another translated error.
+func (s *Store) ReadFenced(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("fenced update: %w", fenceErr(err))
+	}
+	return nil
+}
+
+// Release releases a key after a transient failure: the lease is cleared, the recovery
+// point, phase data and last error are set from r, r.History is appended, and the key
+// is due again after r.RetryIn. It returns ErrLeaseLost if the fence does not match.
+func (s *Store) Release(ctx context.Context, db DBTX, f Fence, r Release) error {
+	e, keep := r.History.args()
+	tag, err := db.Exec(ctx, s.onPartition(s.sql.release, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, r.RecoveryPoint, json.RawMessage(r.Data), truncate(r.LastError, 2000), r.RetryIn.Milliseconds(), r.Stored, e, keep, f.CreatedAt)
+	if err != nil {
+		return fmt.Errorf("release key: %w", Classify(err))
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("release key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Takeover takes the lease of an unfinished key whose lease expired or was cleared,
+// bumping its lock version and attempt count, and sets a lease of lease. seen is the
+// fence of the row as the caller last read it (Row.Fence); if the row changed since,
+// or its lease is live, Takeover returns ErrNotTaken and changes nothing. An expired
+// lease's attempt is recorded in the history as abandoned, keeping the newest keep
+// entries (0: history is off).
+func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Duration, keep int) (*Row, error) {
+	rows, err := db.Query(ctx, s.onPartition(s.sql.takeover, seen.CreatedAt), seen.Scope, seen.Key, seen.ID, seen.LockVersion, lease.Milliseconds(), max(keep, 0), seen.CreatedAt)
+	if err != nil {
+		return nil, fmt.Errorf("take over key: %w", Classify(err))
+	}
+	return scanOne(rows, "take over key", ErrNotTaken)
+}
+
+// scanOne reads the one row of rows (none: the error none), with the columns of
+// rowColumns in their order. It scans by position rather than by name: it is on the
+// path of every request, a replay's only work, and reflection costs as much there as
+// the rest of the decoding; and it decodes the raw values itself when it can
+// (decodeRow, rowdecode.go), which saves most of the allocations of a scan.
+func scanOne(rows pgx.Rows, op string, none error) (*Row, error) {
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, Classify(err))
+		}
+		return nil, fmt.Errorf("%s: %w", op, none)
+	}
+	if r, ok := decodeRow(rows); ok {
+		return finishOne(rows, op, r)
+	}
+	var r Row
+	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Flow, &r.Method, &r.Route, &r.Fingerprint, &r.RequestBody,
+		&r.RecoveryPoint, &r.PhaseData, &r.Status, &r.LockVersion, &r.Attempts, &r.LastError, &r.Origin, &r.CreatedAt,
+		&r.LeaseLive, &r.LeaseLeftMillis, &r.ResponseStatus, &r.ResponseHeaders, &r.ResponseBody)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, Classify(err))
+	}
+	return finishOne(rows, op, &r)
+}
+
+// finishOne closes rows after their one row r, and returns r or the error of rows.
+func finishOne(rows pgx.Rows, op string, r *Row) (*Row, error) {
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, Classify(err))
+	}
+	return r, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// cut on a rune boundary so the text stays valid UTF-8
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+// IsCommitted reports whether a batch ending in COMMIT committed, given its tag.
+func IsCommitted(tag pgconn.CommandTag) bool { return tag.String() == "COMMIT" }
