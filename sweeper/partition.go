@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemflow/idemflow/store"
 )
@@ -21,6 +22,12 @@ type PartitionStats struct {
 	// Kept counts partitions past retention kept because they hold an unfinished or
 	// dead-lettered key.
 	Created, Removed, Kept int
+	// Removal is how long removing the partitions past retention took (their checks,
+	// concurrent detaches and drops); DropLock is the longest a drop held its detached
+	// table's lock, the most a live statement planned before the detach could have
+	// waited on it; Stall, on Citus only, the longest plain detach, the most a live
+	// statement on the key table may have waited (store.PartitionReport).
+	Removal, DropLock, Stall time.Duration
 }
 
 // partitionState is what a sweeper remembers between passes about partitions.
@@ -36,7 +43,13 @@ func (s *Sweeper) maintainPartitions(ctx context.Context, st *Stats) error {
 	if errors.Is(err, store.ErrNotPartitioned) {
 		return nil
 	}
-	st.Partitions = PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept}
+	st.Partitions = PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept,
+		Removal: r.Removal, DropLock: r.DropLock, Stall: r.Stall}
+	if r.Removed > 0 {
+		s.cfg.Logger.InfoContext(ctx, "sweeper: removed key table partitions",
+			slog.Int("removed", r.Removed), slog.Int("kept", r.Kept), slog.Duration("took", r.Removal),
+			slog.Duration("drop_lock", r.DropLock), slog.Duration("stall", r.Stall))
+	}
 	switch {
 	case r.Low() && !s.partitions.warned.Swap(true):
 		s.cfg.Logger.WarnContext(ctx, "sweeper: few key table partitions ahead",
