@@ -51,8 +51,24 @@ type cleanupKind struct {
 	lats    []time.Duration
 	n       int
 	elapsed time.Duration
-	cpu     time.Duration // live backends
-	wal     int64         // whole windows
+	cpu     time.Duration  // live backends
+	wal     int64          // whole windows
+	samples int            // of pg_locks
+	waits   map[string]int // samples with a live backend waiting, by the kinds of lock waited on
+}
+
+// waited counts the samples with a live backend waiting on a lock other than a
+// relation extension lock (live inserts extending the current partition wait on each
+// other for those, cleanup or not), and those with one waiting on an extension lock.
+func (k *cleanupKind) waited() (other, extend int) {
+	for kinds, c := range k.waits {
+		if strings.Trim(strings.ReplaceAll(kinds, "extend ExclusiveLock", ""), ", ") != "" {
+			other += c
+		} else {
+			extend += c
+		}
+	}
+	return other, extend
 }
 
 // cleanupRun is one side's interleaved cleanup experiment.
@@ -67,8 +83,7 @@ type cleanupRun struct {
 	cleanupCPU      time.Duration
 	stepWAL         int64 // the steps' WAL ranges, all records
 	cleanupWAL      int64 // attributed to the cleanup
-	waits, samples  int
-	kinds           map[string]int
+	doing           map[string]int
 	removal, stalls []string // partitioned: each step's PartitionReport
 	noInspect       bool     // pg_walinspect is not available
 }
@@ -165,7 +180,8 @@ func cleanupConn(ctx context.Context, s *growthDB) (*pgx.Conn, int, error) {
 // interleavedCleanup fills s with n expired keys and runs the pairs of windows until
 // the cleanup is done.
 func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, partitioned bool, n, conc int) (*cleanupRun, error) {
-	run := &cleanupRun{side: s.name, keys: n, kinds: map[string]int{}}
+	run := &cleanupRun{side: s.name, keys: n, doing: map[string]int{}}
+	run.without.waits, run.with.waits = map[string]int{}, map[string]int{}
 	var midnight time.Time
 	if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
 		return nil, err
@@ -258,10 +274,12 @@ func (run *cleanupRun) add(k *cleanupKind, w *partCleanupWin) {
 	k.elapsed += w.elapsed
 	k.cpu += w.cpu
 	k.wal += w.wal
-	run.waits += w.waits
-	run.samples += w.samples
-	for kind, c := range w.kinds {
-		run.kinds[kind] += c
+	k.samples += w.samples
+	for kinds, c := range w.waits {
+		k.waits[kinds] += c
+	}
+	for d, c := range w.doing {
+		run.doing[d] += c
 	}
 }
 
@@ -296,8 +314,9 @@ type partCleanupWin struct {
 	stepLSN0, stepLSN1 int64
 	xids               []string
 	done               bool
-	waits, samples     int
-	kinds              map[string]int
+	samples            int
+	waits              map[string]int // samples with a live backend waiting, by the locks waited on
+	doing              map[string]int // the cleanup backend's wait event and statement, sampled
 }
 
 // reqSpan is one live request: when it began and how long it took.
@@ -368,7 +387,7 @@ func (e *env) partCleanupWindow(ctx context.Context, s *growthDB, conc int, step
 // on a lock, into w, until the returned function is called.
 func (e *env) lockSampler(ctx context.Context, s *growthDB, w *partCleanupWin) (stop func()) {
 	quit, finished := make(chan struct{}), make(chan struct{})
-	w.kinds = map[string]int{}
+	w.waits, w.doing = map[string]int{}, map[string]int{}
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(5 * time.Millisecond)
@@ -380,15 +399,19 @@ func (e *env) lockSampler(ctx context.Context, s *growthDB, w *partCleanupWin) (
 			case <-t.C:
 			}
 			var kinds []string
-			if err := e.check.QueryRow(ctx, `SELECT coalesce(array_agg(l.locktype || ' ' || l.mode), '{}') FROM pg_locks l
-	JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2`, s.db.name, appLive).Scan(&kinds); err == nil {
+			var doing *string
+			if err := e.check.QueryRow(ctx, `SELECT coalesce(array_agg(l.locktype || ' ' || l.mode), '{}'),
+	(SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') || ' ' || left(query, 44) FROM pg_stat_activity
+	WHERE datname = $1 AND application_name = $3 AND state = 'active' LIMIT 1)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2`, s.db.name, appLive, appCleanup).Scan(&kinds, &doing); err == nil {
+				if doing != nil {
+					w.doing[*doing]++
+				}
 				w.samples++
 				if len(kinds) > 0 {
-					w.waits++
-				}
-				for _, k := range kinds {
-					w.kinds[k]++
+					slices.Sort(kinds)
+					w.waits[strings.Join(slices.Compact(kinds), ", ")]++
 				}
 			}
 		}

@@ -170,12 +170,14 @@ func (r *cleanupRun) log() {
 		r.side, r.without.n, rps(r.without), q(r.without.lats, 0.5), q(r.without.lats, 0.99), perReq(r.without),
 		r.with.n, rps(r.with), q(r.with.lats, 0.5), q(r.with.lats, 0.99), perReq(r.with), r.p99Ratio(r.with.lats),
 		len(r.overlap), q(r.overlap, 0.5), q(r.overlap, 0.99), r.p99Ratio(r.overlap))
-	logf("partitions cleanup %-14s WAL: steps' ranges %s, the cleanup's (pg_walinspect) %s = %.2f B/key; estimate by subtraction %.2f B/key; live WAL %.0f B/req without, %.0f B/req with (whole windows); lock-wait samples %d of %d %v",
+	logf("partitions cleanup %-14s WAL: steps' ranges %s, the cleanup's (pg_walinspect) %s = %.2f B/key; estimate by subtraction %.2f B/key; live WAL %.0f B/req without, %.0f B/req with (whole windows); samples with a live lock wait: with %v of %d, without %v of %d",
 		r.side, fmtBytes(r.stepWAL), fmtBytes(r.cleanupWAL), att, est,
-		float64(r.without.wal)/float64(max(r.without.n, 1)), float64(r.with.wal-r.cleanupWAL)/float64(max(r.with.n, 1)), r.waits, r.samples, r.kinds)
+		float64(r.without.wal)/float64(max(r.without.n, 1)), float64(r.with.wal-r.cleanupWAL)/float64(max(r.with.n, 1)),
+		r.with.waits, r.with.samples, r.without.waits, r.without.samples)
 	if len(r.removal) > 0 {
 		logf("partitions cleanup %-14s each removal's time: %v; longest drop lock hold: %v", r.side, r.removal, r.stalls)
 	}
+	logf("partitions cleanup %-14s the cleanup backend, sampled every 5 ms while active (wait event, statement): %v", r.side, r.doing)
 }
 
 // creationLocks creates the partitions of the next 60 days on s (Store.EnsurePartitions)
@@ -223,8 +225,10 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 	x, y := p.p99Ratio(p.with.lats), p.p99Ratio(p.overlap)
 	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs (batched deletes: %.2f×)",
 		x, p.with.n, y, len(p.overlap), p.without.n, p.steps, b.p99Ratio(b.with.lats)))
-	e.figs.set(figPartLockWaitsRemove, float64(p.waits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting",
-		p.waits, p.samples))
+	other, extend := p.with.waited()
+	_, extendWithout := p.without.waited()
+	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",
+		other, p.with.samples, extend, extendWithout, p.without.samples))
 }
 
 // liveWindow runs fresh requests for dur, or until cleanup (if given, run from the
