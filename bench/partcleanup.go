@@ -453,7 +453,9 @@ WHERE i.indrelid = 'idemflow_keys'::regclass AND NOT i.indisprimary`)
 			build = append(build, `ALTER TABLE idemflow_keys ADD CONSTRAINT `+pgx.Identifier{*d.name}.Sanitize()+` `+*d.con)
 		} else {
 			drop = append(drop, `DROP INDEX `+*d.name)
-			build = append(build, *d.idx)
+			// A partitioned table's index is defined ON ONLY the parent, which would
+			// build it on no partition.
+			build = append(build, strings.Replace(*d.idx, " ON ONLY ", " ON ", 1))
 		}
 	}
 	if err := execAll(ctx, conn.Conn(), drop); err != nil {
