@@ -375,7 +375,7 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 
 // dropDetached drops the detached partition p after checking that it holds no
 // unfinished or dead-lettered key; if it does, p is attached back. The whole check
-// (which reads the table when the index probes find nothing) runs before the ACCESS
+// (which reads the table only when a newer release widened the status check) runs before the ACCESS
 // EXCLUSIVE lock, and only the index probes again under it: a live statement whose
 // cached generic plan still names the partition locks it as the statement starts (and
 // then replans), so it waits while the lock is held, which must be as short as the
