@@ -96,6 +96,11 @@ type options struct {
 	loserGap    time.Duration // losers part: the gap between bursts of copies
 	// partitionKeys: keys of the partitioned key table's experiment (partitions.go).
 	partitionKeys int
+	// partitionBatchedKeys: keys of the cleanup experiment's batched-deletes side (0:
+	// partitionKeys).
+	partitionBatchedKeys int
+	// partitionRetained: run the partitions part's retained-keys cells.
+	partitionRetained bool
 	// partitionCleanup: run the partitions part's cleanup experiment (else only the
 	// retained-keys cells).
 	partitionCleanup bool
@@ -131,6 +136,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.growth, "growth", 10000000, "growth experiment: bulk-load this many finished keys and compare with an empty table (0: not run)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
+	fs.IntVar(&o.partitionBatchedKeys, "partition-batched-keys", 0, "partitions part: keys of the cleanup's batched-deletes side (0: -partition-keys)")
+	fs.BoolVar(&o.partitionRetained, "partition-retained", true, "partitions part: also run the retained-keys cells (false: only the cleanup, and the week of sizes if asked)")
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
 	fs.BoolVar(&o.partitionWeekSides, "partition-week-sides", true, "partitions part: the retained-keys cells also run week-partitioned sides")

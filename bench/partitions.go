@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,35 +24,20 @@ import (
 // The partitioned key table side by side with batched deletes (issue 28,
 // docs/PARTITIONS.md), -phases partitions with -partition-keys N:
 //
-//   - cleanup: two databases, each with N finished keys expired 40 days ago; live
-//     fresh requests run for a window without cleanup, then for a window while the
-//     cleanup runs: batched deletes (Store.ExpireFinished, 1000 a statement, until
-//     none is left) on the plain table, Store.RemovePartitions (DETACH … CONCURRENTLY,
-//     DROP) on the partitioned one. Live p50/p99 of both windows, the cleanup's WAL
-//     (pg_current_wal_lsn difference, less the live traffic's WAL at the baseline
-//     window's rate), the cleanup backend's CPU (/proc/<pid>/stat: the server must run
-//     on this machine) and pg_locks sampled every 5 ms for a live backend waiting.
+//   - cleanup: two databases, each with N finished keys expired 40 to 50 days ago
+//     (-partition-batched-keys on the plain one), cleaned up by batched deletes
+//     (Store.ExpireFinished) on the plain table and by Store.RemovePartitions on the
+//     partitioned one, in interleaved pairs of live windows without and with a cleanup
+//     step, the cleanup's WAL attributed with pg_walinspect (partcleanup.go); then the
+//     partitions of the next 60 days created under live traffic, pg_locks sampled.
 //     Skipped with -partition-cleanup=false.
-//   - retained: fresh and replay latency, and the server CPU per request, in
+//   - retained (-partition-retained): fresh and replay latency, and the server CPU per request, in
 //     interleaved cells, on a plain empty key table, an empty partitioned one with the
 //     same 38 day partitions (30 past, the current, 7 ahead), one holding N finished
 //     keys spread over 30 day partitions (a 30-day retention), and the same two with
 //     week partitions; with -partition-custom-plans also the day sides through pools
 //     whose connections force custom plans. This separates the partition count from
 //     the data.
-
-// partitionCleanup is one side of the cleanup run.
-type partitionCleanup struct {
-	Side                   string
-	Keys                   int
-	Base, During           liveStats
-	Cleanup                time.Duration
-	WALBytes, LiveWALBytes int64 // during the cleanup; the live share estimated
-	CPU                    time.Duration
-	LockWaitSamples        int // samples with a live backend waiting on a lock
-	Samples                int
-	TableBytes             int64 // key table and indexes before the cleanup
-}
 
 // liveStats are a window of live traffic.
 type liveStats struct {
@@ -105,7 +91,7 @@ func (e *env) partitionsRun(ctx context.Context) error {
 			return fmt.Errorf("partitions: week of sizes: %w", err)
 		}
 	}
-	if n <= 0 {
+	if n <= 0 || !e.o.partitionRetained {
 		return nil
 	}
 	dbs := []*growthDB{}
@@ -126,26 +112,26 @@ func (e *env) partitionsRun(ctx context.Context) error {
 	return e.retainedCells(ctx, prov.URL, dbs, n, conc)
 }
 
-// cleanupSides runs the cleanup experiment on a plain and a partitioned side.
+// cleanupSides runs the interleaved cleanup experiment (partcleanup.go) on a plain side
+// (batched deletes of -partition-batched-keys keys) and a partitioned one (removal of
+// n keys' ten day partitions).
 func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growthDB, error), n, conc int) error {
-	var results []*partitionCleanup // batched, then partitioned
+	var results []*cleanupRun // batched, then partitioned
 	defer func() { e.cleanupFigures(results) }()
 	for _, c := range []struct {
 		name        string
 		partitioned bool
-	}{{"pt_batched", false}, {"pt_partitioned", true}} {
+		keys        int
+	}{{"pt_batched", false, cmp.Or(e.o.partitionBatchedKeys, n)}, {"pt_partitioned", true, n}} {
 		s, err := side(c.name, c.partitioned)
 		if err != nil {
 			return err
 		}
-		res, err := e.cleanupSide(ctx, s, c.partitioned, n, conc)
+		res, err := e.interleavedCleanup(ctx, s, c.partitioned, c.keys, conc)
 		if err != nil {
 			return fmt.Errorf("partitions: cleanup %s: %w", c.name, err)
 		}
-		logf("partitions cleanup %-14s keys=%d table+indexes=%s live p50 %.2f/%.2f ms p99 %.2f/%.2f ms (without/with cleanup, ×%.3f) cleanup %s WAL %s (%.1f B/key; live share %s) CPU %s lock-wait samples %d of %d",
-			c.name, res.Keys, fmtBytes(res.TableBytes), ms(res.Base.P50), ms(res.During.P50), ms(res.Base.P99), ms(res.During.P99),
-			float64(res.During.P99)/float64(res.Base.P99), res.Cleanup.Round(time.Millisecond), fmtBytes(res.WALBytes),
-			float64(res.WALBytes)/float64(max(res.Keys, 1)), fmtBytes(res.LiveWALBytes), res.CPU, res.LockWaitSamples, res.Samples)
+		res.log()
 		results = append(results, res)
 		if c.partitioned {
 			if err := e.creationLocks(ctx, s, conc); err != nil {
@@ -154,6 +140,45 @@ func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growth
 		}
 	}
 	return nil
+}
+
+// p99Ratio is the live p99 with cleanup (or overlapping a step) ÷ without.
+func (r *cleanupRun) p99Ratio(with []time.Duration) float64 {
+	return float64(quantile(sortedDur(with), 0.99)) / float64(max(quantile(sortedDur(r.without.lats), 0.99), 1))
+}
+
+// walPerKey is the cleanup's attributed WAL per expired key, and the old estimate's
+// (the steps' WAL less the live traffic's at the windows-without rate; also the first
+// without pg_walinspect).
+func (r *cleanupRun) walPerKey() (attributed, estimated float64) {
+	rate := float64(r.without.wal) / max(r.without.elapsed.Seconds(), 1e-9)
+	est := max(float64(r.stepWAL)-rate*r.stepTime.Seconds(), 0) / float64(max(r.keys, 1))
+	if r.noInspect {
+		return est, est
+	}
+	return float64(r.cleanupWAL) / float64(max(r.keys, 1)), est
+}
+
+// log logs one side's figures.
+func (r *cleanupRun) log() {
+	q := func(d []time.Duration, x float64) float64 { return ms(quantile(sortedDur(d), x)) }
+	perReq := func(k cleanupKind) float64 { return float64(k.cpu) / float64(max(k.n, 1)) / float64(time.Microsecond) }
+	rps := func(k cleanupKind) float64 { return float64(k.n) / max(k.elapsed.Seconds(), 1e-9) }
+	att, est := r.walPerKey()
+	logf("partitions cleanup %-14s keys=%d steps=%d (%s in all, longest %s; cleanup backend CPU %s) load %s",
+		r.side, r.keys, r.steps, r.stepTime.Round(time.Millisecond), r.longestStep.Round(time.Millisecond), r.cleanupCPU, r.load)
+	logf("partitions cleanup %-14s live without: n=%d %.0f req/s p50 %.2f p99 %.2f ms CPU %.0f µs/req; with: n=%d %.0f req/s p50 %.2f p99 %.2f ms CPU %.0f µs/req (p99 ×%.3f); overlapping a step: n=%d p50 %.2f p99 %.2f ms (×%.3f)",
+		r.side, r.without.n, rps(r.without), q(r.without.lats, 0.5), q(r.without.lats, 0.99), perReq(r.without),
+		r.with.n, rps(r.with), q(r.with.lats, 0.5), q(r.with.lats, 0.99), perReq(r.with), r.p99Ratio(r.with.lats),
+		len(r.overlap), q(r.overlap, 0.5), q(r.overlap, 0.99), r.p99Ratio(r.overlap))
+	logf("partitions cleanup %-14s WAL: steps' ranges %s, the cleanup's (pg_walinspect) %s = %.2f B/key; estimate by subtraction %.2f B/key; live WAL %.0f B/req without, %.0f B/req with (whole windows); samples with a live lock wait: with %v of %d, without %v of %d",
+		r.side, fmtBytes(r.stepWAL), fmtBytes(r.cleanupWAL), att, est,
+		float64(r.without.wal)/float64(max(r.without.n, 1)), float64(r.with.wal-r.cleanupWAL)/float64(max(r.with.n, 1)),
+		r.with.waits, r.with.samples, r.without.waits, r.without.samples)
+	if len(r.removal) > 0 {
+		logf("partitions cleanup %-14s each removal's time: %v; longest drop lock hold: %v", r.side, r.removal, r.stalls)
+	}
+	logf("partitions cleanup %-14s the cleanup backend, sampled every 5 ms while active (wait event, statement): %v", r.side, r.doing)
 }
 
 // creationLocks creates the partitions of the next 60 days on s (Store.EnsurePartitions)
@@ -188,92 +213,23 @@ func (e *env) creationLocks(ctx context.Context, s *growthDB, conc int) error {
 }
 
 // cleanupFigures hands the report issue 28's cleanup figures, when both sides ran.
-func (e *env) cleanupFigures(rs []*partitionCleanup) {
+func (e *env) cleanupFigures(rs []*cleanupRun) {
 	if len(rs) < 2 {
 		return
 	}
 	b, p := rs[0], rs[1]
-	perKey := func(r *partitionCleanup) float64 { return float64(r.WALBytes) / float64(max(r.Keys, 1)) }
-	e.figs.set(figPartWALFactor, perKey(b)/max(perKey(p), 0.01), fmt.Sprintf("%.1f B vs %.2f B of WAL per key (%.0f× below; %d keys each side)",
-		perKey(b), perKey(p), perKey(b)/max(perKey(p), 0.01), p.Keys))
-	x := float64(p.During.P99) / float64(p.Base.P99)
-	e.figs.set(figPartCleanupP99, x, fmt.Sprintf("%.2f ms vs %.2f ms = %.2f× (batched deletes: %.2f×)", ms(p.During.P99), ms(p.Base.P99), x,
-		float64(b.During.P99)/float64(b.Base.P99)))
-	e.figs.set(figPartLockWaitsRemove, float64(p.LockWaitSamples), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting",
-		p.LockWaitSamples, p.Samples))
-}
-
-// cleanupSide fills s with n keys expired 40 days ago and measures live traffic
-// without and with their cleanup.
-func (e *env) cleanupSide(ctx context.Context, s *growthDB, partitioned bool, n, conc int) (*partitionCleanup, error) {
-	res := &partitionCleanup{Side: s.name, Keys: n}
-	if partitioned {
-		if err := attachDays(ctx, s, 41, 39); err != nil {
-			return nil, err
-		}
-	}
-	if err := insertKeys(ctx, s, n, "40 days 1 hour", "40 days"); err != nil {
-		return nil, err
-	}
-	if err := s.pool.QueryRow(ctx, `SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c
-WHERE c.relname LIKE 'idemflow\_keys%' AND c.relkind IN ('r', 'p')`).Scan(&res.TableBytes); err != nil {
-		return nil, err
-	}
-	// Warm-up, then the baseline window.
-	if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
-		return nil, l.firstErr
-	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Release()
-	var pid int
-	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		return nil, err
-	}
-	base, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, nil, pid)
-	if err != nil {
-		return nil, err
-	}
-	res.Base = base.liveStats
-	cpu0, _ := backendCPU(pid)
-	cleanup := func() error {
-		st := keytable.New()
-		start := time.Now()
-		defer func() { res.Cleanup = time.Since(start) }()
-		if partitioned {
-			r, err := st.RemovePartitions(ctx, conn, 30*24*time.Hour)
-			if err == nil && r.Removed == 0 {
-				err = errors.New("removed no partition")
-			}
-			return err
-		}
-		for {
-			k, err := st.ExpireFinished(ctx, conn, 30*24*time.Hour, 1000)
-			if err != nil || k == 0 {
-				return err
-			}
-		}
-	}
-	during, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, cleanup, pid)
-	if err != nil {
-		return nil, err
-	}
-	res.During = during.liveStats
-	cpu1, err := backendCPU(pid)
-	if err == nil {
-		res.CPU = cpu1 - cpu0
-	}
-	res.LiveWALBytes = int64(float64(base.walBytes) / base.elapsed.Seconds() * res.Cleanup.Seconds())
-	res.WALBytes = max(during.walBytes-res.LiveWALBytes, 0)
-	res.LockWaitSamples, res.Samples = during.lockWaits, during.samples
-	logf("partitions cleanup %s: lock waits seen during the cleanup: %v; without it: %v", s.name, during.kinds, base.kinds)
-	var left int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE created_at < now() - interval '30 days'`).Scan(&left); err != nil || left != 0 {
-		return nil, errors.Join(err, fmt.Errorf("%d expired keys left", left))
-	}
-	return res, nil
+	bk, _ := b.walPerKey()
+	pk, _ := p.walPerKey()
+	e.figs.set(figPartWALFactor, bk/max(pk, 0.001), fmt.Sprintf("%.1f B vs %.3f B of WAL per key (%.0f× below; %s; %d keys removed, %d deleted)",
+		bk, pk, bk/max(pk, 0.001), map[bool]string{false: "pg_walinspect, the cleanup's records only", true: "estimated by subtraction: no pg_walinspect"}[p.noInspect || b.noInspect],
+		p.keys, b.keys))
+	x, y := p.p99Ratio(p.with.lats), p.p99Ratio(p.overlap)
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs (batched deletes: %.2f×)",
+		x, p.with.n, y, len(p.overlap), p.without.n, p.steps, b.p99Ratio(b.with.lats)))
+	other, extend := p.with.waited()
+	_, extendWithout := p.without.waited()
+	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",
+		other, p.with.samples, extend, extendWithout, p.without.samples))
 }
 
 // liveWindow runs fresh requests for dur, or until cleanup (if given, run from the

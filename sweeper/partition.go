@@ -1,5 +1,7 @@
 package sweeper
 
+import "time"
+
 // PartitionStats is what a pass did to a partitioned key table (docs/PARTITIONS.md).
 // All zero when the key table is not partitioned.
 type PartitionStats struct {
@@ -11,4 +13,10 @@ type PartitionStats struct {
 	// Kept counts partitions past retention kept because they hold an unfinished or
 	// dead-lettered key.
 	Created, Removed, Kept int
+	// Removal is how long removing the partitions past retention took (their checks,
+	// concurrent detaches and drops); DropLock is the longest a drop held its detached
+	// table's lock, the most a live statement planned before the detach could have
+	// waited on it; Stall, on Citus only, the longest plain detach, the most a live
+	// statement on the key table may have waited (store.PartitionReport).
+	Removal, DropLock, Stall time.Duration
 }

@@ -194,6 +194,14 @@ FROM (SELECT date_trunc('minute', statement_timestamp()) + $3 * interval '1 minu
 	require.GreaterOrEqual(t, st.Partitions.Ahead, 10, "ten minute partitions ahead by default")
 	require.Equal(t, 1, st.Partitions.Removed)
 	require.Equal(t, 1, st.Partitions.Kept)
+	// What the removal cost is in the stats and the log, for an operator to see.
+	require.Positive(t, st.Partitions.Removal, "the removal's time")
+	require.Positive(t, st.Partitions.DropLock, "the drop's lock hold")
+	require.LessOrEqual(t, st.Partitions.DropLock, st.Partitions.Removal)
+	require.Zero(t, st.Partitions.Stall, "no plain detach off Citus")
+	mu.Lock()
+	require.Contains(t, logs.String(), `msg="sweeper: removed key table partitions" removed=1 kept=1 took=`)
+	mu.Unlock()
 	parts, err := store.New().Partitions(ctx, b.db.Pool)
 	require.NoError(t, err)
 	var names []string

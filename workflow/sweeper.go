@@ -396,7 +396,13 @@ func (s *sweep) maintainPartitions(ctx context.Context, st *sweeper.Stats) error
 	if errors.Is(err, store.ErrNotPartitioned) {
 		return nil
 	}
-	st.Partitions = sweeper.PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept}
+	st.Partitions = sweeper.PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept,
+		Removal: r.Removal, DropLock: r.DropLock, Stall: r.Stall}
+	if r.Removed > 0 {
+		s.cfg.Logger.InfoContext(ctx, "sweeper: removed key table partitions",
+			slog.Int("removed", r.Removed), slog.Int("kept", r.Kept), slog.Duration("took", r.Removal),
+			slog.Duration("drop_lock", r.DropLock), slog.Duration("stall", r.Stall))
+	}
 	warned := &s.e.sweeping.warned
 	switch {
 	case r.Low() && !warned.Swap(true):

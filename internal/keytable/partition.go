@@ -88,6 +88,11 @@ type PartitionReport struct {
 	// of the step: how long a live statement on the key table may have waited behind
 	// it (bounded by a 200 ms lock timeout plus the detach itself; docs/PARTITIONS.md).
 	Stall time.Duration
+	// Removal is how long the removal of partitions past retention took (the checks,
+	// detaches and drops of the step), and DropLock the longest a drop held its
+	// detached table's ACCESS EXCLUSIVE lock: the most a live statement planned
+	// before the detach could have waited on it (docs/PARTITIONS.md).
+	Removal, DropLock time.Duration
 	// Want is how many partitions the default ahead calls for: a warning is due when
 	// fewer than half as many are Ahead (Low).
 	Want int

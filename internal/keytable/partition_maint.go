@@ -222,11 +222,12 @@ func attach(ctx context.Context, db DBTX, l *partitionLayout, name string, from,
 // all is attached back, never dropped, and the error is ErrLiveKeysInDetached. It
 // returns ErrNotPartitioned when the key table is not partitioned, and an error for
 // a retention that is not positive.
-func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
-	var r PartitionReport
+func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention time.Duration) (r PartitionReport, err error) {
 	if retention <= 0 {
 		return r, fmt.Errorf("remove partitions: retention %s is not positive", retention)
 	}
+	start := time.Now()
+	defer func() { r.Removal = time.Since(start) }()
 	l, err := s.layout(ctx, db)
 	switch {
 	case err != nil:
@@ -267,7 +268,7 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 			continue
 		}
 		to := from.Add(w)
-		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to})
+		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to}, &r)
 		if err != nil {
 			errs = append(errs, err)
 		} else if dropped {
@@ -319,7 +320,7 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	case err != nil:
 		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
 	}
-	if _, err := dropDetached(ctx, db, l, p); err != nil {
+	if _, err := dropDetached(ctx, db, l, p, r); err != nil {
 		return partitionKept, err
 	}
 	return partitionRemoved, nil
@@ -374,13 +375,14 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 
 // dropDetached drops the detached partition p after checking that it holds no
 // unfinished or dead-lettered key; if it does, p is attached back. The whole check
-// (which reads the table when the index probes find nothing) runs before the ACCESS
+// (which reads the table only when a newer release widened the status check) runs before the ACCESS
 // EXCLUSIVE lock, and only the index probes again under it: a live statement whose
 // cached generic plan still names the partition locks it as the statement starts (and
 // then replans), so it waits while the lock is held, which must be as short as the
-// DROP itself. A table already dropped (by another process) is not an error; the
-// result says whether this call dropped it.
-func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (bool, error) {
+// DROP itself; how long it was held (to the commit) goes to r.DropLock when longer. A
+// table already dropped (by another process) is not an error; the result says whether
+// this call dropped it.
+func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport) (bool, error) {
 	back := false
 	live, err := holdsLiveKeys(ctx, db, l, p.Name)
 	if isPgCode(err, "42P01") { // dropped by another process
@@ -389,6 +391,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 	if err != nil {
 		return false, err
 	}
+	var locked time.Time
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
 			return err
@@ -396,6 +399,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(p.Name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
+		locked = time.Now()
 		if !live {
 			var err error
 			live, err = holdsLiveKeysProbe(ctx, tx, l, p.Name)
@@ -413,6 +417,9 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		back = true
 		return attach(ctx, tx, l, p.Name, *p.From, *p.To)
 	})
+	if !locked.IsZero() {
+		r.DropLock = max(r.DropLock, time.Since(locked))
+	}
 	switch {
 	case isPgCode(err, "42P01"): // dropped by another process
 		return false, nil
@@ -439,14 +446,24 @@ func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name s
 
 // holdsLiveKeys reports whether the table name (a partition, attached or not) holds a
 // key that is not finished: unfinished, dead-lettered, or in a status a newer release
-// wrote. The first two are index probes; the last reads the whole table, and runs only
-// when the probes found nothing.
-func holdsLiveKeys(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
+// wrote. The first two are index probes. The last is asked with constraint exclusion
+// on, so that the planner refutes it from the table's validated status check
+// (idemflow_keys_status: in_progress, finished, dead) without reading a row; only a
+// table whose check a newer release widened (or dropped) is read in full. Reading
+// every row of a partition past retention (gigabytes for a busy day) cost the live
+// traffic its share of the machine's I/O and CPU for as long as the read ran
+// (docs/PARTITIONS.md, "Removing, never losing").
+func holdsLiveKeys(ctx context.Context, db PartitionDB, l *partitionLayout, name string) (bool, error) {
 	t := l.ident(name)
 	var live bool
-	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL constraint_exclusion = on`); err != nil {
+			return err
+		}
+		return queryRow(ctx, tx, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
 	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')
-	OR EXISTS (SELECT 1 FROM `+t+` WHERE status <> 'finished')`)
+	OR EXISTS (SELECT 1 FROM `+t+` WHERE status NOT IN ('in_progress', 'finished', 'dead'))`)
+	})
 	if err != nil {
 		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
 	}
@@ -478,7 +495,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 	}
 	s.learnt.partitioned.Store(2)
 	rr, err := s.RemovePartitions(ctx, db, retention)
-	r.Removed, r.Kept, r.Stall = rr.Removed, rr.Kept, rr.Stall
+	r.Removed, r.Kept, r.Stall, r.Removal, r.DropLock = rr.Removed, rr.Kept, rr.Stall, rr.Removal, rr.DropLock
 	return r, err
 }
 

@@ -501,3 +501,65 @@ func TestSetupPartitionedWeek(t *testing.T) {
 	require.Zero(t, r.Created, "a second pass creates nothing")
 	require.Error(t, st.SetupPartitioned(ctx, db.Pool, 2*24*time.Hour, 0), "two days is neither a week nor a divisor of a day")
 }
+
+// TestRemovePartitionsKilledAtDrop: the backend of a removal is terminated while its
+// drop waits for the lock of a table left detached by an earlier interrupted removal
+// (another transaction reads it): nothing is lost or half done, the table is still
+// there, detached, with its rows; the next removal drops it, and a live key of the
+// current partition is intact.
+func TestRemovePartitionsKilledAtDrop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+	// A minute no other test of the package uses: tables of the same name in other
+	// schemas would count below.
+	from := dbNow(t, db).UTC().Truncate(time.Minute).Add(-53 * time.Minute)
+	old := addPartition(t, db, from)
+	insertRaw(t, db, "old", "00000000-0000-4000-8000-000000000002", "f", `'`+from.Add(time.Second).Format(time.RFC3339)+`'`,
+		finishedSet+`, finished_at = '`+from.Add(time.Second).Format(time.RFC3339)+`'`)
+	claimNow(t, db, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys DETACH PARTITION `+old)
+	require.NoError(t, err)
+
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT count(*) FROM `+old)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	app := "idemflow_drop_" + db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maint, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer maint.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
+		done <- err
+	}()
+	var killed bool
+	for !killed && len(done) == 0 { // the removal returning first is a failure
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
+FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
+	AND a.query LIKE 'LOCK TABLE%ACCESS EXCLUSIVE%'`, app).Scan(&killed))
+	}
+	require.True(t, killed, "the removal's drop waited for the table's lock")
+	require.ErrorIs(t, <-done, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	var rows int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+old).Scan(&rows))
+	require.Equal(t, 1, rows, "the detached table is intact")
+	require.NotContains(t, partitionNames(t, db), old, "and still detached")
+
+	r, err := st.RemovePartitions(ctx, db.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Removed)
+	require.Positive(t, r.DropLock)
+	var tables int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, old).Scan(&tables))
+	require.Zero(t, tables, "dropped by the next removal")
+	_, err = st.Lookup(ctx, db.Pool, "s", "live")
+	require.NoError(t, err)
+}
