@@ -28,39 +28,7 @@ func TestPartitionedPruning(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	s := New()
-	// What each statement reads depends on which minute of the database clock it runs
-	// in, and the test takes a second or two: when less than 15 s of the current minute
-	// are left, it starts at the top of the next one (a CI run crossed a minute between
-	// creating the partitions and reading the minute, and met its own partition again).
-	_, err := db.Pool.Exec(ctx, `SELECT pg_sleep(60 - extract(second FROM clock_timestamp()))
-WHERE extract(second FROM clock_timestamp()) > 45`)
-	require.NoError(t, err)
-	var now time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_trunc('minute', statement_timestamp())`).Scan(&now))
-	require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionMinute, 3*time.Minute))
-	for i := 1; i <= 4; i++ { // four partitions in the past
-		name := partitionName(now.Add(-time.Duration(i)*time.Minute), time.Minute)
-		_, err := db.Pool.Exec(ctx, `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM (`+boundLiteral(now.Add(-time.Duration(i)*time.Minute))+`) TO (`+
-			boundLiteral(now.Add(-time.Duration(i-1)*time.Minute))+`)`)
-		require.NoError(t, err)
-	}
-	rep, err := s.CheckPartitions(ctx, db.Pool)
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, rep.Ahead, 3)
-	// Two keys: "new" in the current partition, "old" three minutes back; both
-	// unfinished, leased by no one.
-	for key, at := range map[string]string{"new": "statement_timestamp()", "old": boundLiteral(now.Add(-150 * time.Second))} {
-		_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
-	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, locked_until)
-VALUES ('s', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('req'), '{}', `+at+`, statement_timestamp() - interval '1 hour')`, key)
-		require.NoError(t, err)
-	}
-	row, err := s.Lookup(ctx, db.Pool, "s", "new")
-	require.NoError(t, err)
-	oldRow, err := s.Lookup(ctx, db.Pool, "s", "old")
-	require.NoError(t, err)
-	require.True(t, oldRow.CreatedAt.Before(now), "the old key sits in a past partition")
+	now, row, oldRow := prunedKeyTable(t, db, s)
 
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -103,6 +71,49 @@ VALUES ('s', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('req'), '{}', `+at
 	scanned, removed = explainPartitions(t, conn, "lookup missing", look, []any{"s", "missing"})
 	require.Len(t, scanned, 5, "a new key: every partition in the past")
 	require.GreaterOrEqual(t, removed, 3)
+}
+
+// prunedKeyTable partitions db's key table by the minute, with three partitions ahead
+// and four in the past, and inserts two unfinished keys leased by no one: "new" in the
+// current partition (row) and "old" three minutes back (oldRow). now is the current
+// minute.
+func prunedKeyTable(t *testing.T, db *pgtest.DB, s *Store) (now time.Time, row, oldRow *Row) {
+	t.Helper()
+	ctx := context.Background()
+	// What each statement reads depends on which minute of the database clock it runs
+	// in, and the test takes a second or two: when less than 15 s of the current minute
+	// are left, it starts at the top of the next one (a CI run crossed a minute between
+	// creating the partitions and reading the minute, and met its own partition again).
+	_, err := db.Pool.Exec(ctx, `SELECT pg_sleep(60 - extract(second FROM clock_timestamp()))
+WHERE extract(second FROM clock_timestamp()) > 45`)
+	require.NoError(t, err)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_trunc('minute', statement_timestamp())`).Scan(&now))
+	require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionMinute, 3*time.Minute))
+	for i := 1; i <= 4; i++ { // four partitions in the past
+		name := partitionName(now.Add(-time.Duration(i)*time.Minute), time.Minute)
+		_, err := db.Pool.Exec(ctx, `CREATE TABLE `+name+` (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE idemflow_keys ATTACH PARTITION `+name+` FOR VALUES FROM (`+boundLiteral(now.Add(-time.Duration(i)*time.Minute))+`) TO (`+
+			boundLiteral(now.Add(-time.Duration(i-1)*time.Minute))+`)`)
+		require.NoError(t, err)
+	}
+	rep, err := s.CheckPartitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, rep.Ahead, 3)
+	// Two keys: "new" in the current partition, "old" three minutes back; both
+	// unfinished, leased by no one.
+	for key, at := range map[string]string{"new": "statement_timestamp()", "old": boundLiteral(now.Add(-150 * time.Second))} {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
+	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, locked_until)
+VALUES ('s', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('req'), '{}', `+at+`, statement_timestamp() - interval '1 hour')`, key)
+		require.NoError(t, err)
+	}
+	row, err = s.Lookup(ctx, db.Pool, "s", "new")
+	require.NoError(t, err)
+	oldRow, err = s.Lookup(ctx, db.Pool, "s", "old")
+	require.NoError(t, err)
+	require.True(t, oldRow.CreatedAt.Before(now), "the old key sits in a past partition")
+
+	return now, row, oldRow
 }
 
 // partitionScan matches a scan of one partition in a plan's text.
