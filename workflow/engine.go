@@ -612,11 +612,7 @@ func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool)
 func (e *Engine) attempt(ctx context.Context, f phases.Flow, req *Request, fp []byte, row *keytable.Row, known, first bool) answer {
 	if !known {
 		var err error
-		if first && claimLooks(f) {
-			row, err = e.lookupRecent(ctx, req.Scope, req.Key)
-		} else {
-			row, err = e.lookup(ctx, req.Scope, req.Key)
-		}
+		row, err = e.lookup(ctx, req.Scope, req.Key, first && claimLooks(f))
 		switch {
 		case errors.Is(err, keytable.ErrNotFound):
 			row = nil
@@ -657,7 +653,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 
 func (e *Engine) resume(ctx context.Context, scope, key string) Result {
 	for range maxRaces {
-		row, err := e.lookup(ctx, scope, key)
+		row, err := e.lookup(ctx, scope, key, false)
 		if errors.Is(err, keytable.ErrNotFound) {
 			return failure(fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key))
 		}
@@ -834,8 +830,11 @@ func (e *Engine) bounded(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // lookup reads a key row before the claim: the wait for a connection is bounded by
-// AdmitWait.
-func (e *Engine) lookup(ctx context.Context, scope, key string) (*keytable.Row, error) {
+// AdmitWait. recent: the flow's claim looks for the row itself under the claim lock,
+// so on a partitioned key table the look-up may read the current partition alone
+// (keytable.Store.LookupRecent, docs/PARTITIONS.md "The look-up before a claim"): a
+// row it misses, the claim finds.
+func (e *Engine) lookup(ctx context.Context, scope, key string, recent bool) (*keytable.Row, error) {
 	pc, err := e.acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -843,21 +842,10 @@ func (e *Engine) lookup(ctx context.Context, scope, key string) (*keytable.Row, 
 	defer pc.Release()
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
+	if recent {
+		return e.store.LookupRecent(ctx, pc, scope, key)
+	}
 	return e.store.Lookup(ctx, pc, scope, key)
-}
-
-// lookupRecent is lookup before a claim that looks for the key row itself, under the
-// claim lock: on a partitioned key table it reads the current partition alone
-// (docs/PARTITIONS.md, "The look-up before a claim").
-func (e *Engine) lookupRecent(ctx context.Context, scope, key string) (*keytable.Row, error) {
-	pc, err := e.acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer pc.Release()
-	ctx, cancel := e.bounded(ctx)
-	defer cancel()
-	return e.store.LookupRecent(ctx, pc, scope, key)
 }
 
 // claimLooks reports whether f's claim of a new key looks for the key's row under the

@@ -264,7 +264,7 @@ func (e *Engine) watch(wt *watch) {
 			return
 		}
 		e.waits.note("poll", wt.k)
-		row, err := e.lookup(context.Background(), wt.k.scope, wt.k.key)
+		row, err := e.lookup(context.Background(), wt.k.scope, wt.k.key, false)
 		switch {
 		case errors.Is(err, keytable.ErrNotFound) && !here:
 			// A claim in flight elsewhere (its first transaction): nothing committed yet.

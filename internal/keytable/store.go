@@ -194,6 +194,67 @@ func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, e
 	return scanOne(rows, "look up key", ErrNotFound)
 }
 
+// lookupCurrent is Lookup's first statement when s addresses partitions by name and
+// db runs it outside a transaction: the look-up of the partition that holds now. ok
+// is false when it did not answer (not sent, the key is not there, or the partition
+// does not exist): Lookup then looks in every partition.
+func (s *Store) lookupCurrent(ctx context.Context, db DBTX, scope, key string) (*Row, bool, error) {
+	row, err := s.lookupCurrentOnly(ctx, db, scope, key)
+	switch {
+	case err == nil:
+		return row, true, nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, errCurrentGone):
+		return nil, false, nil
+	}
+	return nil, true, err
+}
+
+// errCurrentGone: the current partition's look-up was not sent (s does not address
+// partitions, or db is in a transaction) or its partition does not exist.
+var errCurrentGone = errors.New("no current partition to look in")
+
+// lookupCurrentOnly is the look-up of the partition that holds now: the row,
+// ErrNotFound when it is not there, errCurrentGone when the statement was not sent or
+// its partition does not exist, or another error.
+func (s *Store) lookupCurrentOnly(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	sql := s.currentPartitionLookup(db)
+	if sql == "" {
+		return nil, errCurrentGone
+	}
+	rows, err := db.Query(ctx, sql, scope, key)
+	if err == nil {
+		var row *Row
+		row, err = scanOne(rows, "look up key", ErrNotFound)
+		if err == nil || errors.Is(err, ErrNotFound) {
+			return row, err
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && partitionGone(pgErr) {
+		return nil, errCurrentGone
+	}
+	return nil, fmt.Errorf("look up key: %w", Classify(err))
+}
+
+// LookupRecent is the look-up before a claim: Lookup, except that on a partitioned
+// key table whose partitions s addresses by name, and outside a transaction, it reads
+// the current partition alone (docs/PARTITIONS.md, "The look-up before a claim"). A
+// replay of a recent key reads one table; a new key is not looked for in every past
+// partition twice. ErrNotFound then means only that the key is not in the current
+// partition: the caller must claim the key with a claim that looks in every partition
+// under the claim lock (every claim at READ COMMITTED does: phaseTx's look-up, the
+// pipelined claim's check, and QueueClaimInsert on this layout) and take the row that
+// claim finds. Where s does not address partitions (a plain table, Citus, the layout
+// not learnt yet, in a transaction), or the current partition does not exist, it is
+// Lookup.
+func (s *Store) LookupRecent(ctx context.Context, db DBTX, scope, key string) (*Row, error) {
+	row, err := s.lookupCurrentOnly(ctx, db, scope, key)
+	if errors.Is(err, errCurrentGone) {
+		return s.Lookup(ctx, db, scope, key)
+	}
+	return row, err
+}
+
 // claimHash is the hash of a key from which its claim lock's id is made: a 64-bit
 // FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
 // (see the claim statements), so two keys share a lock only by a hash collision, which
