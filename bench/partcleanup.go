@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/retention"
 )
 
 // The cleanup experiment of the partitions part (issue 28), interleaved: each side
@@ -108,7 +109,6 @@ type cleanupStep func(ctx context.Context, budget time.Duration) (done bool, xid
 // batchedStep deletes expired keys 1000 a statement for budget (at least one
 // statement), each statement in a transaction that reports its xid.
 func batchedStep(conn *pgx.Conn) cleanupStep {
-	st := keytable.New()
 	return func(ctx context.Context, budget time.Duration) (bool, []string, error) {
 		var xids []string
 		for start := time.Now(); len(xids) == 0 || time.Since(start) < budget; {
@@ -119,7 +119,7 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 					return err
 				}
 				var err error
-				k, err = st.ExpireFinished(ctx, tx, 30*24*time.Hour, 1000)
+				k, err = retention.ExpireFinished(ctx, tx, 30*24*time.Hour, 1000)
 				return err
 			})
 			if err != nil {
@@ -137,7 +137,7 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 // removalStep removes the oldest remaining of the expired day partitions (from
 // oldest, the first one's start), one a step, and logs what the removal reported.
 func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep {
-	st := keytable.New()
+	st := store.New()
 	k := 0
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
 		var now time.Time

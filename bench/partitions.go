@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/retention"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -619,7 +619,7 @@ func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB,
 				return err
 			}
 		}
-		st := keytable.New()
+		st := store.New()
 		var sizes []string
 		var cleanup time.Duration
 		for d := range days {
@@ -648,25 +648,25 @@ func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB,
 
 // weekCleanup removes the keys created before cutoff on one side of weekSizes: the
 // retention of each statement is the database clock's distance to cutoff.
-func weekCleanup(ctx context.Context, s *growthDB, st *keytable.Store, partitioned bool, cutoff time.Time) error {
-	retention := func() (time.Duration, error) {
+func weekCleanup(ctx context.Context, s *growthDB, st *store.Store, partitioned bool, cutoff time.Time) error {
+	age := func() (time.Duration, error) {
 		var now time.Time
 		err := s.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now)
 		return now.Sub(cutoff), err
 	}
 	if partitioned {
-		r, err := retention()
+		r, err := age()
 		if err == nil {
 			_, err = st.RemovePartitions(ctx, s.pool, r)
 		}
 		return err
 	}
 	for {
-		r, err := retention()
+		r, err := age()
 		if err != nil {
 			return err
 		}
-		k, err := st.ExpireFinished(ctx, s.pool, r, 1000)
+		k, err := retention.ExpireFinished(ctx, s.pool, r, 1000)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
@@ -473,7 +472,7 @@ func TestSideEffects(t *testing.T) {
 	var busy atomic.Int64
 	en := env.engine(env.pool(poolOpts{maxConns: 8}), &workflow.Config{Hooks: workflow.Hooks{
 		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
-			if errors.Is(err, keytable.ErrClaimBusy) {
+			if errors.Is(err, workflow.ErrClaimBusy) {
 				busy.Add(1)
 			}
 		},

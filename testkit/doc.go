@@ -11,6 +11,7 @@
 //   - skewtest: the previous release and this tree on one schema (the upgrade contract)
 //   - tenants: two tenants on a pool of one connection (a transaction ends with its phase)
 //   - uitest: the fixture of the operator page's tests
+//   - retention: the engine's batched retention statement alone, for the benchmark
 //
 // The engine's own machinery stays in internal/. Packages of the other modules of the
 // repository (examples, bench, reliability) import these public packages, never the

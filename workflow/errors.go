@@ -84,6 +84,13 @@ var (
 	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
 	// work was rolled back and the new owner answers.
 	ErrLeaseLost = keytable.ErrLeaseLost
+	// ErrClaimBusy: a claim found another attempt holding the key's claim lock (it is
+	// running the key's first transaction right now), and ErrClaimExists: a new key's
+	// insert found the key's row already there. Neither reaches a caller of Do (the
+	// attempt answers as the key's row then says: in progress, replay, or a retry); a
+	// PhaseEnd hook sees the phase end with one of them, having written nothing.
+	ErrClaimBusy   = keytable.ErrClaimBusy
+	ErrClaimExists = keytable.ErrClaimExists
 	// ErrNotFound: Resume or Redrive found no key row.
 	ErrNotFound = keytable.ErrNotFound
 	// ErrMisconfigured: the connection's settings do not fit what is between the

@@ -1,0 +1,25 @@
+// Package retention gives the benchmark the engine's batched retention statement on
+// its own, one call a batch, so that it can measure batched deletes side by side with
+// partition removal (bench/partcleanup.go) and attribute each batch's WAL to its
+// transaction. A service never needs it: the engine's sweeper runs the same
+// statement (engine.Start, engine.Sweep with sweeper.Config.Retention).
+//
+// It may import the standard library, store and the library's internal/keytable.
+package retention
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/store"
+)
+
+// ExpireFinished deletes, in one statement on db, up to limit finished keys of the
+// key table in the default schema that finished more than olderThan ago (by the
+// database clock), oldest first, as the sweeper's cleanup does, and returns how many
+// it deleted: fewer than limit means none is left. Unfinished and dead-lettered keys
+// are never deleted.
+func ExpireFinished(ctx context.Context, db store.DBTX, olderThan time.Duration, limit int) (int64, error) {
+	return keytable.New().ExpireFinished(ctx, db, olderThan, limit)
+}
