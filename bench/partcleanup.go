@@ -89,6 +89,7 @@ type cleanupRun struct {
 	modes           map[string]*modeRun
 	stepMode        string      // the removal mode of the step just run
 	marks           []phaseMark // its phases
+	size            string      // its partition's heap and indexes
 }
 
 // removalModes are the two removals the partitioned side alternates, step by step,
@@ -108,6 +109,9 @@ type modeRun struct {
 	steps   int
 	with    []time.Duration            // the live requests of its windows
 	overlap []time.Duration            // those overlapping its steps
+	after   []time.Duration            // those begun in the second after a step
+	apart   []time.Duration            // the others of its windows
+	sizes   []string                   // each removed partition's heap and indexes
 	phases  map[string][]time.Duration // those overlapping each phase
 	phaseT  map[string]time.Duration   // time in each phase, all steps
 	order   []string                   // the phases, in their first order
@@ -127,6 +131,9 @@ func (run *cleanupRun) addMode(w *partCleanupWin) {
 	m.steps++
 	m.with = append(m.with, w.lats...)
 	m.overlap = append(m.overlap, w.overlap...)
+	m.after = append(m.after, w.after...)
+	m.apart = append(m.apart, w.apart...)
+	m.sizes = append(m.sizes, run.size)
 	end := func(i int) time.Time {
 		if i+1 < len(run.marks) {
 			return run.marks[i+1].at
@@ -205,6 +212,13 @@ func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep 
 	k := 0
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
 		run.stepMode, run.marks = removalModes[k%2], nil
+		var heap, indexes int64
+		name := "idemflow_keys_p" + oldest.Add(time.Duration(k)*24*time.Hour).UTC().Format("20060102")
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_relation_size(to_regclass($1)), 0), coalesce(pg_indexes_size(to_regclass($1)), 0)`,
+			name).Scan(&heap, &indexes); err != nil {
+			return false, nil, err
+		}
+		run.size = fmtBytes(heap) + "+" + fmtBytes(indexes)
 		st.SetRemovalOptions(run.stepMode == "one-drop", func(phase string) {
 			run.marks = append(run.marks, phaseMark{phase, time.Now()})
 		})
@@ -377,7 +391,8 @@ SELECT coalesce(sum(len), 0)::bigint, coalesce(sum(len) FILTER (WHERE x = ANY($3
 // partCleanupWin is one window of live traffic, with or without a cleanup step.
 type partCleanupWin struct {
 	lats, overlap      []time.Duration
-	overlapSpans       []reqSpan // the requests of overlap
+	overlapSpans       []reqSpan       // the requests of overlap
+	after, apart       []time.Duration // requests begun in the second after the step; the others
 	elapsed, cpu       time.Duration
 	wal                int64
 	stepStart, stepEnd time.Time
@@ -445,9 +460,15 @@ func (e *env) partCleanupWindow(ctx context.Context, s *growthDB, conc int, step
 	w.lats, w.elapsed, w.cpu, w.wal = l.lats, l.elapsed, cpu1-cpu0, lsn1-lsn0
 	for _, ws := range spans {
 		for _, r := range ws {
-			if step != nil && r.start.Before(w.stepEnd) && r.start.Add(r.d).After(w.stepStart) {
+			switch {
+			case step == nil:
+			case r.start.Before(w.stepEnd) && r.start.Add(r.d).After(w.stepStart):
 				w.overlap = append(w.overlap, r.d)
 				w.overlapSpans = append(w.overlapSpans, r)
+			case !r.start.Before(w.stepEnd) && r.start.Before(w.stepEnd.Add(time.Second)):
+				w.after = append(w.after, r.d)
+			default:
+				w.apart = append(w.apart, r.d)
 			}
 		}
 	}

@@ -198,6 +198,9 @@ func (r *cleanupRun) logModes() {
 		logf("partitions cleanup %-14s removal %-8s steps=%d: windows with n=%d p50 %.2f p99 %.2f ms (p99 ×%.3f); overlapping a step n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f)",
 			r.side, name, m.steps, len(m.with), q(m.with, 0.5), q(m.with, 0.99), ratio(m.with, 0.99),
 			len(m.overlap), q(m.overlap, 0.5), q(m.overlap, 0.99), ratio(m.overlap, 0.5), ratio(m.overlap, 0.99))
+		logf("partitions cleanup %-14s removal %-8s begun in the second after a step n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f); the rest of its windows n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f); partitions removed (heap+indexes): %v",
+			r.side, name, len(m.after), q(m.after, 0.5), q(m.after, 0.99), ratio(m.after, 0.5), ratio(m.after, 0.99),
+			len(m.apart), q(m.apart, 0.5), q(m.apart, 0.99), ratio(m.apart, 0.5), ratio(m.apart, 0.99), m.sizes)
 		for _, ph := range m.order {
 			d := m.phases[ph]
 			logf("partitions cleanup %-14s removal %-8s phase %-7s %s a step; requests overlapping it n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f)",
