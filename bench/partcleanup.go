@@ -87,6 +87,76 @@ type cleanupRun struct {
 	doing           map[string]int
 	removal, stalls []string // partitioned: each step's PartitionReport
 	noInspect       bool     // pg_walinspect is not available
+	modes           map[string]*modeRun
+	stepMode        string      // the removal mode of the step just run
+	marks           []phaseMark // its phases
+	size            string      // its partition's heap and indexes
+}
+
+// removalModes are the two removals the partitioned side alternates, step by step,
+// in one interleaved run: the library's (the detached table's indexes shed one a
+// transaction, paced, before the drop) and the former drop of the table with all its
+// indexes in one transaction (keytable.Store.SetRemovalOptions).
+var removalModes = [2]string{"paced", "one-drop"}
+
+// phaseMark is the start of a phase of a removal, as its trace reported it.
+type phaseMark struct {
+	name string
+	at   time.Time
+}
+
+// modeRun is the figures of the steps of one removal mode.
+type modeRun struct {
+	steps   int
+	with    []time.Duration            // the live requests of its windows
+	overlap []time.Duration            // those overlapping its steps
+	after   []time.Duration            // those begun in the second after a step
+	apart   []time.Duration            // the others of its windows
+	sizes   []string                   // each removed partition's heap and indexes
+	phases  map[string][]time.Duration // those overlapping each phase
+	phaseT  map[string]time.Duration   // time in each phase, all steps
+	order   []string                   // the phases, in their first order
+}
+
+// addMode pools window w, which ran a removal step, into its mode's figures, and
+// attributes each request overlapping the step to the phases it overlapped.
+func (run *cleanupRun) addMode(w *partCleanupWin) {
+	if run.stepMode == "" {
+		return
+	}
+	m := run.modes[run.stepMode]
+	if m == nil {
+		m = &modeRun{phases: map[string][]time.Duration{}, phaseT: map[string]time.Duration{}}
+		run.modes[run.stepMode] = m
+	}
+	m.steps++
+	m.with = append(m.with, w.lats...)
+	m.overlap = append(m.overlap, w.overlap...)
+	m.after = append(m.after, w.after...)
+	m.apart = append(m.apart, w.apart...)
+	m.sizes = append(m.sizes, run.size)
+	end := func(i int) time.Time {
+		if i+1 < len(run.marks) {
+			return run.marks[i+1].at
+		}
+		return w.stepEnd
+	}
+	for i, p := range run.marks {
+		if _, ok := m.phaseT[p.name]; !ok {
+			m.order = append(m.order, p.name)
+		}
+		m.phaseT[p.name] += end(i).Sub(p.at)
+	}
+	for _, r := range w.overlapSpans {
+		seen := map[string]bool{}
+		for i, p := range run.marks {
+			if !seen[p.name] && r.start.Before(end(i)) && r.start.Add(r.d).After(p.at) {
+				seen[p.name] = true
+				m.phases[p.name] = append(m.phases[p.name], r.d)
+			}
+		}
+	}
+	run.stepMode, run.marks = "", nil
 }
 
 // loadAvg is the machine's load averages, as uptime prints them.
@@ -135,11 +205,23 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 }
 
 // removalStep removes the oldest remaining of the expired day partitions (from
-// oldest, the first one's start), one a step, and logs what the removal reported.
+// oldest, the first one's start), one a step, in the removal modes in turn, and logs
+// what the removal reported; each step's phases go to run.marks.
 func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep {
 	st := store.New()
 	k := 0
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
+		run.stepMode, run.marks = removalModes[k%2], nil
+		var heap, indexes int64
+		name := "idemflow_keys_p" + oldest.Add(time.Duration(k)*24*time.Hour).UTC().Format("20060102")
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_relation_size(to_regclass($1)), 0), coalesce(pg_indexes_size(to_regclass($1)), 0)`,
+			name).Scan(&heap, &indexes); err != nil {
+			return false, nil, err
+		}
+		run.size = fmtBytes(heap) + "+" + fmtBytes(indexes)
+		st.SetRemovalOptions(run.stepMode == "one-drop", func(phase string) {
+			run.marks = append(run.marks, phaseMark{phase, time.Now()})
+		})
 		var now time.Time
 		if err := conn.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now); err != nil {
 			return false, nil, err
@@ -180,7 +262,7 @@ func cleanupConn(ctx context.Context, s *growthDB) (*pgx.Conn, int, error) {
 // interleavedCleanup fills s with n expired keys and runs the pairs of windows until
 // the cleanup is done.
 func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, partitioned bool, n, conc int) (*cleanupRun, error) {
-	run := &cleanupRun{side: s.name, keys: n, doing: map[string]int{}}
+	run := &cleanupRun{side: s.name, keys: n, doing: map[string]int{}, modes: map[string]*modeRun{}}
 	run.without.waits, run.with.waits = map[string]int{}, map[string]int{}
 	var midnight time.Time
 	if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
@@ -250,6 +332,7 @@ func (e *env) cleanupPair(ctx context.Context, s *growthDB, conc int, run *clean
 		}
 		run.add(&run.with, w)
 		run.overlap = append(run.overlap, w.overlap...)
+		run.addMode(w)
 		run.steps++
 		run.stepTime += w.stepEnd.Sub(w.stepStart)
 		run.longestStep = max(run.longestStep, w.stepEnd.Sub(w.stepStart))
@@ -308,6 +391,8 @@ SELECT coalesce(sum(len), 0)::bigint, coalesce(sum(len) FILTER (WHERE x = ANY($3
 // partCleanupWin is one window of live traffic, with or without a cleanup step.
 type partCleanupWin struct {
 	lats, overlap      []time.Duration
+	overlapSpans       []reqSpan       // the requests of overlap
+	after, apart       []time.Duration // requests begun in the second after the step; the others
 	elapsed, cpu       time.Duration
 	wal                int64
 	stepStart, stepEnd time.Time
@@ -375,8 +460,15 @@ func (e *env) partCleanupWindow(ctx context.Context, s *growthDB, conc int, step
 	w.lats, w.elapsed, w.cpu, w.wal = l.lats, l.elapsed, cpu1-cpu0, lsn1-lsn0
 	for _, ws := range spans {
 		for _, r := range ws {
-			if step != nil && r.start.Before(w.stepEnd) && r.start.Add(r.d).After(w.stepStart) {
+			switch {
+			case step == nil:
+			case r.start.Before(w.stepEnd) && r.start.Add(r.d).After(w.stepStart):
 				w.overlap = append(w.overlap, r.d)
+				w.overlapSpans = append(w.overlapSpans, r)
+			case !r.start.Before(w.stepEnd) && r.start.Before(w.stepEnd.Add(time.Second)):
+				w.after = append(w.after, r.d)
+			default:
+				w.apart = append(w.apart, r.d)
 			}
 		}
 	}

@@ -179,6 +179,35 @@ func (r *cleanupRun) log() {
 		logf("partitions cleanup %-14s each removal's time: %v; longest drop lock hold: %v", r.side, r.removal, r.stalls)
 	}
 	logf("partitions cleanup %-14s the cleanup backend, sampled every 5 ms while active (wait event, statement): %v", r.side, r.doing)
+	r.logModes()
+}
+
+// logModes logs the partitioned side's figures per removal mode and, within each,
+// per phase of the removal: the live requests that overlapped it against those of
+// the windows without.
+func (r *cleanupRun) logModes() {
+	q := func(d []time.Duration, x float64) float64 { return ms(quantile(sortedDur(d), x)) }
+	ratio := func(d []time.Duration, x float64) float64 {
+		return float64(quantile(sortedDur(d), x)) / float64(max(quantile(sortedDur(r.without.lats), x), 1))
+	}
+	for _, name := range removalModes {
+		m := r.modes[name]
+		if m == nil {
+			continue
+		}
+		logf("partitions cleanup %-14s removal %-8s steps=%d: windows with n=%d p50 %.2f p99 %.2f ms (p99 ×%.3f); overlapping a step n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f)",
+			r.side, name, m.steps, len(m.with), q(m.with, 0.5), q(m.with, 0.99), ratio(m.with, 0.99),
+			len(m.overlap), q(m.overlap, 0.5), q(m.overlap, 0.99), ratio(m.overlap, 0.5), ratio(m.overlap, 0.99))
+		logf("partitions cleanup %-14s removal %-8s begun in the second after a step n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f); the rest of its windows n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f); partitions removed (heap+indexes): %v",
+			r.side, name, len(m.after), q(m.after, 0.5), q(m.after, 0.99), ratio(m.after, 0.5), ratio(m.after, 0.99),
+			len(m.apart), q(m.apart, 0.5), q(m.apart, 0.99), ratio(m.apart, 0.5), ratio(m.apart, 0.99), m.sizes)
+		for _, ph := range m.order {
+			d := m.phases[ph]
+			logf("partitions cleanup %-14s removal %-8s phase %-7s %s a step; requests overlapping it n=%d p50 %.2f p99 %.2f ms (p50 ×%.3f, p99 ×%.3f)",
+				r.side, name, ph, (m.phaseT[ph] / time.Duration(max(m.steps, 1))).Round(time.Millisecond),
+				len(d), q(d, 0.5), q(d, 0.99), ratio(d, 0.5), ratio(d, 0.99))
+		}
+	}
 }
 
 // creationLocks creates the partitions of the next 60 days on s (Store.EnsurePartitions)
@@ -224,8 +253,14 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 		bk, pk, bk/max(pk, 0.001), map[bool]string{false: "pg_walinspect, the cleanup's records only", true: "estimated by subtraction: no pg_walinspect"}[p.noInspect || b.noInspect],
 		p.keys, b.keys))
 	x, y := p.p99Ratio(p.with.lats), p.p99Ratio(p.overlap)
-	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs (batched deletes: %.2f×)",
-		x, p.with.n, y, len(p.overlap), p.without.n, p.steps, b.p99Ratio(b.with.lats)))
+	nw, no, steps, alt := p.with.n, len(p.overlap), p.steps, ""
+	if pm, om := p.modes[removalModes[0]], p.modes[removalModes[1]]; pm != nil && om != nil {
+		// the library's removal; the former one drop beside it
+		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
+		alt = fmt.Sprintf("; the same run's %d removals in one drop: %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
+	}
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×)",
+		x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats)))
 	other, extend := p.with.waited()
 	_, extendWithout := p.without.waited()
 	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",

@@ -250,7 +250,7 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 		if p.To == nil || p.To.After(horizon) {
 			continue
 		}
-		out, err := removePartition(ctx, db, l, p, citus, &r)
+		out, err := removePartition(ctx, db, l, p, citus, &r, s.remove)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -268,7 +268,7 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 			continue
 		}
 		to := from.Add(w)
-		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to}, &r)
+		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to}, &r, s.remove)
 		if err != nil {
 			errs = append(errs, err)
 		} else if dropped {
@@ -290,8 +290,9 @@ const (
 
 // removePartition removes the attached partition p if it holds no live key. On Citus
 // (citus) the detach is the plain one (detachBounded), whose stall it adds to r.
-func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, citus bool, r *PartitionReport) (int, error) {
+func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, citus bool, r *PartitionReport, o removalOptions) (int, error) {
 	if !p.DetachPending {
+		o.at("check")
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
 		if isPgCode(err, "42P01") { // dropped by another process since the listing
 			return partitionBusy, nil
@@ -305,6 +306,7 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 		how = "FINALIZE"
 	}
 	var err error
+	o.at("detach")
 	if citus && !p.DetachPending {
 		var stall time.Duration
 		stall, err = detachBounded(ctx, db, l, p)
@@ -320,7 +322,7 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	case err != nil:
 		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
 	}
-	if _, err := dropDetached(ctx, db, l, p, r); err != nil {
+	if _, err := dropDetached(ctx, db, l, p, r, o); err != nil {
 		return partitionKept, err
 	}
 	return partitionRemoved, nil
@@ -379,18 +381,29 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 // EXCLUSIVE lock, and only the index probes again under it: a live statement whose
 // cached generic plan still names the partition locks it as the statement starts (and
 // then replans), so it waits while the lock is held, which must be as short as the
-// DROP itself; how long it was held (to the commit) goes to r.DropLock when longer. A
+// DROP itself; how long it was held (to the commit) goes to r.DropLock when longer.
+// Between the two, once the probes under the lock found no such key, the indexes the
+// probes do not use are dropped one a transaction (shedIndexes), so that the files
+// removed at each commit are a part of the table's (docs/PARTITIONS.md). A
 // table already dropped (by another process) is not an error; the result says whether
 // this call dropped it.
-func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport) (bool, error) {
+func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
 	back := false
+	o.at("recheck")
 	live, err := holdsLiveKeys(ctx, db, l, p.Name)
+	if !live && err == nil && !o.oneDrop {
+		o.at("verify")
+		if live, err = lockedProbe(ctx, db, l, p.Name, r); err == nil && !live {
+			err = shedIndexes(ctx, db, l, p.Name, r, o)
+		}
+	}
 	if isPgCode(err, "42P01") { // dropped by another process
 		return false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("drop partition %s: %w", p.Name, Classify(err))
 	}
+	o.at("drop")
 	var locked time.Time
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
@@ -429,6 +442,120 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
 	}
 	return true, nil
+}
+
+// removalOptions are the bench's and the tests' knobs on RemovePartitions; the zero
+// value is the library's removal.
+type removalOptions struct {
+	// oneDrop drops a detached table with all its indexes in one transaction, as
+	// removals did before shedIndexes (the bench compares the two).
+	oneDrop bool
+	// trace, when not nil, is called with each phase's name as the phase starts.
+	trace func(phase string)
+}
+
+// at reports the start of phase to the trace.
+func (o removalOptions) at(phase string) {
+	if o.trace != nil {
+		o.trace(phase)
+	}
+}
+
+// SetRemovalOptions sets, before s is used, how its RemovePartitions removes a
+// detached table: oneDrop drops it with all its indexes in one transaction (the
+// removal before the shedding steps, which the bench compares), and trace, when not
+// nil, is called with the name of each phase of a removal as it starts: "check",
+// "detach", "recheck", "verify", "shed" (an index dropped), "rest", "drop".
+func (s *Store) SetRemovalOptions(oneDrop bool, trace func(phase string)) {
+	s.remove = removalOptions{oneDrop: oneDrop, trace: trace}
+}
+
+// removalRestMax bounds the rest after each of shedIndexes' steps, which is as long
+// as the step took: the removal leaves the machine to the live traffic at least half
+// of the time, and its steps no longer than a few hundred milliseconds.
+const removalRestMax = 250 * time.Millisecond
+
+// lockedProbe takes the ACCESS EXCLUSIVE lock of the detached table name and runs
+// holdsLiveKeysProbe under it, in a transaction of its own. After it found no key,
+// nothing writes the table any more: a live statement whose cached plan named it
+// waited for the lock and replans without it (docs/PARTITIONS.md).
+func lockedProbe(ctx context.Context, db PartitionDB, l *partitionLayout, name string, r *PartitionReport) (bool, error) {
+	var live bool
+	var locked time.Time
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		locked = time.Now()
+		var err error
+		live, err = holdsLiveKeysProbe(ctx, tx, l, name)
+		return err
+	})
+	if !locked.IsZero() {
+		r.DropLock = max(r.DropLock, time.Since(locked))
+	}
+	return live, err
+}
+
+// shedIndexes drops the indexes of the detached table name that holdsLiveKeysProbe
+// does not use (all but those whose predicate is the unfinished or the dead-lettered
+// status), largest first, each in a transaction of its own, and rests after each as
+// long as it took (at most removalRestMax). An index or constraint already dropped
+// (by another process) is skipped. Interrupted, it leaves the table detached with
+// its rows and the probes' indexes: the next removal checks it as any other.
+func shedIndexes(ctx context.Context, db PartitionDB, l *partitionLayout, name string, r *PartitionReport, o removalOptions) error {
+	rows, err := db.Query(ctx, `SELECT ic.relname, coalesce(con.conname, '')
+FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+LEFT JOIN pg_catalog.pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
+WHERE i.indrelid = to_regclass($1)
+	AND coalesce(pg_catalog.pg_get_expr(i.indpred, i.indrelid) !~ '''(in_progress|dead)''', true)
+ORDER BY pg_catalog.pg_relation_size(i.indexrelid) DESC, ic.relname`, l.ident(name))
+	if err != nil {
+		return err
+	}
+	type index struct{ name, constraint string }
+	indexes, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (index, error) {
+		var x index
+		return x, row.Scan(&x.name, &x.constraint)
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range indexes {
+		sql := `DROP INDEX ` + l.ident(x.name)
+		if x.constraint != "" {
+			sql = `ALTER TABLE ` + l.ident(name) + ` DROP CONSTRAINT ` + pgx.Identifier{x.constraint}.Sanitize()
+		}
+		o.at("shed")
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+		took := time.Since(start)
+		r.DropLock = max(r.DropLock, took)
+		switch {
+		case isPgCode(err, "42704"): // dropped by another process
+			continue
+		case err != nil:
+			return err
+		}
+		o.at("rest")
+		t := time.NewTimer(min(took, removalRestMax))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // holdsLiveKeysProbe is holdsLiveKeys' index probes alone: an unfinished or a

@@ -563,3 +563,76 @@ FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'L
 	_, err = st.Lookup(ctx, db.Pool, "s", "live")
 	require.NoError(t, err)
 }
+
+// TestRemovePartitionsKilledWhileShedding: the backend of a removal is terminated
+// between its shedding steps (it waits for the lock of its second index drop, which
+// another transaction holds, the first index already dropped): nothing is lost, the
+// table is still there, detached, with its rows and the indexes the checks use; the
+// next removal drops it, and a live key of the current partition is intact.
+func TestRemovePartitionsKilledWhileShedding(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	from := dbNow(t, db).UTC().Truncate(time.Minute).Add(-59 * time.Minute) // a minute of its own
+	old := addPartition(t, db, from)
+	insertRaw(t, db, "old", "00000000-0000-4000-8000-000000000002", "f", `'`+from.Add(time.Second).Format(time.RFC3339)+`'`,
+		finishedSet+`, finished_at = '`+from.Add(time.Second).Format(time.RFC3339)+`'`)
+	claimNow(t, db, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
+	indexes := func() (n, probes int) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pg_get_expr(indpred, indrelid) ~ '''(in_progress|dead)''')
+FROM pg_index WHERE indrelid = to_regclass($1)`, old).Scan(&n, &probes))
+		return n, probes
+	}
+	before, probes := indexes()
+	require.Greater(t, before-probes, 1, "at least two indexes to shed")
+
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	app := "idemflow_shed_" + db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maint, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer maint.Close()
+	st, sheds := keytable.New(), 0
+	st.SetRemovalOptions(false, func(phase string) {
+		if phase == "shed" {
+			if sheds++; sheds == 2 { // the first index is dropped: hold the table
+				_, err := holder.Exec(ctx, `SELECT count(*) FROM `+old)
+				require.NoError(t, err)
+			}
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
+		done <- err
+	}()
+	var killed bool
+	for !killed && len(done) == 0 { // the removal returning first is a failure
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
+FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
+	AND (a.query LIKE 'DROP INDEX%' OR a.query LIKE 'ALTER TABLE%DROP CONSTRAINT%')`, app).Scan(&killed))
+	}
+	require.True(t, killed, "the removal's second index drop waited for the table's lock")
+	require.ErrorIs(t, <-done, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	var rows int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+old).Scan(&rows))
+	require.Equal(t, 1, rows, "the detached table is intact")
+	require.NotContains(t, partitionNames(t, db), old, "and still detached")
+	after, left := indexes()
+	require.Equal(t, before-1, after, "one index was shed before the kill")
+	require.Equal(t, probes, left, "the checks' indexes are kept")
+
+	r, err := keytable.New().RemovePartitions(ctx, db.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Removed)
+	var tables int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, old).Scan(&tables))
+	require.Zero(t, tables, "dropped by the next removal")
+	_, err = keytable.New().Lookup(ctx, db.Pool, "s", "live")
+	require.NoError(t, err)
+}

@@ -151,6 +151,7 @@ type Store struct {
 	learnt scanState
 	part   partStatements // the partitioned layout's (partition.go)
 	pipe   pipeStatements // pipelined phases' (pipeline.go)
+	remove removalOptions // how RemovePartitions removes a detached table (partition_maint.go)
 }
 
 // New returns a Store of the statements in sql.go, on the key table of the current
