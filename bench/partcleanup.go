@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/testkit/retention"
 )
 
@@ -96,7 +95,7 @@ type cleanupRun struct {
 // removalModes are the two removals the partitioned side alternates, step by step,
 // in one interleaved run: the library's (the detached table's indexes shed one a
 // transaction, paced, before the drop) and the former drop of the table with all its
-// indexes in one transaction (keytable.Store.SetRemovalOptions).
+// indexes in one transaction (testkit/retention.RemovePartitions).
 var removalModes = [2]string{"paced", "one-drop"}
 
 // phaseMark is the start of a phase of a removal, as its trace reported it.
@@ -208,7 +207,6 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 // oldest, the first one's start), one a step, in the removal modes in turn, and logs
 // what the removal reported; each step's phases go to run.marks.
 func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep {
-	st := store.New()
 	k := 0
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
 		run.stepMode, run.marks = removalModes[k%2], nil
@@ -219,15 +217,13 @@ func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep 
 			return false, nil, err
 		}
 		run.size = fmtBytes(heap) + "+" + fmtBytes(indexes)
-		st.SetRemovalOptions(run.stepMode == "one-drop", func(phase string) {
-			run.marks = append(run.marks, phaseMark{phase, time.Now()})
-		})
+		trace := func(phase string) { run.marks = append(run.marks, phaseMark{phase, time.Now()}) }
 		var now time.Time
 		if err := conn.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now); err != nil {
 			return false, nil, err
 		}
 		upper := oldest.Add(time.Duration(k+1) * 24 * time.Hour)
-		r, err := st.RemovePartitions(ctx, conn, now.Sub(upper)-time.Minute)
+		r, err := retention.RemovePartitions(ctx, conn, now.Sub(upper)-time.Minute, run.stepMode == "one-drop", trace)
 		if err == nil && r.Removed != 1 {
 			err = fmt.Errorf("step %d removed %d partitions, not 1", k+1, r.Removed)
 		}

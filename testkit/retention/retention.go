@@ -23,3 +23,16 @@ import (
 func ExpireFinished(ctx context.Context, db store.DBTX, olderThan time.Duration, limit int) (int64, error) {
 	return keytable.New().ExpireFinished(ctx, db, olderThan, limit)
 }
+
+// RemovePartitions is store.Store.RemovePartitions on the key table in the default
+// schema, with the removal's two modes told apart for the benchmark: oneDrop drops a
+// detached partition with all its indexes in one transaction (the removal before its
+// indexes were shed one at a time, paced), and trace, when not nil, is called with
+// the name of each phase of a removal as it starts ("check", "detach", "recheck",
+// "verify", "shed", "rest", "drop").
+func RemovePartitions(ctx context.Context, db store.PartitionDB, olderThan time.Duration, oneDrop bool,
+	trace func(phase string)) (store.PartitionReport, error) {
+	st := keytable.New()
+	st.SetRemovalOptions(oneDrop, trace)
+	return st.RemovePartitions(ctx, db, olderThan)
+}
