@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/store"
@@ -23,20 +22,7 @@ func TestRoundTripsPartitioned(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	e := b.newEngine(t, setupOpts{pool: pool})
-
-	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
-	require.NoError(t, err)
-	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
-	require.NoError(t, err)
+	e, rt := countedEngine(t, b)
 
 	rt.n.Store(0)
 	res, err := e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // roundTrips counts what a pgx connection sends: each query and each batch (a
@@ -35,20 +37,7 @@ func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // one connection, so its statement cache is warm after one request
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	e := b.newEngine(t, setupOpts{pool: pool})
-
-	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
-	require.NoError(t, err)
-	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
-	require.NoError(t, err)
+	e, rt := countedEngine(t, b)
 
 	rt.n.Store(0)
 	res, err := e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
@@ -65,4 +54,26 @@ func TestRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 	require.Equal(t, int64(1), rt.n.Load(), "round trips for a replay")
+}
+
+// countedEngine is an engine of b on a pool of one connection whose round trips rt
+// counts, warmed by a fresh request and its replay, so that its statement cache holds
+// every statement a fresh request and a replay send.
+func countedEngine(t *testing.T, b *bundle) (*workflow.Engine, *roundTrips) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // one connection, so its statement cache is warm after one request
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := b.newEngine(t, setupOpts{pool: pool})
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
+	require.NoError(t, err)
+	return e, rt
 }
