@@ -246,25 +246,7 @@ func TestRemovePartitionsFinishesDetach(t *testing.T) {
 	defer holder.Rollback(ctx)
 	_, err = holder.Exec(ctx, `SELECT count(*) FROM idemflow_keys`)
 	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	app := "idemflow_remove_" + db.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	maint, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer maint.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
-		done <- err
-	}()
-	var killed bool
-	for !killed {
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
-FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
-	AND a.query LIKE '%DETACH PARTITION%CONCURRENTLY'`, app).Scan(&killed))
-	}
-	err = <-done
+	err = killRemoval(t, db, st, "idemflow_remove", "%DETACH PARTITION%CONCURRENTLY")
 	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
 	require.NoError(t, holder.Rollback(ctx))
 	parts, err := st.Partitions(ctx, db.Pool)
@@ -527,26 +509,8 @@ func TestRemovePartitionsKilledAtDrop(t *testing.T) {
 	defer holder.Rollback(ctx)
 	_, err = holder.Exec(ctx, `SELECT count(*) FROM `+old)
 	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	app := "idemflow_drop_" + db.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	maint, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer maint.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
-		done <- err
-	}()
-	var killed bool
-	for !killed && len(done) == 0 { // the removal returning first is a failure
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
-FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
-	AND a.query LIKE 'LOCK TABLE%ACCESS EXCLUSIVE%'`, app).Scan(&killed))
-	}
-	require.True(t, killed, "the removal's drop waited for the table's lock")
-	require.ErrorIs(t, <-done, keytable.ErrUnavailable, "the removal's backend was terminated")
+	err = killRemoval(t, db, st, "idemflow_drop", "LOCK TABLE%ACCESS EXCLUSIVE%")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
 	require.NoError(t, holder.Rollback(ctx))
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+old).Scan(&rows))
@@ -589,13 +553,6 @@ FROM pg_index WHERE indrelid = to_regclass($1)`, old).Scan(&n, &probes))
 	holder, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	app := "idemflow_shed_" + db.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	maint, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer maint.Close()
 	st, sheds := keytable.New(), 0
 	st.SetRemovalOptions(false, func(phase string) {
 		if phase == "shed" {
@@ -605,19 +562,8 @@ FROM pg_index WHERE indrelid = to_regclass($1)`, old).Scan(&n, &probes))
 			}
 		}
 	})
-	done := make(chan error, 1)
-	go func() {
-		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
-		done <- err
-	}()
-	var killed bool
-	for !killed && len(done) == 0 { // the removal returning first is a failure
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
-FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
-	AND (a.query LIKE 'DROP INDEX%' OR a.query LIKE 'ALTER TABLE%DROP CONSTRAINT%')`, app).Scan(&killed))
-	}
-	require.True(t, killed, "the removal's second index drop waited for the table's lock")
-	require.ErrorIs(t, <-done, keytable.ErrUnavailable, "the removal's backend was terminated")
+	err = killRemoval(t, db, st, "idemflow_shed", "DROP INDEX%", "ALTER TABLE%DROP CONSTRAINT%")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
 	require.NoError(t, holder.Rollback(ctx))
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+old).Scan(&rows))
@@ -635,4 +581,33 @@ FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'L
 	require.Zero(t, tables, "dropped by the next removal")
 	_, err = keytable.New().Lookup(ctx, db.Pool, "s", "live")
 	require.NoError(t, err)
+}
+
+// killRemoval runs st.RemovePartitions(10 minutes) on a pool of its own, named by app
+// and db's schema, terminates its backend once it waits on a lock while running a
+// statement LIKE one of patterns, and returns the removal's error. It fails the test
+// if the removal returns before it waited so.
+func killRemoval(t *testing.T, db *pgtest.DB, st *keytable.Store, app string, patterns ...string) error {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	app += "_" + db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maint, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer maint.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
+		done <- err
+	}()
+	var killed bool
+	for !killed && len(done) == 0 { // the removal returning first is a failure
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
+FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
+	AND a.query LIKE ANY($2)`, app, patterns).Scan(&killed))
+	}
+	require.True(t, killed, "the removal waited for a lock at %q", patterns)
+	return <-done
 }
