@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/testkit/retention"
@@ -571,9 +572,11 @@ func execAll(ctx context.Context, conn *pgx.Conn, stmts []string) error {
 	return nil
 }
 
-// insertSpread inserts n finished keys created evenly from `from` to `to`, a million
-// a statement.
-func insertSpread(ctx context.Context, conn *pgx.Conn, n int, from, to time.Time) error {
+// insertSpread inserts n finished keys created (and finished) evenly from `from` to
+// `to`, random UUID keys under 16 scopes, a million a statement.
+func insertSpread(ctx context.Context, conn interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, n int, from, to time.Time) error {
 	const chunk = 1000000
 	for lo := 1; lo <= n; lo += chunk {
 		hi := min(lo+chunk-1, n)

@@ -423,23 +423,12 @@ ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s'
 // scopes, then VACUUM ANALYZE.
 func insertKeys(ctx context.Context, s *growthDB, n int, oldest, newest string) error {
 	start := time.Now()
-	const chunk = 500000
-	for lo := 1; lo <= n; lo += chunk {
-		hi := min(lo+chunk-1, n)
-		_, err := s.pool.Exec(ctx, `
-INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, response_status, response_headers, response_body,
-	created_at, updated_at, finished_at)
-SELECT 'acct_' || (i % 16), gen_random_uuid()::text, gen_random_uuid(), $5, 'POST', '/v1/charges',
-	sha256(('old-' || i)::bytea), ''::bytea, 'finished', '{}', 'finished', 201,
-	'{"Content-Type":["application/json"]}', $4::bytea, t, t, t
-FROM generate_series($1::int, $2::int) AS i,
-	LATERAL (SELECT now() - $6::interval + (i::float8 / $3) * ($6::interval - $7::interval) AS t) AS ts`,
-			lo, hi, float64(n), []byte(`{"id":"ch_old","amount":1999,"currency":"usd","status":"succeeded","provider_payment_id":"pay_000001"}`),
-			chargeflow.FlowName, oldest, newest)
-		if err != nil {
-			return fmt.Errorf("insert keys: %w", err)
-		}
+	var from, to time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now() - $1::interval, now() - $2::interval`, oldest, newest).Scan(&from, &to); err != nil {
+		return err
+	}
+	if err := insertSpread(ctx, s.pool, n, from, to); err != nil {
+		return err
 	}
 	if _, err := s.pool.Exec(ctx, "VACUUM (ANALYZE) idemflow_keys"); err != nil {
 		return err
@@ -659,7 +648,7 @@ func (e *env) weekSizes(ctx context.Context, side func(string, bool) (*growthDB,
 		var cleanup time.Duration
 		for d := range days {
 			from := base.Add(time.Duration(d) * 24 * time.Hour)
-			if err := insertKeysBetween(ctx, s, perDay, from, from.Add(24*time.Hour-time.Second)); err != nil {
+			if err := insertSpread(ctx, s.pool, perDay, from, from.Add(24*time.Hour-time.Second)); err != nil {
 				return err
 			}
 			// Keep the keys created in the last keepDays simulated days.
@@ -711,24 +700,4 @@ func weekCleanup(ctx context.Context, s *growthDB, st *store.Store, partitioned 
 	}
 	_, err := s.pool.Exec(ctx, `VACUUM idemflow_keys`)
 	return err
-}
-
-// insertKeysBetween inserts n finished keys created (and finished) evenly from `from`
-// to `to`, as insertKeys does, without the VACUUM ANALYZE.
-func insertKeysBetween(ctx context.Context, s *growthDB, n int, from, to time.Time) error {
-	_, err := s.pool.Exec(ctx, `
-INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
-	recovery_point, phase_data, status, response_status, response_headers, response_body,
-	created_at, updated_at, finished_at)
-SELECT 'acct_' || (i % 16), gen_random_uuid()::text, gen_random_uuid(), $3, 'POST', '/v1/charges',
-	sha256(('old-' || i)::bytea), ''::bytea, 'finished', '{}', 'finished', 201,
-	'{"Content-Type":["application/json"]}', $2::bytea, t, t, t
-FROM generate_series(1, $1::int) AS i,
-	LATERAL (SELECT $4::timestamptz + (i::float8 / $1) * ($5::timestamptz - $4::timestamptz) AS t) AS ts`,
-		n, []byte(`{"id":"ch_old","amount":1999,"currency":"usd","status":"succeeded","provider_payment_id":"pay_000001"}`),
-		chargeflow.FlowName, from, to)
-	if err != nil {
-		return fmt.Errorf("insert keys: %w", err)
-	}
-	return nil
 }

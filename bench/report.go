@@ -231,7 +231,7 @@ func (r *report) mdBudget(b *strings.Builder) {
 		r.finished.Sub(r.started).Round(time.Second))
 	p("Regenerate with `go run ./bench` (every part; about 20 minutes on a quiet 2-core machine; it writes this file above the hand-written sections and [%s](%s)); ", chartFile, chartFile)
 	p("CI runs `go run ./bench -smoke` (under a minute), which writes nothing and fails only on errors and invariant violations, never on a budget line. ")
-	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./store/ ./examples/charges/chargeflow/` (claim, advance, replay, fingerprint; the charges flow in the example's package; each reports round trips per operation).\n\n")
+	p("For profiling single paths there are Go benchmarks: `go test -run '^$' -bench . ./workflow/ ./internal/keytable/ ./examples/charges/chargeflow/` (claim, advance, replay, fingerprint; the charges flow in the example's package; each reports round trips per operation).\n\n")
 
 	p("## Budget\n\n")
 	p("Every line is computed from this run's data. *source*: DESIGN.md's performance budget, the issue whose target it is, or *standing* (a line the bench has carried from an earlier budget); *Go-code* is the `idemflow` variant, *pipelined* `idemflow-pipelined`, both on the library's default `Config` and pgx's default exec mode with warm statement caches. A line whose part did not run is *not measured*.\n\n")
