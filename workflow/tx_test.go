@@ -257,7 +257,7 @@ func TestTxEndsWithPhaseRacingGoroutine(t *testing.T) {
 	s := tenants.New(t)
 	var wg sync.WaitGroup
 	names := []string{"r1", "r2", "r3", "r4", "r5", "r6"}
-	var answered []string
+	answered := []string{} // as the notes are read: empty, not nil, when no request was answered
 	for _, tenant := range names {
 		s.Phase[tenant] = func(ctx context.Context, tx phases.DBTX) (*phases.Response, error) {
 			wg.Add(1)
