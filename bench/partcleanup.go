@@ -94,10 +94,10 @@ type cleanupRun struct {
 }
 
 // removalModes are the two removals the partitioned side alternates, step by step,
-// in one interleaved run: the library's (the detached table's indexes shed one a
-// transaction, paced, before the drop) and the former drop of the table with all its
-// indexes in one transaction (testkit/retention.RemovePartitions).
-var removalModes = [2]string{"paced", "one-drop"}
+// in one interleaved run: the library's (the detached table dropped with all its
+// indexes in one transaction) and the paced experiment (its indexes shed one a
+// transaction, paced, before the drop; testkit/retention.RemovePartitions).
+var removalModes = [2]string{"one-drop", "paced"}
 
 // phaseMark is the start of a phase of a removal, as its trace reported it.
 type phaseMark struct {

@@ -255,9 +255,9 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 	x, y := p.p99Ratio(p.with.lats), p.p99Ratio(p.overlap)
 	nw, no, steps, alt := p.with.n, len(p.overlap), p.steps, ""
 	if pm, om := p.modes[removalModes[0]], p.modes[removalModes[1]]; pm != nil && om != nil {
-		// the library's removal; the former one drop beside it
+		// the library's removal (one drop); the paced experiment beside it
 		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
-		alt = fmt.Sprintf("; the same run's %d removals in one drop: %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
+		alt = fmt.Sprintf("; the same run's %d paced removals (indexes shed first): %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
 	}
 	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×)",
 		x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats)))

@@ -554,7 +554,7 @@ FROM pg_index WHERE indrelid = to_regclass($1)`, old).Scan(&n, &probes))
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
 	st, sheds := keytable.New(), 0
-	st.SetRemovalOptions(false, func(phase string) {
+	st.SetRemovalOptions(true, func(phase string) {
 		if phase == "shed" {
 			if sheds++; sheds == 2 { // the first index is dropped: hold the table
 				_, err := holder.Exec(ctx, `SELECT count(*) FROM `+old)

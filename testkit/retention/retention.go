@@ -26,13 +26,14 @@ func ExpireFinished(ctx context.Context, db store.DBTX, olderThan time.Duration,
 
 // RemovePartitions is store.Store.RemovePartitions on the key table in the default
 // schema, with the removal's two modes told apart for the benchmark: oneDrop drops a
-// detached partition with all its indexes in one transaction (the removal before its
-// indexes were shed one at a time, paced), and trace, when not nil, is called with
-// the name of each phase of a removal as it starts ("check", "detach", "recheck",
-// "verify", "shed", "rest", "drop").
+// detached partition with all its indexes in one transaction (the library's removal);
+// otherwise its indexes are shed one at a time, paced, before the drop (the
+// experiment). trace, when not nil, is called with the name of each phase of a
+// removal as it starts ("check", "detach", "recheck", "verify", "shed", "rest",
+// "drop").
 func RemovePartitions(ctx context.Context, db store.PartitionDB, olderThan time.Duration, oneDrop bool,
 	trace func(phase string)) (store.PartitionReport, error) {
 	st := keytable.New()
-	st.SetRemovalOptions(oneDrop, trace)
+	st.SetRemovalOptions(!oneDrop, trace)
 	return st.RemovePartitions(ctx, db, olderThan)
 }
