@@ -14,9 +14,9 @@ type PartitionStats struct {
 	// dead-lettered key.
 	Created, Removed, Kept int
 	// Removal is how long removing the partitions past retention took (their checks,
-	// concurrent detaches and drops); DropLock is the longest a drop held its detached
-	// table's lock, the most a live statement planned before the detach could have
-	// waited on it; Stall, on Citus only, the longest plain detach, the most a live
+	// concurrent detaches and drops); DropLock is the longest a transaction of the
+	// removal held a detached table's lock (its check for live keys, its drop), the
+	// most a live statement planned before the detach could have waited on it; Stall, on Citus only, the longest plain detach, the most a live
 	// statement on the key table may have waited (store.PartitionReport).
 	Removal, DropLock, Stall time.Duration
 }

@@ -89,9 +89,11 @@ type PartitionReport struct {
 	// it (bounded by a 200 ms lock timeout plus the detach itself; docs/PARTITIONS.md).
 	Stall time.Duration
 	// Removal is how long the removal of partitions past retention took (the checks,
-	// detaches and drops of the step), and DropLock the longest a drop held its
-	// detached table's ACCESS EXCLUSIVE lock: the most a live statement planned
-	// before the detach could have waited on it (docs/PARTITIONS.md).
+	// detaches and drops of the step), and DropLock the longest any of the step's
+	// transactions held a detached table's ACCESS EXCLUSIVE lock (the check for live
+	// keys under that lock, the drop, and with the paced removal each index it sheds
+	// first): the most a live statement planned before the detach could have waited
+	// on it (docs/PARTITIONS.md).
 	Removal, DropLock time.Duration
 	// Want is how many partitions the default ahead calls for: a warning is due when
 	// fewer than half as many are Ahead (Low).
