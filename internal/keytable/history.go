@@ -58,9 +58,11 @@ func stamped(arr string, extra ...[2]string) string {
 }
 
 // historyAppend is the history column with the entries $e (a JSON array of the entry,
-// or empty) stamped and appended, keeping the newest $keep (all when $keep is 0).
+// or empty) stamped and appended, keeping the newest $keep (all when $keep is 0). $e
+// counts as jsonb's || appends it: an array as its entries, anything else as one.
 func historyAppend(e, keep string) string {
-	return historyKeep(`history`, keep, `jsonb_array_length($`+e+`::jsonb)`) + ` || ` + stamped(`$`+e+`::jsonb`)
+	added := `jsonb_array_length('[]'::jsonb || $` + e + `::jsonb)`
+	return historyKeep(`history`, keep, added) + ` || ` + stamped(`$`+e+`::jsonb`)
 }
 
 // historyKeep is the history array h cut to the newest entries that, with added (an
