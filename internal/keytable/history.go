@@ -58,16 +58,24 @@ func stamped(arr string, extra ...[2]string) string {
 }
 
 // historyAppend is the history column with the entries $e (a JSON array of the entry,
-// or empty) stamped and appended, keeping the newest $keep (all when $keep is 0).
+// or empty) stamped and appended, keeping the newest $keep (all when $keep is 0). $e
+// counts as jsonb's || appends it: an array as its entries, anything else as one.
 func historyAppend(e, keep string) string {
-	return historyKeep(`history || `+stamped(`$`+e+`::jsonb`), keep)
+	added := `jsonb_array_length('[]'::jsonb || $` + e + `::jsonb)`
+	return historyKeep(`history`, keep, added) + ` || ` + stamped(`$`+e+`::jsonb`)
 }
 
-// historyKeep is the history array h cut to its newest $keep entries; uncut when $keep
-// is 0 or less.
-func historyKeep(h, keep string) string {
-	n := `CASE WHEN $` + keep + `::int > 0 THEN $` + keep + `::int - 1 ELSE 2147483646 END`
-	return `jsonb_path_query_array(` + h + `, '$[last - $n to last]', ('{"n":' || (` + n + `)::text || '}')::jsonb)`
+// historyKeep is the history array h cut to the newest entries that, with added (an
+// SQL expression: how many entries are appended after them, at most $keep) appended,
+// make at most $keep; uncut when $keep is 0 or less. Cutting before the append keeps
+// the entries cutting after it kept, byte for byte; and an array that stays within the
+// bound, as a key's usually does, is taken as it is, without the JSON path query that
+// copies every entry it keeps (a test compares the two ways).
+func historyKeep(h, keep, added string) string {
+	k := `$` + keep + `::int`
+	return `CASE WHEN ` + k + ` <= 0 OR jsonb_array_length(` + h + `) + ` + added + ` <= ` + k + ` THEN ` + h + `
+		WHEN ` + added + ` >= ` + k + ` THEN '[]'::jsonb
+		ELSE jsonb_path_query_array(` + h + `, '$[last - $n to last]', ('{"n":' || (` + k + ` - ` + added + ` - 1)::text || '}')::jsonb) END`
 }
 
 // historyFirst is the history of a new row: the entries $e stamped.
@@ -82,7 +90,9 @@ func historyNote(entry, keep, when string, extra ...[2]string) string {
 	if when != "" {
 		cond += ` AND ` + when
 	}
-	return historyKeep(`history || `+stamped(`CASE WHEN `+cond+` THEN ('[' || (`+entry+`)::text || ']')::jsonb ELSE '[]'::jsonb END`, extra...), keep)
+	added := `CASE WHEN ` + cond + ` THEN 1 ELSE 0 END`
+	return historyKeep(`history`, keep, added) + ` || ` +
+		stamped(`CASE WHEN `+cond+` THEN ('[' || (`+entry+`)::text || ']')::jsonb ELSE '[]'::jsonb END`, extra...)
 }
 
 // jsonAttempt is an entry's fields as an immutable expression: a JSON object of the
