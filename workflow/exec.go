@@ -465,9 +465,10 @@ type keyWrite struct {
 }
 
 // queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
-// key row as w leaves it (returning its created_at after a folded claim); for a new key not claimed yet (a transaction of the engine's
-// own), the claim and the insert in one statement; otherwise (the key row exists, or
-// the claim inserted it) the fenced update.
+// key row as w leaves it (returning its created_at after a folded claim); for a new
+// key not claimed yet (a transaction of the engine's own, or a phase whose claim was
+// folded but that sent no statement), the claim and the insert in one statement;
+// otherwise (the key row exists, or the claim inserted it) the fenced update.
 func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
 	st := x.e.store
 	c := x.claim
