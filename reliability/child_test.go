@@ -91,7 +91,7 @@ func runChild() {
 			childproc.Stop()
 		}
 	})
-	e, err := workflow.New(pool, &workflow.Config{Lease: cfg.Lease, Hooks: pts.Hooks(workflow.Hooks{})})
+	e, err := workflow.New(pool, &workflow.Config{Lease: cfg.Lease, Hooks: pts.Hooks(workflow.Hooks{}), ClaimWithFirstStatement: cfg.Shape.FoldedClaim})
 	if err != nil {
 		childproc.Fail("engine", err)
 	}

@@ -22,7 +22,8 @@ import (
 var crashPoints = map[string][]string{
 	chargeflow.FlowName: {
 		// The claim lock is held and the key row not written; nothing of the phase ran
-		// (Hooks.ClaimHeld, see childproc.Points).
+		// (Hooks.ClaimHeld, see childproc.Points). With the claim folded into the first
+		// statement's round trip (flowShape.FoldedClaim), that statement ran, uncommitted.
 		"create_charge/after-claim",
 		"create_charge/before-commit", // the phase ran; the key row's insert rides in its commit: before it
 		"claimed",                     // right after that commit
@@ -61,11 +62,13 @@ func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	trials := scale(1, 4, 10)
 	pipelined, readAtClaim := flowShape{Pipelined: true}, flowShape{Pipelined: true, ReadAtClaim: true} // pipelined_test.go
+	folded := flowShape{FoldedClaim: true}
 	for _, c := range []struct {
 		flow  string
 		shape flowShape
 	}{{chargeflow.FlowName, flowShape{}}, {twoCallFlow, flowShape{}}, {ledgerFlow, flowShape{}},
-		{chargeflow.FlowName, pipelined}, {twoCallFlow, pipelined}, {chargeflow.FlowName, readAtClaim}} {
+		{chargeflow.FlowName, pipelined}, {twoCallFlow, pipelined}, {chargeflow.FlowName, readAtClaim},
+		{chargeflow.FlowName, folded}, {ledgerFlow, folded}} {
 		flow, name := c.flow, c.shape.prefix()+c.flow
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

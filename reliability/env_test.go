@@ -164,6 +164,7 @@ func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txProlo
 		c = *cfg
 	}
 	c.Hooks = e.historyHooks(c.Hooks)
+	c.ClaimWithFirstStatement = c.ClaimWithFirstStatement || e.shape.FoldedClaim
 	if c.Logger == nil {
 		// The experiments provoke the failures the engine logs; the checker judges.
 		c.Logger = slog.New(slog.DiscardHandler)

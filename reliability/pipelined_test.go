@@ -25,14 +25,21 @@ func (e *env) withPipelined(t testing.TB) *env {
 
 // flowShape is the shape of the flows' tx phases: Go-code (the zero value) or
 // pipelined, and with ReadAtClaim the charges flow's first phase in two round trips.
+// FoldedClaim runs Go-code flows on engines with Config.ClaimWithFirstStatement: a new
+// key's claim rides in the round trip of its first tx phase's first statement (the
+// phase's after-claim point is right after that round trip: the statement ran,
+// uncommitted).
 type flowShape struct {
 	Pipelined   bool `json:",omitempty"`
 	ReadAtClaim bool `json:",omitempty"`
+	FoldedClaim bool `json:",omitempty"`
 }
 
 // prefix names the shape in a subtest's name.
 func (s flowShape) prefix() string {
 	switch {
+	case s.FoldedClaim:
+		return "folded_claim_"
 	case s.ReadAtClaim:
 		return "pipelined_read_at_claim_"
 	case s.Pipelined:

@@ -254,9 +254,24 @@ func TestClaimLosersRunNoUserStatement(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testClaimSequence(t, iso, keys, senders)
+			testClaimSequence(t, iso, false, keys, senders)
 		})
 	}
+	// With Config.ClaimWithFirstStatement the READ COMMITTED claim rides with the
+	// phase's first statement: losers enter the phase function but none of its
+	// statements runs (the higher levels keep their own claim, checked the same way).
+	for name, iso := range map[string]pgx.TxIsoLevel{
+		"SequenceClaimWithFirstStatement": "", "SequenceClaimWithFirstStatementSerializable": pgx.Serializable,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testClaimSequence(t, iso, true, keys, senders)
+		})
+	}
+	t.Run("AuditClaimWithFirstStatement", func(t *testing.T) {
+		t.Parallel()
+		testClaimAuditFolded(t, keys, senders)
+	})
 
 	t.Run("AuditThroughAnotherPool", func(t *testing.T) {
 		t.Parallel()
@@ -303,9 +318,13 @@ func TestClaimLosersRunNoUserStatement(t *testing.T) {
 }
 
 // testClaimSequence races senders attempts on each of keys keys of a flow whose first
-// statement advances a sequence, in a tx phase at iso.
-func testClaimSequence(t *testing.T, iso pgx.TxIsoLevel, keys, senders int) {
-	b := setup(t, setupOpts{})
+// statement advances a sequence, in a tx phase at iso. folded runs the engine with
+// Config.ClaimWithFirstStatement: then the hold counts the attempts that got past the
+// phase's first statement (where the folded claim is known), not those that entered
+// the phase function, and only at READ COMMITTED may losers enter it.
+func testClaimSequence(t *testing.T, iso pgx.TxIsoLevel, folded bool, keys, senders int) {
+	b := setup(t, setupOpts{cfg: &workflow.Config{ClaimWithFirstStatement: folded}})
+	var calls atomic.Int64 // entries into the phase function
 	createClaimTables(t, b.db)
 	holds := map[string]*hold{}
 	for k := range keys {
@@ -318,11 +337,18 @@ func testClaimSequence(t *testing.T, iso pgx.TxIsoLevel, keys, senders int) {
 	// phase's first statement after its own sends it along.
 	reserve := phases.Tx("reserve", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
 		h := holds[run.Key()]
-		first := h.enter()
+		calls.Add(1)
+		var first bool
+		if !folded {
+			first = h.enter()
+		}
 		var n int64
 		err := tx.QueryRow(ctx, `SELECT nextval($1::text::regclass)`, "claim_seq_"+run.Key()).Scan(&n)
 		if err != nil {
 			return nil, err
+		}
+		if folded {
+			first = h.enter()
 		}
 		if err := h.wait(ctx, first); err != nil {
 			return nil, err
@@ -353,7 +379,54 @@ func testClaimSequence(t *testing.T, iso pgx.TxIsoLevel, keys, senders int) {
 		require.Equal(t, 1, advanced,
 			"key %s: times the sequence advanced; only the winner may run the phase's statements", key)
 		require.EqualValues(t, 1, holds[key].entered.Load(),
-			"key %s: entries into the phase function; losers must run no Go code of the phase", key)
+			"key %s: entries into the phase function (past its first statement, folded); losers must run no Go code of the phase", key)
+		winner := requireLoserAnswers(t, key, answers)
+		require.Equal(t, 1, countRows(t, b.db, "claim_effects", key), "key %s: effect rows", key)
+		requireAfterRace(t, b, b.engine, flow.Name, key, winner)
+	}
+	if !folded || iso != "" {
+		require.EqualValues(t, keys, calls.Load(), "entries into the phase function: the winners'")
+	}
+	t.Logf("entries into the phase function: %d for %d keys of %d senders", calls.Load(), keys, senders)
+}
+
+// testClaimAuditFolded is AuditThroughAnotherPool with Config.ClaimWithFirstStatement:
+// the phase writes its audit row, an effect its rollback cannot undo, right after its
+// first statement, which carries the folded claim. Losers may enter the phase function,
+// but none gets past that statement: one audit row, one effect row per key.
+func testClaimAuditFolded(t *testing.T, keys, senders int) {
+	b := setup(t, setupOpts{cfg: &workflow.Config{ClaimWithFirstStatement: true}})
+	createClaimTables(t, b.db)
+	audit := b.db.NewPool(t) // autocommit, outside the phase's transaction
+	holds := map[string]*hold{}
+	for k := range keys {
+		holds[fmt.Sprintf("k%d", k)] = newHold()
+	}
+	flow := phases.Flow{Name: "claim_audit_folded", Phases: []phases.Phase{
+		phases.Tx("reserve", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO claim_effects (scope, idem_key, n) VALUES ($1, $2, 1)`, run.Scope(), run.Key())
+			if err != nil {
+				return nil, err
+			}
+			h := holds[run.Key()]
+			first := h.enter()
+			_, err = audit.Exec(ctx, `INSERT INTO claim_audit (scope, idem_key) VALUES ($1, $2)`, run.Scope(), run.Key())
+			if err != nil {
+				return nil, err
+			}
+			if err := h.wait(ctx, first); err != nil {
+				return nil, err
+			}
+			return phases.JSON(201, map[string]any{"key": run.Key(), "body": string(run.Body())})
+		}),
+	}}
+	require.NoError(t, b.engine.Register(flow))
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		answers := race(t, b.engine, flow.Name, key, holds[key], senders)
+		require.Equal(t, 1, countRows(t, b.db, "claim_audit", key),
+			"key %s: audit rows written after the phase's first statement; losers must not get past it", key)
+		require.EqualValues(t, 1, holds[key].entered.Load(), "key %s: attempts past the first statement", key)
 		winner := requireLoserAnswers(t, key, answers)
 		require.Equal(t, 1, countRows(t, b.db, "claim_effects", key), "key %s: effect rows", key)
 		requireAfterRace(t, b, b.engine, flow.Name, key, winner)
@@ -526,4 +599,66 @@ func TestClaimLockIsPerKeyTable(t *testing.T) {
 	res, err = finish()
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
+}
+
+// TestClaimHeldHookClaimWithFirstStatement: with the claim folded into the first
+// statement's round trip (Config.ClaimWithFirstStatement), ClaimHeld fires once, inside
+// that statement's call: after the phase function started, before the statement's
+// result reached it, with nothing of the key committed. A first phase that sends no
+// statement claims with its commit: no ClaimHeld, and the key is claimed all the same.
+func TestClaimHeldHookClaimWithFirstStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var held, keysAtHold atomic.Int32
+	var started, answered atomic.Bool
+	var b *bundle
+	b = setup(t, setupOpts{cfg: &workflow.Config{ClaimWithFirstStatement: true, Hooks: workflow.Hooks{
+		ClaimHeld: func(context.Context, workflow.PhaseEvent) {
+			held.Add(1)
+			keysAtHold.Store(int32(countKeys(t, b.db)))
+			require.True(t, started.Load(), "the folded claim is held once the phase function sent its first statement")
+			require.False(t, answered.Load(), "the statement's result reached the phase before the claim was held")
+		},
+	}}})
+	createClaimTables(t, b.db)
+	flow := phases.Flow{Name: "claim_held_folded", Phases: []phases.Phase{
+		phases.Tx("reserve", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			started.Store(true)
+			_, err := tx.Exec(ctx, `INSERT INTO claim_effects (scope, idem_key, n) VALUES ($1, $2, 1)`, run.Scope(), run.Key())
+			answered.Store(err == nil)
+			if err != nil {
+				return nil, err
+			}
+			return phases.JSON(201, map[string]string{"key": run.Key()})
+		}),
+	}}
+	require.NoError(t, b.engine.Register(flow))
+	require.NoError(t, b.engine.Register(quickFlowNoStatement("claim_held_folded_none")))
+
+	res, err := b.engine.Do(ctx, flowReq(flow.Name, "acct", "k", bodyA))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.EqualValues(t, 1, held.Load())
+	require.Zero(t, keysAtHold.Load(), "nothing of the key was committed at the hook")
+	res, err = b.engine.Do(ctx, flowReq(flow.Name, "acct", "k", bodyA))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.EqualValues(t, 1, held.Load(), "a replay holds no claim")
+
+	res, err = b.engine.Do(ctx, flowReq("claim_held_folded_none", "acct", "none", bodyA))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	res, err = b.engine.Do(ctx, flowReq("claim_held_folded_none", "acct", "none", bodyA))
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "a phase that sends no statement claims with its commit")
+	require.EqualValues(t, 1, held.Load(), "no ClaimHeld for a claim that rides with the commit")
+}
+
+// quickFlowNoStatement responds at once and sends no statement.
+func quickFlowNoStatement(name string) phases.Flow {
+	return phases.Flow{Name: name, Phases: []phases.Phase{
+		phases.Tx("quick", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			return phases.JSON(201, map[string]string{"key": run.Key()})
+		}),
+	}}
 }

@@ -74,6 +74,17 @@ type Config struct {
 	// or deadlock. Defaults to 5. -1 disables retries; other negative values are
 	// refused.
 	TxRetries int
+	// ClaimWithFirstStatement folds a new key's claim into the round trip of the first
+	// statement of its flow's first tx phase, at READ COMMITTED: BEGIN, the claim lock
+	// (raising when another attempt holds it), the check that raises when the key row
+	// exists, then the statement, so a fresh key costs one round trip less. A loser
+	// runs none of the phase's statements and never waits; its phase fails with the
+	// claim's error and it is answered as today (409, replay, 422). But a loser's phase
+	// function does run up to its first statement: set this only for flows whose
+	// first tx phase has no effect outside its transaction before that statement.
+	// ClaimHeld then runs inside that statement's call. Defaults to false: the claim
+	// takes a round trip of its own before the phase function runs.
+	ClaimWithFirstStatement bool
 	// BackoffBase and BackoffMax shape the delay before a released key is due for the
 	// sweeper again: BackoffBase * 2^(attempts-1), capped at BackoffMax, unless the
 	// phase suggested a delay. BackoffBase defaults to 1s and BackoffMax to 5m;

@@ -259,10 +259,9 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	}
 	defer tx.done(ctx)
 	if x.claim != nil {
-		if st, owned := x.claimKey(ctx, tx); !owned {
+		if st, owned := x.claimFirst(ctx, tx, ev); !owned {
 			return st
 		}
-		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	} else {
 		f := x.fence // the phase's first statement goes after the fence's check
 		tx.check = &f
@@ -398,6 +397,24 @@ func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 	return newPhaseTx(pc, x.e.store, iso), nil
 }
 
+// claimFirst starts tx, the transaction of a new key's first tx phase, with the key's
+// claim. With Config.ClaimWithFirstStatement, at READ COMMITTED, the claim is folded
+// into the round trip of the phase's first statement (phaseTx.fold): owned is then
+// true, and a claim that the round trip finds lost fails the phase with the claim's
+// error (phaseTx.end), none of its statements run. Otherwise the claim takes its own
+// round trip now, before the phase function runs (claimKey). ClaimHeld runs once the
+// claim is held either way.
+func (x *exec) claimFirst(ctx context.Context, tx *phaseTx, ev PhaseEvent) (st step, owned bool) {
+	if x.e.cfg.ClaimWithFirstStatement && !tx.oneSnapshot {
+		tx.fold(x.claim, func() { x.e.cfg.Hooks.claimHeld(ctx, ev) })
+		return step{}, true
+	}
+	if st, owned = x.claimKey(ctx, tx); owned {
+		x.e.cfg.Hooks.claimHeld(ctx, ev)
+	}
+	return st, owned
+}
+
 // claimKey claims the new key in tx, before anything of the flow runs, and reports
 // whether this attempt owns it; if not, the step says why (with the key row when the
 // claim found and read it).
@@ -448,9 +465,10 @@ type keyWrite struct {
 }
 
 // queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
-// key row as w leaves it; for a new key not claimed yet (a transaction of the engine's
-// own), the claim and the insert in one statement; otherwise (the key row exists, or
-// the claim inserted it) the fenced update.
+// key row as w leaves it (returning its created_at after a folded claim); for a new
+// key not claimed yet (a transaction of the engine's own, or a phase whose claim was
+// folded but that sent no statement), the claim and the insert in one statement;
+// otherwise (the key row exists, or the claim inserted it) the fenced update.
 func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
 	st := x.e.store
 	c := x.claim
@@ -461,6 +479,8 @@ func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchR
 	switch {
 	case c != nil && tx.held && !tx.insertedAtClaim && w.resp != nil:
 		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
+	case c != nil && tx.held && tx.folded != nil: // the folded claim read no created_at
+		return func(b *pgx.Batch) { st.QueuePipeInsertKey(b, *c, w.target, w.data) }, tx.readInsertKey
 	case c != nil && tx.held && !tx.insertedAtClaim:
 		return func(b *pgx.Batch) { st.QueueInsertKey(b, *c, w.target, w.data) }, st.ReadInsert
 	case c != nil && !tx.held && w.resp != nil:

@@ -42,17 +42,22 @@ func (c *stmtTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndD
 // released at its first phase (the takeover, the call, and the last phase, whose
 // transaction checks the fence first). Each reports round trips and statements per
 // operation, with the CPU time of this process (client-cpu-ns/op) and of the pool's one
-// server backend (server-cpu-ns/op, in 10 ms ticks: use a few hundred operations):
+// server backend (server-cpu-ns/op, in 10 ms ticks: use a few hundred operations).
+// FreshClaimWithFirstStatement is Fresh with Config.ClaimWithFirstStatement (the claim
+// in the first statement's round trip: 5 round trips against Fresh's 6, as many statements):
 //
 //	go test -run '^$' -bench GoPhases -benchtime 2000x ./workflow/
 func BenchmarkGoPhases(b *testing.B) {
-	b.Run("Fresh", func(b *testing.B) { benchGoPhases(b, false) })
-	b.Run("Resume", func(b *testing.B) { benchGoPhases(b, true) })
+	b.Run("Fresh", func(b *testing.B) { benchGoPhases(b, false, nil) })
+	b.Run("FreshClaimWithFirstStatement", func(b *testing.B) {
+		benchGoPhases(b, false, &workflow.Config{ClaimWithFirstStatement: true})
+	})
+	b.Run("Resume", func(b *testing.B) { benchGoPhases(b, true, nil) })
 }
 
 var errBenchRelease = errors.New("released for the benchmark")
 
-func benchGoPhases(b *testing.B, resume bool) {
+func benchGoPhases(b *testing.B, resume bool, ecfg *workflow.Config) {
 	ctx := context.Background()
 	db := pgtest.New(b)
 	_, err := db.Pool.Exec(ctx, pipeSchema)
@@ -65,7 +70,7 @@ func benchGoPhases(b *testing.B, resume bool) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
-	e, err := workflow.New(pool, nil)
+	e, err := workflow.New(pool, ecfg)
 	require.NoError(b, err)
 	flow := goGateFlow("go_bench", settleStmts["ExecArgs"], nil)
 	flow.Phases[1] = phases.Call("pay", func(ctx context.Context, run *phases.Run) (*phases.Response, error) {

@@ -96,8 +96,12 @@ type Hooks struct {
 	// nothing of the key is committed and nothing of the flow has run. It runs after
 	// PhaseStart, once per claim (again if the transaction is re-run after a conflict).
 	// It does not run for a key taken over, nor for a flow whose first phase is a call
-	// (its claim commits on its own, before PhaseStart of the call). Crash tests stop a
-	// process here (see package idemflowtest).
+	// (its claim commits on its own, before PhaseStart of the call). With
+	// Config.ClaimWithFirstStatement the claim rides with the phase's first statement:
+	// ClaimHeld then runs inside that statement's call, once the claim came back and
+	// before the statement's result reaches the phase function (the statement ran,
+	// uncommitted), and not at all for a phase that sends no statement (its claim rides
+	// with its commit). Crash tests stop a process here (see package idemflowtest).
 	ClaimHeld func(ctx context.Context, ev PhaseEvent)
 	// AttemptStart runs when an attempt starts: at the start of Do (after its input was
 	// validated) and Resume, and of a sweeper's run of a key it took over.

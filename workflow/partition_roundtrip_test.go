@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // TestRoundTripsPartitioned is TestRoundTrips on a day-partitioned key table
@@ -29,6 +30,14 @@ func TestRoundTripsPartitioned(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.Replayed)
 	require.Equal(t, int64(7), rt.n.Load(), "the current partition's look-up, BEGIN+claim, INSERT, key INSERT+COMMIT, BEGIN+UPDATE, INSERT, finish+COMMIT")
+
+	// The claim folded into the first statement's round trip: one round trip less.
+	ef, rtf := countedEngineWith(t, b, &workflow.Config{ClaimWithFirstStatement: true})
+	rtf.n.Store(0)
+	res, err = ef.Do(ctx, chargeReq("acct", "fresh-folded", `{"amount":1}`))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, int64(6), rtf.n.Load(), "the current partition's look-up, BEGIN+claim+INSERT, key INSERT+COMMIT, BEGIN+UPDATE, INSERT, finish+COMMIT")
 
 	rt.n.Store(0)
 	res, err = e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))

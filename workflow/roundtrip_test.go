@@ -56,21 +56,49 @@ func TestRoundTrips(t *testing.T) {
 	require.Equal(t, int64(1), rt.n.Load(), "round trips for a replay")
 }
 
+// TestRoundTripsClaimWithFirstStatement is TestRoundTrips with the claim folded into
+// the round trip of the first phase's first statement (Config.ClaimWithFirstStatement):
+// one round trip less for a fresh key (the charges example's flow: 5), a replay the same.
+func TestRoundTripsClaimWithFirstStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	e, rt := countedEngineWith(t, b, &workflow.Config{ClaimWithFirstStatement: true})
+
+	rt.n.Store(0)
+	res, err := e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, int64(6), rt.n.Load(), "lookup, BEGIN+claim+INSERT, key INSERT+COMMIT, BEGIN+UPDATE, INSERT, finish+COMMIT")
+
+	rt.n.Store(0)
+	res, err = e.Do(ctx, chargeReq("acct", "fresh", `{"amount":1}`))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, int64(1), rt.n.Load(), "round trips for a replay")
+}
+
 // countedEngine is an engine of b on a pool of one connection whose round trips rt
 // counts, warmed by a fresh request and its replay, so that its statement cache holds
 // every statement a fresh request and a replay send.
 func countedEngine(t *testing.T, b *bundle) (*workflow.Engine, *roundTrips) {
 	t.Helper()
+	return countedEngineWith(t, b, nil)
+}
+
+// countedEngineWith is countedEngine with the engine's configuration cfg.
+func countedEngineWith(t *testing.T, b *bundle, cfg *workflow.Config) (*workflow.Engine, *roundTrips) {
+	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	pcfg, err := pgxpool.ParseConfig(b.db.URL)
 	require.NoError(t, err)
-	cfg.MaxConns = 1 // one connection, so its statement cache is warm after one request
+	pcfg.MaxConns = 1 // one connection, so its statement cache is warm after one request
 	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pcfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	e := b.newEngine(t, setupOpts{pool: pool})
+	e := b.newEngine(t, setupOpts{pool: pool, cfg: cfg})
 	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))
 	require.NoError(t, err)
 	_, err = e.Do(ctx, chargeReq("acct", "warm", `{"amount":1}`))

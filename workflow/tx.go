@@ -20,7 +20,8 @@ import (
 // in the same round trip as the phase's first statement, or, for a new key, as the
 // claim; the engine's own write of the key row rides with COMMIT. For a key whose row
 // exists, the check of the executor's fence rides with BEGIN too, ahead of the phase's
-// first statement (head). It implements phases.DBTX.
+// first statement (head), and so may a new key's claim (fold). It implements
+// phases.DBTX.
 //
 // The phase's code reaches the connection only through this value and the views it
 // hands out (savepoints, rows, batch results), from whatever goroutine it gives them
@@ -49,11 +50,16 @@ type phaseTx struct {
 	// transaction starts with its check (keytable.QueueFenceCheck), so that an executor
 	// whose lease was taken over runs none of the phase's statements.
 	check *keytable.Fence
+	// folded, when set, is a new key's claim that rides at the head of the transaction,
+	// ahead of the phase's first statement (fold); held tells once it came back.
+	// onHeld runs when it did.
+	folded *keytable.Claim
+	onHeld func()
 
 	savepoints int   // savepoints opened with Begin, for their names
 	refused    error // the phase's code called Commit or Rollback: the phase fails
-	// lost: the fence's check refused (or could not be read): the phase fails with it,
-	// whatever its code made of the error its statement got.
+	// lost: the fence's check or the folded claim refused (or could not be read): the
+	// phase fails with it, whatever its code made of the error its statement got.
 	lost error
 
 	mu     sync.Mutex // guards the fields below, shared with the phase's goroutines
@@ -243,6 +249,17 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 	return claimExists, row, nil
 }
 
+// fold makes c, a new key's claim, ride at the head of the transaction (head), in the
+// round trip of the phase's first statement, instead of a round trip of its own before
+// the phase function runs (claim). Only at READ COMMITTED: the claim's check that no
+// row exists must read a snapshot taken after its lock. held runs once the claim came
+// back, before the statement's result reaches the phase's code. A phase that sends no
+// statement claims with its commit (the claim and the insert in one statement, as a
+// transaction of the engine's own).
+func (t *phaseTx) fold(c *keytable.Claim, held func()) {
+	t.folded, t.onHeld = c, held
+}
+
 // emptyData is the phase data of a key no phase has written to.
 var emptyData = []byte("{}")
 
@@ -260,13 +277,13 @@ func plainArgs(args []any) bool {
 	return true
 }
 
-// flush sends BEGIN (and the fence's check, if any) on its own, before a statement
-// that cannot share its round trip.
+// flush sends BEGIN (and the fence's check or the folded claim, if any) on its own,
+// before a statement that cannot share its round trip.
 func (t *phaseTx) flush(ctx context.Context) error {
 	if t.begun {
 		return nil
 	}
-	if t.check == nil {
+	if t.check == nil && t.folded == nil {
 		t.begun = true
 		if _, err := t.conn.Exec(ctx, t.begin); err != nil {
 			return fmt.Errorf("begin: %w", keytable.Classify(err))
@@ -285,24 +302,39 @@ func (t *phaseTx) flush(ctx context.Context) error {
 
 // head queues the start of the transaction at the head of b, in the round trip of the
 // phase's first statement: BEGIN and, for a key whose row exists, the check of the
-// executor's fence. The check locks nothing (the phase's Go code runs while the
-// transaction is open, and a takeover must never wait for it) and raises when the
-// fence is stale, so that the server runs nothing queued after it.
+// executor's fence, or, for a new key, the folded claim. The check locks nothing (the
+// phase's Go code runs while the transaction is open, and a takeover must never wait
+// for it) and raises when the fence is stale; the claim raises when another
+// transaction holds the key's claim lock or the key row exists. Either way the server
+// runs nothing queued after it.
 func (t *phaseTx) head(b *pgx.Batch) {
 	b.Queue(t.begin)
 	t.begun = true
-	if t.check != nil {
+	switch {
+	case t.check != nil:
 		t.store.QueueFenceCheck(b, *t.check)
+	case t.folded != nil:
+		t.store.QueuePipeClaim(b, *t.folded)
 	}
 }
 
-// readHead reads the results of head. A check that refused, or whose answer is
-// unknown, fails the phase (lost): nothing of it may commit.
+// readHead reads the results of head. A check or a claim that refused, or whose
+// answer is unknown, fails the phase (lost): nothing of it may commit. A claim that
+// came back makes this transaction the key's claimant (held) and runs onHeld.
 func (t *phaseTx) readHead(br pgx.BatchResults) error {
-	if err := readBegin(br); err != nil || t.check == nil {
+	if err := readBegin(br); err != nil {
 		return err
 	}
-	err := t.store.ReadFenceCheck(br)
+	var err error
+	switch {
+	case t.check != nil:
+		err = t.store.ReadFenceCheck(br)
+	case t.folded != nil:
+		if err = t.store.ReadPipeClaim(br); err == nil {
+			t.held = true
+			t.onHeld()
+		}
+	}
 	if err != nil {
 		t.mu.Lock()
 		if t.lost == nil {
@@ -710,6 +742,16 @@ func (b *errBatch) Tx() pgx.Tx                       { return nil }
 // (keytable.ReadClaimInsertAt), keeping the row's created_at for its fence.
 func (t *phaseTx) readClaimInsert(br pgx.BatchResults) error {
 	at, err := t.store.ReadClaimInsertAt(br)
+	if err == nil {
+		t.createdAt = at
+	}
+	return err
+}
+
+// readInsertKey reads the result of the plain insert of the key row whose claim was
+// folded (keytable.ReadPipeInsertKey), keeping the row's created_at for its fence.
+func (t *phaseTx) readInsertKey(br pgx.BatchResults) error {
+	at, err := t.store.ReadPipeInsertKey(br)
 	if err == nil {
 		t.createdAt = at
 	}
