@@ -38,8 +38,8 @@ func fits(b *pgx.Batch) bool {
 		return false
 	}
 	for _, q := range b.QueuedQueries {
-		if !strings.ContainsAny(q.SQL, " \t\r\n") {
-			return false // a bare name: a statement prepared with Conn.Prepare
+		if preparedName(q.SQL) {
+			return false
 		}
 		if len(q.Arguments) > 0 {
 			switch q.Arguments[0].(type) {
@@ -47,6 +47,20 @@ func fits(b *pgx.Batch) bool {
 				return false
 			}
 		}
+	}
+	return true
+}
+
+// preparedName reports whether sql may be the name of a statement prepared with
+// Conn.Prepare, which pgx sends by name: one word, but for the statements of one word
+// the engine sends.
+func preparedName(sql string) bool {
+	if strings.ContainsAny(sql, " \t\r\n;") {
+		return false
+	}
+	switch strings.ToUpper(sql) {
+	case "COMMIT", "ROLLBACK", "BEGIN", "END":
+		return false
 	}
 	return true
 }
