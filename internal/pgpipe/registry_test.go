@@ -183,3 +183,18 @@ func TestFallback(t *testing.T) {
 	require.NoError(t, br.Close())
 	require.NoError(t, br.Tx().Rollback(ctx))
 }
+
+// TestBrokenConnection: a connection whose backend is terminated fails the batch and
+// is closed, as pgx closes it; nothing half-read is used again.
+func TestBrokenConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgx.QueryExecModeCacheStatement, 0)
+	ctx := context.Background()
+	_, err := one(ctx, b.conn, `SELECT $1::int`, 1)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1, 60000)`, b.conn.PgConn().PID()) // returns once it exited
+	require.NoError(t, err)
+	_, err = one(ctx, b.conn, `SELECT $1::int`, 1)
+	require.Error(t, err)
+	require.True(t, b.conn.IsClosed())
+}
