@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/pgpipe"
 	"github.com/idemflow/idemflow/internal/pipestate"
 	"github.com/idemflow/idemflow/phases"
 )
@@ -196,7 +197,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 	tx.begun = true
 	x.head(b)
 	pl.queue(b)
-	br := tx.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, tx.conn, b)
 	defer br.Close()
 	if err := readBegin(br); err != nil {
 		return x.failed(err), false

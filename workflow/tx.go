@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/pgpipe"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -213,7 +214,7 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 		t.store.QueueClaimLock(b, *c)
 		t.store.QueueLookup(b, c.Scope, c.Key)
 	}
-	br := t.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, t.conn, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return 0, nil, fmt.Errorf("begin: %w", keytable.Classify(err))
@@ -292,7 +293,7 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	}
 	b := &pgx.Batch{}
 	t.head(b)
-	br := t.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, t.conn, b)
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return err
@@ -368,7 +369,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	b := &pgx.Batch{}
 	t.head(b)
 	b.Queue(sql, args...)
-	br := t.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, t.conn, b)
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return pgconn.CommandTag{}, err
@@ -406,7 +407,7 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 	b := &pgx.Batch{}
 	t.head(b)
 	b.Queue(sql, args...)
-	br := t.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, t.conn, b)
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return err
@@ -485,7 +486,7 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	}
 	write(b)
 	b.Queue("COMMIT")
-	br := t.conn.SendBatch(ctx, b)
+	br := pgpipe.Send(ctx, t.conn, b)
 	defer br.Close()
 	if opened {
 		if err := readBegin(br); err != nil {
