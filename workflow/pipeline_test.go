@@ -116,8 +116,8 @@ type tripCounter struct {
 	stmts  atomic.Int64
 	begins atomic.Int64
 	mu     sync.Mutex
-	user  int // statements on pipe_effects sent
-	ran   int // statements on pipe_effects that the server ran without error
+	user   int // statements on pipe_effects sent
+	ran    int // statements on pipe_effects that the server ran without error
 }
 
 func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
