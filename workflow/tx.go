@@ -472,6 +472,9 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	if !implicit {
 		b.Queue("COMMIT")
 	}
+	if mode != sendCommit && !t.conn.IsClosed() {
+		defer func() { err = lostAnswer(err) }()
+	}
 	br := t.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if opened {
@@ -500,6 +503,18 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	}
 	t.begun = false
 	return rerr
+}
+
+// lostAnswer is err, unless it says that a batch sent on an open connection never
+// reached the server: in the exec and simple-protocol query exec modes pgx (v5.12)
+// reports a connection lost while a batch's answer is read as closed before the
+// request ("conn closed", safe to retry), though the batch was written and may have
+// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve.
+func lostAnswer(err error) error {
+	if err == nil || !errors.Is(err, keytable.ErrNotSent) {
+		return err
+	}
+	return fmt.Errorf("%w: the batch was written, its answer lost (%v)", keytable.ErrUnavailable, err)
 }
 
 // implicitCommitted reads the end of an implicit transaction whose statements all
