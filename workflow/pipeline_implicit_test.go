@@ -79,13 +79,13 @@ func TestPipelinedImplicitRollsBack(t *testing.T) {
 }
 
 // TestPipelinedIsolationDefault: on a database whose default isolation level is
-// REPEATABLE READ or SERIALIZABLE, racing copies of each key still make one effect per
-// phase, and every statement of a pipelined phase ran at READ COMMITTED: the first
+// READ COMMITTED (the phases go as implicit transactions), REPEATABLE READ or
+// SERIALIZABLE, racing copies of each key make one effect per phase, and every statement of a pipelined phase ran at READ COMMITTED: the first
 // batch sent as an implicit transaction found the level and raised before anything of
 // it ran, and the engine sends BEGIN ISOLATION LEVEL READ COMMITTED from then on.
 func TestPipelinedIsolationDefault(t *testing.T) {
 	t.Parallel()
-	for _, iso := range []string{"repeatable read", "serializable"} {
+	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(iso, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
