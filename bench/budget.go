@@ -133,6 +133,8 @@ func (r *report) checks() []check {
 		{"DESIGN.md", "Go-code fresh charges request: writing commits", "2 (one per tx phase)", "rounds", writingCommits(vIdem), exactly(2)},
 		{"issue 26", "Pipelined fresh charges request: round trips (default exec mode, warm cache)", "3", "rounds", roundTrips(vIdemPipe), exactly(3)},
 		{"issue 26", "Pipelined fresh charges request: writing commits", "2 (one per tx phase)", "rounds", writingCommits(vIdemPipe), exactly(2)},
+		{"issue 26", "Pipelined fresh charges request: statements (tracer) vs recipe-fused-safe", "≤ recipe-fused-safe's (7: no BEGIN or COMMIT in a one-round-trip phase, the claim's insert its check)", "rounds",
+			perReqVs(vIdemPipe, vSafe, stmtCount), atMost(1)},
 		{"issue 26", "Pipelined fresh request: server CPU vs recipe-fused-safe", "≤ 1.15× recipe-fused-safe's, at every concurrency", "rounds",
 			perReqVs(vIdemPipe, vSafe, cpuServer), atMost(1.15)},
 		{"issue 26", "Pipelined fresh request: WAL vs recipe-fused-safe", "≤ 1.15× recipe-fused-safe's, at every concurrency", "rounds",
@@ -172,6 +174,7 @@ var (
 	cpuServer = perReqField{"server CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU }}
 	cpuTotal  = perReqField{"server + client CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU + p.ClientCPU }}
 	walBytes  = perReqField{"WAL", "%.0f B", func(p perReq) float64 { return p.WAL }}
+	stmtCount = perReqField{"statements", "%.2f", func(p perReq) float64 { return p.Statements }}
 )
 
 // rpsVs: the median over rounds of v's req/s ÷ ref's in the same round, at conc.

@@ -13,7 +13,7 @@ func syntheticReport(pipeCPU float64) *report {
 		for _, c := range []int{1, 8, 32} {
 			add := func(v string, rps, cpu, wal, rts, writes float64) {
 				r.cells = append(r.cells, cell{Variant: v, Conc: c, Round: round, N: 100, RPS: rps,
-					Per: perReq{RoundTrips: rts, Wire: rts, Writes: writes, Commits: writes + 1, WAL: wal, ServerCPU: cpu, ClientCPU: 0.5, Allocs: 300}})
+					Per: perReq{Statements: 7, RoundTrips: rts, Wire: rts, Writes: writes, Commits: writes + 1, WAL: wal, ServerCPU: cpu, ClientCPU: 0.5, Allocs: 300}})
 			}
 			add(vBare, 1000, 1, 600, 2, 2)
 			add(vSafe, 700, 1, 1700, 3, 2)
@@ -50,6 +50,7 @@ func TestBudgetJudgesFromTheCells(t *testing.T) {
 		{"Pipelined fresh throughput at concurrency 32 vs recipe-fused (stretch)", false, false, "0.86×"},
 		{"Pipelined fresh charges request: round trips", true, false, "3.00 (tracer)"},
 		{"Pipelined fresh charges request: writing commits", true, false, "2.00–2.00"},
+		{"Pipelined fresh charges request: statements (tracer) vs recipe-fused-safe", true, false, "c=32: 7.00 vs 7.00 (1.00×)"},
 		{"Replay throughput at concurrency 32", true, false, "8.00×"},
 		{"Replay: round trips", true, false, "1.00"},
 		{"Both shapes measured", false, false, "missing: recipe c=1"},
@@ -75,6 +76,16 @@ func TestBudgetVerdictFollowsTheFigure(t *testing.T) {
 	l := line(t, r, "Pipelined fresh request: server CPU vs recipe-fused-safe")
 	if l.Met || l.NotRun {
 		t.Errorf("server CPU 1.2× recipe-fused-safe's (median of 1.1 and 1.3) judged met: %+v", l)
+	}
+	// The pipelined variant's 12 statements of before (BEGIN and COMMIT in each phase,
+	// the claim's own check) against recipe-fused-safe's 7 turn that line to not met.
+	for i := range r.cells {
+		if r.cells[i].Variant == vIdemPipe {
+			r.cells[i].Per.Statements = 12
+		}
+	}
+	if l := line(t, r, "Pipelined fresh charges request: statements"); l.Met || l.NotRun {
+		t.Errorf("12 statements against 7 judged met: %+v", l)
 	}
 	// A figure a part sets is judged by its check.
 	r.figs.set(figPartWALFactor, 120, "120× below")

@@ -24,14 +24,17 @@ import (
 type PipelineFunc func(run *Run, p *Pipeline) (*Response, error)
 
 // Pipelined returns a tx phase whose statements are declared up front by build, so the
-// engine can send them with its own in one round trip: BEGIN, the claim of a new key
-// or the fence of an existing one, the phase's statements, the write of the key row
-// and COMMIT. A phase that registers a result callback (Queue(...).QueryRow, .Exec or
+// engine can send them with its own in one round trip, as one implicit transaction
+// (no BEGIN, no COMMIT; any error rolls all of it back): the claim of a new key or the
+// fence of an existing one, the phase's statements and the write of the key row. A
+// phase that registers a result callback (Queue(...).QueryRow, .Exec or
 // .Query) or a Then function costs two round trips instead: the statements' results
 // reach the callbacks and Then before the engine decides what to commit, with the
-// transaction open in between. Pipelined and Go-code tx phases (Tx) mix in one flow.
+// transaction open in between (BEGIN first, COMMIT last). Pipelined and Go-code tx
+// phases (Tx) mix in one flow.
 //
-// A pipelined phase runs at READ COMMITTED (Phase.IsoLevel must be left empty).
+// A pipelined phase runs at READ COMMITTED (Phase.IsoLevel must be left empty),
+// whatever the session's default: see docs/PHASES.md.
 func Pipelined(name string, build PipelineFunc) Phase {
 	return Phase{Name: name, Kind: KindTx, Pipeline: build}
 }

@@ -25,6 +25,12 @@ import (
 // The claim or the fence goes first and raises only when this attempt may not run the
 // phase (internal/keytable/pipeline.go): the server then skips everything after it, so a loser runs
 // none of the phase's statements and never waits for a lock.
+//
+// A phase that goes in one round trip is sent without BEGIN and COMMIT, as one
+// implicit transaction (phaseTx.send's sendImplicit), and on a plain key table a new
+// key's row is inserted right after the claim lock, the insert's primary key doing
+// the claim's check (pipeBatch): a fresh key's phase is then the claim lock, the
+// insert and the phase's statements.
 
 // pipeline is one run of a pipelined phase's builder.
 type pipeline struct {
@@ -145,9 +151,9 @@ func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st 
 		return x.failed(err)
 	}
 	defer tx.done(ctx)
-	var pre func(*pgx.Batch)
-	var readPre func(pgx.BatchResults) error
+	one := pl // the whole transaction goes in the round trip of the commit
 	if pl.results {
+		one = nil
 		if st, ok := x.pipeStatements(ctx, tx, pl, ev); !ok {
 			return st
 		}
@@ -156,19 +162,8 @@ func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st 
 				return x.verdictStep(v)
 			}
 		}
-	} else {
-		pre = func(b *pgx.Batch) { x.head(b); pl.queue(b) }
-		readPre = func(br pgx.BatchResults) error {
-			if err := x.readHead(br); err != nil {
-				return err
-			}
-			if v := pl.readStatements(br); v.kind != goOn {
-				return pipeFailure{v}
-			}
-			return nil
-		}
 	}
-	return x.pipeFinish(ctx, tx, p.Name, ev, v, pre, readPre)
+	return x.pipeFinish(ctx, tx, p.Name, ev, v, one)
 }
 
 // verdictStep is the step of a phase that failed before anything of it could commit.
@@ -231,9 +226,9 @@ func (x *exec) headLost(ctx context.Context, err error) step {
 }
 
 // pipeFinish writes the key row as v asks and commits: in the round trip that also
-// carries pre (BEGIN, the claim or fence and the statements) when pre is set, or in a
+// carries the claim or fence and the statements of one when one is set, or in a
 // round trip of its own.
-func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, pre func(*pgx.Batch), readPre func(pgx.BatchResults) error) step {
+func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, one *pipeline) step {
 	w := keyWrite{target: phase}
 	var err error
 	if v.kind == respond {
@@ -249,7 +244,7 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 	}
 	x.e.cfg.Hooks.beforeCommit(ctx, ev)
 	sent := time.Now()
-	err = x.pipeCommit(ctx, tx, w, pre, readPre)
+	err = x.pipeCommit(ctx, tx, w, one)
 	var pf pipeFailure
 	switch {
 	case errors.As(err, &pf):
@@ -285,11 +280,17 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 	}, st.ReadPipeWrite
 }
 
-// pipeCommit sends the key row's write w and COMMIT, after pre when set, and settles
-// what a failure means as commit does for a Go-code phase: a commit whose outcome is
-// unknown is resolved by reading the key row again, and the commit that carries a new
-// key's claim is sent only if the caller still waits and no drain gave the attempt up.
-func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func(*pgx.Batch), readPre func(pgx.BatchResults) error) error {
+// pipeCommit sends the key row's write w and COMMIT, after the claim or fence and the
+// statements of one when set, and settles what a failure means as commit does for a
+// Go-code phase: a commit whose outcome is unknown is resolved by reading the key row
+// again, and the commit that carries a new key's claim is sent only if the caller
+// still waits and no drain gave the attempt up.
+//
+// A phase sent whole in one round trip goes as an implicit transaction, without BEGIN
+// and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
+// first batch to find that out raised before anything of it ran, and is sent again
+// with BEGIN (keytable.ErrNotReadCommitted).
+func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {
 		cctx, done, err := x.claiming(ctx)
 		if err != nil {
@@ -298,20 +299,15 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 		defer done()
 		ctx = cctx
 	}
-	write, read := x.pipeQueue(w)
-	err := pipeSend(ctx, tx, func(b *pgx.Batch) {
-		if pre != nil {
-			pre(b)
-		}
-		write(b)
-	}, func(br pgx.BatchResults) error {
-		if readPre != nil {
-			if err := readPre(br); err != nil {
-				return err
-			}
-		}
-		return read(br)
-	})
+	queue, read := x.pipeBatch(w, one)
+	mode := sendPipelined
+	if one != nil && !x.e.store.SendExplicit() {
+		mode = sendImplicit
+	}
+	err := tx.send(ctx, queue, read, mode)
+	if mode == sendImplicit && errors.Is(err, keytable.ErrNotReadCommitted) {
+		err = tx.send(ctx, queue, read, sendPipelined)
+	}
 	if err == nil {
 		x.committed(ctx, w.target)
 		return nil
@@ -330,6 +326,55 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, pre func
 	return err
 }
 
+// pipeBatch returns how the commit's round trip queues and reads the key row's write
+// w, after the claim or fence and the statements of one when set.
+//
+// A new key's claim on a plain key table is then the claim lock and, right after it,
+// the insert of the row as w leaves it, which raises on the primary key when the row
+// exists: the statements come after both, and nothing is written at the end
+// (internal/keytable/pipeline.go). Elsewhere the claim (with its check that no row
+// exists) or the fence goes first and the write last.
+func (x *exec) pipeBatch(w keyWrite, one *pipeline) (func(*pgx.Batch), func(pgx.BatchResults) error) {
+	write, read := x.pipeQueue(w)
+	if one == nil {
+		return write, read
+	}
+	st := x.e.store
+	atClaim := x.claim != nil && st.PipeInsertsAtClaim()
+	queue := func(b *pgx.Batch) {
+		if atClaim {
+			st.QueuePipeClaimLock(b, *x.claim)
+			write(b)
+		} else {
+			x.head(b)
+		}
+		one.queue(b)
+		if !atClaim {
+			write(b)
+		}
+	}
+	return queue, func(br pgx.BatchResults) error {
+		var err error
+		if atClaim {
+			if err = st.ReadPipeClaimLock(br); err == nil {
+				err = read(br)
+			}
+		} else {
+			err = x.readHead(br)
+		}
+		if err != nil {
+			return err
+		}
+		if v := one.readStatements(br); v.kind != goOn {
+			return pipeFailure{v}
+		}
+		if !atClaim {
+			return read(br)
+		}
+		return nil
+	}
+}
+
 // unknownCommit resolves a commit whose outcome is unknown by reading the key row.
 func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
 	committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
@@ -344,11 +389,4 @@ func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
 		return nil
 	}
 	return err
-}
-
-// pipeSend sends, in one round trip, BEGIN if the transaction has not begun, what
-// queue adds and COMMIT, and reads their results (read reads queue's): phaseTx.send,
-// where every refusal raises.
-func pipeSend(ctx context.Context, tx *phaseTx, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	return tx.send(ctx, queue, read, false)
 }

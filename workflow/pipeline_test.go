@@ -109,13 +109,15 @@ func pipeSetup(t *testing.T, mode pgx.QueryExecMode, url string) *pipeBundle {
 	return b
 }
 
-// tripCounter counts round trips (a query or a batch each) and the statements of the
-// user's table sent in them, by text.
+// tripCounter counts round trips (a query or a batch each), the statements sent in
+// them (all, and BEGINs), and the statements of the user's table, by text.
 type tripCounter struct {
-	trips atomic.Int64
-	mu    sync.Mutex
-	user  int // statements on pipe_effects sent
-	ran   int // statements on pipe_effects that the server ran without error
+	trips  atomic.Int64
+	stmts  atomic.Int64
+	begins atomic.Int64
+	mu     sync.Mutex
+	user   int // statements on pipe_effects sent
+	ran    int // statements on pipe_effects that the server ran without error
 }
 
 func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -141,6 +143,10 @@ func (c *tripCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Trac
 func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (c *tripCounter) count(sql string) {
+	c.stmts.Add(1)
+	if strings.HasPrefix(sql, "BEGIN") {
+		c.begins.Add(1)
+	}
 	if strings.Contains(sql, "pipe_effects") {
 		c.mu.Lock()
 		c.user++
@@ -167,8 +173,10 @@ func pipeReq(key, body string) workflow.Request {
 
 // TestPipelinedRoundTrips: a fresh key of pipeFlow costs the look-up, one round trip
 // for reserve and two for settle, and commits its effects once; a replay costs one.
-// In every query exec mode, straight on Postgres and through pgbouncer in transaction
-// mode.
+// Reserve, in one round trip, is an implicit transaction of three statements (the
+// claim lock, the key row's insert and the phase's insert: no BEGIN, no COMMIT);
+// settle, in two, begins with BEGIN. In every query exec mode, straight on Postgres and
+// through pgbouncer in transaction mode.
 func TestPipelinedRoundTrips(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []pgx.QueryExecMode{
@@ -227,12 +235,15 @@ func testPipelinedRoundTrips(t *testing.T, b *pipeBundle) {
 	ctx := context.Background()
 	for i := range 3 {
 		key := fmt.Sprintf("rt%d", i)
-		before := b.trips.trips.Load()
+		before, stmts, begins := b.trips.trips.Load(), b.trips.stmts.Load(), b.trips.begins.Load()
 		res, err := b.engine.Do(ctx, pipeReq(key, `{"a":1}`))
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, res.Response.Status)
 		require.JSONEq(t, `{"key":"`+key+`","sum":14}`, string(res.Response.Body))
 		require.EqualValues(t, 4, b.trips.trips.Load()-before, "look-up, reserve, settle's two")
+		require.EqualValues(t, 1+3+4+2, b.trips.stmts.Load()-stmts,
+			"look-up; reserve's claim lock, key insert, insert; settle's BEGIN, fence, insert, select; its finish, COMMIT")
+		require.EqualValues(t, 1, b.trips.begins.Load()-begins, "settle's BEGIN alone")
 		before = b.trips.trips.Load()
 		again, err := b.engine.Do(ctx, pipeReq(key, `{"a":1}`))
 		require.NoError(t, err)

@@ -463,13 +463,29 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 // Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
 // sent, and a commit that fails after it ran out says so.
 func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	return t.send(ctx, write, read, true)
+	return t.send(ctx, write, read, sendCommit)
 }
 
-// send is commit, for the engine's write (claimBusyOK: a claim that found the key busy
-// ends an empty transaction) or a pipelined phase's statements and key write (every
-// refusal there raises, and the transaction is aborted).
-func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error, claimBusyOK bool) (err error) {
+// sendMode is what phaseTx.send sends around the queued statements.
+type sendMode int
+
+const (
+	// sendCommit: the engine's write at a Go-code phase's commit. A claim that found the
+	// key busy ends an empty transaction.
+	sendCommit sendMode = iota
+	// sendPipelined: a pipelined phase's statements and key write, in a transaction that
+	// BEGIN opens (now, or in an earlier round trip). Every refusal raises and aborts it.
+	sendPipelined
+	// sendImplicit: a pipelined phase's whole transaction in one round trip with neither
+	// BEGIN nor COMMIT. The server runs it as one implicit transaction, which commits
+	// when the protocol's Sync (or the end of the simple protocol's query string) finds
+	// no error, and otherwise rolls back whole.
+	sendImplicit
+)
+
+// send is commit, for the engine's write (sendCommit) or a pipelined phase's
+// statements and key write (sendPipelined, sendImplicit).
+func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error, mode sendMode) (err error) {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
 		return fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
 	}
@@ -478,14 +494,20 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 			err = fmt.Errorf("%w: %w", cause, err)
 		}
 	}()
+	implicit := mode == sendImplicit && !t.begun
 	b := &pgx.Batch{}
-	opened := !t.begun
+	opened := !t.begun && !implicit
 	if opened {
 		b.Queue(t.begin)
 		t.begun = true
 	}
 	write(b)
-	b.Queue("COMMIT")
+	if !implicit {
+		b.Queue("COMMIT")
+	}
+	if mode != sendCommit && !t.conn.IsClosed() {
+		defer func() { err = lostAnswer(err) }()
+	}
 	br := pgpipe.Send(ctx, t.conn, b)
 	defer br.Close()
 	if opened {
@@ -496,8 +518,11 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	// A claim that found the key busy wrote nothing and aborted nothing: its COMMIT
 	// ends an empty transaction.
 	rerr := read(br)
-	if rerr != nil && (!claimBusyOK || !errors.Is(rerr, keytable.ErrClaimBusy)) {
+	if rerr != nil && (mode != sendCommit || !errors.Is(rerr, keytable.ErrClaimBusy)) {
 		return rerr
+	}
+	if implicit {
+		return t.implicitCommitted(br)
 	}
 	tag, err := br.Exec()
 	if err != nil {
@@ -511,6 +536,34 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	}
 	t.begun = false
 	return rerr
+}
+
+// lostAnswer is err, unless it says that a batch sent on an open connection never
+// reached the server: in the exec and simple-protocol query exec modes pgx (v5.12)
+// reports a connection lost while a batch's answer is read as closed before the
+// request ("conn closed", safe to retry), though the batch was written and may have
+// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve.
+func lostAnswer(err error) error {
+	if err == nil || !errors.Is(err, keytable.ErrNotSent) {
+		return err
+	}
+	return fmt.Errorf("%w: the batch was written, its answer lost (%v)", keytable.ErrUnavailable, err)
+}
+
+// implicitCommitted reads the end of an implicit transaction whose statements all
+// succeeded: the server commits it at the Sync, and says it did with ReadyForQuery
+// outside any transaction block. An error there (the commit failed, or the connection
+// died: the outcome is then unknown) comes back translated.
+func (t *phaseTx) implicitCommitted(br pgx.BatchResults) error {
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("commit: %w", keytable.Classify(err))
+	}
+	if st := t.conn.PgConn().TxStatus(); st != 'I' {
+		// A statement of the phase opened a transaction block, which nothing commits.
+		t.begun = true // done rolls it back
+		return fmt.Errorf("commit: a statement of the phase left a transaction block open (status %q)", st)
+	}
+	return nil
 }
 
 // rollback ends the transaction if one may be open. It runs even when ctx is done; a

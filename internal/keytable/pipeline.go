@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +31,22 @@ import (
 // key table partitioned by created_at it names one partition; the fence returns it, as
 // the insert of a new row does.
 //
+// On a plain key table a phase sent in one round trip (nothing in it depends on its
+// statements' results) claims a new key with the lock and, right after it, the insert
+// of the key row as the phase leaves it: a row that exists makes the insert fail on
+// the primary key, whatever the snapshot, so no separate check is needed and no write
+// remains for the end (QueuePipeClaimLock). A partitioned key table has no primary key
+// across partitions and keeps the check.
+//
+// Such a batch is also sent without BEGIN and COMMIT (workflow's phaseTx.send): the
+// server runs what comes before the protocol's Sync (extended protocol) or in one
+// query string (simple protocol) as one implicit transaction, which any error rolls
+// back whole. That transaction runs at the session's default isolation level, while
+// the claim's check relies on READ COMMITTED (a snapshot per statement). So the first
+// statement of every pipelined batch checks the level it runs at and raises
+// (ErrNotReadCommitted) when it is another: nothing has run then, and the Store sends
+// BEGIN ISOLATION LEVEL READ COMMITTED from then on (SendExplicit).
+//
 // A Go-code tx phase cannot hold the fence's lock: its Go code runs between its
 // statements, and a takeover meanwhile must not wait for it. Its transaction starts
 // with the fence's check instead (sqlFenceCheck), which locks nothing and raises the
@@ -38,6 +56,10 @@ import (
 
 // pipeStatements are the pipelined statements' texts, qualified like statements.
 type pipeStatements struct {
+	// explicit: a batch found the session's default isolation level is not READ
+	// COMMITTED, so every pipelined transaction begins with BEGIN from then on.
+	explicit *atomic.Bool
+
 	claimLock, claimAbsent, fence string
 	insertKey, advance, finish    string
 	// check is a Go-code tx phase's (QueueFenceCheck): not pipelined, but sent at the
@@ -48,15 +70,26 @@ type pipeStatements struct {
 func newPipeStatements(schema string) pipeStatements {
 	q := func(sql string) string { return qualify(sql, schema) }
 	return pipeStatements{
+		explicit:  &atomic.Bool{},
 		claimLock: q(sqlPipeClaimLock), claimAbsent: q(sqlPipeClaimAbsent), fence: q(sqlPipeFence),
 		insertKey: q(sqlPipeInsertKey), advance: q(sqlPipeAdvance), finish: q(sqlPipeFinish),
 		check: q(sqlFenceCheck),
 	}
 }
 
+// readCommittedGuard is 0 in a READ COMMITTED transaction; in any other it raises
+// 22P02, its message naming notReadCommitted and the level. The first statement of a
+// pipelined batch adds it, so that a batch sent as an implicit transaction never runs
+// at another level.
+const readCommittedGuard = `(CASE current_setting('transaction_isolation') WHEN 'read committed' THEN '0'
+	ELSE '` + notReadCommitted + `' || current_setting('transaction_isolation') END)::int`
+
+// notReadCommitted marks the guard's error.
+const notReadCommitted = "idemflow: transaction is not read committed: "
+
 // sqlPipeClaimLock takes a new key's claim lock, or raises 22012 when another
-// transaction holds it.
-var sqlPipeClaimLock = `SELECT 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int`
+// transaction holds it (22P02 outside READ COMMITTED).
+var sqlPipeClaimLock = `SELECT ` + readCommittedGuard + ` + 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int`
 
 // sqlPipeClaimAbsent raises 22012 when the key row exists.
 const sqlPipeClaimAbsent = `SELECT 1/(NOT EXISTS (SELECT FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2))::int`
@@ -67,8 +100,8 @@ var pipeRow = fence("5")
 
 // sqlPipeFence locks the executor's key row without waiting and returns its creation
 // time; it raises 22012 when the row no longer has the executor's fence, 55P03 when
-// another transaction holds its lock.
-var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
+// another transaction holds its lock (22P02 outside READ COMMITTED).
+var sqlPipeFence = `SELECT ` + readCommittedGuard + ` + 1/count(*)::int, max(created_at) FROM (
 	SELECT created_at FROM idemflow_keys
 	WHERE ` + pipeRow + `
 	FOR NO KEY UPDATE NOWAIT) f`
@@ -100,27 +133,76 @@ SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request
 	finished_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE ` + pipeRow
 
+// ErrNotReadCommitted: a pipelined batch sent as an implicit transaction ran at
+// another isolation level than READ COMMITTED (the session's default), and raised
+// before anything of it ran. The Store sends BEGIN from then on (SendExplicit).
+var ErrNotReadCommitted = errors.New("implicit transaction is not read committed")
+
+// SendExplicit reports whether pipelined transactions must begin with BEGIN: a batch
+// found the session's default isolation level is not READ COMMITTED (ReadPipeClaim,
+// ReadPipeFence returned ErrNotReadCommitted). It stays so for the Store's life.
+func (s *Store) SendExplicit() bool { return s.pipe.explicit.Load() }
+
+// PipeInsertsAtClaim reports whether a new key's claim in a batch that needs no
+// result before its end is the claim lock alone, followed at once by the insert of
+// the key row (QueuePipeClaimLock): s has learnt its key table is not partitioned.
+func (s *Store) PipeInsertsAtClaim() bool { return s.KnownUnpartitioned() }
+
 // QueuePipeClaim adds a new key's claim to b: two statements, which raise when the
 // claim is lost. Read them with ReadPipeClaim.
 func (s *Store) QueuePipeClaim(b *pgx.Batch, c Claim) {
-	b.Queue(s.pipe.claimLock, claimHash(c.Scope, c.Key))
+	s.QueuePipeClaimLock(b, c)
 	b.Queue(s.pipe.claimAbsent, c.Scope, c.Key)
+}
+
+// QueuePipeClaimLock adds to b a new key's claim lock alone, which raises when
+// another transaction holds it. On a plain key table the insert of the key row that
+// follows it at once (QueuePipeInsertKey, QueueInsertFinished) completes the claim: it
+// raises on the primary key when the row exists. Read it with ReadPipeClaimLock.
+func (s *Store) QueuePipeClaimLock(b *pgx.Batch, c Claim) {
+	b.Queue(s.pipe.claimLock, claimHash(c.Scope, c.Key))
 }
 
 // ReadPipeClaim reads QueuePipeClaim's results: nil when this transaction holds the
 // claim and no row exists; ErrClaimBusy when another transaction holds the claim lock;
 // ErrClaimExists when the row exists (either way the transaction is aborted and
-// nothing queued after the claim ran); or another translated error.
+// nothing queued after the claim ran); ErrNotReadCommitted; or another translated
+// error.
 func (s *Store) ReadPipeClaim(br pgx.BatchResults) error {
-	for _, lost := range []error{ErrClaimBusy, ErrClaimExists} {
-		if _, err := br.Exec(); err != nil {
-			if isCode(err, codeDivisionByZero) {
-				return fmt.Errorf("claim key: %w", lost)
-			}
-			return fmt.Errorf("claim key: %w", Classify(err))
+	if err := s.ReadPipeClaimLock(br); err != nil {
+		return err
+	}
+	if _, err := br.Exec(); err != nil {
+		if isCode(err, codeDivisionByZero) {
+			return fmt.Errorf("claim key: %w", ErrClaimExists)
 		}
+		return fmt.Errorf("claim key: %w", Classify(err))
 	}
 	return nil
+}
+
+// ReadPipeClaimLock reads QueuePipeClaimLock's result: nil, ErrClaimBusy,
+// ErrNotReadCommitted, or another translated error.
+func (s *Store) ReadPipeClaimLock(br pgx.BatchResults) error {
+	_, err := br.Exec()
+	switch {
+	case err == nil:
+		return nil
+	case isCode(err, codeDivisionByZero):
+		return fmt.Errorf("claim key: %w", ErrClaimBusy)
+	}
+	return fmt.Errorf("claim key: %w", s.guardErr(err))
+}
+
+// guardErr translates err, and notes that pipelined transactions must begin with
+// BEGIN when it is readCommittedGuard's.
+func (s *Store) guardErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, notReadCommitted) {
+		s.pipe.explicit.Store(true)
+		return fmt.Errorf("%w: %w", ErrNotReadCommitted, err)
+	}
+	return Classify(err)
 }
 
 // QueuePipeFence adds the fence of f's row to b. Read it with ReadPipeFence.
@@ -142,6 +224,8 @@ func (s *Store) ReadPipeFence(br pgx.BatchResults) (time.Time, error) {
 		return created, nil
 	case isCode(err, "55P03"):
 		return time.Time{}, fmt.Errorf("fence key: %w: %w", ErrConflict, err)
+	case isCode(err, "22P02"):
+		return time.Time{}, fmt.Errorf("fence key: %w", s.guardErr(err))
 	}
 	return time.Time{}, fmt.Errorf("fence key: %w", fenceErr(err))
 }

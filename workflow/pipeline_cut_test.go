@@ -1,0 +1,195 @@
+package workflow_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/testkit/childproc"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// The tests in this file end a pipelined phase's one-round-trip implicit transaction
+// between its sending and its answer: the connection is cut once the server answered
+// (it committed, the client never learns it), or the process is killed (SIGKILL) right
+// after the batch was written, or once the server answered. The engine, or the retry
+// after the crash, must settle the key with one effect.
+
+// readyIdle is the ReadyForQuery message that ends a batch outside any transaction
+// block: the server committed the implicit transaction (or rolled it back, having
+// answered an error first).
+var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
+
+// cutter wraps a pool's connections. Once armed, the next write that carries the
+// request's route (the key row's insert: pipeFlow's reserve batch, in every query exec
+// mode) goes through; then, at the write's return or (answered) once the server's whole
+// answer arrived (read, not handed to pgx), cut runs.
+type cutter struct {
+	armed    atomic.Bool
+	answered bool // cut once the server answered, rather than once the batch was sent
+	cut      func(net.Conn)
+	cuts     atomic.Int32
+}
+
+func (c *cutter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: conn, c: c}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	c       *cutter
+	cutting bool
+}
+
+func (cc *cutConn) Write(p []byte) (int, error) {
+	n, err := cc.Conn.Write(p)
+	if err == nil && bytes.Contains(p, []byte("/pipe")) && cc.c.armed.CompareAndSwap(true, false) {
+		cc.cutting = true
+		if !cc.c.answered {
+			cc.c.cuts.Add(1)
+			cc.c.cut(cc.Conn)
+		}
+	}
+	return n, err
+}
+
+func (cc *cutConn) Read(p []byte) (int, error) {
+	if !cc.cutting {
+		return cc.Conn.Read(p)
+	}
+	var got []byte
+	buf := make([]byte, 4096)
+	for !bytes.HasSuffix(got, readyIdle) {
+		n, err := cc.Conn.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	cc.cutting = false
+	cc.c.cuts.Add(1)
+	cc.c.cut(cc.Conn)
+	return 0, io.EOF // as when the server's side closes
+}
+
+// closeConn is a cut that closes the connection.
+func closeConn(c net.Conn) { _ = c.Close() }
+
+// TestPipelinedLostAnswer: reserve's implicit transaction commits, and the connection
+// dies before its answer reaches the engine. The engine reads the key row, learns
+// the commit happened, and goes on: the first attempt answers, with one effect.
+func TestPipelinedLostAnswer(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := pipeSetup(t, mode, "")
+			cut := &cutter{answered: true, cut: closeConn}
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.ConnConfig.DialFunc = cut.dial
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			e, err := workflow.New(pool, nil)
+			require.NoError(t, err)
+			require.NoError(t, workflow.StartUp(context.Background(), e))
+			require.NoError(t, e.Register(pipeFlow("pipe", &b.calls, nil)))
+			cut.armed.Store(true)
+			res, err := e.Do(context.Background(), pipeReq("lost", `{"a":1}`))
+			require.NoError(t, err)
+			require.EqualValues(t, 1, cut.cuts.Load(), "reserve's answer was lost")
+			require.Equal(t, http.StatusCreated, res.Response.Status)
+			require.JSONEq(t, `{"key":"lost","sum":14}`, string(res.Response.Body))
+			require.EqualValues(t, 2, seqRuns(t, b.db), "reserve and settle, each run once")
+		})
+	}
+}
+
+// The child program "pipecut": pipeFlow's request on a pool whose connection
+// (cutter) kills the process (SIGKILL) right after reserve's batch was written
+// (envPipeCutAnswered empty), or once the server answered it.
+const (
+	envPipeCutDB       = "IDEMFLOW_PIPE_CUT_DB"
+	envPipeCutAnswered = "IDEMFLOW_PIPE_CUT_ANSWERED"
+	pipeCutApp         = "idemflow_pipe_cut"
+)
+
+func init() {
+	childproc.Register("pipecut", func() {
+		ctx := context.Background()
+		cut := &cutter{answered: os.Getenv(envPipeCutAnswered) != "", cut: func(net.Conn) { childproc.Kill() }}
+		cfg, err := pgxpool.ParseConfig(os.Getenv(envPipeCutDB))
+		if err != nil {
+			childproc.Fail("config", err)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		cfg.ConnConfig.RuntimeParams["application_name"] = pipeCutApp
+		cfg.ConnConfig.DialFunc = cut.dial
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			childproc.Fail("connect", err)
+		}
+		e, err := workflow.New(pool, nil)
+		if err != nil {
+			childproc.Fail("engine", err)
+		}
+		var calls atomic.Int32
+		if err := e.Register(pipeFlow("pipe", &calls, nil)); err != nil {
+			childproc.Fail("register", err)
+		}
+		cut.armed.Store(true)
+		_, err = e.Do(ctx, pipeReq("cut", `{"a":1}`))
+		childproc.Fail("not killed", err)
+	})
+}
+
+// TestPipelinedKilledInImplicitCommit kills a real process (SIGKILL) right after it
+// wrote reserve's one-round-trip implicit transaction, and once the server answered
+// it; a retry (after the lease ran out, if the key row committed) finishes the key
+// with one reserve and one settle.
+func TestPipelinedKilledInImplicitCommit(t *testing.T) {
+	t.Parallel()
+	for _, answered := range []string{"", "answered"} {
+		t.Run("sent"+answered, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := pipeSetup(t, pgx.QueryExecModeExec, "")
+			child := childproc.Start(t, "^$", childproc.Program("pipecut"),
+				envPipeCutDB+"="+b.db.URL, envPipeCutAnswered+"="+answered)
+			killed, _ := child.Killed(t)
+			require.True(t, killed, "stderr: %s", child.Stderr())
+			childproc.WaitSessionsGone(t, b.db.Pool, pipeCutApp)
+			rows := countKeysOf(t, b, "cut")
+			if answered != "" {
+				require.Equal(t, 1, rows, "the server committed reserve before the process died")
+			}
+			t.Logf("key row committed before the kill: %v", rows == 1)
+			if rows == 1 {
+				expireLease(t, b.db, "acct", "cut")
+			}
+			res, err := b.engine.Do(ctx, pipeReq("cut", `{"a":1}`))
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, res.Response.Status)
+			require.JSONEq(t, `{"key":"cut","sum":14}`, string(res.Response.Body))
+			var reserve, settle int
+			require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE phase = 'reserve'),
+				count(*) FILTER (WHERE phase = 'settle') FROM pipe_effects WHERE idem_key = 'cut'`).Scan(&reserve, &settle))
+			require.Equal(t, [2]int{1, 1}, [2]int{reserve, settle}, "effects of the key")
+		})
+	}
+}
