@@ -84,6 +84,13 @@ func newPipeStatements(schema string) pipeStatements {
 const readCommittedGuard = `(CASE current_setting('transaction_isolation') WHEN 'read committed' THEN '0'
 	ELSE '` + notReadCommitted + `' || current_setting('transaction_isolation') END)::int`
 
+// readCommittedFilter is readCommittedGuard as a condition that holds in a READ
+// COMMITTED transaction, without a CASE: the planner evaluates it once, before the
+// scan and its lock, and it raises as the guard does in any other level. The fence
+// takes this form because Citus allows only immutable functions inside a CASE of a
+// statement it routes as a modification, which a row lock makes the fence.
+const readCommittedFilter = `('` + notReadCommitted + `' || nullif(current_setting('transaction_isolation'), 'read committed'))::int IS NULL`
+
 // notReadCommitted marks the guard's error.
 const notReadCommitted = "idemflow: transaction is not read committed: "
 
@@ -101,9 +108,9 @@ var pipeRow = fence("5")
 // sqlPipeFence locks the executor's key row without waiting and returns its creation
 // time; it raises 22012 when the row no longer has the executor's fence, 55P03 when
 // another transaction holds its lock (22P02 outside READ COMMITTED).
-var sqlPipeFence = `SELECT ` + readCommittedGuard + ` + 1/count(*)::int, max(created_at) FROM (
+var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 	SELECT created_at FROM idemflow_keys
-	WHERE ` + pipeRow + `
+	WHERE ` + pipeRow + ` AND ` + readCommittedFilter + `
 	FOR NO KEY UPDATE NOWAIT) f`
 
 // sqlFenceCheck is the fence without the lock, for a Go-code tx phase (workflow's

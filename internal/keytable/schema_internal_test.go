@@ -21,6 +21,9 @@ func texts(st *Store) map[string]string {
 	}
 	pipe := reflect.ValueOf(st.pipe) // pipeline.go's, whose names repeat sql.go's
 	for i := range pipe.NumField() {
+		if pipe.Field(i).Kind() != reflect.String {
+			continue // not a statement (the isolation flag)
+		}
 		out["pipe "+pipe.Type().Field(i).Name] = pipe.Field(i).String()
 	}
 	for status, pages := range st.admin.list {
