@@ -9,35 +9,48 @@ import (
 )
 
 // ranAfter is a child's pgx tracer: it counts the statements of the flows' own code
-// (any statement but the engine's on the key table and transaction control) that the
-// server ran without error after the child's point fired. A zombie resumed after its
+// (any statement but the engine's on the key table and transaction control) sent after
+// the child's point fired that the server ran without error. A zombie resumed after its
 // key was taken over must run none: its next tx phase's fence check refuses it before
-// its first statement, and a transaction it left open commits nothing new.
+// its first statement, and a transaction it left open commits nothing new. A statement
+// of a round trip sent before the point (a folded claim's first statement, whose result
+// is read after its after-claim point) ran before it, and is not counted.
 type ranAfter struct {
 	fired atomic.Bool
 	n     atomic.Int64
 }
 
-type ranSQL struct{}
+type (
+	ranSQL    struct{}
+	sentEarly struct{} // the statement or batch was sent before the point fired
+)
 
 func (r *ranAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(ctx, ranSQL{}, d.SQL)
+	return context.WithValue(r.mark(ctx), ranSQL{}, d.SQL)
 }
 
 func (r *ranAfter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if sql, _ := ctx.Value(ranSQL{}).(string); d.Err == nil {
+	if sql, _ := ctx.Value(ranSQL{}).(string); d.Err == nil && ctx.Value(sentEarly{}) == nil {
 		r.count(sql)
 	}
 }
 
 func (r *ranAfter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
+	return r.mark(ctx)
 }
 
-func (r *ranAfter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	if d.Err == nil {
+func (r *ranAfter) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.Err == nil && ctx.Value(sentEarly{}) == nil {
 		r.count(d.SQL)
 	}
+}
+
+// mark marks ctx as a request sent before the point fired, if it was.
+func (r *ranAfter) mark(ctx context.Context) context.Context {
+	if r.fired.Load() {
+		return ctx
+	}
+	return context.WithValue(ctx, sentEarly{}, true)
 }
 
 func (r *ranAfter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

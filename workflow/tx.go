@@ -505,7 +505,7 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 	if !implicit {
 		b.Queue("COMMIT")
 	}
-	if mode != sendCommit && !t.conn.IsClosed() {
+	if !t.conn.IsClosed() { // every mode commits: a Go-code phase's COMMIT as much as a pipelined one
 		defer func() { err = lostAnswer(err) }()
 	}
 	br := pgpipe.Send(ctx, t.conn, b)
@@ -542,7 +542,10 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 // reached the server: in the exec and simple-protocol query exec modes pgx (v5.12)
 // reports a connection lost while a batch's answer is read as closed before the
 // request ("conn closed", safe to retry), though the batch was written and may have
-// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve.
+// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve. It
+// applies to every batch that carries a COMMIT or is an implicit transaction (send, in
+// all its modes); what only opens a transaction (claim, head) commits nothing, and the
+// server rolls it back when the connection dies.
 func lostAnswer(err error) error {
 	if err == nil || !errors.Is(err, keytable.ErrNotSent) {
 		return err
