@@ -248,7 +248,9 @@ type CancelOptions struct {
 // be stored (status, header, size); ErrNotFound; ErrWrongStatus for a finished key;
 // ErrCallMayHaveRun; ErrNewerFormat for a key a newer build wrote; ErrLeaseLost when
 // the key kept changing while it was being cancelled (nothing changed: try again);
-// ErrUnavailable. In every error case nothing was changed.
+// ErrUnavailable. In every error case but ErrUnavailable nothing was changed; after
+// ErrUnavailable the cancel may have committed (the connection was lost while its
+// answer was read): read the key with Key before deciding to cancel it again.
 func (e *Engine) CancelKey(ctx context.Context, scope, key string, opts CancelOptions) error {
 	if err := checkKey(scope, key); err != nil {
 		return err
