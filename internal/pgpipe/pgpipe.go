@@ -274,7 +274,9 @@ func (r *registry) remove(el *list.Element) {
 }
 
 // failed forgets what an error of sd's statement says no longer holds: all the
-// statements when the server lost a name, sd when it cannot run as prepared.
+// statements when the server lost a name, sd when it cannot run as prepared or, in
+// describe mode, when the server refused its Bind (08P01: the description's result
+// formats no longer match the statement's columns, after ALTER TABLE).
 func (r *registry) failed(sd *pgconn.StatementDescription, err error) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
@@ -285,7 +287,7 @@ func (r *registry) failed(sd *pgconn.StatementDescription, err error) {
 		for r.lru.Len() > 0 {
 			r.remove(r.lru.Back())
 		}
-	case pgErr.Code[:2] == "0A" || pgErr.Code[:2] == "42":
+	case pgErr.Code[:2] == "0A" || pgErr.Code[:2] == "42" || pgErr.Code == "08P01":
 		if el, ok := r.bySQL[sd.SQL]; ok && el.Value.(*entry).sd == sd {
 			r.remove(el)
 		}
