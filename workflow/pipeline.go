@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,10 +58,36 @@ func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
 	for _, q := range pl.stmts {
 		pl.results = pl.results || q.Fn != nil
 	}
+	for i, q := range pl.stmts {
+		if v.kind != fail && txControl(q.SQL) {
+			v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q: statement %d (%.40q) would end or open the phase's transaction: %w",
+				p.Name, i, q.SQL, phases.ErrTxManaged)}
+		}
+	}
 	if pl.then != nil && v.kind != goOn && v.kind != fail {
 		v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q registered Then and also answered", p.Name)}
 	}
 	return pl, v
+}
+
+// txControl reports whether sql starts with a transaction-control command. Sent in
+// the phase's transaction, a COMMIT would commit the claim, the key row's write and
+// the statements before it whatever the statements after it do (an implicit
+// transaction commits at each such command), BEGIN would leave it open, ROLLBACK or
+// a savepoint's would undo the claim or fence while the rest runs. It refuses them
+// before anything is sent, as Commit and Rollback of a Go-code phase's transaction.
+func txControl(sql string) bool {
+	f := strings.Fields(strings.TrimLeft(sql, " \t\r\n("))
+	if len(f) == 0 {
+		return false
+	}
+	switch w := strings.ToUpper(strings.TrimRight(f[0], ";")); w {
+	case "BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
+		return true
+	case "PREPARE":
+		return len(f) > 1 && strings.EqualFold(strings.TrimRight(f[1], ";"), "TRANSACTION")
+	}
+	return false
 }
 
 // queue adds the phase's statements to b, without their callbacks: the engine reads
