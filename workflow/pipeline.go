@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/pgpipe"
@@ -316,7 +317,9 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 // A phase sent whole in one round trip goes as an implicit transaction, without BEGIN
 // and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
 // first batch to find that out raised before anything of it ran, and is sent again
-// with BEGIN (keytable.ErrNotReadCommitted).
+// with BEGIN (keytable.ErrNotReadCommitted). A phase whose statement runs only inside
+// a transaction block (LOCK) is refused whole by the server, and sent again with BEGIN
+// too (needsBlock).
 func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {
 		cctx, done, err := x.claiming(ctx)
@@ -332,7 +335,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 		mode = sendImplicit
 	}
 	err := tx.send(ctx, queue, read, mode)
-	if mode == sendImplicit && errors.Is(err, keytable.ErrNotReadCommitted) {
+	if mode == sendImplicit && (errors.Is(err, keytable.ErrNotReadCommitted) || needsBlock(err)) {
 		err = tx.send(ctx, queue, read, sendPipelined)
 	}
 	if err == nil {
@@ -351,6 +354,14 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 		return x.unknownCommit(ctx, w, err)
 	}
 	return err
+}
+
+// needsBlock reports whether err is a statement's refusal to run outside a
+// transaction block (25P01: LOCK, DECLARE without HOLD), which an implicit transaction
+// is not: the server rolled the whole batch back, and it is sent again with BEGIN.
+func needsBlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P01"
 }
 
 // pipeBatch returns how the commit's round trip queues and reads the key row's write
