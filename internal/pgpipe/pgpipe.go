@@ -53,9 +53,9 @@ func fits(b *pgx.Batch) bool {
 
 // preparedName reports whether sql may be the name of a statement prepared with
 // Conn.Prepare, which pgx sends by name: one word, but for the statements of one word
-// the engine sends.
+// the engine sends. Empty SQL is no name (pgx's statement cache panics on it).
 func preparedName(sql string) bool {
-	if strings.ContainsAny(sql, " \t\r\n;") {
+	if sql == "" || strings.ContainsAny(sql, " \t\r\n;") {
 		return false
 	}
 	switch strings.ToUpper(sql) {

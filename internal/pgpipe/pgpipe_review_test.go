@@ -62,3 +62,32 @@ func TestReviewColumnCountChange(t *testing.T) {
 		})
 	}
 }
+
+// TestReviewEmptyStatement: a batch whose statement is empty (or only a semicolon)
+// runs as the server runs an empty query, in both cache modes and twice (cold, warm);
+// pgx's own statement cache panics on empty SQL, so it must not go there.
+func TestReviewEmptyStatement(t *testing.T) {
+	t.Parallel()
+	for _, mode := range cacheModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, mode, 0)
+			ctx := context.Background()
+			for range 2 {
+				batch := &pgx.Batch{}
+				batch.Queue(``)
+				batch.Queue(`;`)
+				batch.Queue(`SELECT $1::int`, 1)
+				br := pgpipe.Send(ctx, b.conn, batch)
+				_, err := br.Exec()
+				require.NoError(t, err)
+				_, err = br.Exec()
+				require.NoError(t, err)
+				var n int
+				require.NoError(t, br.QueryRow().Scan(&n))
+				require.Equal(t, 1, n)
+				require.NoError(t, br.Close())
+			}
+		})
+	}
+}
