@@ -42,6 +42,9 @@ type pipeline struct {
 	// results: a statement has a callback or the answer has a Then function, so the
 	// statements' results are read before the commit, in a round trip of their own.
 	results bool
+	// explicit: a statement needs the transaction block BEGIN opens (blockOnly), so the
+	// phase never goes as an implicit transaction.
+	explicit bool
 }
 
 // build runs the phase's builder, turning a panic into a transient error.
@@ -60,6 +63,7 @@ func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
 		pl.results = pl.results || q.Fn != nil
 	}
 	for i, q := range pl.stmts {
+		pl.explicit = pl.explicit || blockOnly(q.SQL)
 		if v.kind != fail && txControl(q.SQL) {
 			v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q: statement %d (%.40q) would end or open the phase's transaction: %w",
 				p.Name, i, q.SQL, phases.ErrTxManaged)}
@@ -78,7 +82,7 @@ func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
 // a savepoint's would undo the claim or fence while the rest runs. It refuses them
 // before anything is sent, as Commit and Rollback of a Go-code phase's transaction.
 func txControl(sql string) bool {
-	f := strings.Fields(strings.TrimLeft(sql, " \t\r\n("))
+	f := strings.Fields(skipComments(sql))
 	if len(f) == 0 {
 		return false
 	}
@@ -89,6 +93,45 @@ func txControl(sql string) bool {
 		return len(f) > 1 && strings.EqualFold(strings.TrimRight(f[1], ";"), "TRANSACTION")
 	}
 	return false
+}
+
+// blockOnly reports whether sql starts with a command that must run inside a
+// transaction block: DO and CALL, whose COMMIT would commit an implicit transaction's
+// claim and key row's write ahead of the statements after them (inside a block they
+// may not commit), and LOCK and DECLARE, which the server refuses outside one.
+func blockOnly(sql string) bool {
+	f := strings.Fields(skipComments(sql))
+	if len(f) == 0 {
+		return false
+	}
+	switch strings.ToUpper(strings.TrimRight(f[0], ";")) {
+	case "DO", "CALL", "LOCK", "DECLARE":
+		return true
+	}
+	return false
+}
+
+// skipComments is sql without its leading blanks, comments and parentheses.
+func skipComments(sql string) string {
+	for {
+		sql = strings.TrimLeft(sql, " \t\r\n\f(")
+		switch {
+		case strings.HasPrefix(sql, "--"):
+			i := strings.IndexByte(sql, '\n')
+			if i < 0 {
+				return ""
+			}
+			sql = sql[i:]
+		case strings.HasPrefix(sql, "/*"):
+			i := strings.Index(sql, "*/")
+			if i < 0 {
+				return ""
+			}
+			sql = sql[i+2:]
+		default:
+			return sql
+		}
+	}
 }
 
 // queue adds the phase's statements to b, without their callbacks: the engine reads
@@ -317,9 +360,9 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 // A phase sent whole in one round trip goes as an implicit transaction, without BEGIN
 // and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
 // first batch to find that out raised before anything of it ran, and is sent again
-// with BEGIN (keytable.ErrNotReadCommitted). A phase whose statement runs only inside
-// a transaction block (LOCK) is refused whole by the server, and sent again with BEGIN
-// too (needsBlock).
+// with BEGIN (keytable.ErrNotReadCommitted). A phase with a statement that needs a
+// transaction block goes with BEGIN from the start (blockOnly); one the prefix check
+// missed is refused whole by the server, and sent again with BEGIN (needsBlock).
 func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {
 		cctx, done, err := x.claiming(ctx)
@@ -331,7 +374,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 	}
 	queue, read := x.pipeBatch(w, one)
 	mode := sendPipelined
-	if one != nil && !x.e.store.SendExplicit() {
+	if one != nil && !one.explicit && !x.e.store.SendExplicit() {
 		mode = sendImplicit
 	}
 	err := tx.send(ctx, queue, read, mode)

@@ -21,7 +21,9 @@ func TestReviewPipelinedLock(t *testing.T) {
 	insert := `INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ($1, $2, 'only', $3)`
 	require.NoError(t, b.engine.Register(phases.Flow{Name: "lock", Phases: []phases.Phase{
 		phases.Pipelined("only", func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
-			p.Queue(`LOCK TABLE pipe_effects IN SHARE ROW EXCLUSIVE MODE`)
+			// A nested comment hides the LOCK from the engine's prefix check (blockOnly):
+			// the server's refusal of the implicit batch sends it again with BEGIN.
+			p.Queue(`/* /* nested */ */ LOCK TABLE pipe_effects IN SHARE ROW EXCLUSIVE MODE`)
 			p.Queue(insert, run.Scope(), run.Key(), 1)
 			return phases.JSON(http.StatusCreated, "locked")
 		}),
@@ -38,12 +40,17 @@ func TestReviewPipelinedLock(t *testing.T) {
 	require.Equal(t, 1, n, "one effect: the implicit batch that LOCK refused rolled back whole")
 }
 
-// lockFlow: two one-round-trip pipelined phases whose first statement is LOCK, so each
-// implicit batch is refused whole and sent again with BEGIN.
+// lockFlow: two one-round-trip pipelined phases whose first statement is LOCK: the
+// first goes with BEGIN from the start (blockOnly), the second's LOCK hides behind a
+// nested comment, so its implicit batch is refused whole and sent again with BEGIN.
 func lockFlow() phases.Flow {
 	phase := func(name string, answer bool) phases.Phase {
 		return phases.Pipelined(name, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
-			p.Queue(`LOCK TABLE pipe_effects IN ROW EXCLUSIVE MODE`)
+			lock := `LOCK TABLE pipe_effects IN ROW EXCLUSIVE MODE`
+			if answer {
+				lock = `/* /* nested */ */ ` + lock
+			}
+			p.Queue(lock)
 			p.Queue(`INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ($1, $2, $3, 1)`, run.Scope(), run.Key(), name)
 			if answer {
 				return phases.JSON(http.StatusCreated, "locked")
