@@ -26,7 +26,8 @@
 // A statement seen for the first time on a connection is described first, in a round
 // trip of its own, as pgx does. The registry forgets a statement the server says
 // cannot run as prepared (class 0A, such as "cached plan must not change result
-// type", or class 42) and forgets all of them when the server lost a name (26000,
+// type", or class 42, or 08P01 when a stale description's result formats no longer
+// match the columns) and forgets all of them when the server lost a name (26000,
 // after DISCARD ALL or a pooler's reset); they are prepared again on their next use.
 // The error itself reaches the caller, as with pgx. Any other error — a claim that
 // lost, a constraint, a callback's error — changes nothing.

@@ -53,9 +53,9 @@ func fits(b *pgx.Batch) bool {
 
 // preparedName reports whether sql may be the name of a statement prepared with
 // Conn.Prepare, which pgx sends by name: one word, but for the statements of one word
-// the engine sends.
+// the engine sends. Empty SQL is no name (pgx's statement cache panics on it).
 func preparedName(sql string) bool {
-	if strings.ContainsAny(sql, " \t\r\n;") {
+	if sql == "" || strings.ContainsAny(sql, " \t\r\n;") {
 		return false
 	}
 	switch strings.ToUpper(sql) {
@@ -274,7 +274,9 @@ func (r *registry) remove(el *list.Element) {
 }
 
 // failed forgets what an error of sd's statement says no longer holds: all the
-// statements when the server lost a name, sd when it cannot run as prepared.
+// statements when the server lost a name, sd when it cannot run as prepared or, in
+// describe mode, when the server refused its Bind (08P01: the description's result
+// formats no longer match the statement's columns, after ALTER TABLE).
 func (r *registry) failed(sd *pgconn.StatementDescription, err error) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
@@ -285,7 +287,7 @@ func (r *registry) failed(sd *pgconn.StatementDescription, err error) {
 		for r.lru.Len() > 0 {
 			r.remove(r.lru.Back())
 		}
-	case pgErr.Code[:2] == "0A" || pgErr.Code[:2] == "42":
+	case pgErr.Code[:2] == "0A" || pgErr.Code[:2] == "42" || pgErr.Code == "08P01":
 		if el, ok := r.bySQL[sd.SQL]; ok && el.Value.(*entry).sd == sd {
 			r.remove(el)
 		}
