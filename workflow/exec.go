@@ -33,6 +33,7 @@ type exec struct {
 	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
 	claim    *keytable.Claim
+	claimRow keytable.Claim // what claim points to for a new key, in x's allocation
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
