@@ -89,7 +89,8 @@ type admission struct {
 	draining  bool          // no attempt is admitted
 	closed    bool          // the drain's deadline passed: no executor may start
 	running   map[*exec]struct{}
-	changed   chan struct{} // closed (and replaced) when used or running shrinks
+	changed   chan struct{} // closed (and replaced) when used or running shrinks, once watched
+	watched   bool          // a drain took changed since it was made
 
 	conns connQueue // the waits for a pool connection before the claim
 }
@@ -254,8 +255,11 @@ func (a *admission) handOn() {
 
 // signal wakes a drain waiting for attempts to end. a.mu is held.
 func (a *admission) signal() {
+	if !a.watched {
+		return // nobody waits on it: a request's end makes nothing
+	}
 	close(a.changed)
-	a.changed = make(chan struct{})
+	a.changed, a.watched = make(chan struct{}), false
 }
 
 func isClosed(c chan struct{}) bool {

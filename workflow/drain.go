@@ -41,6 +41,7 @@ func (e *Engine) Drain(ctx context.Context) error {
 		a.mu.Lock()
 		idle := a.used == 0 && len(a.running) == 0
 		changed := a.changed
+		a.watched = true
 		a.mu.Unlock()
 		if idle {
 			return nil

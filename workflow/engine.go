@@ -775,7 +775,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		fence:  keytable.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
 		rp:     phases.Started,
 		// no row yet: stored is set by the first commit
-		claim: &keytable.Claim{
+		claimRow: keytable.Claim{
 			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
 			Lease: e.cfg.Lease, Origin: origin,
@@ -785,6 +785,7 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		by:       ExecutorClient,
 		detach:   true,
 	}
+	x.claim = &x.claimRow
 	x.run, _ = newRun(runstate.Info{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
 		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/textproto"
 	"runtime/debug"
@@ -34,6 +33,7 @@ type exec struct {
 	stored string
 	// claim is the key row still to be inserted: it rides in the first commit.
 	claim    *keytable.Claim
+	claimRow keytable.Claim // what claim points to for a new key, in x's allocation
 	run      *phases.Run
 	leaseEnd time.Time // local estimate of when the lease ends
 	// maxAttempts, when positive, dead-letters the key instead of releasing it after a
@@ -144,7 +144,6 @@ type verdict struct {
 }
 
 func decide(resp *phases.Response, err error) verdict {
-	var term *phases.TerminalError
 	switch {
 	case err == nil && resp == nil:
 		return verdict{kind: goOn}
@@ -152,7 +151,15 @@ func decide(resp *phases.Response, err error) verdict {
 		return verdict{kind: respond, resp: resp}
 	case err == nil: // a 5xx: passed on, never stored
 		return verdict{kind: fail, resp: resp, err: fmt.Errorf("phase responded %d", resp.Status)}
-	case errors.As(err, &term) && term.Response != nil && term.Response.Status < 500:
+	}
+	return decideErr(err)
+}
+
+// decideErr is decide for an error: its term escapes, so it is not made on the way
+// of a phase that went on or responded.
+func decideErr(err error) verdict {
+	var term *phases.TerminalError
+	if errors.As(err, &term) && term.Response != nil && term.Response.Status < 500 {
 		return verdict{kind: respondAlone, resp: term.Response, err: err}
 	}
 	return verdict{kind: fail, err: err}
@@ -675,8 +682,13 @@ func (x *exec) storable(ctx context.Context, resp *phases.Response) (keytable.St
 	// Names that differ only in case are one header: their values are merged, in the
 	// order of the names as written, so that what is stored does not depend on map
 	// iteration.
+	names := make([]string, 0, 8) // on the stack for the usual few headers
+	for k := range resp.Header {
+		names = append(names, k)
+	}
+	slices.Sort(names)
 	kept := map[string][]string{}
-	for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
+	for _, k := range names {
 		if ck := textproto.CanonicalMIMEHeaderKey(k); x.e.keeps(ck) {
 			kept[ck] = append(kept[ck], resp.Header[k]...)
 		}

@@ -136,8 +136,13 @@ func skipComments(sql string) string {
 
 // queue adds the phase's statements to b, without their callbacks: the engine reads
 // their results itself (readStatements), so that pgx never runs a callback on its own.
+// A statement with no callback is added as it is, without a copy.
 func (pl *pipeline) queue(b *pgx.Batch) {
 	for _, q := range pl.stmts {
+		if q.Fn == nil {
+			b.QueuedQueries = append(b.QueuedQueries, q)
+			continue
+		}
 		b.Queue(q.SQL, q.Arguments...)
 	}
 }

@@ -88,9 +88,22 @@ func newPhaseTx(pc *pgxpool.Conn, st *keytable.Store, iso pgx.TxIsoLevel) *phase
 	}
 	return &phaseTx{
 		pc: pc, conn: pc.Conn(), store: st,
-		begin:       "BEGIN ISOLATION LEVEL " + string(iso),
+		begin:       beginSQL(iso),
 		oneSnapshot: iso != pgx.ReadCommitted && iso != pgx.ReadUncommitted,
 	}
+}
+
+// beginSQL is the BEGIN of a transaction at iso, one string per level.
+func beginSQL(iso pgx.TxIsoLevel) string {
+	switch iso {
+	case pgx.ReadCommitted:
+		return "BEGIN ISOLATION LEVEL " + string(pgx.ReadCommitted)
+	case pgx.RepeatableRead:
+		return "BEGIN ISOLATION LEVEL " + string(pgx.RepeatableRead)
+	case pgx.Serializable:
+		return "BEGIN ISOLATION LEVEL " + string(pgx.Serializable)
+	}
+	return "BEGIN ISOLATION LEVEL " + string(iso)
 }
 
 // done ends the transaction if one may be open and gives the connection back to the

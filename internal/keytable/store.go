@@ -192,7 +192,7 @@ func (s *Store) Lookup(ctx context.Context, db DBTX, scope, key string) (*Row, e
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
-	return scanOne(rows, "look up key", ErrNotFound)
+	return scanOne(rows, "look up key", errLookUpNone)
 }
 
 // lookupCurrent is Lookup's first statement when s addresses partitions by name and
@@ -225,7 +225,7 @@ func (s *Store) lookupCurrentOnly(ctx context.Context, db DBTX, scope, key strin
 	rows, err := db.Query(ctx, sql, scope, key)
 	if err == nil {
 		var row *Row
-		row, err = scanOne(rows, "look up key", ErrNotFound)
+		row, err = scanOne(rows, "look up key", errLookUpNone)
 		if err == nil || errors.Is(err, ErrNotFound) {
 			return row, err
 		}
@@ -306,7 +306,7 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 	if err != nil {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
-	return scanOne(rows, "look up key", ErrNotFound)
+	return scanOne(rows, "look up key", errLookUpNone)
 }
 
 // QueueInsertKey adds to b the insert of a new key row, in progress at recoveryPoint
@@ -448,10 +448,20 @@ func (s *Store) Takeover(ctx context.Context, db DBTX, seen Fence, lease time.Du
 	if err != nil {
 		return nil, fmt.Errorf("take over key: %w", Classify(err))
 	}
-	return scanOne(rows, "take over key", ErrNotTaken)
+	return scanOne(rows, "take over key", errTakeOverNone)
 }
 
-// scanOne reads the one row of rows (none: the error none), with the columns of
+// The errors of scanOne when there is no row (none), made once: the look-up of every
+// fresh key finds none.
+var (
+	errLookUpNone   = fmt.Errorf("look up key: %w", ErrNotFound)
+	errTakeOverNone = fmt.Errorf("take over key: %w", ErrNotTaken)
+	errTakeNone     = fmt.Errorf("take key: %w", ErrNotTaken)
+	errRedriveNone  = fmt.Errorf("re-drive key: %w", ErrNotFound)
+)
+
+// scanOne reads the one row of rows (or returns none, a whole error, when there is
+// none), with the columns of
 // rowColumns in their order. It scans by position rather than by name: it is on the
 // path of every request, a replay's only work, and reflection costs as much there as
 // the rest of the decoding; and it decodes the raw values itself when it can
@@ -462,7 +472,7 @@ func scanOne(rows pgx.Rows, op string, none error) (*Row, error) {
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, Classify(err))
 		}
-		return nil, fmt.Errorf("%s: %w", op, none)
+		return nil, none
 	}
 	if r, ok := decodeRow(rows); ok {
 		return finishOne(rows, op, r)

@@ -115,7 +115,7 @@ func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, 
 		}
 		cands = cands[n:]
 		err = each(ctx, db, b, func(rows pgx.Rows) error {
-			row, err := scanOne(rows, "take key", ErrNotTaken)
+			row, err := scanOne(rows, "take key", errTakeNone)
 			switch {
 			case errors.Is(err, ErrNotTaken):
 				return nil
@@ -189,7 +189,7 @@ func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string, h Histo
 	if err != nil {
 		return nil, fmt.Errorf("re-drive key: %w", Classify(err))
 	}
-	return scanOne(rows, "re-drive key", ErrNotFound)
+	return scanOne(rows, "re-drive key", errRedriveNone)
 }
 
 // ExpireFinished deletes, in one short statement, up to limit finished keys that

@@ -126,12 +126,13 @@ func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *batc
 		br.ctx = r.tracer.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: b})
 	}
 	var fresh []*pgconn.StatementDescription
-	br.sds, fresh = r.lookup(b)
+	br.sds, fresh = r.lookup(b, br.sdsBuf[:0])
 	pipe := conn.PgConn().StartPipeline(br.ctx)
 	if err := r.prepare(pipe, conn, fresh); err != nil {
 		pipe.Close()
 		return br.early(err)
 	}
+	formats := br.formatsBuf[:0]
 	for i, q := range b.QueuedQueries {
 		sd := br.sds[i]
 		if err := r.eqb.Build(conn.TypeMap(), sd, q.Arguments); err != nil {
@@ -140,9 +141,10 @@ func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *batc
 		}
 		if r.named {
 			// pgconn keeps the result formats until the results are read; Build reuses
-			// its slices.
-			formats := append([]int16(nil), r.eqb.ResultFormats...)
-			pipe.SendQueryStatement(sd, r.eqb.ParamValues, r.eqb.ParamFormats, formats)
+			// its slices. Each statement's are a segment of formats, which only grows.
+			n := len(formats)
+			formats = append(formats, r.eqb.ResultFormats...)
+			pipe.SendQueryStatement(sd, r.eqb.ParamValues, r.eqb.ParamFormats, formats[n:len(formats):len(formats)])
 		} else {
 			pipe.SendQueryParams(sd.SQL, r.eqb.ParamValues, sd.ParamOIDs, r.eqb.ParamFormats, r.eqb.ResultFormats)
 		}
@@ -155,11 +157,17 @@ func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *batc
 	return br
 }
 
-// lookup finds the description of each statement of b, and lists those the registry
-// does not have (each once) with the names they will be prepared under.
-func (r *registry) lookup(b *pgx.Batch) (sds, fresh []*pgconn.StatementDescription) {
+// lookup finds the description of each statement of b, in sds (an empty slice whose
+// room is used when it suffices), and lists those the registry does not have (each
+// once) with the names they will be prepared under.
+func (r *registry) lookup(b *pgx.Batch, sds []*pgconn.StatementDescription) (_, fresh []*pgconn.StatementDescription) {
 	r.gen++
-	sds = make([]*pgconn.StatementDescription, len(b.QueuedQueries))
+	if n := len(b.QueuedQueries); cap(sds) >= n {
+		sds = sds[:n]
+		clear(sds)
+	} else {
+		sds = make([]*pgconn.StatementDescription, n)
+	}
 	for i, q := range b.QueuedQueries {
 		if el, ok := r.bySQL[q.SQL]; ok {
 			e := el.Value.(*entry)

@@ -20,17 +20,21 @@ var (
 // first error stops the batch (the server skipped the rest), and Close runs the
 // callbacks of the statements not read yet.
 type batchResults struct {
-	ctx    context.Context
-	conn   *pgx.Conn
-	r      *registry
-	b      *pgx.Batch
-	sds    []*pgconn.StatementDescription
-	pipe   *pgconn.Pipeline
-	rows   *rows // the last Query's
-	err    error
-	idx    int
-	closed bool
-	traced bool // TraceBatchEnd was called
+	ctx  context.Context
+	conn *pgx.Conn
+	r    *registry
+	b    *pgx.Batch
+	sds  []*pgconn.StatementDescription
+	// sdsBuf and formatsBuf hold sds and the statements' result formats of a batch
+	// of the usual size, in br's own allocation.
+	sdsBuf     [12]*pgconn.StatementDescription
+	formatsBuf [32]int16
+	pipe       *pgconn.Pipeline
+	rows       *rows // the last Query's
+	err        error
+	idx        int
+	closed     bool
+	traced     bool // TraceBatchEnd was called
 }
 
 var _ pgx.BatchResults = (*batchResults)(nil)

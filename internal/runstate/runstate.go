@@ -38,7 +38,8 @@ type Run struct {
 	info  Info
 	phase string
 	data  map[string]json.RawMessage
-	saved map[string]json.RawMessage
+	saved map[string]json.RawMessage // data at the last Enter, once changed since
+	dirty bool                       // data changed since the last Enter (saved holds it)
 }
 
 // New returns a run with the stored phase data (a JSON object, or empty), or an error
@@ -61,13 +62,19 @@ func (r *Run) Phase() string { return r.phase }
 
 // Enter marks the start of a phase: Phase names it (and so the derived key), and
 // changes to the phase data made from here on are undone by Revert.
+// The data is copied at the first change after Enter, not at Enter: most phases change
+// none of it.
 func (r *Run) Enter(phase string) {
 	r.phase = phase
-	r.saved = maps.Clone(r.data)
+	r.saved, r.dirty = nil, false
 }
 
 // Revert undoes the phase data changes made since the last Enter.
-func (r *Run) Revert() { r.data = maps.Clone(r.saved) }
+func (r *Run) Revert() {
+	if r.dirty {
+		r.data, r.saved, r.dirty = r.saved, nil, false
+	}
+}
 
 // Value returns the encoded value stored under name and whether there is one.
 func (r *Run) Value(name string) (json.RawMessage, bool) {
@@ -76,7 +83,12 @@ func (r *Run) Value(name string) (json.RawMessage, bool) {
 }
 
 // SetValue stores the encoded value b under name.
-func (r *Run) SetValue(name string, b json.RawMessage) { r.data[name] = b }
+func (r *Run) SetValue(name string, b json.RawMessage) {
+	if !r.dirty {
+		r.saved, r.dirty = maps.Clone(r.data), true
+	}
+	r.data[name] = b
+}
 
 // Data encodes the phase data as a JSON object, as json.Marshal does.
 func (r *Run) Data() ([]byte, error) {
