@@ -123,15 +123,35 @@ func skipComments(sql string) string {
 			}
 			sql = sql[i:]
 		case strings.HasPrefix(sql, "/*"):
-			i := strings.Index(sql, "*/")
-			if i < 0 {
+			rest, ok := afterBlockComment(sql)
+			if !ok {
 				return ""
 			}
-			sql = sql[i+2:]
+			sql = rest
 		default:
 			return sql
 		}
 	}
+}
+
+// afterBlockComment is sql after the block comment it starts with; block comments
+// nest, as PostgreSQL reads them. False when the comment does not end.
+func afterBlockComment(sql string) (string, bool) {
+	depth := 0
+	for i := 0; i+1 < len(sql); i++ {
+		switch {
+		case sql[i] == '/' && sql[i+1] == '*':
+			depth++
+			i++
+		case sql[i] == '*' && sql[i+1] == '/':
+			depth--
+			i++
+			if depth == 0 {
+				return sql[i+1:], true
+			}
+		}
+	}
+	return "", false
 }
 
 // queue adds the phase's statements to b, without their callbacks: the engine reads
