@@ -37,35 +37,9 @@ func TestCommitAnswerLostExecModes(t *testing.T) {
 }
 
 func testCommitAnswerLost(t *testing.T, mode pgx.QueryExecMode, phase string) {
-	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	pool, proxy := proxiedModePool(t, b, mode)
-	var armed atomic.Bool
-	var runs atomic.Int32
-	e := b.newEngine(t, setupOpts{pool: pool, cfg: &workflow.Config{Hooks: workflow.Hooks{
-		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
-			if ev.Phase == phase {
-				runs.Add(1)
-			}
-			return ctx
-		},
-		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
-			if ev.Phase == phase && armed.CompareAndSwap(false, true) {
-				proxy.DropNextCommitAck()
-			}
-		},
-	}}})
-	res, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
-	require.NoError(t, err, "the engine re-reads the key and learns the commit happened")
-	require.EqualValues(t, 1, proxy.Dropped(), "the fault fired")
-	require.EqualValues(t, 1, runs.Load(), "the phase was not redone")
-	require.Equal(t, 201, res.Response.Status)
-	requireOneEffect(t, b, "acct", "k")
-
-	replay, err := e.Do(ctx, chargeReq("acct", "k", `{"amount":3}`))
-	require.NoError(t, err)
-	require.True(t, replay.Replayed)
-	require.Equal(t, res.Response.Body, replay.Response.Body)
+	requireLostAckResolved(t, b, pool, proxy, phase)
 }
 
 // TestCommitAloneAnswerLostExecModes: the engine's own transactions lose their
