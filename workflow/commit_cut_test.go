@@ -96,7 +96,8 @@ func testCommitAloneAnswerLost(t *testing.T, mode pgx.QueryExecMode, at string) 
 	require.True(t, replay.Replayed)
 }
 
-// proxiedModePool is proxiedPool in query exec mode mode.
+// proxiedModePool opens a pool on the schema whose connections go through a fault
+// proxy, in query exec mode mode.
 func proxiedModePool(t *testing.T, b *bundle, mode pgx.QueryExecMode) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(b.db.URL)

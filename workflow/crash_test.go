@@ -3,11 +3,10 @@ package workflow_test
 import (
 	"context"
 	"encoding/json"
-	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -53,23 +52,11 @@ func TestCrashMatrix(t *testing.T) {
 	require.Equal(t, cases, provider.Made(), "one provider payment per key")
 }
 
-// proxiedPool opens a pool on the schema whose connections go through a fault proxy.
+// proxiedPool opens a pool on the schema whose connections go through a fault proxy,
+// in pgx's default query exec mode.
 func proxiedPool(t *testing.T, b *bundle) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	proxy, err := faultproxy.New(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	host, port, err := net.SplitHostPort(proxy.Addr())
-	require.NoError(t, err)
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil // the proxy reads plain protocol
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool, proxy
+	return proxiedModePool(t, b, pgx.QueryExecModeCacheStatement)
 }
 
 func TestCommitAcknowledgementLost(t *testing.T) {
