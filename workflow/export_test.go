@@ -3,9 +3,14 @@ package workflow
 import (
 	"context"
 	"time"
+
+	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // Internals that the tests of package workflow_test reach.
+
+// ClaimHash is the hash a key's claim lock is made from, for a test that holds it.
+var ClaimHash = keytable.ClaimHash
 
 // FingerprintV1 is the fingerprint that releases before v2 stored, to write such rows.
 var FingerprintV1 = fingerprintV1

@@ -43,7 +43,7 @@ func TestPipelinedAfterLoser(t *testing.T) {
 			require.NoError(t, err)
 			defer holder.Release()
 			_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1::bigint # 'idemflow_keys'::regclass::oid::bigint)`,
-				claimHashOf("acct", "lost"))
+				workflow.ClaimHash("acct", "lost"))
 			require.NoError(t, err)
 			res, err := b.engine.Do(ctx, pipeReq("lost", `{"a":1}`))
 			require.False(t, err == nil && res.Response.Status == http.StatusCreated, "the copy must lose")
@@ -85,20 +85,6 @@ func loserSetup(t *testing.T, mode pgx.QueryExecMode) (*pipeBundle, *atomic.Int6
 	require.NoError(t, b.engine.Register(pipeFlow("pipe", &b.calls, nil)))
 	require.NoError(t, workflow.StartUp(context.Background(), b.engine))
 	return b, wire
-}
-
-// claimHashOf is the engine's claim-lock hash of a key (FNV-1a of "idemflow\x00", the
-// scope, "\x00" and the key), for a test that holds the lock itself.
-func claimHashOf(scope, key string) int64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for _, part := range [...]string{"idemflow\x00", scope, "\x00", key} {
-		for i := 0; i < len(part); i++ {
-			h ^= uint64(part[i])
-			h *= prime
-		}
-	}
-	return int64(h)
 }
 
 // turnConn counts the turns of a connection's conversation: a write that follows a

@@ -256,6 +256,11 @@ func (s *Store) LookupRecent(ctx context.Context, db DBTX, scope, key string) (*
 	return row, err
 }
 
+// ClaimHash is claimHash, for code outside the package that must hold a key's claim
+// lock itself (tests that make a copy lose): the lock's id is ClaimHash(scope, key)
+// XOR the key table's oid, as claimLockID writes it.
+func ClaimHash(scope, key string) int64 { return claimHash(scope, key) }
+
 // claimHash is the hash of a key from which its claim lock's id is made: a 64-bit
 // FNV-1a hash of the scope and the key. The lock's id mixes in the key table's oid
 // (see the claim statements), so two keys share a lock only by a hash collision, which
