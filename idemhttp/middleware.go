@@ -58,8 +58,14 @@ const middlewarePhase = "handle"
 // they commit with the stored answer or not at all, or pass an idempotency key of
 // your own (derived from the request's key and scope) to any remote call.
 //
-// A request without a key passes straight to the handler, or is answered 400 when
-// Config.RequireKey is set. The wrapped handler gets a copy of the request whose
+// A request of a safe method (GET, HEAD, OPTIONS, TRACE) passes straight to the
+// handler, as it is, whatever its Idempotency-Key header holds (valid, invalid or
+// none, with or without Config.RequireKey): the key belongs to operations, a read
+// needs none, and the key table is not touched. So a client that follows an
+// operation's 303 See Other with a GET that still carries the operation's key (Go's
+// http.Client copies the header onto the redirect) gets the resource, never a 422
+// for a key it did not reuse. Any other request without a key passes straight to the
+// handler, or is answered 400 when Config.RequireKey is set. The wrapped handler gets a copy of the request whose
 // body is the bytes already read; its context does not end when the client goes away
 // (so that the answer is stored for the retry) but shortly before the key's lease does.
 // Every other answer is as described for Handler. Any number of middlewares may share
@@ -70,9 +76,9 @@ const middlewarePhase = "handle"
 // and headers, and Hijack is not supported.
 //
 // A protocol upgrade cannot be stored or replayed, so it is never run under a key: a
-// request that asks for one (an Upgrade header or a Connection: upgrade token, as
-// WebSocket and h2c send, or the CONNECT method) and carries an Idempotency-Key is
-// answered 400 with problem type upgrade-not-idempotent before the handler runs, and
+// WebSocket's GET goes to the handler as any GET does, and any other request that asks
+// for one (an Upgrade header or a Connection: upgrade token, as h2c sends, or the
+// CONNECT method) and carries an Idempotency-Key is answered 400 with problem type upgrade-not-idempotent before the handler runs, and
 // nothing is written; without a key it goes to the handler as any request without a
 // key does (and the handler gets the real response writer, which can be hijacked). An
 // informational status the handler writes (1xx, 101 included) is dropped, as net/http
@@ -148,6 +154,10 @@ type live struct {
 }
 
 func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if safeMethod(r.Method) { // never keyed, whatever its key (an upgrade's GET included)
+		h.next.ServeHTTP(w, r)
+		return
+	}
 	if upgrade(r) && len(r.Header.Values(KeyHeader)) > 0 {
 		h.front.problem(w, http.StatusBadRequest, kindUpgrade, upgradeDetail)
 		return
