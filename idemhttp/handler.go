@@ -194,7 +194,8 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //   - 422 key-reused: the key was used for a different request (method, route or
 //     body) of an unsafe method. Nothing was done for this one; the detail tells the
 //     client not to send it under a new key before checking what the first request
-//     did (resending it unchanged gets its answer).
+//     did (resending it unchanged gets its answer). Not for a request that follows a
+//     307 or 308 stored under the key to its Location: that one runs (see Middleware).
 //   - 503 unavailable, with Retry-After: a transient failure or an unavailable
 //     database; nothing was stored and a retry resumes the work. Also the answer of
 //     an attempt turned away before its claim (a *workflow.ShedError: the engine is
@@ -241,7 +242,7 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req.Flow = h.flow
 	// The client's cancellation is honoured until the claim; after it the engine
 	// detaches the attempt, so that its answer is stored for the retry.
-	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
+	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
 }
 
 // allowed is the Allow header of a 405 to a safe method: the method of the route's

@@ -72,6 +72,20 @@ const middlewarePhase = "handle"
 // an engine: requests of different routes are told apart by Config.Route, which is
 // part of the fingerprint, so a key reused on another route is a mismatch (422).
 //
+// Except for a redirect stored under the key. A 307 or 308 the handler answers (a
+// ServeMux's own 307 for a missing trailing slash, when the middleware wraps the mux)
+// is stored as the key's answer like any other; the client then repeats the same
+// method and body, under the same key, at the Location. That request is the same
+// operation, not a reuse: when the key's stored answer is a 307 or 308 of the same
+// method whose Location resolves to the request's path and query, the request runs
+// under a key derived from the client's key and its route (MovedKeyPrefix), the same
+// on every retry, so that following the redirect again, or going straight to the new
+// address, gets its answer. (The stored answer keeps no body to compare: a different
+// body sent there first runs; once that key is stored, a different body is a 422.)
+// One hop is followed: a stored redirect to a stored redirect ends in 422. Redirects
+// answered outside the middleware (http.RedirectHandler on the old route) need none
+// of this: the key is first used at the new address.
+//
 // The response writer the handler gets buffers everything: Flush only fixes the status
 // and headers, and Hijack is not supported.
 //
@@ -177,7 +191,7 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
+	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
 }
 
 // kindUpgrade is the problem kind of a keyed upgrade request (400); the other kinds

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -256,5 +257,85 @@ func TestSafeMethodsAreNeverKeyed(t *testing.T) {
 	require.Equal(t, 1, rowsFor(t, b.db, acct, ""))
 	require.Equal(t, before, keyRow(t, b.db, acct, "op-1"), "the operation's key is untouched")
 	require.Equal(t, 1, ledgerRows(t, b, acct))
+	requireNo422(t, answers)
+}
+
+// A 307 or 308 answered under the key itself: here Middleware wraps a whole ServeMux,
+// which answers POST /orders 307 to /orders/ (its pattern), and that 307 is stored as
+// the key's answer. The POST that follows it to /orders/ under the same key is the same
+// operation, not a reuse: it runs once (under the moved key), and every retry, through
+// the redirect or straight to /orders/, gets its answer; no 422 anywhere. A different
+// body sent to /orders/ under the key is still a reuse (422), and a GET still passes.
+func TestRedirectStoredUnderTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
+	require.NoError(t, err)
+	var runs atomic.Int32
+	inner := http.NewServeMux()
+	inner.HandleFunc("POST /orders/", func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"body":%q}`, n, body)
+	})
+	answers := &seen{}
+	srv := newServer(t, answers.wrap(mw(inner)))
+	transport, err := idemclient.NewTransport(srv.Client().Transport, nil)
+	require.NoError(t, err)
+	noFollow := *srv.Client()
+	noFollow.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	const acct = "acct_moved"
+
+	stored := postCharge(t, &noFollow, srv.URL+"/orders", acct, "op-1", false)
+	require.Equal(t, http.StatusTemporaryRedirect, stored.status, "ServeMux's own redirect, stored: %s", stored.body)
+	require.Equal(t, "/orders/", stored.header.Get("Location"))
+
+	first := postCharge(t, srv.Client(), srv.URL+"/orders", acct, "op-1", false)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	require.False(t, first.replayed())
+	require.Equal(t, `{"order":1,"body":"{\"amount\":7}"}`, string(first.body))
+	for _, c := range []*http.Client{srv.Client(), {Transport: transport}} {
+		again := postCharge(t, c, srv.URL+"/orders", acct, "op-1", c.Transport == transport)
+		require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+		require.True(t, again.replayed())
+		require.Equal(t, first.body, again.body)
+	}
+	direct := postCharge(t, srv.Client(), srv.URL+"/orders/", acct, "op-1", false)
+	require.True(t, direct.replayed(), "straight to the new address, as a client told 308 would")
+	require.Equal(t, first.body, direct.body)
+	require.True(t, postCharge(t, &noFollow, srv.URL+"/orders", acct, "op-1", false).replayed(), "the 307 is replayed")
+	require.EqualValues(t, 1, runs.Load(), "one order")
+	require.Equal(t, 2, rowsFor(t, b.db, acct, ""), "the key's 307 and the moved key's order")
+
+	requireNo422(t, answers)
+	before := keyRow(t, b.db, acct, "op-1")
+	r := mustSend(t, srv, http.MethodPost, "/orders/", keyed(acct, "op-1"), `{"amount":8}`)
+	requireProblem(t, r, http.StatusUnprocessableEntity)
+	require.Equal(t, before, keyRow(t, b.db, acct, "op-1"))
+	require.EqualValues(t, 1, runs.Load())
+	answers.mu.Lock()
+	answers.got = nil // the 422 just asked for
+	answers.mu.Unlock()
+
+	other := mustSend(t, srv, http.MethodPost, "/orders", keyed(acct, "op-2"), `{"amount":9}`)
+	require.Equal(t, http.StatusCreated, other.status, "another operation runs as usual: %s", other.body)
+	require.EqualValues(t, 2, runs.Load())
+	requireNo422(t, answers)
+
+	// Whether a request follows a stored redirect is unknown when the key cannot be
+	// read in full (here its history is not the array it must be): the answer is a
+	// failure, never a 422, and nothing runs or changes.
+	stored = postCharge(t, &noFollow, srv.URL+"/orders", acct, "op-3", false)
+	require.Equal(t, http.StatusTemporaryRedirect, stored.status)
+	_, err = b.db.Pool.Exec(context.Background(),
+		`UPDATE idemflow_keys SET history = '{}' WHERE scope = $1 AND idempotency_key = 'op-3'`, acct)
+	require.NoError(t, err)
+	before = keyRow(t, b.db, acct, "op-3")
+	r = mustSend(t, srv, http.MethodPost, "/orders/", keyed(acct, "op-3"), `{"amount":7}`)
+	requireProblem(t, r, http.StatusInternalServerError)
+	require.Equal(t, before, keyRow(t, b.db, acct, "op-3"))
+	require.EqualValues(t, 2, runs.Load())
 	requireNo422(t, answers)
 }
