@@ -236,7 +236,7 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !keyed { // a safe method: a flow is an operation, never run by a read
 		w.Header().Set("Allow", allowed(r))
-		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "A "+r.Method+" request does not run this operation; send its own method.")
+		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "The "+r.Method+" method reads; it does not run this operation. Send the operation's own method (Allow).")
 		return
 	}
 	req.Flow = h.flow
