@@ -52,8 +52,8 @@
 //
 // Protocol upgrades are never run under a key: a middleware answers a keyed request
 // of an unsafe method that asks to switch protocols (h2c, CONNECT) 400 with problem
-// type upgrade-not-idempotent before its handler runs, and drops an informational status
-// (1xx, 101 included) its handler writes, so that the stored answer is always a final
+// type upgrade-not-idempotent before its handler runs, and drops an informational
+// status (1xx, 101 included) its handler writes, so that the stored answer is always a final
 // one and the handler never runs twice for want of one (see Middleware).
 //
 // This package imports idemflow's workflow and phases packages and

@@ -65,9 +65,10 @@ const middlewarePhase = "handle"
 // operation's 303 See Other with a GET that still carries the operation's key (Go's
 // http.Client copies the header onto the redirect) gets the resource, never a 422
 // for a key it did not reuse. Any other request without a key passes straight to the
-// handler, or is answered 400 when Config.RequireKey is set. The wrapped handler gets a copy of the request whose
-// body is the bytes already read; its context does not end when the client goes away
-// (so that the answer is stored for the retry) but shortly before the key's lease does.
+// handler, or is answered 400 when Config.RequireKey is set. The wrapped handler gets
+// a copy of the request whose body is the bytes already read; its context does not
+// end when the client goes away (so that the answer is stored for the retry) but
+// shortly before the key's lease does.
 // Every other answer is as described for Handler. Any number of middlewares may share
 // an engine: requests of different routes are told apart by Config.Route, which is
 // part of the fingerprint, so a key reused on another route is a mismatch (422).
@@ -92,8 +93,8 @@ const middlewarePhase = "handle"
 // A protocol upgrade cannot be stored or replayed, so it is never run under a key: a
 // WebSocket's GET goes to the handler as any GET does, and any other request that asks
 // for one (an Upgrade header or a Connection: upgrade token, as h2c sends, or the
-// CONNECT method) and carries an Idempotency-Key is answered 400 with problem type upgrade-not-idempotent before the handler runs, and
-// nothing is written; without a key it goes to the handler as any request without a
+// CONNECT method) and carries an Idempotency-Key is answered 400 with problem type
+// upgrade-not-idempotent before the handler runs, and nothing is written; without a key it goes to the handler as any request without a
 // key does (and the handler gets the real response writer, which can be hijacked). An
 // informational status the handler writes (1xx, 101 included) is dropped, as net/http
 // drops a second WriteHeader: it is never sent, stored or replayed, and the answer is
