@@ -272,8 +272,17 @@ func TestSafeMethodsAreNeverKeyed(t *testing.T) {
 func TestRedirectStoredUnderTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	mw, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
-	require.NoError(t, err)
+	for name, mw := range middlewares(t, b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: true}) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			requireRedirectStored(t, b, mw, "acct_moved_"+name)
+		})
+	}
+}
+
+// requireRedirectStored is TestRedirectStoredUnderTheKey for one middleware, mw, with
+// the keys of acct.
+func requireRedirectStored(t *testing.T, b *bundle, mw func(http.Handler) http.Handler, acct string) {
 	var runs atomic.Int32
 	inner := http.NewServeMux()
 	inner.HandleFunc("POST /orders/", func(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +298,6 @@ func TestRedirectStoredUnderTheKey(t *testing.T) {
 	require.NoError(t, err)
 	noFollow := *srv.Client()
 	noFollow.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	const acct = "acct_moved"
 
 	stored := postCharge(t, &noFollow, srv.URL+"/orders", acct, "op-1", false)
 	require.Equal(t, http.StatusTemporaryRedirect, stored.status, "ServeMux's own redirect, stored: %s", stored.body)
