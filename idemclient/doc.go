@@ -19,6 +19,12 @@
 // running out of attempts or time with an *ExhaustedError, after which the operation
 // is retried later with the same key.
 //
+// Redirects: the answer of the operation is the redirect itself (an idemflow server
+// stores and replays a 303 like any answer). The http.Client's GET after a 301, 302 or
+// 303 is a read of another resource: the Transport sends it once, without the key. A
+// 307 or 308 repeats the operation (same method and body) at another URI, under the
+// same key.
+//
 // Where keys come from:
 //   - KeyFrom derives a key from the operation ("renewal", "sub_123", "2026-10"): every
 //     process and every restart sends the same key, with nothing to store.

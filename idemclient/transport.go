@@ -110,6 +110,16 @@ type RetryEvent struct {
 // (WithKey); any other request is passed to the next transport once, untouched, since
 // retrying a request without a key could run it twice.
 //
+// Redirects: the key belongs to the operation, and the http.Client above the Transport
+// follows redirects as new requests. The final answer of the operation is the redirect
+// itself (a 303 See Other is stored and replayed by an idemflow server like any
+// answer); following a 301, 302 or 303 is a GET of another resource, which the
+// Transport sends once, without the key (it removes the Idempotency-Key header the
+// http.Client copies from the first request). A 307 or 308 repeats the same method
+// and body at another URI, the same operation: it is sent under the same key and
+// retried like the first request. Stop the http.Client from following redirects
+// (CheckRedirect returning http.ErrUseLastResponse) to get the redirect itself.
+//
 // What each answer means:
 //   - 408, 409, 429, 500, 502, 503, 504, and any other 5xx with Retry-After: retried
 //     after the answer's Retry-After (delay-seconds or an HTTP-date, plus up to a
@@ -153,6 +163,9 @@ func NewTransport(next http.RoundTripper, cfg *Config) (*Transport, error) {
 // errors it returns: ErrInvalidKey (nothing sent), *DeadLetteredError,
 // *ExhaustedError, the context's error, or the error of reading req's body.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Response != nil && !repeatsOperation(req) {
+		return t.next.RoundTrip(withoutKey(req))
+	}
 	key, keyed, err := requestKey(req)
 	if err == nil && !keyed {
 		return t.next.RoundTrip(req)
@@ -171,6 +184,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	r := &run{t: t, req: req, key: key, body: body, start: t.now()}
 	return r.loop()
+}
+
+// repeatsOperation reports whether req, a request an http.Client made to follow a
+// redirect (req.Response is set), repeats the operation of the request it follows:
+// only a 307 or 308 does (the same method and body to another URI), at every hop
+// back to the first request that can be traced (Response.Request). After a 301, 302
+// or 303 the http.Client sends a GET without the body: a read of another resource,
+// not the operation, which must not carry the operation's key.
+func repeatsOperation(req *http.Request) bool {
+	for r := req; r != nil && r.Response != nil; r = r.Response.Request {
+		if s := r.Response.StatusCode; s != http.StatusTemporaryRedirect && s != http.StatusPermanentRedirect {
+			return false
+		}
+	}
+	return true
+}
+
+// withoutKey returns req without KeyHeader (an http.Client copies the first request's
+// headers onto every redirect), or req itself when it has none.
+func withoutKey(req *http.Request) *http.Request {
+	if len(req.Header.Values(KeyHeader)) == 0 {
+		return req
+	}
+	out := req.Clone(req.Context())
+	out.Header.Del(KeyHeader)
+	return out
 }
 
 // requestKey returns the request's key: its KeyHeader, sent as it is, or the key of

@@ -202,9 +202,9 @@ func TestHandlerInformationalFromTxPhase(t *testing.T) {
 	}
 }
 
-// HEAD never runs anything under a key and never stores a body: Handler refuses it
-// with 405, Middleware passes it to its handler as a request without a key. GET is
-// keyed like any other method.
+// HEAD, like every safe method, never runs anything under a key and never stores a
+// body: Handler refuses it with 405, Middleware passes it to its handler as a request
+// without a key. So does a GET: a flow routed to GET runs for no method.
 func TestHeadNeverStores(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -226,27 +226,26 @@ func TestHeadNeverStores(t *testing.T) {
 		t.Parallel()
 		r := mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
 		require.Equal(t, http.StatusMethodNotAllowed, r.status)
-		require.Equal(t, "GET", r.header.Get("Allow"), "a 405 names the methods that run the flow")
+		require.Equal(t, []string{""}, r.header.Values("Allow"), "a 405 names the methods that run the flow: none routed to GET")
 		require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
 		require.Zero(t, rowsFor(t, b.db, "acct_head", ""), "HEAD writes no key row")
 		require.Zero(t, runs.Load(), "HEAD runs no flow")
 
 		get := mustSend(t, srv, http.MethodGet, "/flow", keyed("acct_head", "k"), "")
-		require.Equal(t, http.StatusOK, get.status)
-		require.Equal(t, "a body", string(get.body))
-		again := mustSend(t, srv, http.MethodGet, "/flow", keyed("acct_head", "k"), "")
-		require.True(t, again.replayed(), "GET with a key is keyed like any method")
-		require.EqualValues(t, 1, runs.Load())
-
-		before := keyRow(t, b.db, "acct_head", "k")
-		r = mustSend(t, srv, http.MethodHead, "/flow", keyed("acct_head", "k"), "")
-		require.Equal(t, http.StatusMethodNotAllowed, r.status, "not a replay of the GET either")
-		require.Equal(t, before, keyRow(t, b.db, "acct_head", "k"))
+		requireProblem(t, get, http.StatusMethodNotAllowed)
+		require.Zero(t, rowsFor(t, b.db, "acct_head", ""), "GET writes no key row")
+		require.Zero(t, runs.Load(), "GET runs no flow")
 
 		r = mustSend(t, srv, http.MethodHead, "/any", keyed("acct_head_any", "k"), "")
 		require.Equal(t, http.StatusMethodNotAllowed, r.status)
-		require.Equal(t, "DELETE, GET, PATCH, POST, PUT", r.header.Get("Allow"))
+		require.Equal(t, "DELETE, PATCH, POST, PUT", r.header.Get("Allow"))
 		require.Zero(t, rowsFor(t, b.db, "acct_head_any", ""), "HEAD writes no key row")
+		r = mustSend(t, srv, http.MethodPost, "/any", keyed("acct_head_any", "k"), "")
+		require.Equal(t, http.StatusOK, r.status, "an unsafe method runs the flow")
+		require.EqualValues(t, 1, runs.Load())
+		r = mustSend(t, srv, http.MethodGet, "/any", keyed("acct_head_any", "k"), "")
+		requireProblem(t, r, http.StatusMethodNotAllowed)
+		require.Equal(t, 1, rowsFor(t, b.db, "acct_head_any", ""), "the POST's key row only")
 	})
 	t.Run("Middleware", func(t *testing.T) {
 		t.Parallel()
@@ -439,11 +438,14 @@ func TestProblemTypes(t *testing.T) {
 	close(release)
 	require.Equal(t, http.StatusOK, (<-first).status)
 
-	// 422: another request under the key: use a new key.
+	// 422: another request under the key, whose first request ran: the detail must
+	// not invite a blind new key (that would charge again), but send the client to
+	// the first request's answer.
 	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{"other":true}`)
 	p = requireProblem(t, r, http.StatusUnprocessableEntity)
 	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-reused", p["type"])
-	require.Contains(t, p["detail"], "use a new key")
+	require.Contains(t, p["detail"], "do not send this request again under a new key before checking its outcome")
+	require.Contains(t, p["detail"], "Resend the first request unchanged, with this key, to get its answer")
 }
 
 // Answers under a key say how long the key is kept; answers without one do not.

@@ -44,10 +44,16 @@
 // made inside Do for a new key, so it cannot be set before Do, and a table keyed by
 // (scope, key) would hand one attempt's writer to another attempt of the same key.
 //
+// The key belongs to operations, which only unsafe methods run: a request of a safe
+// method (GET, HEAD, OPTIONS, TRACE) is never keyed, whatever its Idempotency-Key
+// header holds. Handler answers it 405; a middleware passes it to its handler as it
+// is, so that the GET a client sends to follow an operation's 303 See Other reaches
+// the resource even when it still carries the operation's key.
+//
 // Protocol upgrades are never run under a key: a middleware answers a keyed request
-// that asks to switch protocols (WebSocket, h2c, CONNECT) 400 with problem type
-// upgrade-not-idempotent before its handler runs, and drops an informational status
-// (1xx, 101 included) its handler writes, so that the stored answer is always a final
+// of an unsafe method that asks to switch protocols (h2c, CONNECT) 400 with problem
+// type upgrade-not-idempotent before its handler runs, and drops an informational
+// status (1xx, 101 included) its handler writes, so that the stored answer is always a final
 // one and the handler never runs twice for want of one (see Middleware).
 //
 // This package imports idemflow's workflow and phases packages and

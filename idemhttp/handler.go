@@ -26,7 +26,9 @@ type Config struct {
 	// RequireKey makes Middleware and TxMiddleware answer 400 to a request without an
 	// Idempotency-Key header. When false, such a request goes straight to the wrapped
 	// handler, without idempotency and without touching the key table. Handler ignores
-	// it and always requires the key: a flow runs only under a key.
+	// it and always requires the key: a flow runs only under a key. Requests of a safe
+	// method (GET, HEAD, OPTIONS, TRACE) are never keyed and need no key (see
+	// Middleware).
 	RequireKey bool
 	// MaxBodyBytes limits the request body; a larger one is answered 413 and nothing is
 	// written. Defaults to MaxBodyBytesDefault (1 MiB); at most 16 MiB. The engine's
@@ -151,10 +153,13 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 // route (Config.Route) and the body, JSON by its exact value (see
 // workflow.Fingerprint).
 //
-// Methods: Handler serves every method its route is registered for, and keys them all
-// the same way (a GET with a key runs the flow once and replays its answer), except
-// HEAD, which is never keyed, never runs the flow and never stores anything: it is
-// answered 405. (Middleware passes a HEAD to its handler as a request without a key.)
+// Methods: a flow is an operation, which only an unsafe method (POST, PUT, PATCH,
+// DELETE and the like) runs under a key. A request of a safe method (GET, HEAD,
+// OPTIONS, TRACE: RFC 9110 section 9.2.1) never runs the flow, never touches the key
+// table and is answered 405 method-not-allowed, whatever its Idempotency-Key header
+// says: the key belongs to the operation, and a client that follows the operation's
+// 303 See Other to a GET must never be answered as if it had reused the key (422).
+// (Middleware passes such a request to its handler as a request without a key.)
 //
 // A stored answer keeps its status, body bytes and the headers of
 // workflow.Config.StoredHeaders, and always Content-Type, Content-Encoding and Vary,
@@ -175,8 +180,9 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     UTF-8, a C0 or C1 control character or DEL: workflow.ValidateScope), refused
 //     before the body is read. Nothing is written, and neither is logged above debug
 //     level: clients can cause them at will.
-//   - 405 method-not-allowed: a HEAD request. Allow names the route pattern's method
-//     when it has one, else DELETE, GET, PATCH, POST, PUT.
+//   - 405 method-not-allowed: a GET, HEAD, OPTIONS or TRACE request. Allow names the
+//     route pattern's method when it has one (none when that method is safe), else
+//     DELETE, PATCH, POST, PUT.
 //   - 409 key-in-progress: another attempt holds the key (after Config.Wait, if
 //     set); Retry-After says when its answer is likely stored (whole seconds, at
 //     least 1; see workflow.Config.InProgressRetryAfter).
@@ -185,7 +191,11 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     finishes only if an operator re-drives it (workflow.Engine.Redrive). No Retry-After:
 //     retrying, with this key or a new one, is not what the client should do.
 //   - 413 body-too-large: the body is over the limit.
-//   - 422 key-reused: the key was used for a different request.
+//   - 422 key-reused: the key was used for a different request (method, route or
+//     body) of an unsafe method. Nothing was done for this one; the detail tells the
+//     client not to send it under a new key before checking what the first request
+//     did (resending it unchanged gets its answer). Not for a request that follows a
+//     307 or 308 stored under the key to its Location: that one runs (see Middleware).
 //   - 503 unavailable, with Retry-After: a transient failure or an unavailable
 //     database; nothing was stored and a retry resumes the work. Also the answer of
 //     an attempt turned away before its claim (a *workflow.ShedError: the engine is
@@ -224,32 +234,47 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !keyed { // a HEAD: a flow is an operation, never run for a request without a body to answer
+	if !keyed { // a safe method: a flow is an operation, never run by a read
 		w.Header().Set("Allow", allowed(r))
-		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "A HEAD request does not run this operation; send its own method.")
+		h.front.problem(w, http.StatusMethodNotAllowed, kindMethod, "The "+r.Method+" method reads; it does not run this operation. Send the operation's own method (Allow).")
 		return
 	}
 	req.Flow = h.flow
 	// The client's cancellation is honoured until the claim; after it the engine
 	// detaches the attempt, so that its answer is stored for the retry.
-	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
+	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
 }
 
-// allowed is the Allow header of a 405 to a HEAD: the method of the route's pattern
-// when it names one (a GET pattern also serves HEAD), else every method that has an
-// operation to run.
+// allowed is the Allow header of a 405 to a safe method: the method of the route's
+// pattern when it names one, empty when that method is safe (a flow routed to GET runs
+// for no method), else every unsafe method that has an operation to run.
 func allowed(r *http.Request) string {
-	if method, _, ok := strings.Cut(r.Pattern, " "); ok && method != "" && method != http.MethodHead {
+	if method, _, ok := strings.Cut(r.Pattern, " "); ok && method != "" {
+		if safeMethod(method) {
+			return ""
+		}
 		return method
 	}
-	return "DELETE, GET, PATCH, POST, PUT"
+	return "DELETE, PATCH, POST, PUT"
 }
 
-// read checks a request and reads its body. If the request is a HEAD, or has no key
-// and none is required, it returns keyed false without resolving the scope or reading
-// the body. If ok is false, the problem has been written.
+// safeMethod reports whether method is safe (RFC 9110 section 9.2.1): a read, which
+// an Idempotency-Key never applies to (the IETF draft scopes the key to
+// non-idempotent methods, and safe ones are idempotent already).
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// read checks a request and reads its body. If the request's method is safe (its
+// Idempotency-Key header, valid or not, is not read), or it has no key and none is
+// required, it returns keyed false without resolving the scope or reading the body.
+// If ok is false, the problem has been written.
 func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req workflow.Request, keyed, ok bool) {
-	if r.Method == http.MethodHead { // never keyed: a HEAD stores nothing
+	if safeMethod(r.Method) { // never keyed: a read runs no operation and stores nothing
 		return workflow.Request{}, false, true
 	}
 	key, present, kerr := ParseKeyHeader(r.Header)

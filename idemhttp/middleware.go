@@ -58,22 +58,43 @@ const middlewarePhase = "handle"
 // they commit with the stored answer or not at all, or pass an idempotency key of
 // your own (derived from the request's key and scope) to any remote call.
 //
-// A request without a key passes straight to the handler, or is answered 400 when
-// Config.RequireKey is set. The wrapped handler gets a copy of the request whose
-// body is the bytes already read; its context does not end when the client goes away
-// (so that the answer is stored for the retry) but shortly before the key's lease does.
+// A request of a safe method (GET, HEAD, OPTIONS, TRACE) passes straight to the
+// handler, as it is, whatever its Idempotency-Key header holds (valid, invalid or
+// none, with or without Config.RequireKey): the key belongs to operations, a read
+// needs none, and the key table is not touched. So a client that follows an
+// operation's 303 See Other with a GET that still carries the operation's key (Go's
+// http.Client copies the header onto the redirect) gets the resource, never a 422
+// for a key it did not reuse. Any other request without a key passes straight to the
+// handler, or is answered 400 when Config.RequireKey is set. The wrapped handler gets
+// a copy of the request whose body is the bytes already read; its context does not
+// end when the client goes away (so that the answer is stored for the retry) but
+// shortly before the key's lease does.
 // Every other answer is as described for Handler. Any number of middlewares may share
 // an engine: requests of different routes are told apart by Config.Route, which is
 // part of the fingerprint, so a key reused on another route is a mismatch (422).
+//
+// Except for a redirect stored under the key. A 307 or 308 the handler answers (a
+// ServeMux's own 307 for a missing trailing slash, when the middleware wraps the mux)
+// is stored as the key's answer like any other; the client then repeats the same
+// method and body, under the same key, at the Location. That request is the same
+// operation, not a reuse: when the key's stored answer is a 307 or 308 of the same
+// method whose Location resolves to the request's path and query, the request runs
+// under a key derived from the client's key and its route (MovedKeyPrefix), the same
+// on every retry, so that following the redirect again, or going straight to the new
+// address, gets its answer. (The stored answer keeps no body to compare: a different
+// body sent there first runs; once that key is stored, a different body is a 422.)
+// One hop is followed: a stored redirect to a stored redirect ends in 422. Redirects
+// answered outside the middleware (http.RedirectHandler on the old route) need none
+// of this: the key is first used at the new address.
 //
 // The response writer the handler gets buffers everything: Flush only fixes the status
 // and headers, and Hijack is not supported.
 //
 // A protocol upgrade cannot be stored or replayed, so it is never run under a key: a
-// request that asks for one (an Upgrade header or a Connection: upgrade token, as
-// WebSocket and h2c send, or the CONNECT method) and carries an Idempotency-Key is
-// answered 400 with problem type upgrade-not-idempotent before the handler runs, and
-// nothing is written; without a key it goes to the handler as any request without a
+// WebSocket's GET goes to the handler as any GET does, and any other request that asks
+// for one (an Upgrade header or a Connection: upgrade token, as h2c sends, or the
+// CONNECT method) and carries an Idempotency-Key is answered 400 with problem type
+// upgrade-not-idempotent before the handler runs, and nothing is written; without a key it goes to the handler as any request without a
 // key does (and the handler gets the real response writer, which can be hijacked). An
 // informational status the handler writes (1xx, 101 included) is dropped, as net/http
 // drops a second WriteHeader: it is never sent, stored or replayed, and the answer is
@@ -148,6 +169,10 @@ type live struct {
 }
 
 func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if safeMethod(r.Method) { // never keyed, whatever its key (an upgrade's GET included)
+		h.next.ServeHTTP(w, r)
+		return
+	}
 	if upgrade(r) && len(r.Header.Values(KeyHeader)) > 0 {
 		h.front.problem(w, http.StatusBadRequest, kindUpgrade, upgradeDetail)
 		return
@@ -167,7 +192,7 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	h.front.answer(w, r, req, h.front.e.Run(r.Context(), req))
+	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
 }
 
 // kindUpgrade is the problem kind of a keyed upgrade request (400); the other kinds

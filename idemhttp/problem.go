@@ -23,7 +23,7 @@ const (
 	kindInvalidRequest   = "invalid-request"    // 400: the body cannot be read, or method or path too long
 	kindNoScope          = "no-scope"           // 401: no account owns the key
 	kindInvalidScope     = "invalid-scope"      // 401: the account is not text a key can be stored under
-	kindMethod           = "method-not-allowed" // 405: HEAD never runs a flow
+	kindMethod           = "method-not-allowed" // 405: a safe method (GET, HEAD, ...) never runs a flow
 	kindKeyInProgress    = "key-in-progress"    // 409: another attempt holds the key
 	kindKeyDeadLettered  = "key-dead-lettered"  // 410: the key was given up on
 	kindBodyTooLarge     = "body-too-large"     // 413
@@ -105,8 +105,9 @@ func answerOf(out *workflow.Result) httpAnswer {
 				" s with the same key and the same request to get its answer."}
 	case workflow.OutcomeMismatch:
 		a = httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
-			detail: "The idempotency key was already used for a different request (method, route or body). " +
-				"Resend the first request unchanged to get its answer; use a new key for a different request."}
+			detail: "The idempotency key was already used for a different request (method, route or body); nothing was done for this one. " +
+				"The first request may have taken effect: do not send this request again under a new key before checking its outcome. " +
+				"Resend the first request unchanged, with this key, to get its answer."}
 	case workflow.OutcomeLeaseLost:
 		a = httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
 			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}

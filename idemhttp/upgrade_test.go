@@ -101,27 +101,32 @@ func requireUpgradeRefused(t *testing.T, r reply) {
 
 // TestMiddlewareUpgradeWithoutKey: an upgrade request without a key goes to the
 // handler as any request without a key, with the real response writer: the handler
-// hijacks the connection and switches protocols.
+// hijacks the connection and switches protocols. So does a WebSocket-style GET with a
+// key, even where keys are required: a GET is never keyed.
 func TestMiddlewareUpgradeWithoutKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	for mwName, mw := range middlewares(t, b.engine, &idemhttp.Config{Scope: bearerScope}) {
-		t.Run(mwName, func(t *testing.T) {
-			t.Parallel()
-			h := &switcher{}
-			srv := newServer(t, mw(h))
-			req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL+"/ws", nil)
-			require.NoError(t, err)
-			req.Header = keyed("acct_unkeyed_"+mwName, "")
-			req.Header.Set("Connection", "Upgrade")
-			req.Header.Set("Upgrade", "test")
-			resp, err := srv.Client().Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
-			require.Equal(t, "test", resp.Header.Get("Upgrade"))
-			require.EqualValues(t, 1, h.runs.Load())
-		})
+	for _, key := range []string{"", "ws-k"} {
+		for mwName, mw := range middlewares(t, b.engine, &idemhttp.Config{Scope: bearerScope, RequireKey: key != ""}) {
+			acct := "acct_unkeyed_" + mwName + key
+			t.Run(mwName+"/"+key, func(t *testing.T) {
+				t.Parallel()
+				h := &switcher{}
+				srv := newServer(t, mw(h))
+				req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL+"/ws", nil)
+				require.NoError(t, err)
+				req.Header = keyed(acct, key)
+				req.Header.Set("Connection", "Upgrade")
+				req.Header.Set("Upgrade", "test")
+				resp, err := srv.Client().Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+				require.Equal(t, "test", resp.Header.Get("Upgrade"))
+				require.EqualValues(t, 1, h.runs.Load())
+				require.Zero(t, rowsFor(t, b.db, acct, ""))
+			})
+		}
 	}
 }
 
