@@ -206,3 +206,98 @@ func tableWaiters(t *testing.T, ctx context.Context, admin *pgxpool.Pool) []stri
 	}
 	return q
 }
+
+// fenceFlow: an insert into pipe_effects, a call phase that waits in gate the first
+// time, and a second insert, in pipelined phases (pipelined) or Go-code ones.
+func fenceFlow(name string, pipelined bool, gate func()) phases.Flow {
+	insert := func(phase string) phases.Phase {
+		sql := `INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ($1, $2, '` + phase + `', 1)`
+		if pipelined {
+			return phases.Pipelined(phase, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
+				p.Queue(sql, run.Scope(), run.Key())
+				if phase == "settle" {
+					return phases.JSON(http.StatusCreated, "settled")
+				}
+				return nil, nil
+			})
+		}
+		return phases.Tx(phase, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			if _, err := tx.Exec(ctx, sql, run.Scope(), run.Key()); err != nil {
+				return nil, err
+			}
+			if phase == "settle" {
+				return phases.JSON(http.StatusCreated, "settled")
+			}
+			return nil, nil
+		})
+	}
+	return phases.Flow{Name: name, Phases: []phases.Phase{
+		insert("reserve"),
+		phases.Call("pay", func(context.Context, *phases.Run) (*phases.Response, error) { gate(); return nil, nil }),
+		insert("settle"),
+	}}
+}
+
+// TestFenceLoserParsesNothing: an executor whose lease was taken over while it was in
+// a call phase goes on to a tx phase whose statement its connection has not prepared,
+// while another transaction holds an ACCESS EXCLUSIVE lock on the statement's table
+// (released only once the executor answered): its fence (a pipelined phase's) or its
+// fence's check (a Go-code phase's) refuses it at once, and the server never parsed
+// the statement, which would have waited for the lock. In every query exec mode.
+func TestFenceLoserParsesNothing(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+	} {
+		for _, shape := range []string{"Pipelined", "GoCode"} {
+			t.Run(mode.String()+"/"+shape, func(t *testing.T) {
+				t.Parallel()
+				testFenceLoserParsesNothing(t, mode, shape == "Pipelined")
+			})
+		}
+	}
+}
+
+func testFenceLoserParsesNothing(t *testing.T, mode pgx.QueryExecMode, pipelined bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // only a hung test reaches it
+	defer cancel()
+	b := pipeSetup(t, pgx.QueryExecModeExec, "")
+	require.NoError(t, b.engine.Register(fenceFlow("fence", pipelined, func() {})))
+	inside, gate := make(chan struct{}), make(chan struct{})
+	stale := parseEngine(t, b.db.URL, mode, 1, true)
+	require.NoError(t, stale.Register(fenceFlow("fence", pipelined, func() { close(inside); <-gate })))
+	done := make(chan error, 1)
+	go func() {
+		_, err := stale.Do(ctx, flowReq("fence", "acct", "stale", bodyA))
+		done <- err
+	}()
+	<-inside
+	expireLease(t, b.db, "acct", "stale")
+	res, err := b.engine.Resume(ctx, "acct", "stale")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, res.Response.Status)
+
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(context.Background())
+	_, err = holder.Exec(ctx, `LOCK TABLE pipe_effects IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	close(gate)
+	tick := time.NewTicker(10 * time.Millisecond) // polls the database's state
+	defer tick.Stop()
+	for answered := false; !answered; {
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, workflow.ErrLeaseLost)
+			answered = true
+		case <-tick.C:
+			w := tableWaiters(t, ctx, b.db.Pool)
+			require.Empty(t, w, "the stale executor waits for the table's lock: %q", w)
+		case <-ctx.Done():
+			t.Fatalf("the stale executor did not answer while the table's lock was held")
+		}
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	require.EqualValues(t, 2, seqRuns(t, b.db), "reserve once, settle once (the new owner's)")
+}
