@@ -287,8 +287,9 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 	b.Queue(tx.begin)
 	tx.begun = true
 	x.head(b)
+	guard := len(b.QueuedQueries)
 	pl.queue(b)
-	br := pgpipe.Send(ctx, tx.conn, b)
+	br := pgpipe.SendGuarded(ctx, tx.conn, b, guard)
 	defer br.Close()
 	if err := readBegin(br); err != nil {
 		return x.failed(err), false
@@ -410,9 +411,15 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 		x.committed(ctx, w.target)
 		return nil
 	}
+	broken := tx.conn.IsClosed()
 	tx.done(ctx) // before anything else uses the pool
 	var pf pipeFailure
 	switch {
+	case errors.As(err, &pf) && broken:
+		// A statement's result was lost with the connection, maybe after the round trip
+		// that ends the transaction was sent (on a connection that had not prepared the
+		// statements, after the claim's result came back): the outcome is unknown.
+		return x.unknownCommit(ctx, w, err)
 	case errors.As(err, &pf), claimLost(err), errors.Is(err, keytable.ErrConflict), errors.Is(err, keytable.ErrNotSent):
 		return err
 	case errors.Is(err, keytable.ErrLeaseLost):
@@ -433,31 +440,35 @@ func needsBlock(err error) bool {
 }
 
 // pipeBatch returns how the commit's round trip queues and reads the key row's write
-// w, after the claim or fence and the statements of one when set.
+// w, after the claim or fence and the statements of one when set; those decide
+// whether the phase's statements may run (the queue's guard).
 //
 // A new key's claim on a plain key table is then the claim lock and, right after it,
 // the insert of the row as w leaves it, which raises on the primary key when the row
 // exists: the statements come after both, and nothing is written at the end
 // (internal/keytable/pipeline.go). Elsewhere the claim (with its check that no row
 // exists) or the fence goes first and the write last.
-func (x *exec) pipeBatch(w keyWrite, one *pipeline) (func(*pgx.Batch), func(pgx.BatchResults) error) {
+func (x *exec) pipeBatch(w keyWrite, one *pipeline) (queueFunc, func(pgx.BatchResults) error) {
 	write, read := x.pipeQueue(w)
 	if one == nil {
-		return write, read
+		return func(b *pgx.Batch) int { write(b); return 0 }, read
 	}
 	st := x.e.store
 	atClaim := x.claim != nil && st.PipeInsertsAtClaim()
-	queue := func(b *pgx.Batch) {
+	queue := func(b *pgx.Batch) int {
+		n := len(b.QueuedQueries)
 		if atClaim {
 			st.QueuePipeClaimLock(b, *x.claim)
 			write(b)
 		} else {
 			x.head(b)
 		}
+		guard := len(b.QueuedQueries) - n
 		one.queue(b)
 		if !atClaim {
 			write(b)
 		}
+		return guard
 	}
 	return queue, func(br pgx.BatchResults) error {
 		var err error

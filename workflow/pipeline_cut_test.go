@@ -29,15 +29,25 @@ import (
 // answered an error first).
 var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
 
+// flushMsg is the protocol's Flush message. A batch whose claim goes first on a
+// connection that has not prepared its statements (pgpipe.SendGuarded) ends its first
+// write with it: the claim, the key row's insert and the statements' Parse. The rest,
+// which ends the implicit transaction, is the next write.
+var flushMsg = []byte{'H', 0, 0, 0, 4}
+
 // cutter wraps a pool's connections. Once armed, the next write that carries the
 // request's route (the key row's insert: pipeFlow's reserve batch, in every query exec
-// mode) goes through; then, at the write's return or (answered) once the server's whole
-// answer arrived (read, not handed to pgx), cut runs.
+// mode) goes through, and the next one too if it ended with a Flush; then, at the
+// write's return or (answered) once the server's whole answer arrived (read, not
+// handed to pgx), cut runs.
 type cutter struct {
 	armed    atomic.Bool
 	answered bool // cut once the server answered, rather than once the batch was sent
-	cut      func(net.Conn)
-	cuts     atomic.Int32
+	// atFlush: cut right after a first write that ended with a Flush (the claim, the
+	// key row's insert and the statements' Parse sent, the rest not).
+	atFlush bool
+	cut     func(net.Conn)
+	cuts    atomic.Int32
 }
 
 func (c *cutter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -52,11 +62,15 @@ type cutConn struct {
 	net.Conn
 	c       *cutter
 	cutting bool
+	flushed bool // the batch's first write ended with a Flush: the next one ends it
 }
 
 func (cc *cutConn) Write(p []byte) (int, error) {
 	n, err := cc.Conn.Write(p)
-	if err == nil && bytes.Contains(p, []byte("/pipe")) && cc.c.armed.CompareAndSwap(true, false) {
+	if err == nil && (cc.flushed || bytes.Contains(p, []byte("/pipe")) && cc.c.armed.CompareAndSwap(true, false)) {
+		if cc.flushed = bytes.HasSuffix(p, flushMsg); cc.flushed && !cc.c.atFlush {
+			return n, err
+		}
 		cc.cutting = true
 		if !cc.c.answered {
 			cc.c.cuts.Add(1)
@@ -120,24 +134,32 @@ func TestPipelinedLostAnswer(t *testing.T) {
 	}
 }
 
-// The child program "pipecut": pipeFlow's request on a pool whose connection
-// (cutter) kills the process (SIGKILL) right after reserve's batch was written
-// (envPipeCutAnswered empty), or once the server answered it.
+// The child program "pipecut": pipeFlow's request on a pool in query exec mode
+// envPipeCutMode whose connection (cutter) kills the process (SIGKILL) right after
+// reserve's batch was written (envPipeCutPoint empty), once the server answered it
+// ("answered"), or, on a connection that has not prepared reserve's statements, right
+// after its first part was written: the claim, the key row's insert and the Parse of
+// the statements, behind a Flush ("guard").
 const (
-	envPipeCutDB       = "IDEMFLOW_PIPE_CUT_DB"
-	envPipeCutAnswered = "IDEMFLOW_PIPE_CUT_ANSWERED"
-	pipeCutApp         = "idemflow_pipe_cut"
+	envPipeCutDB    = "IDEMFLOW_PIPE_CUT_DB"
+	envPipeCutPoint = "IDEMFLOW_PIPE_CUT_POINT"
+	envPipeCutMode  = "IDEMFLOW_PIPE_CUT_MODE"
+	pipeCutApp      = "idemflow_pipe_cut"
 )
 
 func init() {
 	childproc.Register("pipecut", func() {
 		ctx := context.Background()
-		cut := &cutter{answered: os.Getenv(envPipeCutAnswered) != "", cut: func(net.Conn) { childproc.Kill() }}
+		point := os.Getenv(envPipeCutPoint)
+		cut := &cutter{answered: point == "answered", atFlush: point == "guard", cut: func(net.Conn) { childproc.Kill() }}
 		cfg, err := pgxpool.ParseConfig(os.Getenv(envPipeCutDB))
 		if err != nil {
 			childproc.Fail("config", err)
 		}
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		if os.Getenv(envPipeCutMode) != "" {
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+		}
 		cfg.ConnConfig.RuntimeParams["application_name"] = pipeCutApp
 		cfg.ConnConfig.DialFunc = cut.dial
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -161,22 +183,31 @@ func init() {
 // TestPipelinedKilledInImplicitCommit kills a real process (SIGKILL) right after it
 // wrote reserve's one-round-trip implicit transaction, and once the server answered
 // it; a retry (after the lease ran out, if the key row committed) finishes the key
-// with one reserve and one settle.
+// with one reserve and one settle. In pgx's exec mode, and in its default mode on a
+// connection that has not prepared reserve's statements, whose claim goes first
+// behind a Flush: killed there ("Guard"), the server rolls the claim back.
 func TestPipelinedKilledInImplicitCommit(t *testing.T) {
 	t.Parallel()
-	for _, answered := range []string{"", "answered"} {
-		t.Run("sent"+answered, func(t *testing.T) {
+	for _, c := range []struct{ name, point, cold string }{
+		{"Sent", "", ""}, {"SentAnswered", "answered", ""},
+		{"ColdGuard", "guard", "cold"}, {"ColdSent", "", "cold"}, {"ColdSentAnswered", "answered", "cold"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := pipeSetup(t, pgx.QueryExecModeExec, "")
 			child := childproc.Start(t, "^$", childproc.Program("pipecut"),
-				envPipeCutDB+"="+b.db.URL, envPipeCutAnswered+"="+answered)
+				envPipeCutDB+"="+b.db.URL, envPipeCutPoint+"="+c.point, envPipeCutMode+"="+c.cold)
 			killed, _ := child.Killed(t)
 			require.True(t, killed, "stderr: %s", child.Stderr())
 			childproc.WaitSessionsGone(t, b.db.Pool, pipeCutApp)
 			rows := countKeysOf(t, b, "cut")
-			if answered != "" {
+			switch c.point {
+			case "answered":
 				require.Equal(t, 1, rows, "the server committed reserve before the process died")
+			case "guard":
+				require.Equal(t, 0, rows, "no Sync was sent: the server rolled the claim back")
+				require.EqualValues(t, 0, seqRuns(t, b.db), "none of reserve's statements ran")
 			}
 			t.Logf("key row committed before the kill: %v", rows == 1)
 			if rows == 1 {

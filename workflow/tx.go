@@ -320,8 +320,9 @@ func (t *phaseTx) flush(ctx context.Context) error {
 // phase's Go code runs while the transaction is open, and a takeover must never wait
 // for it) and raises when the fence is stale; the claim raises when another
 // transaction holds the key's claim lock or the key row exists. Either way the server
-// runs nothing queued after it.
-func (t *phaseTx) head(b *pgx.Batch) {
+// runs nothing queued after it. It returns the number of statements it queued when
+// they include a check or a claim (the guard of pgpipe.SendGuarded), else 0.
+func (t *phaseTx) head(b *pgx.Batch) (guard int) {
 	b.Queue(t.begin)
 	t.begun = true
 	switch {
@@ -329,7 +330,10 @@ func (t *phaseTx) head(b *pgx.Batch) {
 		t.store.QueueFenceCheck(b, *t.check)
 	case t.folded != nil:
 		t.store.QueuePipeClaim(b, *t.folded)
+	default:
+		return 0
 	}
+	return len(b.QueuedQueries)
 }
 
 // readHead reads the results of head. A check or a claim that refused, or whose
@@ -380,9 +384,9 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return t.conn.Exec(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
-	t.head(b)
+	guard := t.head(b)
 	b.Queue(sql, args...)
-	br := pgpipe.Send(ctx, t.conn, b)
+	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return pgconn.CommandTag{}, err
@@ -418,9 +422,9 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		return err
 	}
 	b := &pgx.Batch{}
-	t.head(b)
+	guard := t.head(b)
 	b.Queue(sql, args...)
-	br := pgpipe.Send(ctx, t.conn, b)
+	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return err
@@ -476,8 +480,15 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 // Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
 // sent, and a commit that fails after it ran out says so.
 func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	return t.send(ctx, write, read, sendCommit)
+	return t.send(ctx, func(b *pgx.Batch) int { write(b); return 0 }, read, sendCommit)
 }
+
+// queueFunc queues a round trip's statements on a batch and returns how many of them,
+// from the first it queued, decide whether the rest may run (the claim or the fence,
+// each raising when it says no), or 0. The batch is sent so that the server acts on
+// nothing of the rest, not even a Parse (which takes locks on the user's tables),
+// before those ran without error (pgpipe.SendGuarded): a loser never waits for a lock.
+type queueFunc func(b *pgx.Batch) (guard int)
 
 // sendMode is what phaseTx.send sends around the queued statements.
 type sendMode int
@@ -498,7 +509,7 @@ const (
 
 // send is commit, for the engine's write (sendCommit) or a pipelined phase's
 // statements and key write (sendPipelined, sendImplicit).
-func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error, mode sendMode) (err error) {
+func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.BatchResults) error, mode sendMode) (err error) {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
 		return fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
 	}
@@ -514,14 +525,18 @@ func (t *phaseTx) send(ctx context.Context, write func(*pgx.Batch), read func(pg
 		b.Queue(t.begin)
 		t.begun = true
 	}
-	write(b)
+	n := len(b.QueuedQueries)
+	guard := write(b)
+	if guard > 0 {
+		guard += n // BEGIN, if sent, comes first
+	}
 	if !implicit {
 		b.Queue("COMMIT")
 	}
 	if !t.conn.IsClosed() { // every mode commits: a Go-code phase's COMMIT as much as a pipelined one
 		defer func() { err = lostAnswer(err) }()
 	}
-	br := pgpipe.Send(ctx, t.conn, b)
+	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
 	defer br.Close()
 	if opened {
 		if err := readBegin(br); err != nil {

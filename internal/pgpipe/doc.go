@@ -9,7 +9,7 @@
 // that loses raises, so that the server skips the rest of the batch. Send keeps those
 // losing batches free of after-effects.
 //
-//	br := pgpipe.Send(ctx, conn, b)
+//	br := pgpipe.Send(ctx, conn, b) // or SendGuarded(ctx, conn, b, guard)
 //	defer br.Close()
 //	tag, err := br.Exec()
 //
@@ -24,7 +24,21 @@
 //     transaction mode that keeps no prepared statements.
 //
 // A statement seen for the first time on a connection is described first, in a round
-// trip of its own, as pgx does. The registry forgets a statement the server says
+// trip of its own, as pgx does — but not in a guarded batch (SendGuarded), whose first
+// statements decide whether the rest may run (the engine's claim or fence, which
+// raises when it says no). A Parse takes the locks of the tables its statement names,
+// so a rest described ahead of its guard would wait for a lock its guard was meant to
+// spare it. There the guard's statements go first (one seen for the first time as
+// pgx's exec mode sends it: the unnamed statement, its arguments' types from their Go
+// values), then the Parse and Describe of every new statement, then a Flush: the
+// server answers without ending the transaction, and after a guard that raised it
+// skips every message up to the next Sync, Parse included. The rest is sent, with
+// Sync, once the guard came back: the same two round trips on a new connection, one
+// once it prepared the batch's statements. pgx's describe-exec mode, which describes
+// every statement on every use, goes the same way for a guarded batch (two round
+// trips, as in pgx). pgx's exec mode (one pipeline) and simple protocol (one query
+// string, each statement parsed and analysed only once the one before it ran) need
+// nothing: they go to pgx. The registry forgets a statement the server says
 // cannot run as prepared (class 0A, such as "cached plan must not change result
 // type", or class 42, or 08P01 when a stale description's result formats no longer
 // match the columns) and forgets all of them when the server lost a name (26000,
@@ -33,10 +47,11 @@
 // lost, a constraint, a callback's error — changes nothing.
 //
 // Everything else goes to conn.SendBatch unchanged: the other exec modes (they keep
-// nothing per statement, so they have nothing to lose), a disabled cache, a batch
-// whose arguments start with a QueryExecMode, a QueryRewriter (named arguments) or a
-// result-format option, and a statement that is a bare name (a statement prepared by
-// name with Conn.Prepare). A context that ends or a connection that breaks is handled
+// nothing per statement, so they have nothing to lose; describe-exec but for a guarded
+// batch), a disabled cache, a batch whose arguments start with a QueryExecMode, a
+// QueryRewriter (named arguments, but in a guarded batch, which rewrites them as pgx
+// does) or a result-format option, and a statement that is a bare name (a statement
+// prepared by name with Conn.Prepare; such a guarded batch gets no guarantee). A context that ends or a connection that breaks is handled
 // by pgconn's pipeline as in pgx: the connection is closed, never used half-read. The
 // connection's tracer sees the batch if it is a pgx.BatchTracer (a prepare round trip
 // is not traced, as in pgx). BatchResults.Tx is always nil: a batch begun with

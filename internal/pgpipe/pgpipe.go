@@ -25,15 +25,59 @@ const namePrefix = "idemflow_"
 // conn.SendBatch. The connection must not be in use by anything else until the
 // results are closed.
 func Send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) pgx.BatchResults {
-	r := registryOf(conn)
-	if r == nil || !fits(b) {
-		return conn.SendBatch(ctx, b)
-	}
-	return r.send(ctx, conn, b)
+	return SendGuarded(ctx, conn, b, 0)
 }
 
-// fits reports whether every statement of b can go through the registry.
-func fits(b *pgx.Batch) bool {
+// SendGuarded is Send for a batch whose first guard statements decide whether the
+// rest may run: each raises when it says no. The server acts on nothing of the rest
+// (no Parse, which takes the locks of the tables a statement names, no Describe, Bind
+// or Execute) before the guard's statements ran without an error. A statement of the
+// rest that the connection has not prepared is prepared after them in the same
+// pipeline, and the rest is sent once they came back (see the package doc). Guard 0
+// is Send.
+func SendGuarded(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard int) pgx.BatchResults {
+	if guard >= len(b.QueuedQueries) {
+		guard = 0
+	}
+	r := registryOf(conn)
+	if r == nil || (!r.keep && guard == 0) {
+		return conn.SendBatch(ctx, b)
+	}
+	if !fits(b, guard > 0) {
+		return conn.SendBatch(ctx, b)
+	}
+	return r.send(ctx, conn, b, guard)
+}
+
+// rewrite applies the QueryRewriter (pgx.NamedArgs) that starts a statement's
+// arguments, in place, as pgx's SendBatch does.
+func rewrite(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) error {
+	for _, q := range b.QueuedQueries {
+		var rw pgx.QueryRewriter
+		args := q.Arguments
+		for len(args) > 0 {
+			a, ok := args[0].(pgx.QueryRewriter)
+			if !ok {
+				break
+			}
+			rw, args = a, args[1:]
+		}
+		if rw == nil {
+			continue
+		}
+		sql, args, err := rw.RewriteQuery(ctx, conn, q.SQL, args)
+		if err != nil {
+			return fmt.Errorf("rewrite query failed: %w", err)
+		}
+		q.SQL, q.Arguments = sql, args
+	}
+	return nil
+}
+
+// fits reports whether every statement of b can go through the registry. Named
+// arguments (a QueryRewriter) go to pgx, but in a guarded batch, which the registry
+// rewrites itself: pgx would prepare the rewritten statements ahead of the guard's.
+func fits(b *pgx.Batch, rewrites bool) bool {
 	if len(b.QueuedQueries) == 0 || beganTx(b) {
 		return false
 	}
@@ -43,8 +87,12 @@ func fits(b *pgx.Batch) bool {
 		}
 		if len(q.Arguments) > 0 {
 			switch q.Arguments[0].(type) {
-			case pgx.QueryExecMode, pgx.QueryRewriter, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
 				return false
+			case pgx.QueryRewriter:
+				if !rewrites {
+					return false
+				}
 			}
 		}
 	}
@@ -75,6 +123,7 @@ func beganTx(b *pgx.Batch) bool {
 // registry is one connection's statements.
 type registry struct {
 	named    bool // cache-statement mode: prepared under names; else descriptions only
+	keep     bool // false in describe-exec mode: every send describes its statements
 	capacity int
 	tracer   pgx.BatchTracer
 	bySQL    map[string]*list.Element // of *entry
@@ -92,7 +141,7 @@ type entry struct {
 }
 
 // registryOf is conn's registry, made on first use; nil for a connection whose exec
-// mode keeps nothing per statement (the decision is kept too).
+// mode never describes a statement ahead of its execution (the decision is kept too).
 func registryOf(conn *pgx.Conn) *registry {
 	data := conn.PgConn().CustomData()
 	if r, ok := data[customKey].(*registry); ok {
@@ -108,9 +157,12 @@ func newRegistry(cfg *pgx.ConnConfig) *registry {
 	r := &registry{bySQL: map[string]*list.Element{}}
 	switch {
 	case cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0:
-		r.named, r.capacity = true, cfg.StatementCacheCapacity
+		r.named, r.keep, r.capacity = true, true, cfg.StatementCacheCapacity
 	case cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe && cfg.DescriptionCacheCapacity > 0:
-		r.capacity = cfg.DescriptionCacheCapacity
+		r.keep, r.capacity = true, cfg.DescriptionCacheCapacity
+	case cfg.DefaultQueryExecMode == pgx.QueryExecModeDescribeExec:
+		// Keeps nothing, describing every statement on every use: only a guarded
+		// batch comes here.
 	default:
 		return nil
 	}
@@ -119,42 +171,111 @@ func newRegistry(cfg *pgx.ConnConfig) *registry {
 }
 
 // send sends b's statements in one pipeline, after a round trip that prepares the
-// statements the registry does not have.
-func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *batchResults {
+// statements the registry does not have; or, when a statement after the guard's is
+// one of those, as sendGuarded does.
+func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard int) *batchResults {
 	br := &batchResults{ctx: ctx, conn: conn, r: r, b: b}
 	if r.tracer != nil {
 		br.ctx = r.tracer.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: b})
 	}
+	if guard > 0 {
+		if err := rewrite(br.ctx, conn, b); err != nil {
+			return br.early(err)
+		}
+	}
 	var fresh []*pgconn.StatementDescription
 	br.sds, fresh = r.lookup(b, br.sdsBuf[:0])
-	pipe := conn.PgConn().StartPipeline(br.ctx)
-	if err := r.prepare(pipe, conn, fresh); err != nil {
-		pipe.Close()
+	br.formats = br.formatsBuf[:0]
+	br.pipe = conn.PgConn().StartPipeline(br.ctx)
+	if guard > 0 && r.freshAfter(b, guard, fresh) {
+		return br.sendGuarded(guard, fresh)
+	}
+	if err := r.prepare(br.pipe, conn, fresh); err != nil {
 		return br.early(err)
 	}
-	formats := br.formatsBuf[:0]
-	for i, q := range b.QueuedQueries {
-		sd := br.sds[i]
-		if err := r.eqb.Build(conn.TypeMap(), sd, q.Arguments); err != nil {
-			pipe.Close() // unsynced requests: pgconn closes the connection, as in pgx
-			return br.early(fmt.Errorf("build statement %d of the batch: %w", i, err))
+	if err := br.queue(0, len(b.QueuedQueries), 0); err != nil {
+		return br.early(err) // unsynced requests: pgconn closes the connection, as in pgx
+	}
+	if err := br.pipe.Sync(); err != nil {
+		return br.early(err)
+	}
+	return br
+}
+
+// freshAfter reports whether a statement of b after the first guard is not in the
+// registry (fresh lists those).
+func (r *registry) freshAfter(b *pgx.Batch, guard int, fresh []*pgconn.StatementDescription) bool {
+	if len(fresh) == 0 {
+		return false
+	}
+	for _, q := range b.QueuedQueries[guard:] {
+		if _, ok := r.bySQL[q.SQL]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// sendGuarded sends the guard's statements, then the closing of stale names and the
+// Parse and Describe of every fresh statement, and a Flush, which makes the server
+// answer all of it without ending the transaction. The server runs what follows a
+// statement that raised only after a Sync, so a guard that raises makes it skip every
+// Parse. A fresh statement of the guard runs as pgx's exec mode sends it (the unnamed
+// statement, argument types from their Go values), so that no round trip precedes
+// the guard's. The rest of the batch is sent once its first result is asked for
+// (sendRest), or the batch is closed (Close).
+func (br *batchResults) sendGuarded(guard int, fresh []*pgconn.StatementDescription) *batchResults {
+	if err := br.queue(0, guard, guard); err != nil {
+		return br.early(err) // unsynced requests: pgconn closes the connection, as in pgx
+	}
+	closing := br.r.closing(br.conn)
+	for _, name := range closing {
+		br.pipe.SendDeallocate(name)
+	}
+	for _, sd := range fresh {
+		br.pipe.SendPrepare(sd.Name, sd.SQL, nil)
+	}
+	br.pipe.SendFlushRequest()
+	if err := br.pipe.Flush(); err != nil {
+		return br.early(err)
+	}
+	br.rest = &rest{from: guard, fresh: fresh, closing: closing}
+	return br
+}
+
+// queue builds statements [from, to) of the batch and adds them to the pipeline; the
+// fresh ones of those before exec are sent as pgx's exec mode sends them.
+func (br *batchResults) queue(from, to, exec int) error {
+	r, tm := br.r, br.conn.TypeMap()
+	for i := from; i < to; i++ {
+		q, sd := br.b.QueuedQueries[i], br.sds[i]
+		if i < exec && !r.known(sd) {
+			if err := r.eqb.Build(tm, nil, q.Arguments); err != nil {
+				return fmt.Errorf("build statement %d of the batch: %w", i, err)
+			}
+			br.pipe.SendQueryParams(q.SQL, r.eqb.ParamValues, nil, r.eqb.ParamFormats, r.eqb.ResultFormats)
+			continue
+		}
+		if err := r.eqb.Build(tm, sd, q.Arguments); err != nil {
+			return fmt.Errorf("build statement %d of the batch: %w", i, err)
 		}
 		if r.named {
 			// pgconn keeps the result formats until the results are read; Build reuses
 			// its slices. Each statement's are a segment of formats, which only grows.
-			n := len(formats)
-			formats = append(formats, r.eqb.ResultFormats...)
-			pipe.SendQueryStatement(sd, r.eqb.ParamValues, r.eqb.ParamFormats, formats[n:len(formats):len(formats)])
+			n := len(br.formats)
+			br.formats = append(br.formats, r.eqb.ResultFormats...)
+			br.pipe.SendQueryStatement(sd, r.eqb.ParamValues, r.eqb.ParamFormats, br.formats[n:len(br.formats):len(br.formats)])
 		} else {
-			pipe.SendQueryParams(sd.SQL, r.eqb.ParamValues, sd.ParamOIDs, r.eqb.ParamFormats, r.eqb.ResultFormats)
+			br.pipe.SendQueryParams(sd.SQL, r.eqb.ParamValues, sd.ParamOIDs, r.eqb.ParamFormats, r.eqb.ResultFormats)
 		}
 	}
-	if err := pipe.Sync(); err != nil {
-		pipe.Close()
-		return br.early(err)
-	}
-	br.pipe = pipe
-	return br
+	return nil
+}
+
+// known reports whether sd is the registry's: prepared (described) before this send.
+func (r *registry) known(sd *pgconn.StatementDescription) bool {
+	el, ok := r.bySQL[sd.SQL]
+	return ok && el.Value.(*entry).sd == sd
 }
 
 // lookup finds the description of each statement of b, in sds (an empty slice whose
@@ -197,23 +318,11 @@ func (r *registry) lookup(b *pgx.Batch, sds []*pgconn.StatementDescription) (_, 
 // prepare closes the stale names and describes (in cache-statement mode also
 // prepares) fresh, in one round trip, and adds fresh to the registry. Nothing is sent
 // when there is nothing to do.
-func (r *registry) prepare(pipe *pgconn.Pipeline, conn *pgx.Conn, fresh []*pgconn.StatementDescription) (err error) {
+func (r *registry) prepare(pipe *pgconn.Pipeline, conn *pgx.Conn, fresh []*pgconn.StatementDescription) error {
 	if len(fresh) == 0 {
 		return nil
 	}
-	closing := r.stale
-	defer func() {
-		if err != nil {
-			for _, sd := range fresh {
-				if sd.Name != "" {
-					r.stale = append(r.stale, sd.Name) // some may have been prepared
-				}
-			}
-		}
-	}()
-	if st := conn.PgConn().TxStatus(); st != 'I' && st != 'T' {
-		closing = nil // an aborted transaction: close them later
-	}
+	closing := r.closing(conn)
 	for _, name := range closing {
 		pipe.SendDeallocate(name)
 	}
@@ -221,10 +330,33 @@ func (r *registry) prepare(pipe *pgconn.Pipeline, conn *pgx.Conn, fresh []*pgcon
 		pipe.SendPrepare(sd.Name, sd.SQL, nil)
 	}
 	if err := pipe.Sync(); err != nil {
+		r.unsure(fresh)
 		return err
 	}
+	if err := r.prepared(pipe, fresh, closing); err != nil {
+		return err
+	}
+	if _, err := expect[*pgconn.PipelineSync](pipe); err != nil {
+		return err
+	}
+	return nil
+}
+
+// closing is the stale names to close in a round trip that prepares: none in an
+// aborted transaction (they are closed later).
+func (r *registry) closing(conn *pgx.Conn) []string {
+	if st := conn.PgConn().TxStatus(); st != 'I' && st != 'T' {
+		return nil
+	}
+	return r.stale
+}
+
+// prepared reads the answers to the closing of closing and the preparing of fresh,
+// and adds fresh to the registry.
+func (r *registry) prepared(pipe *pgconn.Pipeline, fresh []*pgconn.StatementDescription, closing []string) error {
 	for range closing {
 		if _, err := expect[*pgconn.CloseComplete](pipe); err != nil {
+			r.unsure(fresh)
 			return err
 		}
 	}
@@ -232,17 +364,26 @@ func (r *registry) prepare(pipe *pgconn.Pipeline, conn *pgx.Conn, fresh []*pgcon
 	for _, sd := range fresh {
 		got, err := expect[*pgconn.StatementDescription](pipe)
 		if err != nil {
+			r.unsure(fresh)
 			return fmt.Errorf("prepare: %w", err)
 		}
 		sd.ParamOIDs, sd.Fields = got.ParamOIDs, got.Fields
-	}
-	if _, err := expect[*pgconn.PipelineSync](pipe); err != nil {
-		return err
 	}
 	for _, sd := range fresh {
 		r.add(sd)
 	}
 	return nil
+}
+
+// unsure notes that some of fresh may have been prepared under their names: they are
+// closed in the next round trip that prepares (closing a name that does not exist is
+// no error).
+func (r *registry) unsure(fresh []*pgconn.StatementDescription) {
+	for _, sd := range fresh {
+		if sd.Name != "" {
+			r.stale = append(r.stale, sd.Name)
+		}
+	}
 }
 
 // expect reads the pipeline's next result, of type T.
@@ -262,6 +403,9 @@ func expect[T any](pipe *pgconn.Pipeline) (T, error) {
 // add registers sd, evicting the least recently used statements beyond the capacity
 // that the current send does not use.
 func (r *registry) add(sd *pgconn.StatementDescription) {
+	if !r.keep {
+		return
+	}
 	r.bySQL[sd.SQL] = r.lru.PushFront(&entry{sd: sd, used: r.gen})
 	for r.lru.Len() > r.capacity {
 		el := r.lru.Back()

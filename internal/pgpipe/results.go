@@ -29,27 +29,88 @@ type batchResults struct {
 	// of the usual size, in br's own allocation.
 	sdsBuf     [12]*pgconn.StatementDescription
 	formatsBuf [32]int16
+	formats    []int16 // the statements' result formats, in named mode
 	pipe       *pgconn.Pipeline
-	rows       *rows // the last Query's
-	err        error
-	idx        int
-	closed     bool
-	traced     bool // TraceBatchEnd was called
+	// rest, when set, is the part of a guarded batch not sent yet (sendGuarded).
+	rest   *rest
+	rows   *rows // the last Query's
+	err    error
+	idx    int
+	closed bool
+	traced bool // TraceBatchEnd was called
 }
 
 var _ pgx.BatchResults = (*batchResults)(nil)
 
-// early is br for a batch that failed before its results could be read.
+// rest is the part of a guarded batch that waits for the guard's results: the
+// statements from from on, and the answers to the closing of closing and the preparing
+// of fresh, which the server sent after the guard's results.
+type rest struct {
+	from    int
+	fresh   []*pgconn.StatementDescription
+	closing []string
+}
+
+// early is br for a batch that failed before its results could be read. A pipeline
+// with requests not synced yet is closed with its connection, as in pgx: the server
+// rolls back what it ran.
 func (br *batchResults) early(err error) *batchResults {
 	br.err, br.closed = err, true
+	if br.pipe != nil {
+		br.pipe.Close()
+	}
 	br.traceEnd()
 	return br
+}
+
+// sendRest reads the answers to what sendGuarded prepared, once the guard's
+// statements came back without error, and sends the rest of the batch with Sync. A
+// failed prepare is that of the rest's first statement: the server skips the rest
+// until the Sync sent then.
+func (br *batchResults) sendRest() error {
+	rs := br.rest
+	br.rest = nil
+	if err := br.r.prepared(br.pipe, rs.fresh, rs.closing); err != nil {
+		if serr := br.pipe.Sync(); serr != nil {
+			return serr
+		}
+		return err
+	}
+	if err := br.queue(rs.from, len(br.b.QueuedQueries), 0); err != nil {
+		// The guard's statements ran and their transaction is open: a Sync would commit
+		// them alone. Closing the connection rolls them back, as in pgx.
+		br.pipe.Close()
+		return err
+	}
+	return br.pipe.Sync()
+}
+
+// endRest ends a guarded batch whose rest was never sent because an error stopped
+// it: the server skips until a Sync after its own error, which ends the transaction;
+// after any other error (a callback's) the guard's statements may have run, and a Sync
+// would commit them alone, so the connection is closed instead.
+func (br *batchResults) endRest() {
+	br.rest = nil
+	var pgErr *pgconn.PgError
+	if errors.As(br.err, &pgErr) {
+		br.pipe.Sync()
+		return
+	}
+	br.pipe.Close()
 }
 
 // next is the result of the next statement, once the last Query's rows are closed.
 func (br *batchResults) next() (q *pgx.QueuedQuery, sd *pgconn.StatementDescription, res *pgconn.ResultReader, start time.Time, err error) {
 	if err := br.ready(); err != nil {
 		return nil, nil, nil, time.Time{}, err
+	}
+	if br.rest != nil && br.idx == br.rest.from {
+		if err := br.sendRest(); err != nil {
+			br.err = err
+			q, sd = br.b.QueuedQueries[br.idx], br.sds[br.idx]
+			br.idx++
+			return q, sd, nil, time.Now(), err
+		}
 	}
 	q, sd = br.b.QueuedQueries[br.idx], br.sds[br.idx]
 	br.idx++
@@ -150,6 +211,9 @@ func (br *batchResults) Close() error {
 		}
 	}
 	br.closed = true
+	if br.rest != nil {
+		br.endRest()
+	}
 	if err := br.pipe.Close(); br.err == nil {
 		br.err = err
 	}
