@@ -1,0 +1,217 @@
+package workflow_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// layoutWarning begins the engine's warning that its check of the key table's layout
+// failed.
+const layoutWarning = "workflow: the key table's layout is not learnt"
+
+// layoutEngine is an engine on a day-partitioned key table whose start-up check of the
+// layout fails: the backend of the first connection its pool hands out is terminated
+// (pg_terminate_backend, as a pooler's restart, an idle timeout or a failover would)
+// after pgxpool's liveness check and before the engine uses it. retry is the wait
+// before the engine tries the check again. It returns the engine, its log and the
+// count of OutcomeLayoutUnknown key events.
+type layoutEngine struct {
+	e       *workflow.Engine
+	logs    *syncBuffer
+	unknown *atomic.Int64
+}
+
+func newLayoutEngine(t *testing.T, b *bundle, retry time.Duration) layoutEngine {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	pool := firstConnTerminated(t, b.db)
+	le := layoutEngine{logs: &syncBuffer{}, unknown: &atomic.Int64{}}
+	e, err := workflow.New(pool, &workflow.Config{
+		Logger: slog.New(slog.NewTextHandler(le.logs, nil)),
+		Hooks: workflow.Hooks{Key: func(_ context.Context, ev workflow.KeyEvent) {
+			if ev.Kind == workflow.OutcomeLayoutUnknown {
+				require.Error(t, ev.Err)
+				le.unknown.Add(1)
+			}
+		}},
+	})
+	require.NoError(t, err)
+	workflow.SetLayoutRetry(e, retry)
+	require.NoError(t, e.Register(testflow.PayFirst(testflow.Options{ProviderURL: b.provider.URL})))
+	le.e = e
+
+	// The first request meets the terminated connection: the check fails, and so
+	// does the request (503), having written nothing.
+	_, err = e.Do(ctx, payFirstReq("first"))
+	require.Error(t, err, "the first request ran on a terminated connection")
+	require.False(t, workflow.LayoutLearnt(e))
+	require.EqualValues(t, 1, le.unknown.Load(), "OutcomeLayoutUnknown events")
+	require.Contains(t, le.logs.String(), "level=WARN msg=\""+layoutWarning, le.logs.String())
+	require.Zero(t, countKeys(t, b.db))
+	return le
+}
+
+// firstConnTerminated is a pool on db's schema whose first connection handed out has
+// had its backend terminated.
+func firstConnTerminated(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	var armed atomic.Bool
+	armed.Store(true)
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if !armed.CompareAndSwap(true, false) {
+			return true, nil
+		}
+		var gone bool // pg_terminate_backend waits, up to its timeout, for the backend to exit
+		err := db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 60000)`, c.PgConn().PID()).Scan(&gone)
+		if err == nil && !gone {
+			err = fmt.Errorf("backend %d did not exit", c.PgConn().PID())
+		}
+		return true, err
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func payFirstReq(key string) workflow.Request {
+	return workflow.Request{Scope: "acct", Key: key, Flow: testflow.PayFirstName, Method: "POST", Route: "/charges", Body: []byte(`{"amount":7}`)}
+}
+
+// TestLayoutUnknownClaimsOnce (issue 36, hole 1): an engine whose start-up check of a
+// partitioned key table's layout failed claims as on the partitioned layout until it
+// has learnt it (invariant 13). Concurrent duplicates of a flow whose first phase is a
+// call, each claiming with the insert at commit, make one key row and one charge per
+// key: every answer is the winner's 201, its replay, or 409. Before the fix the claim
+// took the plain table's single INSERT, which the partitioned primary key (scope, key,
+// created_at) does not stop: two rows, two derived keys, two charges.
+func TestLayoutUnknownClaimsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	le := newLayoutEngine(t, b, time.Hour) // no retry during the test: the layout stays unknown
+
+	const keys, dups = 20, 4
+	type answer struct {
+		key string
+		res *workflow.Result
+		err error
+	}
+	out := make(chan answer, keys*dups)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range keys {
+		key := fmt.Sprintf("dup-%02d", k)
+		for range dups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := le.e.Do(ctx, payFirstReq(key))
+				out <- answer{key, res, err}
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(out)
+	require.False(t, workflow.LayoutLearnt(le.e), "the layout must stay unknown for the duplicates")
+
+	fresh := map[string]int{}
+	for a := range out {
+		if _, busy := isInProgress(a.err); busy {
+			continue
+		}
+		require.NoError(t, a.err, "key %s: want 201, its replay or 409", a.key)
+		require.Equal(t, 201, a.res.Response.Status, "key %s", a.key)
+		if !a.res.Replayed {
+			fresh[a.key]++
+		}
+	}
+	for k := range keys {
+		key := fmt.Sprintf("dup-%02d", k)
+		require.Equal(t, 1, fresh[key], "key %s: fresh 201 answers", key)
+		requireOneChargeFirst(t, b, key)
+	}
+	require.Equal(t, keys, b.provider.Made(), "charges at the provider: one per key")
+	require.EqualValues(t, 1, le.unknown.Load(), "the check is not tried again before its backoff")
+}
+
+// requireOneChargeFirst checks that the pay-first key has one row, finished, its one
+// charge under that row's derived key, its ledger row and settlement, and that a retry
+// replays it.
+func requireOneChargeFirst(t *testing.T, b *bundle, key string) {
+	t.Helper()
+	ctx := context.Background()
+	var rows int
+	var id, status string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*), min(id::text), min(status)
+		FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1`, key).Scan(&rows, &id, &status))
+	require.Equal(t, 1, rows, "key rows for %s", key)
+	require.Equal(t, "finished", status, "key %s", key)
+	_, charged := b.provider.Effect(id + ":" + testflow.PayFirstCharge)
+	require.True(t, charged, "no charge under key %s's derived key", key)
+	e, err := testflow.CountEffects(ctx, b.db.Pool, "acct", key)
+	require.NoError(t, err)
+	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, e, "key %s", key)
+}
+
+// TestLayoutLearntOnRetry: the engine tries its failed check of the layout again, on a
+// later request, once its backoff passed, and learns the layout then; the failure was
+// reported once (a warning and OutcomeLayoutUnknown). Before the fix the check ran once
+// and its failure was logged at debug level only.
+func TestLayoutLearntOnRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	le := newLayoutEngine(t, b, time.Nanosecond) // the next request tries again
+
+	res, err := le.e.Do(ctx, payFirstReq("second"))
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+	require.True(t, workflow.LayoutLearnt(le.e), "the check was tried again and succeeded")
+	require.EqualValues(t, 1, le.unknown.Load(), "OutcomeLayoutUnknown events")
+	require.Equal(t, 1, bytes.Count([]byte(le.logs.String()), []byte(layoutWarning)), le.logs.String())
+	requireOneChargeFirst(t, b, "second")
+
+	replay, err := le.e.Do(ctx, payFirstReq("second"))
+	require.NoError(t, err)
+	require.True(t, replay.Replayed)
+	require.Equal(t, res.Response.Body, replay.Response.Body)
+}
+
+// syncBuffer is a bytes.Buffer safe for the engine's concurrent logging.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
