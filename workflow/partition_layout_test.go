@@ -312,3 +312,72 @@ func attachMinute(t *testing.T, db *pgtest.DB, from time.Time) {
 		name, from.UTC().Format(time.RFC3339), from.Add(time.Minute).UTC().Format(time.RFC3339)))
 	require.NoError(t, err)
 }
+
+// TestPartitionedFutureRowFound (issue 36, hole 9): a key row whose created_at lies
+// ahead of the database clock (the server's clock stepped back since it was inserted,
+// or Citus nodes that disagree) is found by every look-up, so a new attempt with its
+// key replays it, answers 409 while its lease is live, or 422 for another body, and
+// never inserts a second row. Before the fix the partitioned look-up filtered
+// created_at <= statement_timestamp(): a Go-code first phase's claim found no row and
+// inserted a second (a second reservation, a second charge), and a pay-first flow's
+// claim found the row at its check, missed it at every look-up and gave up (503).
+func TestPartitionedFutureRowFound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionMinute, 0))
+	e, err := workflow.New(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(testflow.Flow(testflow.Options{ProviderURL: b.provider.URL})))
+	require.NoError(t, e.Register(testflow.PayFirst(testflow.Options{ProviderURL: b.provider.URL})))
+	require.NoError(t, workflow.StartUp(ctx, e))
+	require.True(t, workflow.LayoutLearnt(e))
+
+	reqs := map[string]workflow.Request{
+		"charge3":  chargeReq("acct", "future-charge3", `{"amount":7}`),
+		"payfirst": payFirstReq("future-payfirst"),
+	}
+	for name, req := range reqs {
+		t.Run(name, func(t *testing.T) {
+			first, err := e.Do(ctx, req)
+			require.NoError(t, err)
+			require.Equal(t, 201, first.Response.Status)
+			// Three minutes ahead of the clock: in a partition created ahead.
+			tag, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET created_at = statement_timestamp() + interval '3 minutes'
+				WHERE scope = $1 AND idempotency_key = $2`, req.Scope, req.Key)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, tag.RowsAffected())
+			row := keyRow(t, b.db, req.Scope, req.Key)
+			charges := b.provider.Made()
+
+			replay, err := e.Do(ctx, req)
+			require.NoError(t, err, "a retry of the finished key")
+			require.True(t, replay.Replayed)
+			require.Equal(t, first.Response.Body, replay.Response.Body)
+
+			other := req
+			other.Body = []byte(`{"amount":8}`)
+			_, err = e.Do(ctx, other)
+			require.ErrorIs(t, err, workflow.ErrMismatch)
+			require.Equal(t, row, keyRow(t, b.db, req.Scope, req.Key), "the replay and the mismatch changed the row")
+
+			// In progress with a live lease: 409.
+			_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET status = 'in_progress', recovery_point = 'started',
+				response_status = NULL, response_headers = NULL, response_body = NULL, finished_at = NULL,
+				locked_until = statement_timestamp() + interval '1 hour' WHERE scope = $1 AND idempotency_key = $2`, req.Scope, req.Key)
+			require.NoError(t, err)
+			_, err = e.Do(ctx, req)
+			_, busy := isInProgress(err)
+			require.True(t, busy, "want 409 while the future row's lease is live, got %v", err)
+
+			var rows int
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`,
+				req.Scope, req.Key).Scan(&rows))
+			require.Equal(t, 1, rows, "key rows")
+			require.Equal(t, charges, b.provider.Made(), "charges at the provider")
+			eff, err := testflow.CountEffects(ctx, b.db.Pool, req.Scope, req.Key)
+			require.NoError(t, err)
+			require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, eff)
+		})
+	}
+}
