@@ -24,8 +24,8 @@ import (
 // failed.
 const layoutWarning = "workflow: the key table's layout is not learnt"
 
-// layoutEngine is an engine on a day-partitioned key table whose start-up check of the
-// layout fails: the backend of the first connection its pool hands out is terminated
+// layoutEngine is an engine on a key table (day-partitioned, or plain) whose start-up
+// check of the layout fails: the backend of the first connection its pool hands out is terminated
 // (pg_terminate_backend, as a pooler's restart, an idle timeout or a failover would)
 // after pgxpool's liveness check and before the engine uses it. retry is the wait
 // before the engine tries the check again. It returns the engine, its log and the
@@ -36,10 +36,12 @@ type layoutEngine struct {
 	unknown *atomic.Int64
 }
 
-func newLayoutEngine(t *testing.T, b *bundle, retry time.Duration) layoutEngine {
+func newLayoutEngine(t *testing.T, b *bundle, retry time.Duration, partitioned bool) layoutEngine {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	if partitioned {
+		require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	}
 	pool := firstConnTerminated(t, b.db)
 	le := layoutEngine{logs: &syncBuffer{}, unknown: &atomic.Int64{}}
 	e, err := workflow.New(pool, &workflow.Config{
@@ -105,9 +107,20 @@ func payFirstReq(key string) workflow.Request {
 // created_at) does not stop: two rows, two derived keys, two charges.
 func TestLayoutUnknownClaimsOnce(t *testing.T) {
 	t.Parallel()
+	// On a plain table the partitioned form is correct too: a busy claim's lock
+	// raises there as well, and the attempt answers as a loser.
+	for name, partitioned := range map[string]bool{"Partitioned": true, "Plain": false} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			layoutUnknownClaimsOnce(t, partitioned)
+		})
+	}
+}
+
+func layoutUnknownClaimsOnce(t *testing.T, partitioned bool) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	le := newLayoutEngine(t, b, time.Hour) // no retry during the test: the layout stays unknown
+	le := newLayoutEngine(t, b, time.Hour, partitioned) // no retry during the test: the layout stays unknown
 
 	const keys, dups = 20, 4
 	type answer struct {
@@ -182,7 +195,7 @@ func TestLayoutLearntOnRetry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
-	le := newLayoutEngine(t, b, time.Nanosecond) // the next request tries again
+	le := newLayoutEngine(t, b, time.Nanosecond, true) // the next request tries again
 
 	res, err := le.e.Do(ctx, payFirstReq("second"))
 	require.NoError(t, err)
