@@ -46,7 +46,8 @@
 //     retry), waiting and its end (finished, replayed, in_progress, mismatch,
 //     released, dead_lettered, lease_lost, parked); swept and given_back (a sweeper's
 //     takeover and its return of a key unrun); redriven, operator_released,
-//     operator_cancelled and purged (an operator's).
+//     operator_cancelled and purged (an operator's); layout_unknown (the engine's
+//     check of the key table's layout failed; flow empty).
 //   - idemflow.keys (gauge): unfinished keys by idemflow.key.status: in_progress
 //     (not stuck), stuck, dead; the statuses do not overlap, and each flow reads 0
 //     when it has none.

@@ -345,7 +345,9 @@ func (e *Engine) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	q.pending.Add(-1)
 	switch {
 	case err == nil:
-		e.started.Do(func() { e.startupCheck(ctx, pc) }) // partition.go
+		if !e.layout.learnt.Load() {
+			e.startupCheck(ctx, pc) // partition.go
+		}
 		return pc, nil
 	case ctx.Err() == nil && actx.Err() != nil:
 		return nil, shed(ErrOverloaded)

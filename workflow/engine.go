@@ -274,7 +274,7 @@ type Engine struct {
 	adm      *admission            // attempts in flight, executors running, the drain
 	waits    waits                 // the keys this engine runs, and the attempts that wait
 	members  map[string]*memberSet // the flows' FingerprintMembers, validated
-	started  sync.Once             // the start-up check of the key table (partition.go)
+	layout   layoutCheck           // the start-up check of the key table (partition.go)
 	sweeping sweeping              // the engine's sweeper (sweeper.go)
 }
 

@@ -30,7 +30,7 @@ func StartUp(ctx context.Context, e *Engine) error {
 		return err
 	}
 	defer pc.Release()
-	e.started.Do(func() { e.startupCheck(ctx, pc) })
+	e.startupCheck(ctx, pc)
 	return nil
 }
 

@@ -232,7 +232,7 @@ func TestOneKeyEventEmitter(t *testing.T) {
 	require.Equal(t, map[string][]string{
 		"Hooks.Key":    {"acted", "attemptEvent"},
 		"attemptEvent": {"committed", "existingRow", "report", "wait"},
-		"acted":        {"CancelKey", "GiveBack", "TakeDue", "abandon", "bulkOne", "operate"},
+		"acted":        {"CancelKey", "GiveBack", "TakeDue", "abandon", "bulkOne", "operate", "startupCheck"},
 	}, callSites(t, "Hooks.Key", "attemptEvent", "acted"))
 }
 

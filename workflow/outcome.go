@@ -49,6 +49,11 @@ const (
 	OutcomeOperatorCancelled Outcome = "operator_cancelled" // an operator finished it with an answer of their choosing (CancelKey)
 	OutcomePurged            Outcome = "purged"             // an operator deleted the finished key (PurgeKey); no history is left
 
+	// OutcomeLayoutUnknown is a key event of no key: the engine's check of the key
+	// table's layout failed (Err says why). Until a later try succeeds its claims take
+	// the partitioned layout's checks (docs/PARTITIONS.md).
+	OutcomeLayoutUnknown Outcome = "layout_unknown"
+
 	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
 	// crash, a pause, a partition) and its lease ran out.
 	OutcomeAbandoned Outcome = "abandoned"
@@ -185,7 +190,8 @@ func (e *Engine) attemptEvent(ctx context.Context, ev KeyEvent) {
 
 // acted is the key event of what an operator or the engine's maintenance did to a key
 // outside any attempt, once that change has committed: operate (ReleaseKey, PurgeKey,
-// Redrive), CancelKey, bulkOne (BulkKeys), abandon (Drain), TakeDue and GiveBack.
+// Redrive), CancelKey, bulkOne (BulkKeys), abandon (Drain), TakeDue and GiveBack; and
+// of what the engine failed to learn (startupCheck's OutcomeLayoutUnknown, no key).
 func (e *Engine) acted(ctx context.Context, ev KeyEvent) {
 	if e.cfg.Hooks.Key != nil {
 		e.cfg.Hooks.Key(ctx, ev)

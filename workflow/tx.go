@@ -543,10 +543,12 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 			return err
 		}
 	}
-	// A claim that found the key busy wrote nothing and aborted nothing: its COMMIT
-	// ends an empty transaction.
 	rerr := read(br)
-	if rerr != nil && (mode != sendCommit || !errors.Is(rerr, keytable.ErrClaimBusy)) {
+	switch {
+	case rerr == nil:
+	case mode == sendCommit && errors.Is(rerr, keytable.ErrClaimBusy):
+		return t.endBusy(br, rerr)
+	default:
 		return rerr
 	}
 	if implicit {
@@ -563,7 +565,20 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 		return fmt.Errorf("commit: server answered %q: %w", tag.String(), keytable.ErrConflict)
 	}
 	t.begun = false
-	return rerr
+	return nil
+}
+
+// endBusy ends the transaction of a claim at commit that found the key's claim lock
+// held by another attempt, and returns busy: the attempt lost the claim, whatever the
+// COMMIT's answer. Nothing was written either way. The plain claim's insert wrote and
+// aborted nothing, so its COMMIT ends an empty transaction; the checked claim's lock
+// (a partitioned key table, or a layout not learnt yet) raised, so the server skipped
+// the COMMIT, whose result is that error, and done rolls the transaction back.
+func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
+	if tag, err := br.Exec(); err == nil && keytable.IsCommitted(tag) {
+		t.begun = false
+	}
+	return busy
 }
 
 // lostAnswer is err, unless it says that a batch sent on an open connection never

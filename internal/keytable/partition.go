@@ -577,7 +577,8 @@ func outsideTx(db DBTX) bool {
 // (QueueClaimInsert, QueueClaimInsertFinished: a first call phase's commit, a first
 // answer stored alone) relies on the primary key on the plain layout: a row that
 // exists makes the insert fail, whatever the snapshot. A partitioned key table has no
-// such key, so there the claim is three statements in the one round trip: the claim
+// such key, so there, and wherever the Store has not learnt that the table is plain,
+// the claim is three statements in the one round trip: the claim
 // lock, raising when another transaction holds it; then, in a statement of its own (a
 // snapshot taken after the lock, see sqlClaimLock), the check that no partition holds
 // the key, raising when one does; then the insert. The first returns two columns, the
@@ -588,11 +589,14 @@ func outsideTx(db DBTX) bool {
 // holds it.
 var sqlClaimLockChecked = `SELECT 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int, now()`
 
-// queueClaimChecks queues the claim lock and the check that no row exists when s has
-// learnt the partitioned layout, and reports whether it did: the insert that follows
-// is then the plain insert returning created_at.
+// queueClaimChecks queues the claim lock and the check that no row exists unless s has
+// learnt that its key table is plain, and reports whether it did: the insert that
+// follows is then the plain insert returning created_at. Until the layout is learnt it
+// takes this form, the strictest (invariant 13): it is correct on both layouts, where
+// the plain form's single insert relies on a primary key that a partitioned table does
+// not have across partitions, so that two concurrent claims would each insert a row.
 func (s *Store) queueClaimChecks(b *pgx.Batch, c Claim) bool {
-	if s.learnt.partitioned.Load() != 2 {
+	if s.learnt.partitioned.Load() == 1 {
 		return false
 	}
 	b.Queue(s.part.claimLock, claimHash(c.Scope, c.Key))

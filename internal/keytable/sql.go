@@ -107,15 +107,15 @@ FROM idemflow_keys
 WHERE scope = $1 AND idempotency_key = $2`
 
 // sqlLookupPartitioned is sqlLookup on a partitioned key table (docs/PARTITIONS.md):
-// the partitions that begin after the statement's start are pruned when the executor
-// starts (no visible row was created after it: a row's created_at is its inserting
-// transaction's start), and the others are read newest first until one holds the key
-// (an ordered scan of the partitions under LIMIT 1), so that a replay of a recent key
-// reads one partition. Every attached partition in the past may hold a live key (a
-// partition is removed only once it holds no unfinished or dead-lettered key), so a
-// key not found has been looked for in each.
+// the partitions are read newest first until one holds the key (an ordered scan of
+// the partitions under LIMIT 1), so that a replay of a recent key reads the few
+// partitions ahead, empty, and its own. Every attached partition may hold a live key
+// (a partition is removed only once it holds no unfinished or dead-lettered key), so
+// a key not found has been looked for in each. The look-up does not read the clock: a
+// row whose created_at lies ahead of the statement's start (the server's clock stepped
+// back since it was inserted, or Citus nodes that disagree) is found like any other,
+// for this look-up is what guards a Go-code phase's claim.
 const sqlLookupPartitioned = sqlLookup + `
-	AND created_at <= statement_timestamp()
 ORDER BY created_at DESC
 LIMIT 1`
 

@@ -368,9 +368,11 @@ func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredRespo
 
 // ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
 // nil when the row was inserted; ErrClaimBusy when another attempt holds the claim
-// lock (nothing was written; on a partitioned key table the transaction is aborted,
-// else it is still good); ErrClaimExists when the row exists (the transaction is
-// aborted); or another translated error.
+// lock (nothing was written; where the claim checks were queued, on a partitioned key
+// table or one whose layout s has not learnt, the transaction is aborted and the
+// statements after it, COMMIT included, fail with the lock's error; on a plain one it
+// is still good); ErrClaimExists when the row exists (the transaction is aborted); or
+// another translated error.
 func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
 	_, err := s.ReadClaimInsertAt(br)
 	return err
