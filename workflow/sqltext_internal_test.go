@@ -195,3 +195,22 @@ func TestCheckStatement(t *testing.T) {
 		}
 	}
 }
+
+// FuzzReadSQL: readSQL never panics, and a text it reads whole keeps its statements
+// to itself when another follows it as pgx joins a simple-protocol batch ("\n;"): the
+// join reads as one statement more.
+func FuzzReadSQL(f *testing.F) {
+	for _, c := range sqlCases {
+		f.Add(c.sql)
+	}
+	f.Fuzz(func(t *testing.T, sql string) {
+		sh, err := readSQL(sql)
+		if err != nil {
+			return
+		}
+		joined, err := readSQL(sql + "\n;SELECT 1")
+		if err != nil || joined.statements != sh.statements+1 {
+			t.Fatalf("%q: %d statements, %d (%v) once joined with the next", sql, sh.statements, joined.statements, err)
+		}
+	})
+}
