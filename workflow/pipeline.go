@@ -41,8 +41,8 @@ type pipeline struct {
 	// results: a statement has a callback or the answer has a Then function, so the
 	// statements' results are read before the commit, in a round trip of their own.
 	results bool
-	// explicit: a statement needs the transaction block BEGIN opens (blockOnly), so the
-	// phase never goes as an implicit transaction.
+	// explicit: a statement needs the transaction block BEGIN opens
+	// (sqlShape.blockOnly), so the phase never goes as an implicit transaction.
 	explicit bool
 }
 
@@ -306,7 +306,7 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 // and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
 // first batch to find that out raised before anything of it ran, and is sent again
 // with BEGIN (keytable.ErrNotReadCommitted). A phase with a statement that needs a
-// transaction block goes with BEGIN from the start (blockOnly); one the prefix check
+// transaction block goes with BEGIN from the start (sqlShape.blockOnly); one the check
 // missed is refused whole by the server, and sent again with BEGIN (needsBlock).
 func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {

@@ -133,19 +133,6 @@ func (sh sqlShape) blockOnly() bool {
 	return false
 }
 
-// txControl reports whether sql starts with a transaction-control command.
-func txControl(sql string) bool {
-	sh, _ := readSQL(sql)
-	return sh.txControl()
-}
-
-// blockOnly reports whether sql starts with a command that must run inside a
-// transaction block.
-func blockOnly(sql string) bool {
-	sh, _ := readSQL(sql)
-	return sh.blockOnly()
-}
-
 // checkStatement reads a pipelined phase's statement: whether it needs a transaction
 // block (blockOnly), and why it is refused, if it is: its text is not exactly one
 // statement, a quote or comment in it does not end, or it opens or ends a transaction.
