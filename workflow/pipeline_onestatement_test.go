@@ -3,13 +3,13 @@ package workflow_test
 import (
 	"context"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -37,18 +37,39 @@ func TestPipelinedOneStatement(t *testing.T) {
 		pgx.QueryExecModeExec,
 		pgx.QueryExecModeSimpleProtocol,
 	} {
-		t.Run(strings.ReplaceAll(mode.String(), "_", ""), func(t *testing.T) {
+		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			b := pipeSetup(t, mode, "")
-			for name, text := range texts {
-				requireRefusedAlone(t, b, name, text, false)
-				requireRefusedAlone(t, b, name+"-read", text, true)
-				requireRefusedAfterCommit(t, b, name+"-later", text)
-			}
-			// Only the first phases' inserts ran, none of a refused text, not even rolled back.
-			require.EqualValues(t, len(texts), seqRuns(t, b.db), "a refused statement ran")
+			requireOneStatement(t, pipeSetup(t, mode, ""), texts)
 		})
 	}
+	t.Run("Pgbouncer", func(t *testing.T) {
+		t.Parallel()
+		pgtest.RequirePgbouncer(t)
+		p, err := pgtest.SharedPgbouncer(context.Background())
+		require.NoError(t, err)
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+			t.Run(mode.String(), func(t *testing.T) {
+				db := pgtest.NewDatabase(t)
+				b := &pipeBundle{db: db, trips: &tripCounter{}}
+				_, err := db.Pool.Exec(context.Background(), pipeSchema)
+				require.NoError(t, err)
+				requireOneStatement(t, pipeSetupOn(t, b, mode, p.URLFor(dbName(t, db), mode)), texts)
+			})
+		}
+	})
+}
+
+// requireOneStatement runs each text as a new key's only phase (in one round trip and
+// in two) and as a later phase.
+func requireOneStatement(t *testing.T, b *pipeBundle, texts map[string]string) {
+	t.Helper()
+	for name, text := range texts {
+		requireRefusedAlone(t, b, name, text, false)
+		requireRefusedAlone(t, b, name+"-read", text, true)
+		requireRefusedAfterCommit(t, b, name+"-later", text)
+	}
+	// Only the first phases' inserts ran, none of a refused text, not even rolled back.
+	require.EqualValues(t, len(texts), seqRuns(t, b.db), "a refused statement ran")
 }
 
 // requireRefusedAlone: flow name's only phase queues text (with a result callback when
