@@ -53,6 +53,11 @@ type Pipeline pipestate.Pipeline[*Run, *Response]
 // of the phase commits). Without a callback, a statement's failure still fails the
 // phase. Arguments are encoded when the statements are sent; pgx query options
 // (pgx.QueryExecMode and the like) are not accepted.
+//
+// sql must be exactly one statement (one trailing semicolon allowed) that neither
+// opens nor ends the transaction: the engine refuses any other text before anything
+// of the phase is sent, with an error that matches workflow.ErrRefused (see
+// docs/PHASES.md).
 func (p *Pipeline) Queue(sql string, args ...any) *pgx.QueuedQuery {
 	return p.state().Queue(sql, args)
 }

@@ -321,9 +321,14 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 
 // callPhase runs a call phase with no transaction open. The key row must be durable
 // before anything leaves the process, so a claim still pending is committed first.
+//
+// No call starts once a drain began: the check is the last thing before the call's
+// function runs, after the claim's commit, the standby wait and PhaseStart, so that a
+// drain that begins during any of them releases the key at the recovery point instead.
+// A drain that began before the claim's commit leaves a new key unwritten.
 func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	if x.e.adm.isDraining() {
-		return x.settle(ctx, p.Name, step{kind: stepTransient, err: fmt.Errorf("%w: no call phase starts once a drain began", ErrDraining)})
+		return x.settle(ctx, p.Name, step{kind: stepTransient, err: errDrainBeforeCall})
 	}
 	if x.claim != nil {
 		sent := time.Now()
@@ -343,8 +348,15 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
 	x.state().Enter(p.Name)
 	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
-	if !time.Now().Before(deadline) {
-		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: errors.New("too little of the lease is left to make the call")})
+	var refused error
+	switch {
+	case !time.Now().Before(deadline):
+		refused = errors.New("too little of the lease is left to make the call")
+	case x.e.adm.isDraining(): // last: nothing may come between it and the call
+		refused = errDrainBeforeCall
+	}
+	if refused != nil {
+		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: refused})
 		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.error())
 		return st
 	}
@@ -366,6 +378,9 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 	x.state().Revert()
 	return x.settle(ctx, p.Name, step{kind: stepTransient, err: v.err, resp: v.resp})
 }
+
+// errDrainBeforeCall is why a call phase did not start: a drain began.
+var errDrainBeforeCall = fmt.Errorf("%w: no call phase starts once a drain began", ErrDraining)
 
 // finishAlone stores resp in a transaction of its own: BEGIN, the claim with the
 // insert of a finished row if the claim is still pending, else the fenced finish, and

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,8 +41,8 @@ type pipeline struct {
 	// results: a statement has a callback or the answer has a Then function, so the
 	// statements' results are read before the commit, in a round trip of their own.
 	results bool
-	// explicit: a statement needs the transaction block BEGIN opens (blockOnly), so the
-	// phase never goes as an implicit transaction.
+	// explicit: a statement needs the transaction block BEGIN opens
+	// (sqlShape.blockOnly), so the phase never goes as an implicit transaction.
 	explicit bool
 }
 
@@ -63,95 +62,16 @@ func build(p phases.Phase, run *phases.Run) (pl *pipeline, v verdict) {
 		pl.results = pl.results || q.Fn != nil
 	}
 	for i, q := range pl.stmts {
-		pl.explicit = pl.explicit || blockOnly(q.SQL)
-		if v.kind != fail && txControl(q.SQL) {
-			v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q: statement %d (%.40q) would end or open the phase's transaction: %w",
-				p.Name, i, q.SQL, phases.ErrTxManaged)}
+		block, why, err := checkStatement(q.SQL)
+		pl.explicit = pl.explicit || block
+		if v.kind != fail && why != "" { // refused before anything is sent
+			v = verdict{kind: fail, err: &statementError{phase: p.Name, index: i, sql: q.SQL, why: why, err: err}}
 		}
 	}
 	if pl.then != nil && v.kind != goOn && v.kind != fail {
 		v = verdict{kind: fail, err: fmt.Errorf("pipelined phase %q registered Then and also answered", p.Name)}
 	}
 	return pl, v
-}
-
-// txControl reports whether sql starts with a transaction-control command. Sent in
-// the phase's transaction, a COMMIT would commit the claim, the key row's write and
-// the statements before it whatever the statements after it do (an implicit
-// transaction commits at each such command), BEGIN would leave it open, ROLLBACK or
-// a savepoint's would undo the claim or fence while the rest runs. It refuses them
-// before anything is sent, as Commit and Rollback of a Go-code phase's transaction.
-func txControl(sql string) bool {
-	f := strings.Fields(skipComments(sql))
-	if len(f) == 0 {
-		return false
-	}
-	switch w := strings.ToUpper(strings.TrimRight(f[0], ";")); w {
-	case "BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
-		return true
-	case "PREPARE":
-		return len(f) > 1 && strings.EqualFold(strings.TrimRight(f[1], ";"), "TRANSACTION")
-	}
-	return false
-}
-
-// blockOnly reports whether sql starts with a command that must run inside a
-// transaction block: DO and CALL, whose COMMIT would commit an implicit transaction's
-// claim and key row's write ahead of the statements after them (inside a block they
-// may not commit), and LOCK and DECLARE, which the server refuses outside one.
-func blockOnly(sql string) bool {
-	f := strings.Fields(skipComments(sql))
-	if len(f) == 0 {
-		return false
-	}
-	switch strings.ToUpper(strings.TrimRight(f[0], ";")) {
-	case "DO", "CALL", "LOCK", "DECLARE":
-		return true
-	}
-	return false
-}
-
-// skipComments is sql without its leading blanks, comments and parentheses.
-func skipComments(sql string) string {
-	for {
-		sql = strings.TrimLeft(sql, " \t\r\n\f(")
-		switch {
-		case strings.HasPrefix(sql, "--"):
-			i := strings.IndexByte(sql, '\n')
-			if i < 0 {
-				return ""
-			}
-			sql = sql[i:]
-		case strings.HasPrefix(sql, "/*"):
-			rest, ok := afterBlockComment(sql)
-			if !ok {
-				return ""
-			}
-			sql = rest
-		default:
-			return sql
-		}
-	}
-}
-
-// afterBlockComment is sql after the block comment it starts with; block comments
-// nest, as PostgreSQL reads them. False when the comment does not end.
-func afterBlockComment(sql string) (string, bool) {
-	depth := 0
-	for i := 0; i+1 < len(sql); i++ {
-		switch {
-		case sql[i] == '/' && sql[i+1] == '*':
-			depth++
-			i++
-		case sql[i] == '*' && sql[i+1] == '/':
-			depth--
-			i++
-			if depth == 0 {
-				return sql[i+1:], true
-			}
-		}
-	}
-	return "", false
 }
 
 // queue adds the phase's statements to b, without their callbacks: the engine reads
@@ -387,7 +307,7 @@ func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) e
 // and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
 // first batch to find that out raised before anything of it ran, and is sent again
 // with BEGIN (keytable.ErrNotReadCommitted). A phase with a statement that needs a
-// transaction block goes with BEGIN from the start (blockOnly); one the prefix check
+// transaction block goes with BEGIN from the start (sqlShape.blockOnly); one the check
 // missed is refused whole by the server, and sent again with BEGIN (needsBlock).
 func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {

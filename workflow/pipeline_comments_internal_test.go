@@ -2,9 +2,9 @@ package workflow
 
 import "testing"
 
-// TestSkipComments: the checks of a pipelined phase's statements (txControl,
-// blockOnly) read the command after leading blanks, parentheses and comments,
-// nested block comments included, as the server reads them.
+// TestSkipComments: the checks of a pipelined phase's statements (sqlShape's
+// txControl and blockOnly) read the command after leading blanks, parentheses and
+// comments, nested block comments included, as the server reads them.
 func TestSkipComments(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -23,10 +23,11 @@ func TestSkipComments(t *testing.T) {
 		{"INSERT INTO t VALUES (1) /* COMMIT */", false, false},
 		{"SELECT '/* COMMIT */'", false, false},
 	} {
-		if got := txControl(c.sql); got != c.control {
+		sh, _ := readSQL(c.sql)
+		if got := sh.txControl(); got != c.control {
 			t.Errorf("txControl(%q) = %v, want %v", c.sql, got, c.control)
 		}
-		if got := blockOnly(c.sql); got != c.block {
+		if got := sh.blockOnly(); got != c.block {
 			t.Errorf("blockOnly(%q) = %v, want %v", c.sql, got, c.block)
 		}
 	}
