@@ -53,6 +53,8 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 	for {
 		st, err := x.e.store.ReadStandbyState(ctx, pc, lsn, x.e.cfg.StandbyNames)
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return x.standbyTimeout(lsn, st)
 		case err != nil:
 			return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
 		case st.Flushed:

@@ -36,10 +36,13 @@ WHERE r.state = 'streaming'
 	AND EXISTS (SELECT FROM pg_stat_get_activity(r.pid) a WHERE coalesce(a.datid, 0) = 0)
 	AND NOT EXISTS (SELECT FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')`
 	// sqlFlushWAL makes the server flush its WAL up to a new commit's record, and so
-	// past every record inserted before it: a transaction that takes an xid commits
-	// with a commit record, flushed before the answer under synchronous_commit local.
-	// It waits for no standby (the standby wait polls under its own bound).
-	sqlFlushWAL = `BEGIN; SET LOCAL synchronous_commit TO local; SELECT pg_current_xact_id(); COMMIT`
+	// past every record inserted before it. A commit is flushed before it is answered
+	// (under synchronous_commit local, which waits for no standby: the standby wait
+	// polls under its own bound) only if its transaction has an xid and wrote WAL;
+	// a transactional logical decoding message (prefix "idemflow", empty, which
+	// logical decoding passes on only to consumers that ask for messages) is the
+	// smallest such write that touches no table. PUBLIC may call it.
+	sqlFlushWAL = `BEGIN; SET LOCAL synchronous_commit TO local; SELECT pg_logical_emit_message(true, 'idemflow', ''); COMMIT`
 )
 
 // StandbyState is what the standby wait learns from one read of the primary.
@@ -97,7 +100,7 @@ func (s *Store) ReadStandbyState(ctx context.Context, db DBTX, lsn string, names
 }
 
 // FlushWAL makes the server flush its WAL past every record inserted so far, with a
-// commit of its own (an xid, a commit record, one flush).
+// commit of its own (an xid, a logical decoding message, a commit record, one flush).
 func (s *Store) FlushWAL(ctx context.Context, db DBTX) error {
 	if _, err := db.Exec(ctx, sqlFlushWAL); err != nil {
 		return fmt.Errorf("flush WAL: %w", Classify(err))
