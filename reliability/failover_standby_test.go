@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,6 +161,31 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 		require.Equal(t, http.StatusCreated, serve(nil, "streaming").StatusCode)
 		require.Equal(t, http.StatusCreated, serve([]string{"walreceiver"}, "named").StatusCode)
 		require.Equal(t, 2, remote.Made())
+	})
+	t.Run("RoleWithoutMonitor", func(t *testing.T) {
+		// The positions read as NULL: the wait cannot learn them and must not pass.
+		_, err := ppool.Exec(ctx, `CREATE ROLE app LOGIN;
+			GRANT ALL ON ALL TABLES IN SCHEMA public TO app; GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO app`)
+		require.NoError(t, err)
+		apool, err := pgxpool.New(ctx, strings.Replace(primary.URL, "postgres@", "app@", 1))
+		require.NoError(t, err)
+		defer apool.Close()
+		var logs lockedBuffer
+		e := testflow.Engine(t, apool, &workflow.Config{StandbyWait: wait / 4,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))}, remote, nil)
+		made := remote.Made()
+		for _, key := range []string{"nomonitor-1", "nomonitor-2"} {
+			_, err := e.Do(ctx, chargeReq(key))
+			require.ErrorIs(t, err, workflow.ErrStandbyBehind)
+			require.ErrorContains(t, err, "pg_monitor")
+		}
+		require.Equal(t, made, remote.Made(), "the provider was called")
+		_, err = ppool.Exec(ctx, `GRANT pg_monitor TO app`)
+		require.NoError(t, err)
+		res, err := e.Do(ctx, chargeReq("monitor"))
+		require.NoError(t, err, "with pg_monitor")
+		require.Equal(t, http.StatusCreated, res.Response.Status)
+		require.Equal(t, 1, strings.Count(logs.String(), "level=WARN msg=\"workflow: StandbyWait cannot read"), "warnings:\n%s", logs.String())
 	})
 
 	// The standby goes down; a logical consumer (a subscription of a second server)
@@ -313,4 +340,22 @@ func waitWalsenderFlushed(ctx context.Context, t *testing.T, pool *pgxpool.Pool,
 		require.NoError(t, err, "the %s walsender did not confirm %s", app, target)
 		return ok
 	})
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers (a logger's).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
