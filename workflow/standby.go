@@ -19,9 +19,10 @@ const (
 	// standbyPoll is how often the standby wait reads pg_stat_replication.
 	standbyPoll = time.Millisecond
 	// standbyFlushAfter is how long the standby wait lets the primary flush the
-	// target by itself (other sessions' commits, the WAL writer) before it makes it
-	// flush with a commit of its own. Under synchronous_commit off the WAL writer may
-	// take up to 3 × wal_writer_delay; a standby is sent only flushed WAL.
+	// target by itself (other sessions' commits) before it makes it flush with a
+	// commit of its own; at once when the session's synchronous_commit is off, where
+	// only the WAL writer would, within 3 × wal_writer_delay. A standby is sent only
+	// flushed WAL.
 	standbyFlushAfter = 5 * time.Millisecond
 )
 
@@ -43,13 +44,16 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 	}
 	defer pc.Release()
 	// Read after the commit before the call was answered: at or past its record's end.
-	lsn, err := x.e.store.WALTarget(ctx, pc)
+	lsn, async, err := x.e.store.WALTarget(ctx, pc)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStandbyBehind, err)
 	}
 	t := time.NewTicker(standbyPoll)
 	defer t.Stop()
 	flushAt, flushed := time.Now().Add(standbyFlushAfter), false
+	if async {
+		flushAt = time.Time{}
+	}
 	for {
 		st, err := x.e.store.ReadStandbyState(ctx, pc, lsn, x.e.cfg.StandbyNames)
 		switch {

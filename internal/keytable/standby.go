@@ -15,7 +15,10 @@ const (
 	// with synchronous_commit off), and the insert position is one counter for the
 	// whole server that only grows. The write position (pg_current_wal_lsn) is not:
 	// an asynchronous commit's record may not have been written yet.
-	sqlWALTarget = `SELECT pg_current_wal_insert_lsn()::text`
+	// The second column says whether this session commits asynchronously: then the
+	// engine's commits most likely did too, and the wait flushes at once rather than
+	// giving the WAL writer time first.
+	sqlWALTarget = `SELECT pg_current_wal_insert_lsn()::text, current_setting('synchronous_commit') = 'off'`
 	// sqlStandbyState is whether a standby that can be promoted has flushed the WAL up
 	// to $1, whether this server has flushed it (a standby is sent only flushed WAL),
 	// and whether the role can read the standbys' positions at all (without
@@ -57,13 +60,13 @@ type StandbyState struct {
 
 // WALTarget returns the WAL position the standby wait waits for: the server's insert
 // position, which covers every commit acknowledged before the call (see
-// sqlWALTarget), as text (an LSN).
-func (s *Store) WALTarget(ctx context.Context, db DBTX) (string, error) {
-	var lsn string
+// sqlWALTarget), as text (an LSN); and whether this session's synchronous_commit is
+// off.
+func (s *Store) WALTarget(ctx context.Context, db DBTX) (lsn string, async bool, err error) {
 	rows, err := db.Query(ctx, sqlWALTarget)
 	if err == nil {
 		for rows.Next() {
-			err = rows.Scan(&lsn)
+			err = rows.Scan(&lsn, &async)
 		}
 		rows.Close()
 		if err == nil {
@@ -71,9 +74,9 @@ func (s *Store) WALTarget(ctx context.Context, db DBTX) (string, error) {
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("read WAL position: %w", Classify(err))
+		return "", false, fmt.Errorf("read WAL position: %w", Classify(err))
 	}
-	return lsn, nil
+	return lsn, async, nil
 }
 
 // ReadStandbyState reads whether a standby that counts (any physical streaming
