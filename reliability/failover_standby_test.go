@@ -93,16 +93,18 @@ func crashAtCall(ctx context.Context, t *testing.T, primary, standby *pgtest.Ded
 	t.Helper()
 	remote := idemflowtest.NewRemote(t, nil)
 	var derived string
+	var crashed error
 	e := testflow.Engine(t, ppool, &workflow.Config{StandbyWait: 5 * time.Second}, remote, func(_ context.Context, tx phases.DBTX, run *phases.Run) error {
 		if tx == nil && derived == "" {
 			derived = run.DerivedKey() // the call started: the standby wait let it
-			require.NoError(t, primary.Crash())
+			crashed = primary.Crash()
 		}
 		return nil
 	})
 	_, err := e.Do(ctx, chargeReq("async"))
 	require.Error(t, err, "the settle phase cannot commit on a crashed primary")
 	require.NotEmpty(t, derived, "the call phase never started: %v", err)
+	require.NoError(t, crashed)
 	require.Equal(t, 1, remote.Made(), "the first attempt's payment")
 
 	spool, err := pgxpool.New(ctx, standby.URL)
@@ -221,6 +223,7 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 				lastErr = *st.LastError
 			}
 			require.Contains(t, lastErr, workflow.ErrStandbyBehind.Error())
+			require.Contains(t, lastErr, "not flushed by a standby that counts")
 		})
 	}
 }

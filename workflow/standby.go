@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/idemflow/idemflow/internal/keytable"
 )
 
 // ErrStandbyBehind: a call phase did not start because no standby that counts
@@ -54,35 +52,41 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 	if async {
 		flushAt = time.Time{}
 	}
+	unreadable := false // the last read said the role cannot read the positions
 	for {
 		st, err := x.e.store.ReadStandbyState(ctx, pc, lsn, x.e.cfg.StandbyNames)
+		if err == nil {
+			unreadable = !st.CanRead
+		}
 		switch {
-		case err != nil && ctx.Err() != nil:
-			return x.standbyTimeout(lsn, st)
 		case err != nil:
-			return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
+			return x.standbyFailed(ctx, lsn, unreadable, err)
 		case st.Flushed:
 			return nil
-		case !st.CanRead:
+		case unreadable:
 			x.warnStandbyUnreadable(ctx)
 		case !st.LocalFlushed && !flushed && !time.Now().Before(flushAt):
 			flushed = true
 			if err := x.e.store.FlushWAL(ctx, pc); err != nil {
-				return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
+				return x.standbyFailed(ctx, lsn, unreadable, err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return x.standbyTimeout(lsn, st)
+			return x.standbyFailed(ctx, lsn, unreadable, nil)
 		case <-t.C:
 		}
 	}
 }
 
-// standbyTimeout is the error of a standby wait that ran out, saying what it last saw.
-func (x *exec) standbyTimeout(lsn string, st keytable.StandbyState) error {
+// standbyFailed is the error of a standby wait that failed with err or, once its bound
+// passed, ran out, saying what it last saw.
+func (x *exec) standbyFailed(ctx context.Context, lsn string, unreadable bool, err error) error {
+	if ctx.Err() == nil {
+		return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
+	}
 	why := "not flushed by a standby that counts"
-	if !st.CanRead {
+	if unreadable {
 		why = "unknown: the role cannot read pg_stat_replication's positions (grant it pg_monitor)"
 	}
 	return fmt.Errorf("%w: WAL %s %s within %s", ErrStandbyBehind, lsn, why, x.e.cfg.StandbyWait)
