@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -140,18 +141,29 @@ type Config struct {
 	// finishes. Defaults to AdmitWaitDefault (5s); -1 waits as long as the caller's
 	// context.
 	AdmitWait time.Duration
-	// StandbyWait makes every call phase wait, before it starts, until a streaming
-	// standby has flushed the WAL past the key's commits so far (read from
-	// pg_stat_replication on the primary; the role needs pg_monitor), at most
-	// StandbyWait; past it the call does not start, the key is released and the
-	// attempt fails with ErrStandbyBehind (transient). Set it with asynchronous
-	// replication, so that a failover cannot lose the commit that precedes a call
-	// (and the key row whose id the call's derived key is made of) after the call was
-	// made: the retry on the promoted standby would create a new row and charge again.
+	// StandbyWait makes every call phase wait, before it starts, until a standby that
+	// can be promoted (a physical streaming replica; see StandbyNames) has flushed
+	// the WAL past the key's commits so far, at most StandbyWait; past it the call
+	// does not start, the key is released and the attempt fails with
+	// ErrStandbyBehind (transient). The position waited for is the primary's WAL
+	// insert position read after the commit was answered, which covers the commit
+	// whatever its synchronous_commit (with off, the engine makes the primary flush
+	// it first). Set it with asynchronous replication, so that a failover cannot lose
+	// the commit that precedes a call (and the key row whose id the call's derived
+	// key is made of) after the call was made: the retry on the promoted standby
+	// would create a new row and charge again. The role needs pg_monitor to read the
+	// standbys' positions; without it no call starts (a warning is logged once).
 	// Not needed on a single server, or with synchronous replication and
 	// synchronous_commit on or remote_apply, where every commit already waits for the
 	// standby. Defaults to 0: no wait. See docs/OPERATIONS.md, "Failover".
 	StandbyWait time.Duration
+	// StandbyNames, when set, are the standbys StandbyWait counts, by the
+	// application_name their walreceiver connects with (primary_conninfo's
+	// application_name, else cluster_name, else "walreceiver"): name those a
+	// failover may promote. Defaults to none: any physical streaming standby counts.
+	// Logical replication (CDC) and WAL archivers (pg_receivewal) never count. Each
+	// name is 1 to 63 bytes.
+	StandbyNames []string
 	// MaxWaiters caps how many attempts of this engine wait at once for another
 	// attempt's answer (Request.Wait); an attempt that would wait beyond it is answered
 	// *InProgressError at once. A waiter holds no connection, only its goroutine and
@@ -172,7 +184,7 @@ type Config struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults. Special
 // values are kept as they are, so c.WithDefaults().WithDefaults() equals
-// c.WithDefaults(). StoredHeaders is copied.
+// c.WithDefaults(). StoredHeaders and StandbyNames are copied.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
@@ -188,6 +200,7 @@ func (c *Config) WithDefaults() *Config {
 	out.History = cmp.Or(out.History, HistoryDefault)
 	out.AdmitWait = cmp.Or(out.AdmitWait, AdmitWaitDefault)
 	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
+	out.StandbyNames = slices.Clone(out.StandbyNames)
 	if out.StoredHeaders == nil {
 		out.StoredHeaders = StoredHeadersDefault()
 	} else {
@@ -223,6 +236,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workflow: MaxWaiters %d is negative; -1 lets none wait", c.MaxWaiters)
 	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("workflow: BackoffBase %s and BackoffMax %s are not 0 <= base <= max", c.BackoffBase, c.BackoffMax)
+	}
+	for _, n := range c.StandbyNames {
+		if n == "" || len(n) > 63 {
+			return fmt.Errorf("workflow: StandbyNames: %q is not 1 to 63 bytes (an application_name)", n)
+		}
 	}
 	if err := keytable.ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("workflow: Schema: %w", err)
@@ -276,6 +294,7 @@ type Engine struct {
 	members  map[string]*memberSet // the flows' FingerprintMembers, validated
 	layout   layoutCheck           // the start-up check of the key table (partition.go)
 	sweeping sweeping              // the engine's sweeper (sweeper.go)
+	standby  atomic.Bool           // the standby wait warned that the role cannot read positions
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated

@@ -7,18 +7,29 @@ import (
 	"time"
 )
 
-// ErrStandbyBehind: a call phase did not start because no streaming standby confirmed,
-// within Config.StandbyWait, the commit that precedes it. The key was released; a
-// retry tries again. It comes inside a *TransientError.
+// ErrStandbyBehind: a call phase did not start because no standby that counts
+// (Config.StandbyWait, StandbyNames) confirmed, within Config.StandbyWait, the commit
+// that precedes it. The key was released; a retry tries again. It comes inside a
+// *TransientError.
 var ErrStandbyBehind = errors.New("no standby confirmed the commit before the call")
 
-// standbyPoll is how often the standby wait reads pg_stat_replication.
-const standbyPoll = time.Millisecond
+const (
+	// standbyPoll is how often the standby wait reads pg_stat_replication.
+	standbyPoll = time.Millisecond
+	// standbyFlushAfter is how long the standby wait lets the primary flush the
+	// target by itself (other sessions' commits) before it makes it flush with a
+	// commit of its own; at once when the session's synchronous_commit is off, where
+	// only the WAL writer would, within 3 × wal_writer_delay. A standby is sent only
+	// flushed WAL.
+	standbyFlushAfter = 5 * time.Millisecond
+)
 
-// awaitStandby waits, when Config.StandbyWait is set, until a streaming standby has
-// flushed the WAL past every commit of the key so far, so that a failover to that
-// standby cannot lose the commit that precedes the call (and with it the key row whose
-// id the call's derived key is built from).
+// awaitStandby waits, when Config.StandbyWait is set, until a standby that can be
+// promoted has flushed the WAL past every commit of the key so far, so that a failover
+// to that standby cannot lose the commit that precedes the call (and with it the key
+// row whose id the call's derived key is built from). What it cannot learn (the
+// role cannot read the positions, no standby counts) fails closed: the call does not
+// start.
 func (x *exec) awaitStandby(ctx context.Context) error {
 	if x.e.cfg.StandbyWait <= 0 {
 		return nil
@@ -30,24 +41,61 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 		return fmt.Errorf("%w: acquire connection: %w", ErrStandbyBehind, err)
 	}
 	defer pc.Release()
-	lsn, err := x.e.store.WALPosition(ctx, pc)
+	// Read after the commit before the call was answered: at or past its record's end.
+	lsn, async, err := x.e.store.WALTarget(ctx, pc)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStandbyBehind, err)
 	}
 	t := time.NewTicker(standbyPoll)
 	defer t.Stop()
+	flushAt, flushed := time.Now().Add(standbyFlushAfter), false
+	if async {
+		flushAt = time.Time{}
+	}
+	unreadable := false // the last read said the role cannot read the positions
 	for {
-		ok, err := x.e.store.StandbyFlushed(ctx, pc, lsn)
+		st, err := x.e.store.ReadStandbyState(ctx, pc, lsn, x.e.cfg.StandbyNames)
+		if err == nil {
+			unreadable = !st.CanRead
+		}
 		switch {
 		case err != nil:
-			return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
-		case ok:
+			return x.standbyFailed(ctx, lsn, unreadable, err)
+		case st.Flushed:
 			return nil
+		case unreadable:
+			x.warnStandbyUnreadable(ctx)
+		case !st.LocalFlushed && !flushed && !time.Now().Before(flushAt):
+			flushed = true
+			if err := x.e.store.FlushWAL(ctx, pc); err != nil {
+				return x.standbyFailed(ctx, lsn, unreadable, err)
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: WAL %s not flushed by a standby within %s", ErrStandbyBehind, lsn, x.e.cfg.StandbyWait)
+			return x.standbyFailed(ctx, lsn, unreadable, nil)
 		case <-t.C:
 		}
+	}
+}
+
+// standbyFailed is the error of a standby wait that failed with err or, once its bound
+// passed, ran out, saying what it last saw.
+func (x *exec) standbyFailed(ctx context.Context, lsn string, unreadable bool, err error) error {
+	if ctx.Err() == nil {
+		return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
+	}
+	why := "not flushed by a standby that counts"
+	if unreadable {
+		why = "unknown: the role cannot read pg_stat_replication's positions (grant it pg_monitor)"
+	}
+	return fmt.Errorf("%w: WAL %s %s within %s", ErrStandbyBehind, lsn, why, x.e.cfg.StandbyWait)
+}
+
+// warnStandbyUnreadable logs, once per engine, that the standby wait cannot pass
+// because the role cannot read the standbys' positions.
+func (x *exec) warnStandbyUnreadable(ctx context.Context) {
+	if x.e.standby.CompareAndSwap(false, true) {
+		x.e.cfg.Logger.WarnContext(ctx, "workflow: StandbyWait cannot read the standbys' WAL positions (pg_stat_replication): the role lacks pg_monitor; no call phase starts until it has it")
 	}
 }
