@@ -1,0 +1,358 @@
+package matrix
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/store"
+	"github.com/idemflow/idemflow/testkit/childproc"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// guard bounds every wait of a cell. Answers come in milliseconds; the guard only
+// turns an engine that makes an attempt wait on another into a failure, not a hang.
+const guard = time.Minute
+
+// Request bodies: bodyB is another request under the same key.
+const (
+	bodyA = `{"amount":100}`
+	bodyB = `{"amount":999}`
+)
+
+// rig is one cell's world: a schema of its own (the key table in the cell's layout,
+// the effect table), a fake remote, the race's hold, and the engines.
+type rig struct {
+	t      *testing.T
+	c      cell
+	ctx    context.Context
+	db     *pgtest.DB // the schema, straight on the server (search_path set)
+	app    string     // application_name of the engines' connections
+	remote *idemflowtest.Remote
+	deps   *deps
+	key    string // the race's key
+}
+
+func newRig(t *testing.T, c cell) *rig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*guard)
+	t.Cleanup(cancel)
+	db := pgtest.New(t)
+	if c.partitioned() {
+		require.NoError(t, store.New().SetupPartitioned(ctx, db.Pool, store.PartitionDay, 0))
+	}
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	_, err := db.Pool.Exec(ctx, fmt.Sprintf(effectsSQL, schema))
+	require.NoError(t, err)
+	r := &rig{t: t, c: c, ctx: ctx, db: db, app: "m_" + db.Schema, remote: idemflowtest.NewRemote(t, nil), key: "race"}
+	r.deps = &deps{
+		insert: `INSERT INTO ` + schema + `.m_effects (scope, key, phase, row_id) VALUES ($1, $2, $3, $4)`,
+		hold:   newHold(r.key), remote: r.remote.URL, ctx: ctx,
+	}
+	return r
+}
+
+// engineOn is one engine of a cell on a pool of its own, as another process's.
+type engineOn struct {
+	name    string
+	pool    *pgxpool.Pool
+	engine  *workflow.Engine
+	handler http.Handler // the middleware around the plain handler (shapeMiddleware)
+	crash   atomic.Pointer[workflow.Hooks]
+	cut     *cutFirst // the layout-check saboteur (layoutUnlearnt), or nil
+}
+
+// newEngine opens a pool in the cell's exec mode, straight or through pgbouncer, and an
+// engine on it with the cell's flow. With layoutUnlearnt the pool's first statement
+// (the engine's start-up check of the key table's layout) has its connection
+// terminated, and a first request is sent to make that happen.
+func (r *rig) newEngine(name string) *engineOn {
+	t := r.t
+	t.Helper()
+	e := &engineOn{name: name}
+	connURL := r.db.URL
+	if r.c.pooled {
+		p, err := pgtest.SharedPgbouncer(r.ctx)
+		require.NoError(t, err)
+		u, err := url.Parse(r.db.URL)
+		require.NoError(t, err)
+		connURL = p.URLFor(strings.TrimPrefix(u.Path, "/"), 0) // no search_path: Config.Schema names the schema
+	}
+	cfg, err := pgxpool.ParseConfig(connURL)
+	require.NoError(t, err)
+	cfg.MaxConns = 6
+	cfg.ConnConfig.DefaultQueryExecMode = r.c.mode
+	cfg.ConnConfig.RuntimeParams["application_name"] = r.app
+	if r.c.layout == layoutUnlearnt {
+		e.cut = &cutFirst{admin: r.db.Pool, pooled: r.c.pooled}
+		cfg.ConnConfig.Tracer = e.cut
+	}
+	e.pool, err = pgxpool.NewWithConfig(r.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(e.pool.Close)
+	e.engine, err = workflow.New(e.pool, &workflow.Config{Schema: r.db.Schema, Hooks: e.crashHooks()})
+	require.NoError(t, err)
+	require.NoError(t, e.engine.Register(shapeFlow("", nil)))
+	if r.c.shape == shapeMiddleware {
+		mw, err := idemhttp.Middleware(e.engine, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "acct", nil }})
+		require.NoError(t, err)
+		e.handler = mw(http.HandlerFunc(r.plainHandler(e.pool)))
+	} else {
+		require.NoError(t, e.engine.Register(shapeFlow(r.c.shape, r.deps)))
+	}
+	if e.cut != nil {
+		r.prime(e)
+	}
+	return e
+}
+
+// prime sends the engine's first request, whose connection the saboteur cuts under
+// the start-up check: the engine has not learnt the layout. The request's own answer
+// may be a retryable failure (its connection is gone) or, if the engine recovers, its
+// answer; no final answer other than the flow's is acceptable.
+func (r *rig) prime(e *engineOn) {
+	t := r.t
+	t.Helper()
+	res, err := e.engine.Do(r.ctx, workflow.Request{Scope: "acct", Key: "prime-" + e.name, Flow: "m_prime", Method: "POST", Route: "/prime", Body: []byte(`{}`)})
+	require.True(t, e.cut.fired.Load(), "%s: the first statement's connection was cut", e.name)
+	require.True(t, e.cut.failed.Load(), "%s: the start-up check on the cut connection failed", e.name)
+	if err != nil {
+		var te *workflow.TransientError
+		require.True(t, errors.Is(err, workflow.ErrUnavailable) || errors.As(err, &te), "%s: the first request on a cut connection: %v", e.name, err)
+		return
+	}
+	require.Equal(t, http.StatusOK, res.Response.Status)
+}
+
+// plainHandler is the handler under idemhttp.Middleware: it writes its effect on a
+// connection of its own (outside the engine's transactions), then answers 201.
+func (r *rig) plainHandler(pool *pgxpool.Pool) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		key := strings.Trim(req.Header.Get("Idempotency-Key"), `"`)
+		body, _ := io.ReadAll(req.Body)
+		if _, err := pool.Exec(req.Context(), r.deps.insert, "acct", key, middlewarePhaseID, ""); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable) // not stored: the key is released
+			return
+		}
+		if err := r.deps.hold.enter(req.Context(), key); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(answerBody(key, body))
+	}
+}
+
+// crashHooks run the hooks of the crash point armed on e (e.crash), if any.
+func (e *engineOn) crashHooks() workflow.Hooks {
+	return workflow.Hooks{
+		ClaimHeld: func(ctx context.Context, ev workflow.PhaseEvent) {
+			if h := e.crash.Load(); h != nil {
+				h.ClaimHeld(ctx, ev)
+			}
+		},
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
+			if h := e.crash.Load(); h != nil {
+				return h.PhaseStart(ctx, ev)
+			}
+			return ctx
+		},
+		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
+			if h := e.crash.Load(); h != nil {
+				h.BeforeCommit(ctx, ev)
+			}
+		},
+		PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
+			if h := e.crash.Load(); h != nil {
+				h.PhaseEnd(ctx, ev, err)
+			}
+		},
+		Key: func(ctx context.Context, ev workflow.KeyEvent) {
+			if h := e.crash.Load(); h != nil {
+				h.Key(ctx, ev)
+			}
+		},
+	}
+}
+
+// crash abandons an attempt of the race's key at the cell's crash point, in this
+// process (as idemflowtest's in-process crash matrix does: a panic from the engine's
+// hook at the boundary, recovered here), on an engine that is used for nothing else;
+// then it moves a lease the attempt left past by the database clock, as a crashed
+// holder's runs out.
+func (r *rig) crash(e *engineOn) {
+	t := r.t
+	t.Helper()
+	type abandoned struct{ at string }
+	pts := childproc.NewPoints(r.c.crash, 0, func(at string) { panic(abandoned{at}) })
+	h := pts.Hooks(workflow.Hooks{})
+	e.crash.Store(&h)
+	defer e.crash.Store(nil)
+	var a answer
+	fired := func() (at string) {
+		defer func() {
+			if v := recover(); v != nil {
+				ab, ok := v.(abandoned)
+				if !ok {
+					panic(v)
+				}
+				at = ab.at
+			}
+		}()
+		a = r.send(e, bodyA)
+		return ""
+	}()
+	require.NotEmpty(t, fired, "the attempt never reached %s; it answered %s", r.c.crash, a)
+	if k, ok := idemflowtest.LookupKey(t, r.db.Pool, "acct", r.key); ok && k.Status == "in_progress" {
+		idemflowtest.ExpireLease(t, r.db.Pool, "acct", r.key)
+	}
+}
+
+// warm sends fresh keys of the shape through e, as many at once as the pool has
+// connections, so that its connections have sent (and, in the caching modes,
+// prepared) the flow's statements.
+func (r *rig) warm(e *engineOn) {
+	t := r.t
+	t.Helper()
+	n := int(e.pool.Config().MaxConns)
+	out := make(chan answer, n)
+	for i := range n {
+		go func() { out <- r.sendKey(e, fmt.Sprintf("warm-%s-%d", e.name, i), bodyA) }()
+	}
+	for range n {
+		a := <-out
+		require.Equal(t, "fresh", a.class(), "a warm-up request: %s", a)
+	}
+}
+
+// answer is what one attempt got.
+type answer struct {
+	body     string // the request's
+	status   int    // the HTTP status (middleware), or the response's
+	replayed bool
+	resp     []byte
+	err      error
+}
+
+// class is the answer's kind: fresh, replay, 409, 422, or "undocumented: ...".
+func (a answer) class() string {
+	var ip *workflow.InProgressError
+	switch {
+	case a.err != nil && errors.As(a.err, &ip):
+		return "409"
+	case a.err != nil && errors.Is(a.err, workflow.ErrMismatch):
+		return "422"
+	case a.err != nil:
+		return "undocumented: " + a.err.Error()
+	case a.status == http.StatusConflict:
+		return "409"
+	case a.status == http.StatusUnprocessableEntity:
+		return "422"
+	case a.status != http.StatusCreated && a.status != http.StatusPaymentRequired:
+		return fmt.Sprintf("undocumented: %d %s", a.status, a.resp)
+	case a.replayed:
+		return "replay"
+	}
+	return "fresh"
+}
+
+func (a answer) String() string {
+	return fmt.Sprintf("%s (body %s, status %d, response %s)", a.class(), a.body, a.status, a.resp)
+}
+
+// send sends the race's key with body through e.
+func (r *rig) send(e *engineOn, body string) answer { return r.sendKey(e, r.key, body) }
+
+func (r *rig) sendKey(e *engineOn, key, body string) answer {
+	ctx, cancel := context.WithTimeout(r.ctx, guard)
+	defer cancel()
+	if e.handler != nil {
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/m", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", quoteKey(key))
+		rec := httptest.NewRecorder()
+		e.handler.ServeHTTP(rec, req)
+		return answer{body: body, status: rec.Code, replayed: rec.Header().Get("Idempotent-Replayed") == "true", resp: rec.Body.Bytes()}
+	}
+	res, err := e.engine.Do(ctx, workflow.Request{Scope: "acct", Key: key, Flow: shapeFlow(r.c.shape, nil).Name, Method: "POST", Route: "/m", Body: []byte(body)})
+	if err != nil {
+		return answer{body: body, err: err}
+	}
+	return answer{body: body, status: res.Response.Status, replayed: res.Replayed, resp: res.Response.Body}
+}
+
+// cutFirst is a pgx tracer that cuts the connection of the first statement sent on
+// its pool, before it is sent: straight on the server its backend is terminated
+// (pg_terminate_backend, waiting until it is gone); through pgbouncer, whose
+// backends serve any client, the client's connection to the pooler is closed. It
+// records whether a statement on that connection then failed.
+type cutFirst struct {
+	admin  *pgxpool.Pool
+	pooled bool
+	fired  atomic.Bool
+	failed atomic.Bool
+	target atomic.Pointer[pgx.Conn]
+}
+
+func (c *cutFirst) cut(ctx context.Context, conn *pgx.Conn) {
+	if !c.fired.CompareAndSwap(false, true) {
+		return
+	}
+	c.target.Store(conn)
+	if c.pooled {
+		_ = conn.PgConn().Conn().Close()
+		return
+	}
+	pid := conn.PgConn().PID()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guard)
+	defer cancel()
+	if _, err := c.admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		panic(fmt.Sprintf("terminate the start-up check's backend: %v", err))
+	}
+	for gone := false; !gone; {
+		if err := c.admin.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone); err != nil {
+			panic(fmt.Sprintf("wait for the start-up check's backend to end: %v", err))
+		}
+	}
+}
+
+func (c *cutFirst) ended(conn *pgx.Conn, err error) {
+	if err != nil && c.target.Load() == conn {
+		c.failed.Store(true)
+	}
+}
+
+func (c *cutFirst) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.cut(ctx, conn)
+	return ctx
+}
+
+func (c *cutFirst) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	c.ended(conn, d.Err)
+}
+
+func (c *cutFirst) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.cut(ctx, conn)
+	return ctx
+}
+
+func (c *cutFirst) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *cutFirst) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	c.ended(conn, d.Err)
+}
