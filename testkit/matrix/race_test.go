@@ -29,11 +29,12 @@ const (
 //     has its connection cut; when warm, each pool is warmed with fresh keys.
 //  2. crash: an attempt of the race's key is abandoned at the crash point on C, and
 //     a lease it left is moved past by the database clock.
-//  3. stage A, a concurrent claim (or take-over) race: the test holds SHARE on the key
-//     table, so that every attempt that got past its look-up stops at its first write
-//     of a key row; once every sender has answered, stopped there or been held in the
-//     user's code (the hold), the lock goes, and they all write at once. The winner is
-//     held in the user's code of its first phase.
+//  3. stage A, a concurrent claim (or take-over) race: the test holds the advisory
+//     lock that a trigger on the key table waits for before every insert of a key row
+//     (gateSQL), so that every attempt that got past its look-up and its claim's
+//     checks stops in its insert; once every sender has answered, stopped there or
+//     been held in the user's code (the hold), the lock goes, and they all insert at
+//     once. The winner is held in the user's code of the first phase it runs.
 //  4. stage B, late losers: the test takes ACCESS EXCLUSIVE on the effect table
 //     (granted, or queued behind the winner's lock), and sends more attempts through
 //     B: an attempt that sends any of the user's statements, even a Parse, waits in
@@ -100,10 +101,28 @@ type locker struct {
 	done chan error // the LOCK statement's end
 }
 
-// lock starts `LOCK TABLE table IN mode MODE` in a transaction of its own; it may
-// wait (queued behind another lock), so it returns once the lock is granted or
+// lockTable starts `LOCK TABLE table IN mode MODE` in a transaction of its own; it
+// may wait (queued behind another lock), so it returns once the lock is granted or
 // queued, as pg_locks shows.
-func (r *rig) lock(table, mode string) *locker {
+func (r *rig) lockTable(table, mode string) *locker {
+	qualified := pgx.Identifier{r.db.Schema, table}.Sanitize()
+	return r.lock(fmt.Sprintf("the test's %s lock on %s, granted or queued", mode, table),
+		`LOCK TABLE `+qualified+` IN `+mode+` MODE`,
+		`SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND relation = '`+qualified+`'::regclass)`)
+}
+
+// lockKeyInserts takes the advisory lock that the cell's trigger on the key table
+// (gateSQL) waits for: every insert of a key row stops in the trigger, after its
+// statement's snapshot and checks, until the lock goes.
+func (r *rig) lockKeyInserts() *locker {
+	return r.lock("the test's lock on inserts of key rows", fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, %d)`, gateClass, r.gate),
+		`SELECT true WHERE $1 > 0`)
+}
+
+// lock runs statement in a transaction of its own, in the background (it may wait),
+// and returns once probe (given the locker's backend) says the lock is granted or
+// queued.
+func (r *rig) lock(what, statement, probe string) *locker {
 	t := r.t
 	t.Helper()
 	conn, err := r.db.Pool.Acquire(r.ctx)
@@ -112,14 +131,13 @@ func (r *rig) lock(table, mode string) *locker {
 	require.NoError(t, err)
 	l := &locker{conn: conn, tx: tx, done: make(chan error, 1)}
 	require.NoError(t, tx.QueryRow(r.ctx, `SELECT pg_backend_pid()`).Scan(&l.pid))
-	qualified := pgx.Identifier{r.db.Schema, table}.Sanitize()
 	go func() {
-		_, err := tx.Exec(r.ctx, `LOCK TABLE `+qualified+` IN `+mode+` MODE`)
+		_, err := tx.Exec(r.ctx, statement)
 		l.done <- err
 	}()
-	r.waitFor(fmt.Sprintf("the test's %s lock on %s, granted or queued", mode, table), func() bool {
+	r.waitFor(what, func() bool {
 		var in bool
-		require.NoError(t, r.db.Pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND relation = $2::regclass)`, l.pid, qualified).Scan(&in))
+		require.NoError(t, r.db.Pool.QueryRow(r.ctx, probe, l.pid).Scan(&in))
 		return in
 	})
 	return l
@@ -178,10 +196,21 @@ WHERE a.wait_event_type = 'Lock' AND a.application_name = $1 AND a.pid <> $2`, r
 	return out
 }
 
-// stageA is the concurrent claim (or take-over) race on engine a.
+// stageA is the claim (or take-over) race on engine a, in four steps, each entered
+// when the database and the barrier show the previous one settled:
+//
+//  1. every sender has made its look-up: it answered, or its claim is held by the
+//     barrier (or it is held in the user's code, having taken the key over);
+//  2. the early half claims at once, while the test holds the lock that the key
+//     table's trigger waits for: the one with the claim lock stops in its insert,
+//     the others must answer;
+//  3. the inserts go: the winner's claim commits, or it is held in the user's code;
+//  4. the late half claims, after the winner, with look-ups older than its claim.
 func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 	t := r.t
-	l := r.lock("idemflow_keys", "SHARE")
+	l := r.lockKeyInserts()
+	a.bar.activate(sendersA / 2)
+	defer a.bar.stop()
 	got := make(chan answer, sendersA)
 	for i := range sendersA {
 		body := bodyA
@@ -198,7 +227,7 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 			}
 		}()
 	}()
-	released := false
+	step, released := 1, false
 	deadline := time.Now().Add(guard)
 	for {
 		for drained := false; !drained; {
@@ -225,15 +254,28 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 		if r.deps.hold.isInside() {
 			inside = 1
 		}
-		settled := len(answered)+inside == sendersA
-		if !released && (len(answered)+stopped+inside == sendersA || len(v.list) > 0) {
+		arrived, late := a.bar.held()
+		n := len(answered) + inside
+		switch {
+		case len(v.list) > 0:
+			step = 5
+		case step == 1 && n+arrived >= sendersA:
+			a.bar.releaseEarly()
+			step = 2
+		case step == 2 && n+stopped+late >= sendersA:
 			l.release(t)
 			released = true
-		} else if released && (settled || len(v.list) > 0) {
+			step = 3
+		case step == 3 && (inside == 1 || n >= sendersA || r.rowVisible()):
+			a.bar.releaseLate()
+			step = 4
+		case step == 4 && n >= sendersA:
 			return
 		}
-		if time.Now().After(deadline) {
-			v.add("stage A: after %s, %d of %d attempts answered (winner held: %v)", guard, len(answered), sendersA, inside == 1)
+		if step == 5 || time.Now().After(deadline) {
+			if step != 5 {
+				v.add("stage A: stuck at step %d after %s: %d of %d attempts answered, winner held: %v, claims held: %d", step, guard, len(answered), sendersA, inside == 1, arrived)
+			}
 			if !released {
 				l.release(t)
 			}
@@ -243,11 +285,18 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 	}
 }
 
+// rowVisible reports whether the race's key has a committed row.
+func (r *rig) rowVisible() bool {
+	var ok bool
+	require.NoError(r.t, r.db.Pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1)`, r.key).Scan(&ok))
+	return ok
+}
+
 // stageB sends late losers through engine b while the winner is held (if any) and the
 // test's ACCESS EXCLUSIVE lock on the effect table is granted or queued.
 func (r *rig) stageB(b *engineOn, out chan<- answer, v *violations) {
 	t := r.t
-	l := r.lock("m_effects", "ACCESS EXCLUSIVE")
+	l := r.lockTable("m_effects", "ACCESS EXCLUSIVE")
 	defer l.release(t)
 	got := make(chan answer, sendersB)
 	for i := range sendersB {
@@ -301,6 +350,11 @@ func (r *rig) check(a *engineOn, answers []answer) {
 	t := r.t
 	t.Helper()
 	var fresh []answer
+	classes := map[string]int{}
+	for _, x := range answers {
+		classes[x.class()]++
+	}
+	t.Logf("answers: %v", classes)
 	for _, x := range answers {
 		switch cls := x.class(); cls {
 		case "fresh":

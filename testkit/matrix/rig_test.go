@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,7 +48,24 @@ type rig struct {
 	remote *idemflowtest.Remote
 	deps   *deps
 	key    string // the race's key
+	gate   int32  // the second half of the advisory lock the key table's trigger waits for
 }
+
+// gateClass is the first half of the advisory lock of gateSQL's trigger (the engine's
+// claim lock is a one-argument advisory lock: no clash).
+const gateClass = 0x6d61
+
+// gateSQL is a trigger on the key table of schema %[1]s that waits, before every
+// insert of a key row, for the advisory lock (%[2]d, %[3]d), shared: at once, unless
+// the test holds it (lockKeyInserts). It runs after the insert's statement took its
+// snapshot and made its checks, so that a race of inserts is decided by what the
+// claim locks, not by which insert happened to commit first.
+const gateSQL = `CREATE FUNCTION %[1]s.m_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock_shared(%[2]d, %[3]d);
+	RETURN NEW;
+END $$;
+CREATE TRIGGER m_gate BEFORE INSERT ON %[1]s.idemflow_keys FOR EACH ROW EXECUTE FUNCTION %[1]s.m_gate();`
 
 func newRig(t *testing.T, c cell) *rig {
 	t.Helper()
@@ -57,9 +76,11 @@ func newRig(t *testing.T, c cell) *rig {
 		require.NoError(t, store.New().SetupPartitioned(ctx, db.Pool, store.PartitionDay, 0))
 	}
 	schema := pgx.Identifier{db.Schema}.Sanitize()
+	r := &rig{t: t, c: c, ctx: ctx, db: db, app: "m_" + db.Schema, remote: idemflowtest.NewRemote(t, nil), key: "race", gate: rand.Int32()}
 	_, err := db.Pool.Exec(ctx, fmt.Sprintf(effectsSQL, schema))
 	require.NoError(t, err)
-	r := &rig{t: t, c: c, ctx: ctx, db: db, app: "m_" + db.Schema, remote: idemflowtest.NewRemote(t, nil), key: "race"}
+	_, err = db.Pool.Exec(ctx, fmt.Sprintf(gateSQL, schema, gateClass, r.gate))
+	require.NoError(t, err)
 	r.deps = &deps{
 		insert: `INSERT INTO ` + schema + `.m_effects (scope, key, phase, row_id) VALUES ($1, $2, $3, $4)`,
 		hold:   newHold(r.key), remote: r.remote.URL, ctx: ctx,
@@ -75,6 +96,7 @@ type engineOn struct {
 	handler http.Handler // the middleware around the plain handler (shapeMiddleware)
 	crash   atomic.Pointer[workflow.Hooks]
 	cut     *cutFirst // the layout-check saboteur (layoutUnlearnt), or nil
+	bar     *barrier  // holds claims back in stage A
 }
 
 // newEngine opens a pool in the cell's exec mode, straight or through pgbouncer, and an
@@ -98,10 +120,13 @@ func (r *rig) newEngine(name string) *engineOn {
 	cfg.MaxConns = 6
 	cfg.ConnConfig.DefaultQueryExecMode = r.c.mode
 	cfg.ConnConfig.RuntimeParams["application_name"] = r.app
+	e.bar = newBarrier(r.ctx)
+	tr := &tracer{bar: e.bar}
 	if r.c.layout == layoutUnlearnt {
 		e.cut = &cutFirst{admin: r.db.Pool, pooled: r.c.pooled}
-		cfg.ConnConfig.Tracer = e.cut
+		tr.cut = e.cut
 	}
+	cfg.ConnConfig.Tracer = tr
 	e.pool, err = pgxpool.NewWithConfig(r.ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(e.pool.Close)
@@ -337,22 +362,117 @@ func (c *cutFirst) ended(conn *pgx.Conn, err error) {
 	}
 }
 
-func (c *cutFirst) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.cut(ctx, conn)
+// tracer is the engines' pgx tracer: the saboteur of the start-up check (or nil) and
+// the claim barrier.
+type tracer struct {
+	cut *cutFirst
+	bar *barrier
+}
+
+func (tr *tracer) start(ctx context.Context, conn *pgx.Conn, sql string) {
+	if tr.cut != nil {
+		tr.cut.cut(ctx, conn)
+	}
+	tr.bar.arrive(sql)
+}
+
+func (tr *tracer) end(conn *pgx.Conn, err error) {
+	if tr.cut != nil {
+		tr.cut.ended(conn, err)
+	}
+}
+
+func (tr *tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	tr.start(ctx, conn, d.SQL)
 	return ctx
 }
 
-func (c *cutFirst) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
-	c.ended(conn, d.Err)
+func (tr *tracer) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	tr.end(conn, d.Err)
 }
 
-func (c *cutFirst) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.cut(ctx, conn)
+func (tr *tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var sql strings.Builder
+	for _, q := range d.Batch.QueuedQueries {
+		sql.WriteString(q.SQL)
+		sql.WriteByte(';')
+	}
+	tr.start(ctx, conn, sql.String())
 	return ctx
 }
 
-func (c *cutFirst) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (tr *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (c *cutFirst) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
-	c.ended(conn, d.Err)
+func (tr *tracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	tr.end(conn, d.Err)
+}
+
+// barrier holds back, while stage A runs, every statement that tries a key's claim
+// lock (every claim sends pg_try_advisory_xact_lock) before it is sent: the first
+// `early` until released by releaseEarly, the others until releaseLate. So every
+// attempt has made its look-up before any claims; the early ones then claim at once,
+// and the late ones claim after the winner's claim (a look-up older than the winner's
+// claim, a claim younger than it: what a duplicate meets when it is a little slower).
+type barrier struct {
+	ctx          context.Context
+	mu           sync.Mutex
+	active       bool
+	arrived      int
+	early        int
+	earlyGo      chan struct{}
+	lateGo       chan struct{}
+	releaseEarly func()
+	releaseLate  func()
+}
+
+func newBarrier(ctx context.Context) *barrier {
+	b := &barrier{ctx: ctx, earlyGo: make(chan struct{}), lateGo: make(chan struct{})}
+	b.releaseEarly = sync.OnceFunc(func() { close(b.earlyGo) })
+	b.releaseLate = sync.OnceFunc(func() { close(b.lateGo) })
+	return b
+}
+
+// activate holds the claims sent from now on, the first early of them in the early
+// group.
+func (b *barrier) activate(early int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.active, b.early = true, early
+}
+
+// stop lets every claim go, now and later.
+func (b *barrier) stop() {
+	b.mu.Lock()
+	b.active = false
+	b.mu.Unlock()
+	b.releaseEarly()
+	b.releaseLate()
+}
+
+// held is how many claims arrived, and how many of them are late.
+func (b *barrier) held() (arrived, late int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.arrived, max(0, b.arrived-b.early)
+}
+
+func (b *barrier) arrive(sql string) {
+	if !strings.Contains(sql, "pg_try_advisory_xact_lock") {
+		return
+	}
+	b.mu.Lock()
+	if !b.active {
+		b.mu.Unlock()
+		return
+	}
+	b.arrived++
+	gate := b.earlyGo
+	if b.arrived > b.early {
+		gate = b.lateGo
+	}
+	b.mu.Unlock()
+	select {
+	case <-gate:
+	case <-b.ctx.Done():
+	}
 }
