@@ -196,6 +196,24 @@ WHERE a.wait_event_type = 'Lock' AND a.application_name = $1 AND a.pid <> $2`, r
 	return out
 }
 
+// observe reads the cell's sessions waiting on a lock once. A session blocked by one
+// idle in a transaction (the held winner) waits on the key's owner; one blocked by the
+// test's lock is counted as stopped when the lock is meant to stop it (stopping), and
+// is reported as what otherwise.
+func (r *rig) observe(what string, lockerPID int, stopping bool, v *violations) (stopped int) {
+	for _, w := range r.waiters(lockerPID) {
+		switch {
+		case w.byIdle:
+			v.add("an attempt waits on a lock held by the key's owner: %s", w.query)
+		case w.byLocker && stopping:
+			stopped++
+		case w.byLocker:
+			v.add("%s: %s", what, w.query)
+		}
+	}
+	return stopped
+}
+
 // stageA is the claim (or take-over) race on engine a, in four steps, each entered
 // when the database and the barrier show the previous one settled:
 //
@@ -239,17 +257,7 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 				drained = true
 			}
 		}
-		stopped := 0
-		for _, w := range r.waiters(l.pid) {
-			switch {
-			case w.byIdle:
-				v.add("stage A: an attempt waits on a lock held by the key's owner: %s", w.query)
-			case w.byLocker && released:
-				v.add("stage A: an attempt waits on the test's lock: %s", w.query)
-			case w.byLocker:
-				stopped++
-			}
-		}
+		stopped := r.observe("stage A: an attempt waits on the test's lock", l.pid, !released, v)
 		inside := 0
 		if r.deps.hold.isInside() {
 			inside = 1
@@ -316,14 +324,7 @@ func (r *rig) stageB(b *engineOn, out chan<- answer, v *violations) {
 			continue
 		default:
 		}
-		for _, w := range r.waiters(l.pid) {
-			switch {
-			case w.byLocker:
-				v.add("stage B: a loser sent a statement on the user's table (it waits in the queue of the test's lock): %s", w.query)
-			case w.byIdle:
-				v.add("stage B: a loser waits on a lock held by the key's owner: %s", w.query)
-			}
-		}
+		r.observe("stage B: a loser sent a statement on the user's table (it waits in the queue of the test's lock)", l.pid, false, v)
 		if len(v.list) > 0 {
 			go func() { // the rest answer once the locks go
 				for ; n < sendersB; n++ {
