@@ -47,7 +47,11 @@ func shapeFlow(s shape, d *deps) phases.Flow {
 		}}
 	case shapePipelined:
 		return phases.Flow{Name: "m_pipelined", Phases: []phases.Phase{
-			phases.Pipelined("debit", d.pipeEffect(false)), phases.Call("charge", d.charge), phases.Pipelined("finish", d.pipeEffect(true)),
+			phases.Pipelined("debit", d.pipeEffect(false, true)), phases.Call("charge", d.charge), phases.Pipelined("finish", d.pipeEffect(true, true)),
+		}}
+	case shapeImplicit:
+		return phases.Flow{Name: "m_implicit", Phases: []phases.Phase{
+			phases.Pipelined("debit", d.pipeEffect(false, false)), phases.Call("charge", d.charge), phases.Pipelined("finish", d.pipeEffect(true, false)),
 		}}
 	case shapeCallFirst:
 		return phases.Flow{Name: "m_callfirst", Phases: []phases.Phase{
@@ -66,7 +70,7 @@ func shapeFlow(s shape, d *deps) phases.Flow {
 // contract says (idemhttp.Middleware).
 func expectedEffects(c cell) map[string]int {
 	switch c.shape {
-	case shapeTx, shapePipelined:
+	case shapeTx, shapePipelined, shapeImplicit:
 		return map[string]int{"debit": 1, "finish": 1}
 	case shapeCallFirst:
 		return map[string]int{"record": 1}
@@ -80,7 +84,9 @@ func expectedEffects(c cell) map[string]int {
 }
 
 // hasCharge reports whether the shape's flow calls the remote.
-func hasCharge(s shape) bool { return s == shapeTx || s == shapePipelined || s == shapeCallFirst }
+func hasCharge(s shape) bool {
+	return s == shapeTx || s == shapePipelined || s == shapeImplicit || s == shapeCallFirst
+}
 
 // statusOf is the status of the shape's final answer.
 func statusOf(s shape) int {
@@ -116,15 +122,24 @@ func (d *deps) txEffect(respond bool) phases.TxFunc {
 	}
 }
 
-func (d *deps) pipeEffect(respond bool) phases.PipelineFunc {
+// pipeEffect queues the effect insert. With read, the phase reads the insert's result
+// (and holds the winner there, its transaction open): two round trips, the first
+// opened by BEGIN. Without, the phase is one round trip, an implicit transaction of
+// the claim or fence, the insert and the key row's write; the winner is then held in
+// the next step of the user's code it reaches.
+func (d *deps) pipeEffect(respond, read bool) phases.PipelineFunc {
 	return func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
-		p.Queue(d.insert+` RETURNING id`, run.Scope(), run.Key(), run.Phase(), run.ID()).QueryRow(func(row pgx.Row) error {
-			var id int64
-			if err := row.Scan(&id); err != nil {
-				return err
-			}
-			return d.hold.enter(d.ctx, run.Key())
-		})
+		if !read {
+			p.Queue(d.insert, run.Scope(), run.Key(), run.Phase(), run.ID())
+		} else {
+			p.Queue(d.insert+` RETURNING id`, run.Scope(), run.Key(), run.Phase(), run.ID()).QueryRow(func(row pgx.Row) error {
+				var id int64
+				if err := row.Scan(&id); err != nil {
+					return err
+				}
+				return d.hold.enter(d.ctx, run.Key())
+			})
+		}
 		if !respond {
 			return nil, nil
 		}

@@ -35,13 +35,14 @@ type shape string
 
 const (
 	shapeTx         shape = "tx"         // Go-code tx phase, call, Go-code tx phase
-	shapePipelined  shape = "pipelined"  // pipelined tx phase, call, pipelined tx phase
+	shapePipelined  shape = "pipelined"  // pipelined tx phase reading its results (explicit transaction), call, the same
+	shapeImplicit   shape = "implicit"   // pipelined tx phase in one round trip (implicit transaction), call, the same
 	shapeCallFirst  shape = "callfirst"  // call phase, Go-code tx phase
 	shapeMiddleware shape = "middleware" // idemhttp.Middleware around a plain handler
 	shapeAlone      shape = "alone"      // a Go-code tx phase that answers with phases.Fail: the answer stored alone
 )
 
-var shapes = []shape{shapeTx, shapePipelined, shapeCallFirst, shapeMiddleware, shapeAlone}
+var shapes = []shape{shapeTx, shapePipelined, shapeImplicit, shapeCallFirst, shapeMiddleware, shapeAlone}
 
 // layout is the key table's layout and what the engines learnt of it.
 type layout string

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,8 +99,9 @@ func (v *violations) add(format string, args ...any) {
 type locker struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
-	pid  int
+	pid  int32
 	done chan error // the LOCK statement's end
+	once sync.Once
 }
 
 // lockTable starts `LOCK TABLE table IN mode MODE` in a transaction of its own; it
@@ -143,15 +146,17 @@ func (r *rig) lock(what, statement, probe string) *locker {
 	return l
 }
 
-// release ends the locker's transaction, granted or still waiting.
+// release ends the locker's transaction, granted or still waiting; it is idempotent.
 func (l *locker) release(t *testing.T) {
 	t.Helper()
-	_ = l.conn.Conn().PgConn().CancelRequest(context.Background()) // a LOCK still waiting ends
-	if err := <-l.done; err != nil && !strings.Contains(err.Error(), "canceling statement") {
-		t.Errorf("the test's lock: %v", err)
-	}
-	_ = l.tx.Rollback(context.Background())
-	l.conn.Release()
+	l.once.Do(func() {
+		_ = l.conn.Conn().PgConn().CancelRequest(context.Background()) // a LOCK still waiting ends
+		if err := <-l.done; err != nil && !strings.Contains(err.Error(), "canceling statement") {
+			t.Errorf("the test's lock: %v", err)
+		}
+		_ = l.tx.Rollback(context.Background())
+		l.conn.Release()
+	})
 }
 
 // waitFor polls cond (database state) until it holds, failing t after the guard.
@@ -172,61 +177,73 @@ func pollPause() { time.Sleep(2 * time.Millisecond) }
 
 // waiter is a session of the cell's engines waiting on a lock.
 type waiter struct {
-	pid      int
 	query    string
-	byLocker bool // the test's lock is one of its blockers
-	byIdle   bool // a session idle in a transaction (not the test's) is one of its blockers
+	blockers []int32 // pg_blocking_pids
+	byIdle   bool    // a session idle in a transaction (not the test's) is one of its blockers
 }
 
 // waiters reads the sessions of the cell's engines waiting on a lock, and what blocks
-// them.
-func (r *rig) waiters(lockerPID int) []waiter {
+// them; tests are the test's own sessions.
+func (r *rig) waiters(tests []int32) []waiter {
 	rows, err := r.db.Pool.Query(r.ctx, `
-SELECT a.pid, left(a.query, 200),
-	$2 = ANY (pg_blocking_pids(a.pid)),
-	EXISTS (SELECT 1 FROM pg_stat_activity o WHERE o.pid = ANY (pg_blocking_pids(a.pid)) AND o.pid <> $2 AND o.state LIKE 'idle in transaction%')
+SELECT left(a.query, 200), pg_blocking_pids(a.pid),
+	EXISTS (SELECT 1 FROM pg_stat_activity o WHERE o.pid = ANY (pg_blocking_pids(a.pid)) AND NOT o.pid = ANY ($2) AND o.state LIKE 'idle in transaction%')
 FROM pg_stat_activity a
-WHERE a.wait_event_type = 'Lock' AND a.application_name = $1 AND a.pid <> $2`, r.app, lockerPID)
+WHERE a.wait_event_type = 'Lock' AND a.application_name = $1 AND NOT a.pid = ANY ($2)`, r.app, tests)
 	require.NoError(r.t, err)
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (waiter, error) {
 		var w waiter
-		return w, row.Scan(&w.pid, &w.query, &w.byLocker, &w.byIdle)
+		return w, row.Scan(&w.query, &w.blockers, &w.byIdle)
 	})
 	require.NoError(r.t, err)
 	return out
 }
 
 // observe reads the cell's sessions waiting on a lock once. A session blocked by one
-// idle in a transaction (the held winner) waits on the key's owner; one blocked by the
-// test's lock is counted as stopped when the lock is meant to stop it (stopping), and
-// is reported as what otherwise.
-func (r *rig) observe(what string, lockerPID int, stopping bool, v *violations) (stopped int) {
-	for _, w := range r.waiters(lockerPID) {
-		switch {
-		case w.byIdle:
+// idle in a transaction (the held winner) waits on the key's owner; one blocked by
+// stop (a lock of the test's meant to stop it; nil for none) is counted; one blocked by
+// a lock of forbid's is reported as what forbid says.
+func (r *rig) observe(stop *locker, forbid map[*locker]string, v *violations) (stopped int) {
+	var tests []int32
+	if stop != nil {
+		tests = append(tests, stop.pid)
+	}
+	for l := range forbid {
+		tests = append(tests, l.pid)
+	}
+	for _, w := range r.waiters(tests) {
+		if w.byIdle {
 			v.add("an attempt waits on a lock held by the key's owner: %s", w.query)
-		case w.byLocker && stopping:
+		}
+		for l, what := range forbid {
+			if slices.Contains(w.blockers, l.pid) {
+				v.add("%s: %s", what, w.query)
+			}
+		}
+		if stop != nil && slices.Contains(w.blockers, stop.pid) {
 			stopped++
-		case w.byLocker:
-			v.add("%s: %s", what, w.query)
 		}
 	}
 	return stopped
 }
 
-// stageA is the claim (or take-over) race on engine a, in four steps, each entered
-// when the database and the barrier show the previous one settled:
+// stageA is the claim (or take-over) race on engine a, in steps, each entered when
+// the database and the barrier show the previous one settled:
 //
 //  1. every sender has made its look-up: it answered, or its claim is held by the
 //     barrier (or it is held in the user's code, having taken the key over);
-//  2. the early half claims at once, while the test holds the lock that the key
-//     table's trigger waits for: the one with the claim lock stops in its insert,
-//     the others must answer;
-//  3. the inserts go: the winner's claim commits, or it is held in the user's code;
-//  4. the late half claims, after the winner, with look-ups older than its claim.
+//  2. the first claim goes (the leader), while the test holds the lock that the key
+//     table's trigger waits for: it stops in its insert of the key row holding the
+//     claim lock (or, in a Go-code phase, is held in the user's code);
+//  3. the test takes ACCESS EXCLUSIVE on the effect table, and the rest of the early
+//     half claim: each must answer at once, and one that sends a statement on the
+//     user's table, even its Parse, waits in that lock's queue;
+//  4. both locks go: the winner's claim commits, or it is held in the user's code;
+//  5. the late half claims, after the winner, with look-ups older than its claim.
 func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 	t := r.t
-	l := r.lockKeyInserts()
+	gate := r.lockKeyInserts()
+	var effects *locker
 	a.bar.activate(sendersA / 2)
 	defer a.bar.stop()
 	got := make(chan answer, sendersA)
@@ -244,20 +261,23 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 				out <- <-got
 			}
 		}()
+		if effects != nil {
+			effects.release(t)
+		}
+		gate.release(t)
 	}()
-	step, released := 1, false
+	step := 1
 	deadline := time.Now().Add(guard)
 	for {
-		for drained := false; !drained; {
-			select {
-			case x := <-got:
-				answered = append(answered, x)
-				out <- x
-			default:
-				drained = true
-			}
+		answered = drain(got, out, answered)
+		forbid := map[*locker]string{}
+		if effects != nil && step == 3 {
+			forbid[effects] = "stage A: a loser sent a statement on the user's table (it waits in the queue of the test's lock)"
 		}
-		stopped := r.observe("stage A: an attempt waits on the test's lock", l.pid, !released, v)
+		if step > 4 {
+			forbid[gate] = "stage A: an attempt waits on the test's lock after it went"
+		}
+		stopped := r.observe(gate, forbid, v)
 		inside := 0
 		if r.deps.hold.isInside() {
 			inside = 1
@@ -266,30 +286,42 @@ func (r *rig) stageA(a *engineOn, out chan<- answer, v *violations) {
 		n := len(answered) + inside
 		switch {
 		case len(v.list) > 0:
-			step = 5
+			return
 		case step == 1 && n+arrived >= sendersA:
-			a.bar.releaseEarly()
+			a.bar.releaseLeader()
 			step = 2
-		case step == 2 && n+stopped+late >= sendersA:
-			l.release(t)
-			released = true
+		case step == 2 && (stopped+inside > 0 || n+late+max(0, arrived-late-1) >= sendersA):
+			effects = r.lockTable("m_effects", "ACCESS EXCLUSIVE")
+			a.bar.releaseEarly()
 			step = 3
-		case step == 3 && (inside == 1 || n >= sendersA || r.rowVisible()):
-			a.bar.releaseLate()
+		case step == 3 && n+stopped+late >= sendersA:
+			effects.release(t)
+			gate.release(t)
 			step = 4
-		case step == 4 && n >= sendersA:
+		case step == 4 && (inside == 1 || n >= sendersA || r.rowVisible()):
+			a.bar.releaseLate()
+			step = 5
+		case step == 5 && n >= sendersA:
 			return
 		}
-		if step == 5 || time.Now().After(deadline) {
-			if step != 5 {
-				v.add("stage A: stuck at step %d after %s: %d of %d attempts answered, winner held: %v, claims held: %d", step, guard, len(answered), sendersA, inside == 1, arrived)
-			}
-			if !released {
-				l.release(t)
-			}
+		if time.Now().After(deadline) {
+			v.add("stage A: stuck at step %d after %s: %d of %d attempts answered, winner held: %v, claims held: %d", step, guard, len(answered), sendersA, inside == 1, arrived)
 			return
 		}
 		pollPause()
+	}
+}
+
+// drain moves every answer got holds to out, and appends it to answered.
+func drain(got <-chan answer, out chan<- answer, answered []answer) []answer {
+	for {
+		select {
+		case x := <-got:
+			out <- x
+			answered = append(answered, x)
+		default:
+			return answered
+		}
 	}
 }
 
@@ -324,7 +356,7 @@ func (r *rig) stageB(b *engineOn, out chan<- answer, v *violations) {
 			continue
 		default:
 		}
-		r.observe("stage B: a loser sent a statement on the user's table (it waits in the queue of the test's lock)", l.pid, false, v)
+		r.observe(nil, map[*locker]string{l: "stage B: a loser sent a statement on the user's table (it waits in the queue of the test's lock)"}, v)
 		if len(v.list) > 0 {
 			go func() { // the rest answer once the locks go
 				for ; n < sendersB; n++ {

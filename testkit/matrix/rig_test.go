@@ -408,32 +408,38 @@ func (tr *tracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBa
 }
 
 // barrier holds back, while stage A runs, every statement that tries a key's claim
-// lock (every claim sends pg_try_advisory_xact_lock) before it is sent: the first
-// `early` until released by releaseEarly, the others until releaseLate. So every
-// attempt has made its look-up before any claims; the early ones then claim at once,
-// and the late ones claim after the winner's claim (a look-up older than the winner's
-// claim, a claim younger than it: what a duplicate meets when it is a little slower).
+// lock (every claim sends pg_try_advisory_xact_lock) before it is sent, and before
+// pgx prepares or describes anything of it: the first (the leader) until
+// releaseLeader, the rest of the first `early` until releaseEarly, the others until
+// releaseLate. So every attempt has made its look-up before any claims; the leader
+// claims first, the early ones while it holds the claim lock, and the late ones after
+// its claim (a look-up older than the winner's claim, a claim younger than it: what a
+// duplicate meets when it is a little slower).
 type barrier struct {
-	ctx          context.Context
-	mu           sync.Mutex
-	active       bool
-	arrived      int
-	early        int
-	earlyGo      chan struct{}
-	lateGo       chan struct{}
-	releaseEarly func()
-	releaseLate  func()
+	ctx           context.Context
+	mu            sync.Mutex
+	active        bool
+	arrived       int
+	early         int
+	gates         [3]chan struct{} // leader, early, late
+	releaseLeader func()
+	releaseEarly  func()
+	releaseLate   func()
 }
 
 func newBarrier(ctx context.Context) *barrier {
-	b := &barrier{ctx: ctx, earlyGo: make(chan struct{}), lateGo: make(chan struct{})}
-	b.releaseEarly = sync.OnceFunc(func() { close(b.earlyGo) })
-	b.releaseLate = sync.OnceFunc(func() { close(b.lateGo) })
+	b := &barrier{ctx: ctx}
+	for i := range b.gates {
+		b.gates[i] = make(chan struct{})
+	}
+	b.releaseLeader = sync.OnceFunc(func() { close(b.gates[0]) })
+	b.releaseEarly = sync.OnceFunc(func() { close(b.gates[1]) })
+	b.releaseLate = sync.OnceFunc(func() { close(b.gates[2]) })
 	return b
 }
 
-// activate holds the claims sent from now on, the first early of them in the early
-// group.
+// activate holds the claims sent from now on, the first early of them (the leader
+// among them) in the early group.
 func (b *barrier) activate(early int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -445,6 +451,7 @@ func (b *barrier) stop() {
 	b.mu.Lock()
 	b.active = false
 	b.mu.Unlock()
+	b.releaseLeader()
 	b.releaseEarly()
 	b.releaseLate()
 }
@@ -466,9 +473,12 @@ func (b *barrier) arrive(sql string) {
 		return
 	}
 	b.arrived++
-	gate := b.earlyGo
-	if b.arrived > b.early {
-		gate = b.lateGo
+	gate := b.gates[0]
+	switch {
+	case b.arrived > b.early:
+		gate = b.gates[2]
+	case b.arrived > 1:
+		gate = b.gates[1]
 	}
 	b.mu.Unlock()
 	select {
