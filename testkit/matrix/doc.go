@@ -1,6 +1,6 @@
 // Package matrix holds no code, only a test: TestMatrix runs every phase shape of the
-// engine (a Go-code tx phase first, a pipelined tx phase first, a call phase first,
-// idemhttp.Middleware, an answer stored alone) in every state it can meet (the key
+// engine (a Go-code tx phase first, a pipelined tx phase first, in two round trips or
+// in one, a call phase first, idemhttp.Middleware, an answer stored alone) in every state it can meet (the key
 // table plain, or partitioned with its layout learnt or not; the five pgx query exec
 // modes; cold or warm connections; straight on Postgres or through pgbouncer in
 // transaction mode; after an attempt abandoned at each of the flow's crash points, or
