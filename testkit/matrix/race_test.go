@@ -31,12 +31,11 @@ const (
 //     has its connection cut; when warm, each pool is warmed with fresh keys.
 //  2. crash: an attempt of the race's key is abandoned at the crash point on C, and
 //     a lease it left is moved past by the database clock.
-//  3. stage A, a concurrent claim (or take-over) race: the test holds the advisory
-//     lock that a trigger on the key table waits for before every insert of a key row
-//     (gateSQL), so that every attempt that got past its look-up and its claim's
-//     checks stops in its insert; once every sender has answered, stopped there or
-//     been held in the user's code (the hold), the lock goes, and they all insert at
-//     once. The winner is held in the user's code of the first phase it runs.
+//  3. stage A, the claim (or take-over) race through A, in steps (see stageA): every
+//     look-up first, then the claims in three groups (a leader, early losers while
+//     the leader holds the claim lock, late losers after its claim), held by a claim
+//     barrier in A's tracer and a trigger gate on the key table's inserts (gateSQL).
+//     The winner is held in the first step of the user's code it reaches.
 //  4. stage B, late losers: the test takes ACCESS EXCLUSIVE on the effect table
 //     (granted, or queued behind the winner's lock), and sends more attempts through
 //     B: an attempt that sends any of the user's statements, even a Parse, waits in
