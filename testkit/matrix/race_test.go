@@ -203,7 +203,7 @@ WHERE a.wait_event_type = 'Lock' AND a.application_name = $1 AND NOT a.pid = ANY
 // stop (a lock of the test's meant to stop it; nil for none) is counted; one blocked by
 // a lock of forbid's is reported as what forbid says.
 func (r *rig) observe(stop *locker, forbid map[*locker]string, v *violations) (stopped int) {
-	var tests []int32
+	tests := []int32{} // not nil: pgx sends a nil slice as NULL, and NOT pid = ANY (NULL) is never true
 	if stop != nil {
 		tests = append(tests, stop.pid)
 	}
