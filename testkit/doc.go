@@ -7,6 +7,7 @@
 //   - faultproxy: a TCP proxy between a client and PostgreSQL that injects faults
 //   - testflow: the fake payment flow shared by the workflow, sweeper and reliability tests
 //   - coretest, pooltest: engine behaviours run against several pools and poolers
+//   - matrix: every phase shape in every state it can meet (DESIGN.md invariant 14)
 //   - cpumeter: CPU time of a process and its PostgreSQL backends, for the benchmark
 //   - skewtest: the previous release and this tree on one schema (the upgrade contract)
 //   - tenants: two tenants on a pool of one connection (a transaction ends with its phase)
