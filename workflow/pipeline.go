@@ -255,6 +255,7 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 		w.target, w.resp = phases.Finished, &stored
 	} else {
 		w.data, err = x.data()
+		w.beforeCall = x.callNext(phase)
 	}
 	if err != nil {
 		return x.failed(err)
@@ -319,6 +320,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 		ctx = cctx
 	}
 	queue, read := x.pipeBatch(w, one)
+	tx.flushed = w.beforeCall
 	mode := sendPipelined
 	if one != nil && !one.explicit && !x.e.store.SendExplicit() {
 		mode = sendImplicit
