@@ -94,3 +94,58 @@ func (c *flushCounter) count(sql string) {
 		c.n.Add(1)
 	}
 }
+
+// TestCommitBeforeCallFlushedBusy: a call-first key's claim, which commits alone with
+// the statement that flushes it, finds the key's claim lock held by another attempt
+// (a Go-code tx phase of another flow, its transaction open): the attempt answers that
+// the key is in progress, pays nothing, and its connection is clean for the next
+// request; the holder then finishes and pays once.
+func TestCommitBeforeCallFlushedBusy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, remote := testflow.Start(t)
+	inPhase, release := make(chan struct{}), make(chan struct{})
+	holder := testflow.Engine(t, db.Pool, nil, remote, func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		if tx != nil && run.Phase() == testflow.Reserve {
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the claim is sent with it at the latest
+				return err
+			}
+			close(inPhase)
+			<-release
+		}
+		return nil
+	})
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	payFirst, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, payFirst.Register(testflow.PayFirst(testflow.Options{ProviderURL: remote.URL})))
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := holder.Do(ctx, chargeReq("acct", "busy", `{"amount":5}`))
+		done <- err
+	}()
+	<-inPhase
+	req := workflow.Request{Scope: "acct", Key: "busy", Flow: testflow.PayFirstName, Method: "POST", Route: "/charges", Body: []byte(`{"amount":5}`)}
+	_, err = payFirst.Do(ctx, req)
+	_, busy := isInProgress(err)
+	require.True(t, busy, "the pay-first attempt while the claim is held: %v", err)
+	require.Equal(t, 0, remote.Made(), "the loser paid")
+	close(release)
+	require.NoError(t, <-done)
+	require.Equal(t, 1, remote.Made())
+
+	req.Key = "after-busy"
+	res, err := payFirst.Do(ctx, req)
+	require.NoError(t, err, "the next request on the loser's connection")
+	require.Equal(t, http.StatusCreated, res.Response.Status)
+	var sc string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
+	require.Equal(t, "off", sc)
+}

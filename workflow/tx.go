@@ -537,7 +537,7 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 		guard += n // BEGIN, if sent, comes first
 	}
 	if t.flushed {
-		t.store.QueueCommitFlushed(b) // after the guard and the write: a loser never runs it
+		t.store.QueueCommitFlushed(b) // last before COMMIT: a claim or fence that raised skips it
 	}
 	if !implicit {
 		b.Queue("COMMIT")
