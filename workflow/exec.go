@@ -291,7 +291,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 		}
 		x.e.cfg.Hooks.beforeCommit(ctx, ev)
 		sent := time.Now()
-		if err := x.commit(ctx, tx, keyWrite{target: p.Name, data: data}); err != nil {
+		if err := x.commit(ctx, tx, keyWrite{target: p.Name, data: data, beforeCall: x.callNext(p.Name)}); err != nil {
 			return x.failed(err)
 		}
 		x.rp = p.Name
@@ -334,7 +334,7 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 		sent := time.Now()
 		data, err := x.data()
 		if err == nil {
-			err = x.commitAlone(ctx, keyWrite{target: x.rp, data: data})
+			err = x.commitAlone(ctx, keyWrite{target: x.rp, data: data, beforeCall: true})
 		}
 		if err != nil {
 			return x.settle(ctx, p.Name, x.failed(err))
@@ -484,6 +484,22 @@ type keyWrite struct {
 	target string
 	data   []byte
 	resp   *keytable.StoredResponse
+	// beforeCall: a call phase runs right after this commit, so the commit must be
+	// durable before it is answered whatever synchronous_commit says (phaseTx.flushed).
+	// The commit that stores the answer needs no such care: losing it only makes the
+	// retry redo the work that was lost with it.
+	beforeCall bool
+}
+
+// callNext reports whether the phase after the one named phase is a call phase.
+func (x *exec) callNext(phase string) bool {
+	ps := x.flow.Phases
+	for i := 0; i+1 < len(ps); i++ {
+		if ps[i].Name == phase {
+			return ps[i+1].Kind == phases.KindCall
+		}
+	}
+	return false
 }
 
 // queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
@@ -534,6 +550,7 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
 		ctx = cctx
 	}
 	write, read := x.queue(tx, w)
+	tx.flushed = w.beforeCall
 	err := tx.commit(ctx, write, read)
 	if err == nil {
 		if x.claim != nil {

@@ -255,6 +255,7 @@ func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev Pha
 		w.target, w.resp = phases.Finished, &stored
 	} else {
 		w.data, err = x.data()
+		w.beforeCall = x.callNext(phase)
 	}
 	if err != nil {
 		return x.failed(err)
@@ -319,6 +320,7 @@ func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pip
 		ctx = cctx
 	}
 	queue, read := x.pipeBatch(w, one)
+	tx.flushed = w.beforeCall && !x.insertsAtClaim(one) // else the claim lock carries it
 	mode := sendPipelined
 	if one != nil && !one.explicit && !x.e.store.SendExplicit() {
 		mode = sendImplicit
@@ -374,13 +376,17 @@ func (x *exec) pipeBatch(w keyWrite, one *pipeline) (queueFunc, func(pgx.BatchRe
 		return func(b *pgx.Batch) int { write(b); return 0 }, read
 	}
 	st := x.e.store
-	atClaim := x.claim != nil && st.PipeInsertsAtClaim()
+	atClaim := x.insertsAtClaim(one)
 	queue := func(b *pgx.Batch) int {
 		n := len(b.QueuedQueries)
-		if atClaim {
+		switch {
+		case atClaim && w.beforeCall: // the commit must be durable: the lock says so too
+			st.QueuePipeClaimLockFlushed(b, *x.claim)
+			write(b)
+		case atClaim:
 			st.QueuePipeClaimLock(b, *x.claim)
 			write(b)
-		} else {
+		default:
 			x.head(b)
 		}
 		guard := len(b.QueuedQueries) - n
@@ -410,6 +416,13 @@ func (x *exec) pipeBatch(w keyWrite, one *pipeline) (queueFunc, func(pgx.BatchRe
 		}
 		return nil
 	}
+}
+
+// insertsAtClaim reports whether the commit's round trip, which carries the phase's
+// statements one when set, claims a new key with the claim lock alone followed at once
+// by the key row's insert (pipeBatch).
+func (x *exec) insertsAtClaim(one *pipeline) bool {
+	return one != nil && x.claim != nil && x.e.store.PipeInsertsAtClaim()
 }
 
 // unknownCommit resolves a commit whose outcome is unknown by reading the key row.

@@ -51,6 +51,12 @@ type phaseTx struct {
 	// transaction starts with its check (keytable.QueueFenceCheck), so that an executor
 	// whose lease was taken over runs none of the phase's statements.
 	check *keytable.Fence
+	// flushed: the commit precedes a call phase, so it must be durable on the server
+	// before it is answered, whatever synchronous_commit says: it carries
+	// keytable.QueueCommitFlushed, which turns off into local for this transaction only.
+	// A crash of the server must not lose the key row whose id the call's derived key is
+	// built from: a retry would claim a new row and call again under another key.
+	flushed bool
 	// folded, when set, is a new key's claim that rides at the head of the transaction,
 	// ahead of the phase's first statement (fold); held tells once it came back.
 	// onHeld runs when it did.
@@ -530,6 +536,9 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 	if guard > 0 {
 		guard += n // BEGIN, if sent, comes first
 	}
+	if t.flushed {
+		t.store.QueueCommitFlushed(b) // last before COMMIT: a claim or fence that raised skips it
+	}
 	if !implicit {
 		b.Queue("COMMIT")
 	}
@@ -544,6 +553,9 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 		}
 	}
 	rerr := read(br)
+	if rerr == nil && t.flushed {
+		rerr = t.store.ReadCommitFlushed(br)
+	}
 	switch {
 	case rerr == nil:
 	case mode == sendCommit && errors.Is(rerr, keytable.ErrClaimBusy):
@@ -575,6 +587,9 @@ func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.Batch
 // (a partitioned key table, or a layout not learnt yet) raised, so the server skipped
 // the COMMIT, whose result is that error, and done rolls the transaction back.
 func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
+	if t.flushed {
+		_, _ = br.Exec() // QueueCommitFlushed's result, ahead of the COMMIT's
+	}
 	if tag, err := br.Exec(); err == nil && keytable.IsCommitted(tag) {
 		t.begun = false
 	}

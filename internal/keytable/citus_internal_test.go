@@ -36,7 +36,7 @@ var singleOnly = []string{"takeDue", "expire", "expireDead", "expireParked"}
 
 // noTable are the statements that read no table (the claim lock names the table only
 // for its oid).
-var noTable = []string{"claimLock", "pipe claimLock"}
+var noTable = []string{"claimLock", "pipe claimLock", "pipe claimLockFlushed"}
 
 // calledName matches a function call: a name followed by an opening parenthesis.
 var calledName = regexp.MustCompile(`([a-z_][a-z0-9_]*)\s*\(`)

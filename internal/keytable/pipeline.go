@@ -60,8 +60,8 @@ type pipeStatements struct {
 	// COMMITTED, so every pipelined transaction begins with BEGIN from then on.
 	explicit *atomic.Bool
 
-	claimLock, claimAbsent, fence string
-	insertKey, advance, finish    string
+	claimLock, claimLockFlushed, claimAbsent, fence string
+	insertKey, advance, finish                      string
 	// check is a Go-code tx phase's (QueueFenceCheck): not pipelined, but sent at the
 	// head of its transaction like the fence.
 	check string
@@ -71,7 +71,7 @@ func newPipeStatements(schema string) pipeStatements {
 	q := func(sql string) string { return qualify(sql, schema) }
 	return pipeStatements{
 		explicit:  &atomic.Bool{},
-		claimLock: q(sqlPipeClaimLock), claimAbsent: q(sqlPipeClaimAbsent), fence: q(sqlPipeFence),
+		claimLock: q(sqlPipeClaimLock), claimLockFlushed: q(sqlPipeClaimLockFlushed), claimAbsent: q(sqlPipeClaimAbsent), fence: q(sqlPipeFence),
 		insertKey: q(sqlPipeInsertKey), advance: q(sqlPipeAdvance), finish: q(sqlPipeFinish),
 		check: q(sqlFenceCheck),
 	}
@@ -97,6 +97,14 @@ const notReadCommitted = "idemflow: transaction is not read committed: "
 // sqlPipeClaimLock takes a new key's claim lock, or raises 22012 when another
 // transaction holds it (22P02 outside READ COMMITTED).
 var sqlPipeClaimLock = `SELECT ` + readCommittedGuard + ` + 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int`
+
+// sqlPipeClaimLockFlushed is sqlPipeClaimLock that also makes its transaction commit
+// durably whatever synchronous_commit says (sqlCommitFlushed, in a second column: a
+// table-less SELECT, so Citus runs it on the coordinator), for a claim whose commit
+// precedes a call phase, without a statement of its own. The second column is
+// evaluated only once the first did not raise.
+var sqlPipeClaimLockFlushed = `SELECT ` + readCommittedGuard + ` + 1/pg_try_advisory_xact_lock(` + claimLockID("1") + `)::int,
+	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) END`
 
 // sqlPipeClaimAbsent raises 22012 when the key row exists.
 const sqlPipeClaimAbsent = `SELECT 1/(NOT EXISTS (SELECT FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2))::int`
@@ -168,6 +176,13 @@ func (s *Store) QueuePipeClaim(b *pgx.Batch, c Claim) {
 // raises on the primary key when the row exists. Read it with ReadPipeClaimLock.
 func (s *Store) QueuePipeClaimLock(b *pgx.Batch, c Claim) {
 	b.Queue(s.pipe.claimLock, claimHash(c.Scope, c.Key))
+}
+
+// QueuePipeClaimLockFlushed is QueuePipeClaimLock for a transaction whose commit must
+// be durable on the server whatever synchronous_commit says (QueueCommitFlushed), in
+// the same statement. Read it with ReadPipeClaimLock.
+func (s *Store) QueuePipeClaimLockFlushed(b *pgx.Batch, c Claim) {
+	b.Queue(s.pipe.claimLockFlushed, claimHash(c.Scope, c.Key))
 }
 
 // ReadPipeClaim reads QueuePipeClaim's results: nil when this transaction holds the

@@ -55,6 +55,7 @@ func benchChargeFlow(b *testing.B, flow func(*chargeflow.ProviderClient) phases.
 	_, err = e.Do(ctx, req()) // warms the statement cache; not timed
 	require.NoError(b, err)
 	rt.n.Store(0)
+	rt.stmts.Store(0)
 	n := 0
 	b.ReportAllocs()
 	for b.Loop() {
@@ -68,18 +69,22 @@ func benchChargeFlow(b *testing.B, flow func(*chargeflow.ProviderClient) phases.
 		n++
 	}
 	b.ReportMetric(float64(rt.n.Load())/float64(n), "roundtrips/op")
+	b.ReportMetric(float64(rt.stmts.Load())/float64(n), "stmts/op")
 }
 
-// roundTrips counts a connection's queries and batches: one round trip each.
-type roundTrips struct{ n atomic.Int64 }
+// roundTrips counts a connection's queries and batches, one round trip each, and the
+// statements they carry.
+type roundTrips struct{ n, stmts atomic.Int64 }
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	r.stmts.Add(1)
 	return ctx
 }
 func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	r.n.Add(1)
+	r.stmts.Add(int64(len(d.Batch.QueuedQueries)))
 	return ctx
 }
 func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
