@@ -57,15 +57,17 @@ type phaseTx struct {
 	folded *keytable.Claim
 	onHeld func()
 
-	savepoints int   // savepoints opened with Begin, for their names
-	refused    error // the phase's code called Commit or Rollback: the phase fails
+	savepoints int // savepoints opened with Begin, for their names
 	// lost: the fence's check or the folded claim refused (or could not be read): the
 	// phase fails with it, whatever its code made of the error its statement got.
 	lost error
 
-	mu     sync.Mutex // guards the fields below, shared with the phase's goroutines
-	sealed bool       // the phase is over: every view refuses with phases.ErrTxDone
-	uses   int        // calls of the phase's code on the connection in progress
+	mu sync.Mutex // guards the fields below, shared with the phase's goroutines
+	// refused: the phase's code called Commit or Rollback, or sent a statement that
+	// would end or open the transaction (checkSQL): the phase fails.
+	refused error
+	sealed  bool // the phase is over: every view refuses with phases.ErrTxDone
+	uses    int  // calls of the phase's code on the connection in progress
 	// stray: the phase ended while a call was in progress. That call's goroutine is
 	// the last to use the connection: it closes it (leave); the pool never gets it back.
 	stray bool
@@ -175,7 +177,7 @@ func (t *phaseTx) end(v verdict) verdict {
 	t.mu.Lock()
 	t.sealed = true
 	t.stray = t.uses > 0
-	stray, lost := t.stray, t.lost
+	stray, lost, refused := t.stray, t.lost, t.refused
 	t.mu.Unlock()
 	if stray {
 		return verdict{kind: fail, err: errTxInUse}
@@ -183,8 +185,8 @@ func (t *phaseTx) end(v verdict) verdict {
 	if lost != nil {
 		return verdict{kind: fail, err: lost}
 	}
-	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
-		return verdict{kind: fail, err: t.refused}
+	if refused != nil && (v.kind == goOn || v.kind == respond) {
+		return verdict{kind: fail, err: refused}
 	}
 	return v
 }
@@ -377,6 +379,9 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return pgconn.CommandTag{}, err
 	}
 	defer t.leave()
+	if err := t.checkSQL(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -414,6 +419,9 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		return err
 	}
 	defer t.leave()
+	if err := t.checkSQL(sql); err != nil {
+		return err
+	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return err
@@ -452,6 +460,9 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 		return &errBatch{err: err}
 	}
 	defer t.leave()
+	if err := t.checkBatch(b); err != nil {
+		return &errBatch{err: err}
+	}
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
 	}
