@@ -111,8 +111,10 @@ func TestGoPhaseTxControl(t *testing.T) {
 			t.Parallel()
 			s := newTxControlSetup(t, mode)
 			for name, form := range txControlForms {
-				s.requireRefusedNew(t, name, form)
-				s.requireRefusedLater(t, name, form)
+				t.Run(name, func(t *testing.T) {
+					s.requireRefusedNew(t, name, form)
+					s.requireRefusedLater(t, name, form)
+				})
 			}
 			s.requireAllowed(t)
 		})
@@ -202,6 +204,7 @@ func (s *txControlSetup) requireRefused(t *testing.T, key string, err error) {
 	require.ErrorIs(t, refusal, phases.ErrTxManaged, "%s: the statement was not refused", key)
 	require.ErrorContains(t, refusal, "refused before anything was sent", key)
 	require.ErrorIs(t, err, phases.ErrTxManaged, "%s: the attempt did not fail with the refusal", key)
+	require.ErrorIs(t, err, workflow.ErrTransient, "%s: the phase fails as after a refused Commit", key)
 }
 
 // requireAllowed: savepoints' statements and a multi-statement text without
