@@ -379,7 +379,8 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return pgconn.CommandTag{}, err
 	}
 	defer t.leave()
-	if err := t.checkSQL(sql); err != nil {
+	sql, args, err := t.checked(ctx, sql, args, false)
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	if t.begun || !plainArgs(args) {
@@ -419,7 +420,8 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		return err
 	}
 	defer t.leave()
-	if err := t.checkSQL(sql); err != nil {
+	sql, args, err = t.checked(ctx, sql, args, true)
+	if err != nil {
 		return err
 	}
 	if t.begun || !plainArgs(args) {
@@ -460,7 +462,7 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 		return &errBatch{err: err}
 	}
 	defer t.leave()
-	if err := t.checkBatch(b); err != nil {
+	if err := t.checkBatch(ctx, b); err != nil {
 		return &errBatch{err: err}
 	}
 	if err := t.flush(ctx); err != nil {

@@ -72,6 +72,23 @@ var txControlForms = map[string]txControlForm{
 		_, err = sp.Exec(ctx, "COMMIT")
 		return err
 	},
+	"rewriter": func(ctx context.Context, tx pgx.Tx, _ string) error {
+		_, err := tx.Exec(ctx, "SELECT 1", pgx.QueryExecModeExec, commitRewriter{})
+		return err
+	},
+	"query-rewriter": func(ctx context.Context, tx pgx.Tx, _ string) error {
+		rows, err := tx.Query(ctx, "SELECT 1", commitRewriter{})
+		if err == nil {
+			rows.Close()
+			err = rows.Err()
+		}
+		return err
+	},
+	"batch-rewriter": func(ctx context.Context, tx pgx.Tx, _ string) error {
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1", commitRewriter{})
+		return tx.SendBatch(ctx, b).Close()
+	},
 	"savepoint-batch": func(ctx context.Context, tx pgx.Tx, _ string) error {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
@@ -81,6 +98,13 @@ var txControlForms = map[string]txControlForm{
 		b.Queue("ROLLBACK")
 		return sp.SendBatch(ctx, b).Close()
 	},
+}
+
+// commitRewriter rewrites any statement into COMMIT.
+type commitRewriter struct{}
+
+func (commitRewriter) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
+	return "COMMIT", nil, nil
 }
 
 func execForm(sql string) txControlForm {
@@ -230,13 +254,27 @@ func (s *txControlSetup) requireAllowed(t *testing.T) {
 					return nil, fmt.Errorf("%s: %w", sql, err)
 				}
 			}
+			// A rewriter's statement is checked once rewritten, and then sent.
+			named := `INSERT INTO txctl_effects (idem_key, what) VALUES (@key, @what)`
+			if _, err := db.Exec(ctx, named, pgx.NamedArgs{"key": run.Key(), "what": "named"}); err != nil {
+				return nil, fmt.Errorf("named arguments: %w", err)
+			}
+			b := &pgx.Batch{}
+			b.Queue(named, pgx.NamedArgs{"key": run.Key(), "what": "named-batch"})
+			if err := db.SendBatch(ctx, b).Close(); err != nil {
+				return nil, fmt.Errorf("named arguments in a batch: %w", err)
+			}
+			var what string
+			if err := db.QueryRow(ctx, `SELECT what FROM txctl_effects WHERE idem_key = @key AND what = 'named'`, pgx.NamedArgs{"key": run.Key()}).Scan(&what); err != nil {
+				return nil, fmt.Errorf("named arguments in a query: %w", err)
+			}
 			return phases.JSON(201, map[string]string{"ok": "yes"})
 		}),
 	}}))
 	res, err := s.engine.Do(context.Background(), txControlReq(flow))
 	require.NoError(t, err, "an allowed statement was refused")
 	require.Equal(t, 201, res.Response.Status)
-	require.Equal(t, []string{"kept", "kept-too"}, s.effects(t, flow))
+	require.Equal(t, []string{"kept", "kept-too", "named", "named-batch"}, s.effects(t, flow))
 }
 
 func (s *txControlSetup) effects(t *testing.T, key string) []string {

@@ -105,14 +105,72 @@ func goTxControl(sql string) int {
 	return at
 }
 
-// checkBatch is checkSQL for each statement queued on b.
-func (t *phaseTx) checkBatch(b *pgx.Batch) error {
+// checkBatch is checked for each statement queued on b. A statement queued with a
+// pgx.QueryRewriter is rewritten in place, as pgx's SendBatch would.
+func (t *phaseTx) checkBatch(ctx context.Context, b *pgx.Batch) error {
 	for _, q := range b.QueuedQueries {
+		if rw, n := leadingRewriter(q.Arguments); rw != nil {
+			sql, args, err := rw.RewriteQuery(ctx, t.conn, q.SQL, q.Arguments[n:])
+			if err != nil {
+				return fmt.Errorf("rewrite query failed: %w", err)
+			}
+			q.SQL, q.Arguments = sql, args
+		}
 		if err := t.checkSQL(q.SQL); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// leadingRewriter is the last of the query rewriters args start with (the one pgx's
+// SendBatch applies), and how many there are.
+func leadingRewriter(args []any) (rw pgx.QueryRewriter, n int) {
+	for ; n < len(args); n++ {
+		a, ok := args[n].(pgx.QueryRewriter)
+		if !ok {
+			break
+		}
+		rw = a
+	}
+	return rw, n
+}
+
+// checked is checkSQL on the text the server gets: a pgx.QueryRewriter among the
+// leading options of args (the last, as pgx takes it) rewrites sql and the arguments
+// after the options first, here rather than in pgx, and the rewritten statement goes
+// on with the other options. query: the options of Query (result formats too), else
+// of Exec.
+func (t *phaseTx) checked(ctx context.Context, sql string, args []any, query bool) (string, []any, error) {
+	n, rw := 0, pgx.QueryRewriter(nil)
+options:
+	for ; n < len(args); n++ {
+		switch a := args[n].(type) {
+		case pgx.QueryExecMode:
+		case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			if !query {
+				break options
+			}
+		case pgx.QueryRewriter:
+			rw = a
+		default:
+			break options
+		}
+	}
+	if rw != nil {
+		rewritten, rest, err := rw.RewriteQuery(ctx, t.conn, sql, args[n:])
+		if err != nil {
+			return "", nil, fmt.Errorf("rewrite query failed: %w", err)
+		}
+		opts := make([]any, 0, n+len(rest))
+		for _, a := range args[:n] {
+			if _, ok := a.(pgx.QueryRewriter); !ok {
+				opts = append(opts, a)
+			}
+		}
+		sql, args = rewritten, append(opts, rest...)
+	}
+	return sql, args, t.checkSQL(sql)
 }
 
 // Conn implements pgx.Tx. It returns the connection the transaction runs on, or nil
@@ -250,7 +308,8 @@ func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 		return pgconn.CommandTag{}, err
 	}
 	defer s.root.leave()
-	if err := s.root.checkSQL(sql); err != nil {
+	sql, args, err := s.root.checked(ctx, sql, args, false)
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return s.root.conn.Exec(ctx, sql, args...)
@@ -261,7 +320,8 @@ func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 		return nil, err
 	}
 	defer s.root.leave()
-	if err := s.root.checkSQL(sql); err != nil {
+	sql, args, err := s.root.checked(ctx, sql, args, true)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := s.root.conn.Query(ctx, sql, args...)
@@ -284,7 +344,7 @@ func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 		return &errBatch{err: err}
 	}
 	defer s.root.leave()
-	if err := s.root.checkBatch(b); err != nil {
+	if err := s.root.checkBatch(ctx, b); err != nil {
 		return &errBatch{err: err}
 	}
 	return &txBatch{tx: s.root, br: s.root.conn.SendBatch(ctx, b)}
