@@ -373,7 +373,8 @@ func readBegin(br pgx.BatchResults) error {
 	return nil
 }
 
-// Exec implements phases.DBTX.
+// Exec implements phases.DBTX. A text that would end or open the transaction is
+// refused and fails the phase (checkSQL).
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := t.enter(); err != nil {
 		return pgconn.CommandTag{}, err
@@ -404,7 +405,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return tag, err
 }
 
-// Query implements phases.DBTX.
+// Query implements phases.DBTX; its text is checked as Exec's.
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	r := &txRows{tx: t}
 	err := t.query(ctx, r, sql, args)
@@ -448,7 +449,7 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 	return nil
 }
 
-// QueryRow implements phases.DBTX.
+// QueryRow implements phases.DBTX; its text is checked as Exec's.
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	r := &row{rows: txRows{tx: t}}
 	r.err = t.query(ctx, &r.rows, sql, args)
@@ -456,7 +457,7 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // SendBatch implements phases.DBTX. BEGIN (with the fence's check) goes first in its
-// own round trip.
+// own round trip. Each queued text is checked as Exec's, before anything is sent.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.enter(); err != nil {
 		return &errBatch{err: err}
