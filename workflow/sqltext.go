@@ -333,3 +333,182 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 func identStart(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || c >= 0x80
 }
+
+// topTxControl returns the index in sql, a statement text of a Go-code tx phase, of
+// its first statement that ends or opens the top-level transaction, or -1 if none
+// does: BEGIN, START TRANSACTION, COMMIT (and COMMIT PREPARED), END, ABORT, ROLLBACK
+// (and ROLLBACK PREPARED) unless it is ROLLBACK [WORK | TRANSACTION] TO, and PREPARE
+// TRANSACTION. A savepoint's statements (SAVEPOINT, RELEASE, ROLLBACK TO) end no
+// transaction; blanks, comments and opening parentheses before a statement's first
+// word are skipped, as in checkStatement. backslash: plain '…' strings read backslash
+// escapes, as the server does with standard_conforming_strings off. A quote or comment
+// that does not end stops the reading: the server refuses such a text as a whole
+// before it runs any of it, in every protocol.
+//
+// A text without a semicolon is one statement, so one whose first byte (after blanks)
+// starts a word other than those keywords holds no transaction control; that is the
+// hot path's case and costs a scan for ';' and one word.
+func topTxControl(sql string, backslash bool) int {
+	if !mayHoldTxControl(sql) {
+		return -1
+	}
+	head, start := headStart, -1
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case isSpace(c):
+			i++
+			continue
+		case c == '-' && at(sql, i+1) == '-':
+			i = lineEnd(sql, i)
+			continue
+		case c == '/' && at(sql, i+1) == '*':
+			end, ok := blockCommentEnd(sql, i)
+			if !ok {
+				return -1
+			}
+			i = end
+			continue
+		case c == ';':
+			if head.pending() {
+				return start
+			}
+			head, start = headStart, -1
+			i++
+			continue
+		}
+		if start < 0 {
+			start = i
+		}
+		from := i
+		end, word, err := tokenEnd(sql, i, backslash)
+		if err != nil {
+			return -1
+		}
+		i = end
+		if head = head.next(sql[from:i], word); head == headControl {
+			return start
+		}
+	}
+	if head.pending() {
+		return start
+	}
+	return -1
+}
+
+// mayHoldTxControl is topTxControl's exact pre-check: false when sql holds no
+// semicolon (so one statement at most) and starts, after blanks, with a word that
+// opens no transaction control statement.
+func mayHoldTxControl(sql string) bool {
+	if strings.IndexByte(sql, ';') >= 0 {
+		return true
+	}
+	i := 0
+	for i < len(sql) && isSpace(sql[i]) {
+		i++
+	}
+	if i == len(sql) {
+		return false
+	}
+	if !identStart(sql[i]) {
+		return true // a comment, a parenthesis: read it all
+	}
+	return txHeadWord(headStart, sql[i:identEnd(sql, i)]) != headOther
+}
+
+// txHead is how much of a statement's head topTxControl has read.
+type txHead int8
+
+const (
+	headStart        txHead = iota // no token of the statement yet (or only parentheses)
+	headRollback                   // ROLLBACK: TO, WORK or TRANSACTION may follow
+	headRollbackWork               // ROLLBACK WORK or ROLLBACK TRANSACTION: TO may follow
+	headPrepare                    // PREPARE: TRANSACTION may follow
+	headOther                      // not transaction control: read on to the next statement
+	headControl                    // transaction control
+)
+
+// pending reports whether the statement is transaction control if it ends here: a
+// ROLLBACK not followed by TO.
+func (h txHead) pending() bool { return h == headRollback || h == headRollbackWork }
+
+// next is the head after tok, a token of the statement (word: a keyword or
+// identifier).
+func (h txHead) next(tok string, word bool) txHead {
+	switch {
+	case h == headOther:
+		return headOther
+	case h == headStart && tok == "(":
+		return headStart
+	case !word && h.pending():
+		return headControl
+	case !word:
+		return headOther
+	}
+	return txHeadWord(h, tok)
+}
+
+// txHeadWord is the head after the word w.
+func txHeadWord(h txHead, w string) txHead {
+	switch h {
+	case headStart:
+		switch {
+		case oneOf(w, "BEGIN", "START", "COMMIT", "END", "ABORT"):
+			return headControl
+		case strings.EqualFold(w, "ROLLBACK"):
+			return headRollback
+		case strings.EqualFold(w, "PREPARE"):
+			return headPrepare
+		}
+		return headOther
+	case headRollback, headRollbackWork:
+		switch {
+		case strings.EqualFold(w, "TO"):
+			return headOther
+		case h == headRollback && oneOf(w, "WORK", "TRANSACTION"):
+			return headRollbackWork
+		}
+		return headControl
+	case headPrepare:
+		if strings.EqualFold(w, "TRANSACTION") {
+			return headControl
+		}
+	}
+	return headOther
+}
+
+// oneOf reports whether w is one of the keywords, in any case.
+func oneOf(w string, keywords ...string) bool {
+	for _, k := range keywords {
+		if len(w) == len(k) && strings.EqualFold(w, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenEnd returns the index after the token that starts at i (not a blank, comment
+// or semicolon), and whether it is a word, as readSQL reads it. backslash: a plain
+// '…' string reads backslash escapes.
+func tokenEnd(sql string, i int, backslash bool) (int, bool, error) {
+	c := sql[i]
+	switch {
+	case c == '\'':
+		end, err := quoteEnd(sql, i+1, '\'', backslash)
+		return end, false, err
+	case c == '"':
+		end, err := quoteEnd(sql, i+1, '"', false)
+		return end, false, err
+	case (c == 'E' || c == 'e') && at(sql, i+1) == '\'':
+		end, err := quoteEnd(sql, i+2, '\'', true)
+		return end, false, err
+	case c == '$':
+		end, err := dollarEnd(sql, i)
+		return end, false, err
+	case identStart(c):
+		return identEnd(sql, i), true, nil
+	case isDigit(c) || c == '.' && isDigit(at(sql, i+1)):
+		return numberEnd(sql, i), false, nil
+	}
+	return i + 1, false, nil // an operator's or punctuation's character
+}

@@ -63,15 +63,17 @@ type phaseTx struct {
 	folded *keytable.Claim
 	onHeld func()
 
-	savepoints int   // savepoints opened with Begin, for their names
-	refused    error // the phase's code called Commit or Rollback: the phase fails
+	savepoints int // savepoints opened with Begin, for their names
 	// lost: the fence's check or the folded claim refused (or could not be read): the
 	// phase fails with it, whatever its code made of the error its statement got.
 	lost error
 
-	mu     sync.Mutex // guards the fields below, shared with the phase's goroutines
-	sealed bool       // the phase is over: every view refuses with phases.ErrTxDone
-	uses   int        // calls of the phase's code on the connection in progress
+	mu sync.Mutex // guards the fields below, shared with the phase's goroutines
+	// refused: the phase's code called Commit or Rollback, or sent a statement that
+	// would end or open the transaction (checkSQL): the phase fails.
+	refused error
+	sealed  bool // the phase is over: every view refuses with phases.ErrTxDone
+	uses    int  // calls of the phase's code on the connection in progress
 	// stray: the phase ended while a call was in progress. That call's goroutine is
 	// the last to use the connection: it closes it (leave); the pool never gets it back.
 	stray bool
@@ -181,7 +183,7 @@ func (t *phaseTx) end(v verdict) verdict {
 	t.mu.Lock()
 	t.sealed = true
 	t.stray = t.uses > 0
-	stray, lost := t.stray, t.lost
+	stray, lost, refused := t.stray, t.lost, t.refused
 	t.mu.Unlock()
 	if stray {
 		return verdict{kind: fail, err: errTxInUse}
@@ -189,8 +191,8 @@ func (t *phaseTx) end(v verdict) verdict {
 	if lost != nil {
 		return verdict{kind: fail, err: lost}
 	}
-	if t.refused != nil && (v.kind == goOn || v.kind == respond) {
-		return verdict{kind: fail, err: t.refused}
+	if refused != nil && (v.kind == goOn || v.kind == respond) {
+		return verdict{kind: fail, err: refused}
 	}
 	return v
 }
@@ -377,12 +379,17 @@ func readBegin(br pgx.BatchResults) error {
 	return nil
 }
 
-// Exec implements phases.DBTX.
+// Exec implements phases.DBTX. A text that would end or open the transaction is
+// refused and fails the phase (checkSQL).
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := t.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	defer t.leave()
+	sql, args, err := t.checked(ctx, sql, args, false)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -404,7 +411,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return tag, err
 }
 
-// Query implements phases.DBTX.
+// Query implements phases.DBTX; its text is checked as Exec's.
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	r := &txRows{tx: t}
 	err := t.query(ctx, r, sql, args)
@@ -420,6 +427,10 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		return err
 	}
 	defer t.leave()
+	sql, args, err = t.checked(ctx, sql, args, true)
+	if err != nil {
+		return err
+	}
 	if t.begun || !plainArgs(args) {
 		if err := t.flush(ctx); err != nil {
 			return err
@@ -444,7 +455,7 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 	return nil
 }
 
-// QueryRow implements phases.DBTX.
+// QueryRow implements phases.DBTX; its text is checked as Exec's.
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	r := &row{rows: txRows{tx: t}}
 	r.err = t.query(ctx, &r.rows, sql, args)
@@ -452,12 +463,15 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // SendBatch implements phases.DBTX. BEGIN (with the fence's check) goes first in its
-// own round trip.
+// own round trip. Each queued text is checked as Exec's, before anything is sent.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.enter(); err != nil {
 		return &errBatch{err: err}
 	}
 	defer t.leave()
+	if err := t.checkBatch(ctx, b); err != nil {
+		return &errBatch{err: err}
+	}
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
@@ -64,11 +65,112 @@ func (t *phaseTx) refuse(op string) error {
 		return err
 	}
 	defer t.leave()
-	err := fmt.Errorf("%s of the phase's transaction refused: %w", op, phases.ErrTxManaged)
+	return t.refuseWith(fmt.Errorf("%s of the phase's transaction refused: %w", op, phases.ErrTxManaged))
+}
+
+// refuseWith makes err the phase's failure (end), unless an earlier refusal is, and
+// returns it.
+func (t *phaseTx) refuseWith(err error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.refused == nil {
 		t.refused = err
 	}
 	return err
+}
+
+// checkSQL refuses sql, a statement text the phase's code sends, if one of its
+// statements would end or open the phase's transaction (topTxControl): a COMMIT would
+// commit the phase's writes apart from the advance of its recovery point, and the
+// engine's statements after it would run outside any transaction. Nothing is sent, and
+// the phase fails as after a refused Commit, its writes rolled back. Savepoints'
+// statements are allowed. A text with a backslash is also read as the server reads it
+// with standard_conforming_strings off, which the phase's code may have set; both
+// readings must find no transaction control.
+func (t *phaseTx) checkSQL(sql string) error {
+	at := goTxControl(sql)
+	if at < 0 {
+		return nil
+	}
+	return t.refuseWith(fmt.Errorf("statement %.80q refused before anything was sent: it would end or open the phase's transaction: %w", sql[at:], phases.ErrTxManaged))
+}
+
+// goTxControl is topTxControl with standard_conforming_strings either on or off: the
+// first statement that is transaction control in either reading, or -1.
+func goTxControl(sql string) int {
+	at := topTxControl(sql, false)
+	if at < 0 && strings.IndexByte(sql, '\\') >= 0 {
+		at = topTxControl(sql, true)
+	}
+	return at
+}
+
+// checkBatch is checked for each statement queued on b. A statement queued with a
+// pgx.QueryRewriter is rewritten in place, as pgx's SendBatch would.
+func (t *phaseTx) checkBatch(ctx context.Context, b *pgx.Batch) error {
+	for _, q := range b.QueuedQueries {
+		if rw, n := leadingRewriter(q.Arguments); rw != nil {
+			sql, args, err := rw.RewriteQuery(ctx, t.conn, q.SQL, q.Arguments[n:])
+			if err != nil {
+				return fmt.Errorf("rewrite query failed: %w", err)
+			}
+			q.SQL, q.Arguments = sql, args
+		}
+		if err := t.checkSQL(q.SQL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leadingRewriter is the last of the query rewriters args start with (the one pgx's
+// SendBatch applies), and how many there are.
+func leadingRewriter(args []any) (rw pgx.QueryRewriter, n int) {
+	for ; n < len(args); n++ {
+		a, ok := args[n].(pgx.QueryRewriter)
+		if !ok {
+			break
+		}
+		rw = a
+	}
+	return rw, n
+}
+
+// checked is checkSQL on the text the server gets: a pgx.QueryRewriter among the
+// leading options of args (the last, as pgx takes it) rewrites sql and the arguments
+// after the options first, here rather than in pgx, and the rewritten statement goes
+// on with the other options. query: the options of Query (result formats too), else
+// of Exec.
+func (t *phaseTx) checked(ctx context.Context, sql string, args []any, query bool) (string, []any, error) {
+	n, rw := 0, pgx.QueryRewriter(nil)
+options:
+	for ; n < len(args); n++ {
+		switch a := args[n].(type) {
+		case pgx.QueryExecMode:
+		case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			if !query {
+				break options
+			}
+		case pgx.QueryRewriter:
+			rw = a
+		default:
+			break options
+		}
+	}
+	if rw != nil {
+		rewritten, rest, err := rw.RewriteQuery(ctx, t.conn, sql, args[n:])
+		if err != nil {
+			return "", nil, fmt.Errorf("rewrite query failed: %w", err)
+		}
+		opts := make([]any, 0, n+len(rest))
+		for _, a := range args[:n] {
+			if _, ok := a.(pgx.QueryRewriter); !ok {
+				opts = append(opts, a)
+			}
+		}
+		sql, args = rewritten, append(opts, rest...)
+	}
+	return sql, args, t.checkSQL(sql)
 }
 
 // Conn implements pgx.Tx. It returns the connection the transaction runs on, or nil
@@ -110,6 +212,9 @@ func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 		return nil, err
 	}
 	defer t.leave()
+	if err := t.checkSQL(sql); err != nil {
+		return nil, err
+	}
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
@@ -203,6 +308,10 @@ func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 		return pgconn.CommandTag{}, err
 	}
 	defer s.root.leave()
+	sql, args, err := s.root.checked(ctx, sql, args, false)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	return s.root.conn.Exec(ctx, sql, args...)
 }
 
@@ -211,6 +320,10 @@ func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 		return nil, err
 	}
 	defer s.root.leave()
+	sql, args, err := s.root.checked(ctx, sql, args, true)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.root.conn.Query(ctx, sql, args...)
 	if rows == nil {
 		return nil, err
@@ -231,6 +344,9 @@ func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 		return &errBatch{err: err}
 	}
 	defer s.root.leave()
+	if err := s.root.checkBatch(ctx, b); err != nil {
+		return &errBatch{err: err}
+	}
 	return &txBatch{tx: s.root, br: s.root.conn.SendBatch(ctx, b)}
 }
 
@@ -247,6 +363,9 @@ func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 		return nil, err
 	}
 	defer s.root.leave()
+	if err := s.root.checkSQL(sql); err != nil {
+		return nil, err
+	}
 	return s.root.conn.Prepare(ctx, name, sql)
 }
 
