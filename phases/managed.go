@@ -7,9 +7,12 @@ import (
 )
 
 // ErrTxManaged is what Commit and Rollback of a tx phase's own transaction return,
-// seen as a pgx.Tx (see DBTX): the engine owns that transaction. It commits when the
+// seen as a pgx.Tx (see DBTX), and what a statement sent through it returns when the
+// text ends or begins the transaction (COMMIT, END, ROLLBACK without TO, ABORT, BEGIN,
+// START TRANSACTION, PREPARE TRANSACTION, behind comments or after other statements):
+// the engine owns that transaction, and such a statement is refused before it is sent. It commits when the
 // phase function returns success, together with the key's recovery point, and rolls
-// back when the phase fails. A refused Commit or Rollback changes nothing in the
+// back when the phase fails. A refused Commit, Rollback or statement changes nothing in the
 // database, but the phase fails with this error whatever it returns, so that work its
 // code meant to undo (or believed durable) is never committed by surprise. Savepoints
 // opened with Begin commit and roll back as usual.

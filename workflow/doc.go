@@ -58,8 +58,10 @@
 // The transaction a tx phase gets is also a pgx.Tx (see phases.DBTX and the pgxTx
 // example): Begin opens a savepoint, which rides in the round trip of the phase's BEGIN
 // when it is the phase's first statement, except in a new key's first tx phase, whose
-// transaction the claim has already begun (there it is a round trip of its own); Commit and Rollback of the phase's own transaction are
-// refused with phases.ErrTxManaged and fail the phase.
+// transaction the claim has already begun (there it is a round trip of its own); Commit
+// and Rollback of the phase's own transaction, and any statement text that ends or
+// begins it (COMMIT, ROLLBACK, END, BEGIN, ...), are refused with phases.ErrTxManaged
+// before anything is sent, and fail the phase.
 //
 // Cost of a fresh request: one round trip to look the key up and one for the claim,
 // then per tx phase one commit, the engine's write of the key row pipelined with

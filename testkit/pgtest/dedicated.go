@@ -109,6 +109,7 @@ func (d *Dedicated) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	l.final = syscall.SIGQUIT // its directory is removed with it: no shutdown checkpoint
 	d.mu.Lock()
 	d.cur = l
 	d.mu.Unlock()

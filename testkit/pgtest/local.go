@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -43,6 +44,12 @@ type localServer struct {
 	cmd    *exec.Cmd
 	exited <-chan struct{} // closed when the process has exited and been reaped
 	log    *os.File
+	// final is the signal of the last stop; nil: SIGINT (pgbouncer's safe shutdown,
+	// postgres's fast one). A throwaway postgres, whose directory goes with it, is
+	// stopped with SIGQUIT: a fast shutdown's checkpoint writes out every dirty page
+	// with fsync on, which on a loaded machine took longer than stopTimeout after a
+	// long package (testkit/matrix's nightly tier) and failed a run whose tests passed.
+	final os.Signal
 }
 
 // findBinDir returns the first directory that holds both initdb and postgres, looking in
@@ -204,6 +211,7 @@ func runPostgres(ctx context.Context, binDir, dir, data string, owner *osUser, e
 	if err != nil {
 		return nil, err
 	}
+	l.final = syscall.SIGQUIT // its directory is removed with it: no shutdown checkpoint
 	return &Server{URL: url, stop: l.stop}, nil
 }
 
@@ -242,15 +250,20 @@ func (l *localServer) stop() error {
 	return err
 }
 
-// stopProcess asks for a fast shutdown (SIGINT: abort sessions, checkpoint, exit) and
-// kills the server if it has not exited within stopTimeout.
+// stopProcess asks for a shutdown (l.final, or SIGINT: for postgres a fast one, which
+// aborts sessions, checkpoints and exits) and kills the process if it has not exited
+// within stopTimeout.
 func (l *localServer) stopProcess() error {
 	select {
 	case <-l.exited:
 		return nil
 	default:
 	}
-	if err := l.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	sig := l.final
+	if sig == nil {
+		sig = os.Interrupt
+	}
+	if err := l.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		_ = l.cmd.Process.Kill()
 	}
 	timer := time.NewTimer(stopTimeout)
