@@ -114,12 +114,12 @@ func (r *run) attempt() outcome {
 		}
 		out.Body, out.GetBody = b, r.body
 	}
-	var timer *time.Timer
+	var stop func() bool
 	if d := r.t.cfg.AttemptTimeout; d > 0 {
-		timer = time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
+		stop = r.t.after(d, func() { cancel(errAttemptTimeout) })
 	}
 	resp, err := r.t.next.RoundTrip(out)
-	if timer != nil && !timer.Stop() && err == nil {
+	if stop != nil && !stop() && err == nil {
 		// The timeout fired as the headers came: the body is cut off, so this
 		// answer cannot be read. Count it as a timeout.
 		_ = resp.Body.Close()

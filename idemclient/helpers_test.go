@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,6 +173,29 @@ func (b *bundle) post(t *testing.T, ctx context.Context, key string, body io.Rea
 	got, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp, string(got), nil
+}
+
+// timeoutAttempt makes the attempt timeout fire for attempt n once the scripted server
+// has received it, and for no other attempt: a real timer short enough for a test
+// would also end an answered attempt on a slow machine.
+func (b *bundle) timeoutAttempt(n int) {
+	var calls atomic.Int32
+	b.tr.after = func(_ time.Duration, fire func()) func() bool {
+		if int(calls.Add(1)) != n {
+			return func() bool { return true } // stopped before it fired
+		}
+		var fired atomic.Bool
+		go func() {
+			for got := range b.srv.arrived {
+				if got == n {
+					fired.Store(true)
+					fire()
+					return
+				}
+			}
+		}()
+		return func() bool { return !fired.Load() }
+	}
 }
 
 func (b *bundle) retries() []RetryEvent {

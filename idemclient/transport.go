@@ -139,10 +139,13 @@ type Transport struct {
 	next http.RoundTripper
 	cfg  *Config
 
-	// Test seams: the clock, the wait between attempts, random numbers in [0, 1).
+	// Test seams: the clock, the wait between attempts, random numbers in [0, 1), the
+	// attempt timeout's timer (it calls f after d unless stop, which reports whether it
+	// stopped it, comes first).
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
 	rand  func() float64
+	after func(d time.Duration, f func()) (stop func() bool)
 }
 
 // NewTransport returns a Transport that sends attempts through next (nil:
@@ -156,8 +159,10 @@ func NewTransport(next http.RoundTripper, cfg *Config) (*Transport, error) {
 	if next == nil {
 		next = http.DefaultTransport
 	}
-	return &Transport{next: next, cfg: cfg, now: time.Now, sleep: sleep, rand: rand.Float64}, nil
+	return &Transport{next: next, cfg: cfg, now: time.Now, sleep: sleep, rand: rand.Float64, after: afterFunc}, nil
 }
+
+func afterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 
 // RoundTrip sends req under its key until it has a final answer; see Transport. The
 // errors it returns: ErrInvalidKey (nothing sent), *DeadLetteredError,

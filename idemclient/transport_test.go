@@ -179,9 +179,11 @@ func TestNetworkErrorsAreRetried(t *testing.T) {
 	})
 	t.Run("AttemptTimeout", func(t *testing.T) {
 		t.Parallel()
-		// The first attempt never answers; the attempt timeout (real time, short)
-		// ends it and the second attempt gets the answer.
+		// The first attempt never answers; the attempt timeout ends it (fired once the
+		// server holds the attempt, not by the clock) and the second attempt gets the
+		// answer.
 		b := setup(t, &Config{AttemptTimeout: 20 * time.Millisecond}, 0, step{hang: true}, step{status: 201})
+		b.timeoutAttempt(1)
 		resp, _, err := b.post(t, context.Background(), "k", strings.NewReader(chargeBody))
 		require.NoError(t, err)
 		require.Equal(t, 201, resp.StatusCode)

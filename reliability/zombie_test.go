@@ -327,12 +327,21 @@ func (e *env) endIdleTransactions(t testing.TB, app string) int {
 // no transaction of app is open).
 func (e *env) endPausedTransaction(t testing.TB, app string) int {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond) // the next look at the server's view; no hook exists for it
+	defer tick.Stop()
+	for {
 		var active bool
 		require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
 			WHERE application_name = $1 AND state = 'active' AND xact_start IS NOT NULL)`, app).Scan(&active))
-		if !active || time.Now().After(deadline) {
+		if !active {
 			return e.endIdleTransactions(t, app)
+		}
+		select {
+		case <-deadline.C:
+			return e.endIdleTransactions(t, app)
+		case <-tick.C:
 		}
 	}
 }

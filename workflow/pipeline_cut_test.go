@@ -60,40 +60,59 @@ func (c *cutter) dial(ctx context.Context, network, addr string) (net.Conn, erro
 
 type cutConn struct {
 	net.Conn
-	c       *cutter
-	cutting bool
+	c *cutter
+	// cutting: the batch is being sent or was sent, and its answer is to be cut. Set
+	// before the write, and read by Read after its own read too: when a write is slow
+	// (over 15 ms, as on a busy machine), pgconn reads in the background while it
+	// writes, so a Read that began before the batch's write can return its answer.
+	cutting atomic.Bool
 	flushed bool // the batch's first write ended with a Flush: the next one ends it
 }
 
 func (cc *cutConn) Write(p []byte) (int, error) {
-	n, err := cc.Conn.Write(p)
-	if err == nil && (cc.flushed || bytes.Contains(p, []byte("/pipe")) && cc.c.armed.CompareAndSwap(true, false)) {
+	target := cc.flushed || bytes.Contains(p, []byte("/pipe")) && cc.c.armed.CompareAndSwap(true, false)
+	if target {
+		// A first write that ends with a Flush (the claim first, pgpipe.SendGuarded) is
+		// let through unless atFlush: its guard's answer must reach pgx, and the next
+		// write ends the transaction.
 		if cc.flushed = bytes.HasSuffix(p, flushMsg); cc.flushed && !cc.c.atFlush {
-			return n, err
+			return cc.Conn.Write(p)
 		}
-		cc.cutting = true
-		if !cc.c.answered {
-			cc.c.cuts.Add(1)
-			cc.c.cut(cc.Conn)
+		if cc.c.answered {
+			cc.cutting.Store(true)
 		}
+	}
+	n, err := cc.Conn.Write(p)
+	if target && err == nil && !cc.c.answered {
+		cc.c.cuts.Add(1)
+		cc.c.cut(cc.Conn)
 	}
 	return n, err
 }
 
 func (cc *cutConn) Read(p []byte) (int, error) {
-	if !cc.cutting {
-		return cc.Conn.Read(p)
-	}
-	var got []byte
-	buf := make([]byte, 4096)
-	for !bytes.HasSuffix(got, readyIdle) {
-		n, err := cc.Conn.Read(buf)
-		got = append(got, buf[:n]...)
-		if err != nil {
-			break
+	if !cc.cutting.Load() {
+		n, err := cc.Conn.Read(p)
+		if n == 0 || !cc.cutting.Load() {
+			return n, err
 		}
+		// The batch was written while this read waited: what it read is the start of
+		// the batch's answer (the connection was idle before the batch).
+		return cc.cutAnswer(append([]byte(nil), p[:n]...), err)
 	}
-	cc.cutting = false
+	return cc.cutAnswer(nil, nil)
+}
+
+// cutAnswer reads the rest of the batch's answer after got (unless reading already
+// failed), then cuts, handing pgx nothing of it.
+func (cc *cutConn) cutAnswer(got []byte, err error) (int, error) {
+	buf := make([]byte, 4096)
+	for err == nil && !bytes.HasSuffix(got, readyIdle) {
+		var n int
+		n, err = cc.Conn.Read(buf)
+		got = append(got, buf[:n]...)
+	}
+	cc.cutting.Store(false)
 	cc.c.cuts.Add(1)
 	cc.c.cut(cc.Conn)
 	return 0, io.EOF // as when the server's side closes

@@ -56,7 +56,9 @@ func newRig(t testing.TB, failEvery int) *rig {
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A bound on a hang only, sized for a slow machine: it also spans the making of
+	// the test's database below, which takes seconds when the cores are busy.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := js.AccountInfo(ctx); err != nil {
 		t.Fatalf("the NATS server at %s has no JetStream (%v): start it with -js", natsURL(), err)
@@ -69,7 +71,7 @@ func newRig(t testing.TB, failEvery int) *rig {
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: r.stream, Subjects: []string{r.subject, r.subject + ".>"}, Duplicates: 2 * time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := js.DeleteStream(ctx, r.stream); err != nil {
 			t.Errorf("delete stream %s: %v", r.stream, err)

@@ -45,7 +45,9 @@ func New(t *testing.T) *Setup {
 	s.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(s.Pool.Close)
-	s.Engine, err = workflow.New(s.Pool, nil)
+	// One connection for every tenant: admission waits as long as the caller's context
+	// (AdmitWait -1), so that a busy machine's slow queue is not shed as overload.
+	s.Engine, err = workflow.New(s.Pool, &workflow.Config{AdmitWait: -1})
 	require.NoError(t, err)
 	require.NoError(t, s.Engine.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
 		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {

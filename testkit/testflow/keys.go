@@ -104,11 +104,29 @@ func Start(t testing.TB) (*pgtest.DB, *idemflowtest.Remote) {
 }
 
 // Engine returns an engine on pool with cfg and the flow registered, its calls going to
-// p and before run at the start of every phase.
+// p and before run at the start of every phase. Unless cfg sets AdmitWait, admission
+// waits as long as the caller's context (AdmitWait -1; see SlowMachine).
 func Engine(t testing.TB, pool workflow.Pool, cfg *workflow.Config, p *idemflowtest.Remote, before func(ctx context.Context, tx phases.DBTX, run *phases.Run) error) *workflow.Engine {
 	t.Helper()
-	e, err := workflow.New(pool, cfg)
+	e, err := workflow.New(pool, SlowMachine(cfg))
 	require.NoError(t, err)
 	require.NoError(t, e.Register(Flow(Options{ProviderURL: p.URL, Before: before})))
 	return e
+}
+
+// SlowMachine is a copy of cfg (nil: the defaults) whose admission waits as long as
+// the caller's context (AdmitWait -1) unless cfg sets AdmitWait. A test whose subject
+// is not overload must not have its own attempts shed as overloaded because a busy
+// machine made the pool's queue slow (the default AdmitWait refuses at once once the
+// last waits for a connection took over 1.25 s); a test of shedding sets AdmitWait and
+// MaxInFlight itself (docs/DEVELOPMENT.md, "Rules for tests on a busy machine").
+func SlowMachine(cfg *workflow.Config) *workflow.Config {
+	var c workflow.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.AdmitWait == 0 {
+		c.AdmitWait = -1
+	}
+	return &c
 }
