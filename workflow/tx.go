@@ -358,6 +358,7 @@ func (t *phaseTx) readHead(br pgx.BatchResults) error {
 	case t.folded != nil:
 		if err = t.store.ReadPipeClaim(br); err == nil {
 			t.held = true
+			pgpipe.Proceed(br) // the statements behind the claim go before the hook runs
 			t.onHeld()
 		}
 	}

@@ -31,13 +31,15 @@ type batchResults struct {
 	formatsBuf [32]int16
 	formats    []int16 // the statements' result formats, in named mode
 	pipe       *pgconn.Pipeline
-	// rest, when set, is the part of a guarded batch not sent yet (sendGuarded).
-	rest   *rest
-	rows   *rows // the last Query's
-	err    error
-	idx    int
-	closed bool
-	traced bool // TraceBatchEnd was called
+	// rest, when set, is the part of a guarded batch not sent yet (sendGuarded);
+	// restErr is sendRest's failure when Proceed sent it: the next statement's.
+	rest    *rest
+	restErr error
+	rows    *rows // the last Query's
+	err     error
+	idx     int
+	closed  bool
+	traced  bool // TraceBatchEnd was called
 }
 
 var _ pgx.BatchResults = (*batchResults)(nil)
@@ -99,18 +101,37 @@ func (br *batchResults) endRest() {
 	br.pipe.Close()
 }
 
+// Proceed sends the rest of a batch sent with SendGuarded now, once the caller has
+// read every result of the guard and decided that the rest may run, rather than when
+// the next result is asked for. A caller that runs other code in between (the
+// engine's ClaimHeld hook) calls it first: until the rest and its Sync arrive, the
+// server keeps the guard's transaction open in the state 'active', which
+// idle_in_transaction_session_timeout does not end, so a process paused there (SIGSTOP,
+// a frozen VM) would hold the guard's locks past that timeout. For any other batch, or
+// before the guard's results were all read, or after an error, it does nothing. A
+// failure to send is the next statement's result.
+func Proceed(b pgx.BatchResults) {
+	br, ok := b.(*batchResults)
+	if !ok || br.rest == nil || br.idx != br.rest.from || br.err != nil || br.closed ||
+		(br.rows != nil && !br.rows.closed) {
+		return
+	}
+	br.restErr = br.sendRest()
+}
+
 // next is the result of the next statement, once the last Query's rows are closed.
 func (br *batchResults) next() (q *pgx.QueuedQuery, sd *pgconn.StatementDescription, res *pgconn.ResultReader, start time.Time, err error) {
 	if err := br.ready(); err != nil {
 		return nil, nil, nil, time.Time{}, err
 	}
 	if br.rest != nil && br.idx == br.rest.from {
-		if err := br.sendRest(); err != nil {
-			br.err = err
-			q, sd = br.b.QueuedQueries[br.idx], br.sds[br.idx]
-			br.idx++
-			return q, sd, nil, time.Now(), err
-		}
+		br.restErr = br.sendRest()
+	}
+	if err := br.restErr; err != nil {
+		br.restErr, br.err = nil, err
+		q, sd = br.b.QueuedQueries[br.idx], br.sds[br.idx]
+		br.idx++
+		return q, sd, nil, time.Now(), err
 	}
 	q, sd = br.b.QueuedQueries[br.idx], br.sds[br.idx]
 	br.idx++
