@@ -154,7 +154,8 @@ func TestPartitionedConcurrentDuplicates(t *testing.T) {
 	(SELECT count(*) FROM (SELECT 1 FROM idemflow_keys GROUP BY scope, idempotency_key HAVING count(*) > 1) d),
 	(SELECT count(DISTINCT date_trunc('minute', created_at)) FROM idemflow_keys)`).Scan(&dups, &spread)) // a minute a partition (tableoid names a shard on Citus)
 	require.Zero(t, dups, "no (scope, key) has two rows")
-	require.Equal(t, 2, spread, "rows landed in both partitions")
+	// Two partitions at least: a race that straddles a minute's end spans three.
+	require.GreaterOrEqual(t, spread, 2, "rows landed in both partitions")
 	var ledger int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) - count(DISTINCT idem_key) FROM ledger`).Scan(&ledger))
 	require.Zero(t, ledger, "one ledger row per key")
