@@ -29,12 +29,7 @@ func TestDrainAfterStandbyWait(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	primary, err := pgtest.StartDedicated(ctx)
-	if errors.Is(err, pgtest.ErrNoServer) {
-		t.Skip(err)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = primary.Stop() })
+	primary := startPrimary(ctx, t)
 	standby, err := pgtest.StartStandby(ctx, primary, primary.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = standby.Stop() })
