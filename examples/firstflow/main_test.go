@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,9 +42,14 @@ func nextLog(t *testing.T, c *childproc.Child, msg string) logLine {
 func TestMainDrainsOnSIGTERM(t *testing.T) {
 	db := idemflowtest.NewDB(t, Schema, `INSERT INTO accounts (id, balance) VALUES ('acct', 1000)`)
 	remote := idemflowtest.NewRemote(t, nil)
+	// The bank holds the first transfer until the test lets it go, and lets every
+	// request go once the test ends, so that a failing test ends too.
 	inCall, release := make(chan struct{}), make(chan struct{})
+	var entered, released sync.Once
+	letGo := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
 	remote.During(func(*http.Request) {
-		close(inCall)
+		entered.Do(func() { close(inCall) })
 		<-release
 	})
 	child := childproc.Start(t, "^$", childproc.Program("firstflow"),
@@ -77,7 +83,7 @@ func TestMainDrainsOnSIGTERM(t *testing.T) {
 	}
 	require.NoError(t, syscall.Kill(child.Pid(), syscall.SIGTERM))
 	nextLog(t, child, "firstflow: draining")
-	close(release)
+	letGo()
 
 	r := <-answered
 	require.NoError(t, r.err)
