@@ -102,3 +102,13 @@ func isAny(err error, targets []error) bool {
 	}
 	return false
 }
+
+// Sentinels returns every error variable of the package, each of which has a class:
+// for tests of adapters, which check that they answer each as its class says.
+func Sentinels() []error {
+	return []error{ErrInvalidKey, ErrInvalidScope, ErrControlCharacter, ErrInvalidRequest, ErrBodyNotJSON,
+		ErrUnknownFlow, ErrBodyTooLarge, ErrMismatch, ErrInProgress, ErrNewerFormat, ErrUnknownRecoveryPoint,
+		ErrDeadLettered, ErrTransient, ErrResponseTooLarge, ErrPhaseDataTooLarge, ErrNoResponse, ErrNotFinal,
+		ErrLeaseExpired, ErrNeedsClient, ErrUnstorable, ErrOverloaded, ErrDraining, ErrOpenSealed, ErrStandbyBehind,
+		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused}
+}

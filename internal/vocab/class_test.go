@@ -97,8 +97,10 @@ func TestEverySentinelHasAClass(t *testing.T) {
 			require.Equal(t, c.class, Classify(c.err), "%s", name)
 			require.Equal(t, c.class, Classify(fmt.Errorf("workflow: run: %w", c.err)), "%s, wrapped", name)
 			require.NotEqual(t, ClassNone, c.class)
+			require.Contains(t, Sentinels(), c.err, "%s is not in Sentinels", name)
 		})
 	}
+	require.Len(t, Sentinels(), len(classOf), "Sentinels lists each sentinel once")
 }
 
 func TestClassifyPrecedence(t *testing.T) {
