@@ -12,8 +12,9 @@
 // Usage (from package workflow):
 //
 //	env := &maintenance.Env{Store: st, Pool: pool, StatementTimeout: lease, Logger: log}
-//	ex := maintenance.NewExpirer(env, maintenance.ExpirerConfig{Finished: 24 * time.Hour, Batch: 1000, Share: 0.5})
-//	n, err := ex.RunOnce(ctx, nil)
+//	ex := &maintenance.Expirer{Env: env, ClientOnly: clientOnlyFlows,
+//		Config: maintenance.ExpirerConfig{Finished: 24 * time.Hour, Dead: -1, Parked: -1, Batch: 1000, Share: 0.5}}
+//	expired, err := ex.RunOnce(ctx, nil) // nil: no stop channel
 //
 // # Imports
 //

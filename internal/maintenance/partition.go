@@ -35,7 +35,7 @@ type Partitioner struct {
 // cleared, that few partitions exist ahead. On a key table that is not partitioned it
 // returns a zero report and no error.
 func (s *Partitioner) RunOnce(ctx context.Context) (keytable.PartitionReport, error) {
-	r, err := s.Maintain(ctx)
+	r, err := s.maintain(ctx)
 	if errors.Is(err, keytable.ErrNotPartitioned) {
 		return keytable.PartitionReport{}, nil
 	}
@@ -58,11 +58,11 @@ func (s *Partitioner) RunOnce(ctx context.Context) (keytable.PartitionReport, er
 	return r, nil
 }
 
-// Maintain runs one maintenance step of a partitioned key table on one connection of
+// maintain runs one maintenance step of a partitioned key table on one connection of
 // the pool: partitions created ahead, partitions past retention removed. It returns
 // keytable.ErrNotPartitioned, after asking once and without a connection afterwards,
 // when the key table is not partitioned.
-func (s *Partitioner) Maintain(ctx context.Context) (keytable.PartitionReport, error) {
+func (s *Partitioner) maintain(ctx context.Context) (keytable.PartitionReport, error) {
 	st := s.Env.Store
 	if st.KnownUnpartitioned() {
 		return keytable.PartitionReport{}, keytable.ErrNotPartitioned
