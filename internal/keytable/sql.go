@@ -6,7 +6,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// All of idemflow's SQL on the key table, in one place for review. Every statement on
+// The key row's statements, kept together for review (the expiries' are in
+// expire_sql.go, the partitioned layout's maintenance in partition_sql.go). Every statement on
 // one key filters by scope. Lease arithmetic uses the database clock, read with
 // statement_timestamp() (the start of the statement, not of its transaction, so a long
 // transaction does not shorten the lease it sets); durations arrive as milliseconds.
