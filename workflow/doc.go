@@ -106,7 +106,8 @@
 // This package imports idemflow's phases and store packages, internal/maintenance (the
 // sweeper's services, handed values, never the Engine),
 // internal/runstate (the engine's side of a phases.Run, kept out of the API a phase
-// function sees), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
+// function sees), internal/vocab (the engine's vocabulary: outcomes, results, events,
+// errors and their classes, which this package re-exports as aliases), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
 // Fingerprint), and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints
 // stored before v2).
 // It does not import net/http (header names are canonicalised with net/textproto);

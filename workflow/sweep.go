@@ -124,7 +124,7 @@ func (e *Engine) runSwept(ctx context.Context, tk *maintenance.Takeover, t *main
 		Attempt: t.Attempts, RecoveryPoint: t.RecoveryPoint, Origin: t.Row.Origin}
 	return e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) {
 		out, err := e.runTaken(ctx, tk, t, opts)
-		return out.with(t.ID, t.Flow, t.Row.Origin, t.RecoveryPoint, t.Attempts), err
+		return withKey(out, t.ID, t.Flow, t.Row.Origin, t.RecoveryPoint, t.Attempts), err
 	})
 }
 
@@ -158,7 +158,7 @@ func (e *Engine) runTaken(ctx context.Context, tk *maintenance.Takeover, t *main
 		// attempt all the same: release it rather than leave it leased.
 		out = x.transient(ctx, x.rp, out.Err, nil)
 	}
-	return out.with(t.ID, t.Flow, t.Row.Origin, x.rp, t.Attempts), nil
+	return withKey(out, t.ID, t.Flow, t.Row.Origin, x.rp, t.Attempts), nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
@@ -184,7 +184,7 @@ func settled(outcome Outcome, cause, err error) (Result, error) {
 	case err != nil:
 		return Result{Outcome: outcome, Err: cause}, err
 	}
-	return Result{Outcome: outcome, Err: cause, cause: cause, recorded: true}, nil
+	return noted(Result{Outcome: outcome, Err: cause}, cause, true), nil
 }
 
 // park releases a taken key of a client-only flow for its client.
