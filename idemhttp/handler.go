@@ -49,7 +49,7 @@ type Config struct {
 	// ProblemTypeBaseDefault; "about:blank" sends about:blank for every kind.
 	ProblemTypeBase string
 	// Retention is how long the key table keeps a finished key, as configured for the
-	// sweeper (sweeper.Config.Retention); it is advertised to clients in the
+	// sweeper (workflow.SweeperConfig.Retention); it is advertised to clients in the
 	// RetentionHeader of every answer under a key. Defaults to RetentionDefault;
 	// negative sends no header. At least one minute, like the sweeper's.
 	Retention time.Duration
@@ -73,9 +73,9 @@ const (
 	// ProblemTypeBaseDefault is where problem types point by default: the anchors of
 	// the API consumers' page of idemflow's own documentation.
 	ProblemTypeBaseDefault = "https://github.com/idemflow/idemflow/blob/main/docs/API.md#"
-	// RetentionDefault is the sweeper's default retention (sweeper.RetentionDefault,
-	// which this package does not import); keep the two equal.
-	RetentionDefault = 24 * time.Hour
+	// RetentionDefault is the sweeper's default retention, the engine's
+	// workflow.RetentionDefault.
+	RetentionDefault = workflow.RetentionDefault
 	// WaitMax is the longest Config.Wait: a request held longer than a minute meets
 	// the idle timeouts of proxies and clients, which end it without an answer.
 	WaitMax = time.Minute

@@ -1,14 +1,18 @@
-// Package sweeper holds the settings (Config, Hooks) and the report (Stats) of
-// idemflow's sweeper, and documents what it does: it finishes keys whose client went
-// away and expires finished keys after their retention. The engine runs it
+// Package sweeper documents idemflow's sweeper: it finishes keys whose client went
+// away and expires keys after their retention. The engine runs it
 // (workflow.Engine.Start and Stop, workflow.Engine.Sweep for one pass), in any process
 // that has an engine with the flows registered, a server's or a worker's; any number
 // of sweepers may run at once, in any number of processes, against the same database.
-// A service that keeps the defaults does not import this package.
+// Its settings are the engine's: workflow.Config.Sweeper (a workflow.SweeperConfig),
+// or the one given to Start or Sweep; each pass reports a workflow.SweepStats.
+//
+// This package's names (Config, Hooks, Stats, PartitionStats and the defaults) are
+// deprecated aliases of workflow's and store's, kept for one release; a service
+// does not need to import it.
 //
 // Usage:
 //
-//	if err := engine.Start(ctx, nil); err != nil { // nil *sweeper.Config: all defaults; returns at once
+//	if err := engine.Start(ctx, nil); err != nil { // nil: the engine's Config.Sweeper; returns at once
 //		return err
 //	}
 //	<-done // until the process shuts down
@@ -18,14 +22,17 @@
 //		return err
 //	}
 //
-//	stats, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1}) // one pass, synchronously: for tests and operators
+//	stats, err := engine.Sweep(ctx, &workflow.SweeperConfig{Grace: -1}) // one pass, synchronously: for tests and operators
+//
+// A pass runs three maintenance services in turn (internal/maintenance, one a file):
+// the takeover, the expiries and the partitions.
 //
 // Each pass takes over, in short statements with FOR UPDATE SKIP LOCKED, up to
 // Config.BatchSize keys that are in progress with an expired or released lease, due
 // (their backoff has passed) and older than Config.Grace, bumping each one's lock
 // version so that whatever ran it before can no longer commit. It runs them,
-// Config.Concurrency at a time, through the engine from their recovery point: the same
-// phase code a client's retry runs, with the request stored on the key. A failed
+// Config.Concurrency at a time, through the engine's executor from their recovery
+// point: the same phase code a client's retry runs, with the request stored on the key. A failed
 // attempt releases the key with an exponential backoff (the engine's BackoffBase and
 // BackoffMax); once a key has had Config.MaxAttempts attempts and fails again it is
 // dead-lettered: visible with its last error, never run again until
@@ -42,7 +49,13 @@
 // short; live traffic is never blocked by it. A finished key past its retention is
 // still replayed until the cleanup deletes it; a retry after that is a new request.
 // Clients should not retry a request with the same key after the retention window.
-// Keys in progress and dead-lettered keys are never expired.
+// Dead-lettered keys are deleted the same way Config.DeadRetention after they were
+// dead-lettered (90 days), and parked keys Config.ParkedRetention after their claim
+// (30 days); other keys in progress are never expired.
+//
+// On a partitioned key table (docs/PARTITIONS.md) each pass also creates partitions
+// ahead and removes those past Config.Retention that hold no unfinished or
+// dead-lettered key; Stats.Partitions (a store.PartitionReport) says what it did.
 //
 // A sweeper works on its engine's key table: in the schema of the engine's
 // workflow.Config.Schema, so it has no schema setting of its own and cannot disagree
@@ -61,8 +74,7 @@
 //
 // # Imports
 //
-// This package imports no other package of idemflow: package workflow imports it, and
-// its engine runs the sweeper with these settings (the loop is the engine's, in
-// workflow/sweeper.go; what a pass does to a key, in workflow/sweep.go). A Config is
-// checked when it is used: Engine.Start and Engine.Sweep refuse an invalid one.
+// This package imports workflow and store, for its aliases. Package workflow does not
+// import it: the loop is the engine's (workflow/sweeper.go), the services are
+// internal/maintenance's, and what a taken key's run does is the executor's.
 package sweeper

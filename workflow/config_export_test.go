@@ -1,7 +1,10 @@
 package workflow
 
-// Defaults of the sweep options, for TestSweepDefaultsMatchTheSweeper.
+import "github.com/idemflow/idemflow/internal/maintenance"
+
+// Defaults of the takeover service's options (zero in TakeDueOpts and RunOpts), for
+// TestSweepDefaultsMatchTheSweeper.
 const (
-	SweepGraceDefault       = sweepGraceDefault
-	SweepMaxAttemptsDefault = maxAttemptsDefault
+	TakeoverGraceDefault       = maintenance.GraceDefault
+	TakeoverMaxAttemptsDefault = maintenance.MaxAttemptsDefault
 )

@@ -99,11 +99,12 @@
 // one pass. It takes over keys whose lease ended and that are due, runs them from their
 // recovery point through the same phase code a retry runs, dead-letters the ones whose
 // attempts ran out, and expires old keys and partitions. Run it in every process with
-// an engine, servers and workers alike. Its settings and report are package sweeper's
-// (sweeper.Config, sweeper.Stats), which documents what a pass does.
+// an engine, servers and workers alike. Its settings are Config.Sweeper (a
+// SweeperConfig), its report a SweepStats; package sweeper documents what a pass does.
+// A pass runs the maintenance services of internal/maintenance.
 //
-// This package imports idemflow's phases, store and sweeper packages (sweeper for the
-// sweeper's settings and report only: it imports no idemflow package),
+// This package imports idemflow's phases and store packages, internal/maintenance (the
+// sweeper's services, handed values, never the Engine),
 // internal/runstate (the engine's side of a phases.Run, kept out of the API a phase
 // function sees), internal/vocab (the engine's vocabulary: outcomes, results, events,
 // errors and their classes, which this package re-exports as aliases), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under

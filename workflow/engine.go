@@ -172,6 +172,10 @@ type Config struct {
 	MaxWaiters int
 	// Hooks observe the engine; several observers combine with JoinHooks. Optional.
 	Hooks Hooks
+	// Sweeper is the engine's sweeper's settings (Start and Sweep with a nil config):
+	// taking over keys whose client went away, retention, partitions. Defaults: see
+	// SweeperConfig; New refuses an invalid one.
+	Sweeper SweeperConfig
 	// Sealer, when set, seals (encrypts or redacts) every request body and answer a
 	// key stores, and opens them before a resumption or a replay (see Sealer). Nil
 	// (the default) stores them as they are, and refuses to resume or replay a sealed
@@ -198,6 +202,7 @@ func (c *Config) WithDefaults() *Config {
 	out.BackoffBase = cmp.Or(out.BackoffBase, BackoffBaseDefault)
 	out.BackoffMax = cmp.Or(out.BackoffMax, BackoffMaxDefault)
 	out.History = cmp.Or(out.History, HistoryDefault)
+	out.Sweeper = *out.Sweeper.WithDefaults()
 	out.AdmitWait = cmp.Or(out.AdmitWait, AdmitWaitDefault)
 	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
 	out.StandbyNames = slices.Clone(out.StandbyNames)
@@ -241,6 +246,9 @@ func (c *Config) validate() error {
 		if n == "" || len(n) > 63 {
 			return fmt.Errorf("workflow: StandbyNames: %q is not 1 to 63 bytes (an application_name)", n)
 		}
+	}
+	if err := c.Sweeper.validate(); err != nil {
+		return fmt.Errorf("workflow: %w", err)
 	}
 	if err := keytable.ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("workflow: Schema: %w", err)

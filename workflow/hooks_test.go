@@ -232,7 +232,7 @@ func TestOneKeyEventEmitter(t *testing.T) {
 	require.Equal(t, map[string][]string{
 		"Hooks.Key":    {"acted", "attemptEvent"},
 		"attemptEvent": {"committed", "existingRow", "report", "wait"},
-		"acted":        {"CancelKey", "GiveBack", "TakeDue", "abandon", "bulkOne", "operate", "startupCheck"},
+		"acted":        {"CancelKey", "abandon", "bulkOne", "operate", "startupCheck", "takeoverService"}, // takeoverService: the takeover service's Event (swept, given back)
 	}, callSites(t, "Hooks.Key", "attemptEvent", "acted"))
 }
 

@@ -14,23 +14,6 @@ import (
 	"github.com/idemflow/idemflow/store"
 )
 
-// MaintainPartitions runs one maintenance step of a partitioned key table on one
-// connection of the engine's pool: partitions created ahead, partitions past retention
-// removed (see store.Store.EnsurePartitions and RemovePartitions). It returns
-// store.ErrNotPartitioned, after asking once and without a connection afterwards,
-// when the key table is not partitioned.
-func (m maintenance) MaintainPartitions(ctx context.Context, retention time.Duration) (store.PartitionReport, error) {
-	if m.e.store.KnownUnpartitioned() {
-		return store.PartitionReport{}, keytable.ErrNotPartitioned
-	}
-	conn, err := m.e.pool.Acquire(ctx)
-	if err != nil {
-		return store.PartitionReport{}, fmt.Errorf("workflow: maintain partitions: %w", keytable.Classify(err))
-	}
-	defer conn.Release()
-	return m.e.store.MaintainPartitions(ctx, conn, retention)
-}
-
 // CheckPartitions reports how many partitions of a partitioned key table exist ahead
 // of now, and how many the default calls for (store.PartitionReport's Ahead, Want; Low
 // says a warning is due), from the catalog, changing nothing. It returns

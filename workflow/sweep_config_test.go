@@ -11,9 +11,12 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// Zero in the sweep options means what it means in sweeper.Config.
+// Zero in the takeover's options means what it means in workflow.SweeperConfig, and the
+// deprecated sweeper names are the same values.
 func TestSweepDefaultsMatchTheSweeper(t *testing.T) {
 	t.Parallel()
+	require.Equal(t, workflow.SweepGraceDefault, workflow.TakeoverGraceDefault)
+	require.Equal(t, workflow.SweepMaxAttemptsDefault, workflow.TakeoverMaxAttemptsDefault)
 	require.Equal(t, sweeper.GraceDefault, workflow.SweepGraceDefault)
 	require.Equal(t, sweeper.MaxAttemptsDefault, workflow.SweepMaxAttemptsDefault)
 }

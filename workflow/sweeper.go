@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,56 +11,113 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/maintenance"
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/sweeper"
 )
 
-// The engine's sweeper: a background loop (Start, Stop) or one pass (Sweep) that takes
-// over stuck keys, runs them through maintenance (sweep.go), and expires old keys.
-// Package sweeper holds its settings and what it reports, and documents its behaviour.
+// The engine's sweeper: its settings (SweeperConfig, on Config.Sweeper), its report
+// (SweepStats), and the loop (Start, Stop) or single pass (Sweep) that runs the
+// maintenance services (internal/maintenance: take over, expire, partitions) in turn.
 
-// sweeping is an engine's sweeper state.
-type sweeping struct {
-	mu   sync.Mutex
-	loop *loop // the running background loop, nil when stopped
+// Defaults of SweeperConfig.
+const (
+	SweepIntervalDefault    = time.Second
+	SweepGraceDefault       = maintenance.GraceDefault
+	SweepBatchSizeDefault   = maintenance.BatchSizeDefault
+	SweepConcurrencyDefault = maintenance.ConcurrencyDefault
+	SweepMaxAttemptsDefault = maintenance.MaxAttemptsDefault
+	// RetentionDefault is how long a finished key is remembered: 24 hours.
+	RetentionDefault    = maintenance.RetentionDefault
+	CleanupBatchDefault = maintenance.CleanupBatchDefault
+	CleanupShareDefault = maintenance.CleanupShareDefault
+	// DeadRetentionDefault is how long a dead-lettered key is kept: 90 days.
+	DeadRetentionDefault = maintenance.DeadRetentionDefault
+	// ParkedRetentionDefault is how long a parked key is kept after its claim: 30 days.
+	ParkedRetentionDefault = maintenance.ParkedRetentionDefault
+)
 
-	warned atomic.Bool // the low-partitions warning was logged and not cleared since
-
-	stopping func() // test hook: runs in Stop after the loop was told to stop
-	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
-	rest func(ctx context.Context, stop <-chan struct{}, d time.Duration)
+// SweeperConfig configures an engine's sweeper: Config.Sweeper, or the one given to
+// Engine.Start or Sweep. The zero value means all defaults; New, Start and Sweep refuse
+// an invalid one. A field's zero value always means its default; special values (Grace
+// -1) are kept as written by WithDefaults, so applying it again changes nothing.
+type SweeperConfig struct {
+	// Interval is the pause between passes, jittered by ±20% so that many sweepers do
+	// not move in lockstep. A pass that took a full batch is followed by the next one at
+	// once. Defaults to 1s; at least 1ms.
+	Interval time.Duration
+	// Grace leaves keys claimed less than Grace ago (by the database clock) alone, so
+	// that the client's own retry usually wins. Defaults to 5s. -1 means no grace;
+	// other negative values are refused.
+	Grace time.Duration
+	// BatchSize is the most keys one pass takes over. Defaults to 100; 1..10000.
+	BatchSize int
+	// Concurrency is how many taken keys are run at once. Defaults to 4; 1..1024.
+	Concurrency int
+	// MaxAttempts is how many attempts a key gets (its claim and every takeover count)
+	// before a failed one dead-letters it. Defaults to 10; at least 1.
+	MaxAttempts int
+	// Retention is how long a finished key is remembered and replayed, at least, after
+	// it finished. Defaults to 24h; at least one minute. On a partitioned key table
+	// (docs/PARTITIONS.md) it counts from the key's creation: a partition is removed
+	// once its newest possible row is Retention old and it holds no unfinished or
+	// dead-lettered key.
+	Retention time.Duration
+	// DeadRetention is how long a dead-lettered key is kept after it was dead-lettered
+	// (by the database clock), listed and ready to be re-driven; then it is deleted
+	// like an expired finished key, and a retry with its key starts a new operation.
+	// Defaults to 90 days; at least one minute. -1 keeps dead-lettered keys forever.
+	DeadRetention time.Duration
+	// ParkedRetention is how long a parked key (one of a client-only flow, such as
+	// idemhttp's middlewares', that its client left unfinished) is kept after its claim;
+	// then it is deleted, and a retry with its key starts a new operation. Defaults to
+	// 30 days; at least one minute. -1 keeps parked keys forever.
+	ParkedRetention time.Duration
+	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000;
+	// 1..100000.
+	CleanupBatch int
+	// CleanupShare is the share of its time a cleanup of a backlog spends deleting:
+	// after each full batch it rests for as long as the batch took, times
+	// (1-CleanupShare)/CleanupShare, so that a large backlog does not take a whole
+	// core from live traffic. Defaults to 0.5 (rest as long as the batch took); 1
+	// deletes batches back to back; in (0, 1].
+	CleanupShare float64
+	// Hooks observe passes. Optional.
+	Hooks SweeperHooks
+	// Logger receives the background loop's failures and dead-lettered keys. Defaults
+	// to the engine's Config.Logger (filled in by Start and Sweep, not by WithDefaults).
+	Logger *slog.Logger
 }
 
-// loop is one run of the background loop, from Start to Stop.
-type loop struct {
-	stop     chan struct{} // closed when the loop must take nothing more
-	stopOnce sync.Once
-	cancel   context.CancelFunc // ends the work in flight
-	done     chan struct{}      // closed when the loop has returned
+// SweeperHooks observe an engine's sweeper. Every field is optional; hooks must be safe
+// for concurrent use. Per-key events go through the engine's Hooks.Key.
+type SweeperHooks struct {
+	// Pass runs after every pass, from Engine.Sweep or the background loop, with its
+	// counts (SweepStats.Expired is the number of finished keys deleted) and its error.
+	Pass func(ctx context.Context, s SweepStats, err error)
 }
 
-func (l *loop) signalStop() { l.stopOnce.Do(func() { close(l.stop) }) }
-
-// sweep is one sweeper of an engine, with its settings (defaults filled in).
-type sweep struct {
-	e   *Engine
-	m   maintenance
-	cfg *sweeper.Config
-}
-
-// newSweep checks cfg and returns a sweeper of e with it.
-func (e *Engine) newSweep(cfg *sweeper.Config) (*sweep, error) {
-	c := cfg.WithDefaults()
-	if err := validateSweep(c); err != nil {
-		return nil, err
+// WithDefaults returns a copy of c with zero fields set to their defaults. Special
+// values are kept as they are, so c.WithDefaults().WithDefaults() equals
+// c.WithDefaults().
+func (c *SweeperConfig) WithDefaults() *SweeperConfig {
+	out := SweeperConfig{}
+	if c != nil {
+		out = *c
 	}
-	if c.Logger == nil {
-		c.Logger = e.cfg.Logger
-	}
-	return &sweep{e: e, m: maintenance{e}, cfg: c}, nil
+	out.Interval = cmp.Or(out.Interval, SweepIntervalDefault)
+	out.Grace = cmp.Or(out.Grace, SweepGraceDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, SweepBatchSizeDefault)
+	out.Concurrency = cmp.Or(out.Concurrency, SweepConcurrencyDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, SweepMaxAttemptsDefault)
+	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.CleanupBatch = cmp.Or(out.CleanupBatch, CleanupBatchDefault)
+	out.CleanupShare = cmp.Or(out.CleanupShare, CleanupShareDefault)
+	out.DeadRetention = cmp.Or(out.DeadRetention, DeadRetentionDefault)
+	out.ParkedRetention = cmp.Or(out.ParkedRetention, ParkedRetentionDefault)
+	return &out
 }
 
-func validateSweep(c *sweeper.Config) error {
+func (c *SweeperConfig) validate() error {
 	switch {
 	case c.Interval < time.Millisecond:
 		return fmt.Errorf("sweeper: Interval %s is under 1ms", c.Interval)
@@ -85,16 +143,104 @@ func validateSweep(c *sweeper.Config) error {
 	return nil
 }
 
+// SweepStats counts what one pass did.
+type SweepStats struct {
+	// Taken is the number of keys taken over.
+	Taken int
+	// Finished keys were driven to finished.
+	Finished int
+	// Released keys failed their attempt and are due again after a backoff. Keys this
+	// build cannot run (written by a newer build: ErrNewerFormat) are not taken; should
+	// one be taken all the same, it is given back unrun and counted here.
+	Released int
+	// Parked keys are of a client-only flow (the HTTP middleware's): released, not run,
+	// for their client's retry; sweeps leave them alone for SweeperConfig.Retention.
+	Parked int
+	// DeadLettered keys failed their last allowed attempt.
+	DeadLettered int
+	// LeaseLost keys were taken over by another executor while this pass ran them.
+	LeaseLost int
+	// GivenBack keys were taken but returned unrun: the sweeper was stopping, or too
+	// little of the lease was left when a worker got to them.
+	GivenBack int
+	// Expired is the number of finished keys deleted by retention.
+	Expired int64
+	// ExpiredDead and ExpiredParked are the numbers of dead-lettered and parked keys
+	// deleted at the end of their retention (SweeperConfig.DeadRetention,
+	// ParkedRetention).
+	ExpiredDead   int64
+	ExpiredParked int64
+	// Partitions is what the pass did to a partitioned key table (docs/PARTITIONS.md);
+	// all zero when the key table is not partitioned. Ahead is the metric to watch: the
+	// sweeper logs a warning when fewer than half of the default (Want) exist, as a
+	// claim whose creation time has no partition fails (retryably).
+	Partitions store.PartitionReport
+}
+
+// sweeping is an engine's sweeper state.
+type sweeping struct {
+	mu   sync.Mutex
+	loop *loop // the running background loop, nil when stopped
+
+	warned atomic.Bool // the low-partitions warning was logged and not cleared since
+
+	stopping func() // test hook: runs in Stop after the loop was told to stop
+	// rest waits d or until stop or ctx; tests replace it to see the cleanup's pace.
+	rest func(ctx context.Context, stop <-chan struct{}, d time.Duration)
+}
+
+// loop is one run of the background loop, from Start to Stop.
+type loop struct {
+	stop     chan struct{} // closed when the loop must take nothing more
+	stopOnce sync.Once
+	cancel   context.CancelFunc // ends the work in flight
+	done     chan struct{}      // closed when the loop has returned
+}
+
+func (l *loop) signalStop() { l.stopOnce.Do(func() { close(l.stop) }) }
+
+// sweep is one sweeper of an engine: its settings (defaults filled in) and the
+// maintenance services a pass runs, in this order.
+type sweep struct {
+	cfg         *SweeperConfig
+	takeover    *maintenance.Takeover
+	expirer     *maintenance.Expirer
+	partitioner *maintenance.Partitioner
+}
+
+// newSweep checks cfg (nil: the engine's Config.Sweeper) and returns a sweeper of e
+// with it.
+func (e *Engine) newSweep(cfg *SweeperConfig) (*sweep, error) {
+	if cfg == nil {
+		cfg = &e.cfg.Sweeper
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	c.Logger = cmp.Or(c.Logger, e.cfg.Logger)
+	env := &maintenance.Env{Store: e.store, Pool: e.pool, StatementTimeout: e.cfg.Lease, Logger: c.Logger}
+	return &sweep{
+		cfg:      c,
+		takeover: e.takeoverService(env, c),
+		expirer: &maintenance.Expirer{Env: env, ClientOnly: e.clientOnlyFlows, Rest: e.sweeping.rest,
+			Config: maintenance.ExpirerConfig{Finished: c.Retention, Dead: c.DeadRetention, Parked: c.ParkedRetention,
+				Batch: c.CleanupBatch, Share: c.CleanupShare}},
+		partitioner: &maintenance.Partitioner{Env: env, Warned: &e.sweeping.warned,
+			Config: maintenance.PartitionerConfig{Retention: c.Retention}},
+	}, nil
+}
+
 // Start runs the engine's sweeper in the background until Stop, and returns at once:
 // passes that take over keys whose client went away and finish them, and expire old
-// keys (package sweeper documents what a pass does; cfg may be nil: all defaults). The
-// first pass starts immediately. Run it in every process with an engine that should
-// finish keys, servers and workers alike: any number of sweepers may run at once, in
-// any number of processes, against the same database. Ending ctx stops the loop like
-// Stop does, without waiting: no more keys are taken, and keys in flight finish their
-// run. It fails, starting nothing, if cfg is invalid; else Start on an engine whose
-// sweeper runs does nothing (the running one keeps its settings).
-func (e *Engine) Start(ctx context.Context, cfg *sweeper.Config) error {
+// keys (package sweeper documents what a pass does; cfg nil: the engine's
+// Config.Sweeper). The first pass starts immediately. Run it in every process with an
+// engine that should finish keys, servers and workers alike: any number of sweepers
+// may run at once, in any number of processes, against the same database. Ending ctx
+// stops the loop like Stop does, without waiting: no more keys are taken, and keys in
+// flight finish their run. It fails, starting nothing, if cfg is invalid; else Start on
+// an engine whose sweeper runs does nothing (the running one keeps its settings).
+func (e *Engine) Start(ctx context.Context, cfg *SweeperConfig) error {
 	sw, err := e.newSweep(cfg)
 	if err != nil {
 		return err
@@ -151,36 +297,37 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 }
 
-// Sweep runs one pass of a sweeper with cfg (nil: all defaults) synchronously: for
-// tests, operators and jobs that schedule passes themselves. It takes over up to
-// cfg.BatchSize due keys, runs them (cfg.Concurrency at a time) until each is finished,
-// released, parked or dead-lettered, then deletes expired keys until none is left and
-// maintains a partitioned key table. The error joins the failures of the pass (taking
-// keys, recording a key's fate, the cleanup, ctx ending), or is cfg's if it is
-// invalid; sweeper.Stats counts what was done regardless. A key's failed attempt is not
-// an error of the pass: it is counted in Stats.Released or Stats.DeadLettered. Sweep
-// runs independently of Start and Stop; only ctx bounds it.
-func (e *Engine) Sweep(ctx context.Context, cfg *sweeper.Config) (sweeper.Stats, error) {
+// Sweep runs one pass of a sweeper with cfg (nil: the engine's Config.Sweeper)
+// synchronously: for tests, operators and jobs that schedule passes themselves. It
+// takes over up to cfg.BatchSize due keys, runs them (cfg.Concurrency at a time) until
+// each is finished, released, parked or dead-lettered, then deletes expired keys until
+// none is left and maintains a partitioned key table. The error joins the failures of
+// the pass (taking keys, recording a key's fate, the cleanup, ctx ending), or is cfg's
+// if it is invalid; SweepStats counts what was done regardless. A key's failed attempt
+// is not an error of the pass: it is counted in SweepStats.Released or DeadLettered.
+// Sweep runs independently of Start and Stop; only ctx bounds it.
+func (e *Engine) Sweep(ctx context.Context, cfg *SweeperConfig) (SweepStats, error) {
 	sw, err := e.newSweep(cfg)
 	if err != nil {
-		return sweeper.Stats{}, err
+		return SweepStats{}, err
 	}
 	return sw.pass(ctx, nil)
 }
 
 // run is the background loop.
 func (s *sweep) run(ctx context.Context, stop <-chan struct{}) {
+	log := s.cfg.Logger
 	for {
 		st, err := s.pass(ctx, stop)
 		if err != nil && ctx.Err() == nil {
-			s.cfg.Logger.ErrorContext(ctx, "sweeper: pass failed", slog.Any("err", err))
+			log.ErrorContext(ctx, "sweeper: pass failed", slog.Any("err", err))
 		}
 		if st.Expired > 0 {
-			s.cfg.Logger.InfoContext(ctx, "sweeper: expired finished keys",
+			log.InfoContext(ctx, "sweeper: expired finished keys",
 				slog.Int64("count", st.Expired), slog.Duration("retention", s.cfg.Retention))
 		}
 		if st.ExpiredDead > 0 || st.ExpiredParked > 0 {
-			s.cfg.Logger.InfoContext(ctx, "sweeper: expired unfinished keys",
+			log.InfoContext(ctx, "sweeper: expired unfinished keys",
 				slog.Int64("dead_lettered", st.ExpiredDead), slog.Duration("dead_retention", s.cfg.DeadRetention),
 				slog.Int64("parked", st.ExpiredParked), slog.Duration("parked_retention", s.cfg.ParkedRetention))
 		}
@@ -207,212 +354,22 @@ func jitter(d time.Duration) time.Duration {
 	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread+1))
 }
 
-func stopped(ctx context.Context, stop <-chan struct{}) bool {
-	if ctx.Err() != nil {
-		return true
+// pass runs the services once each: the takeover, the expiries, the partitions. stop
+// (nil for Sweep) tells them to start nothing new.
+func (s *sweep) pass(ctx context.Context, stop <-chan struct{}) (SweepStats, error) {
+	var st SweepStats
+	tk, terr := s.takeover.RunOnce(ctx, stop)
+	st.Taken, st.Finished, st.Released, st.Parked = tk.Taken, tk.Finished, tk.Released, tk.Parked
+	st.DeadLettered, st.LeaseLost, st.GivenBack = tk.DeadLettered, tk.LeaseLost, tk.GivenBack
+	ex, xerr := s.expirer.RunOnce(ctx, stop)
+	st.Expired, st.ExpiredDead, st.ExpiredParked = ex.Finished, ex.Dead, ex.Parked
+	var perr error
+	if !maintenance.Stopped(ctx, stop) {
+		st.Partitions, perr = s.partitioner.RunOnce(ctx)
 	}
-	select {
-	case <-stop:
-		return true
-	default:
-		return false
-	}
-}
-
-// pass takes due keys, runs them and cleans up. stop (nil for Sweep) tells it to
-// start nothing new.
-func (s *sweep) pass(ctx context.Context, stop <-chan struct{}) (sweeper.Stats, error) {
-	var st sweeper.Stats
-	var errs []error
-	if !stopped(ctx, stop) {
-		keys, err := s.m.TakeDue(ctx, takeDueOpts{Limit: s.cfg.BatchSize, Grace: s.cfg.Grace})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("take due keys: %w", err))
-		}
-		st.Taken = len(keys)
-		errs = append(errs, s.runTaken(ctx, stop, keys, &st)...)
-	}
-	for _, c := range []struct {
-		name      string
-		retention time.Duration
-		expire    func(context.Context, time.Duration, int) (int64, error)
-		count     *int64
-	}{
-		{"finished", s.cfg.Retention, s.m.ExpireFinished, &st.Expired},
-		{"dead-lettered", s.cfg.DeadRetention, s.m.ExpireDead, &st.ExpiredDead},
-		{"parked", s.cfg.ParkedRetention, s.m.ExpireParked, &st.ExpiredParked},
-	} {
-		if stopped(ctx, stop) || c.retention < 0 {
-			continue
-		}
-		n, err := s.cleanup(ctx, stop, c.name, c.retention, c.expire)
-		*c.count = n
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if !stopped(ctx, stop) {
-		if err := s.maintainPartitions(ctx, &st); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	err := errors.Join(errs...)
+	err := errors.Join(terr, xerr, perr, ctx.Err())
 	if s.cfg.Hooks.Pass != nil {
 		s.cfg.Hooks.Pass(ctx, st, err)
 	}
 	return st, err
-}
-
-// runTaken runs taken keys, Config.Concurrency at a time. A key a worker gets to after
-// stop, or with less than half its lease left, is given back unrun.
-func (s *sweep) runTaken(ctx context.Context, stop <-chan struct{}, keys []*taken, st *sweeper.Stats) []error {
-	if len(keys) == 0 {
-		return nil
-	}
-	queue := make(chan *taken, len(keys))
-	for _, t := range keys {
-		queue <- t
-	}
-	close(queue)
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for range min(s.cfg.Concurrency, len(keys)) {
-		wg.Go(func() {
-			for t := range queue {
-				if stopped(ctx, stop) || t.LeaseLeft() < s.e.cfg.Lease/2 {
-					err := s.m.GiveBack(ctx, t)
-					mu.Lock()
-					st.GivenBack++
-					if err != nil {
-						errs = append(errs, fmt.Errorf("give back key %q: %w", t.Key, err))
-					}
-					mu.Unlock()
-					continue
-				}
-				res, err := s.m.Run(ctx, t, &runOpts{MaxAttempts: s.cfg.MaxAttempts, ParkFor: s.cfg.Retention})
-				s.logFate(ctx, t, res)
-				mu.Lock()
-				count(st, res.Outcome)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("record fate of key %q: %w", t.Key, err))
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errs
-}
-
-// count adds a swept key's outcome to st.
-func count(st *sweeper.Stats, o Outcome) {
-	switch o {
-	case OutcomeFinished:
-		st.Finished++
-	case OutcomeReleased:
-		st.Released++
-	case OutcomeDeadLettered:
-		st.DeadLettered++
-	case OutcomeLeaseLost:
-		st.LeaseLost++
-	case OutcomeParked:
-		st.Parked++
-	}
-}
-
-// logFate logs a key the sweeper finished, parked or dead-lettered: its id, scope,
-// client key, flow and the recovery point it was resumed from, never its body or
-// response. A dead-lettered key is a warning with its last error.
-func (s *sweep) logFate(ctx context.Context, t *taken, res Result) {
-	level, msg := slog.LevelInfo, ""
-	switch res.Outcome {
-	case OutcomeFinished:
-		msg = "sweeper: key finished"
-	case OutcomeParked:
-		msg = "sweeper: key parked"
-	case OutcomeDeadLettered:
-		level, msg = slog.LevelWarn, "sweeper: key dead-lettered"
-	default:
-		return
-	}
-	attrs := []slog.Attr{
-		slog.Group("key", slog.String("id", t.ID), slog.String("scope", t.Scope), slog.String("key", t.Key)),
-		slog.String("flow", t.Flow), slog.String("recovery_point", t.RecoveryPoint), slog.Int("attempts", t.Attempts),
-	}
-	if res.Outcome == OutcomeDeadLettered {
-		attrs = append(attrs, slog.Any("err", res.Err))
-	}
-	s.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
-}
-
-// cleanup deletes expired keys of one kind (what's name) with expire in batches until
-// one comes back short, resting between full batches so that it spends
-// Config.CleanupShare of its time deleting.
-func (s *sweep) cleanup(ctx context.Context, stop <-chan struct{}, what string, retention time.Duration,
-	expire func(context.Context, time.Duration, int) (int64, error)) (int64, error) {
-	var total int64
-	for !stopped(ctx, stop) {
-		began := time.Now()
-		n, err := expire(ctx, retention, s.cfg.CleanupBatch)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("expire %s keys: %w", what, err)
-		}
-		if n < int64(s.cfg.CleanupBatch) {
-			break
-		}
-		if s.cfg.CleanupShare < 1 {
-			took := time.Since(began)
-			rest := s.e.sweeping.rest
-			if rest == nil {
-				rest = restFor
-			}
-			rest(ctx, stop, time.Duration(float64(took)*(1-s.cfg.CleanupShare)/s.cfg.CleanupShare))
-		}
-	}
-	return total, nil
-}
-
-// restFor waits d, or until stop is closed or ctx ends.
-func restFor(ctx context.Context, stop <-chan struct{}, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-stop:
-	case <-ctx.Done():
-	}
-}
-
-// maintainPartitions runs the partition maintenance step of a pass, if the key table
-// is partitioned. Retention counts from a key's creation on this layout: a partition
-// is removed once its newest possible row is Config.Retention old.
-func (s *sweep) maintainPartitions(ctx context.Context, st *sweeper.Stats) error {
-	r, err := s.m.MaintainPartitions(ctx, s.cfg.Retention)
-	if errors.Is(err, store.ErrNotPartitioned) {
-		return nil
-	}
-	st.Partitions = sweeper.PartitionStats{Ahead: r.Ahead, Created: r.Created, Removed: r.Removed, Kept: r.Kept,
-		Removal: r.Removal, DropLock: r.DropLock, Stall: r.Stall}
-	if r.Removed > 0 {
-		s.cfg.Logger.InfoContext(ctx, "sweeper: removed key table partitions",
-			slog.Int("removed", r.Removed), slog.Int("kept", r.Kept), slog.Duration("took", r.Removal),
-			slog.Duration("drop_lock", r.DropLock), slog.Duration("stall", r.Stall))
-	}
-	warned := &s.e.sweeping.warned
-	switch {
-	case r.Low() && !warned.Swap(true):
-		s.cfg.Logger.WarnContext(ctx, "sweeper: few key table partitions ahead",
-			slog.Int("ahead", r.Ahead), slog.Int("want", r.Want))
-	case !r.Low() && r.Want > 0:
-		warned.Store(false)
-	}
-	if err != nil {
-		return fmt.Errorf("maintain partitions: %w", err)
-	}
-	return nil
 }

@@ -1,8 +1,8 @@
 // Package keytable is the only code that runs SQL on idemflow's key table. It claims
 // keys, looks them up, takes over expired leases, advances recovery points under a
 // fence, finishes keys with a response, and releases, parks, gives back or
-// dead-letters them, in the words workflow.Maintenance defines; it also lays out and
-// maintains the partitioned key table.
+// dead-letters them, in the words internal/maintenance's takeover defines; it also
+// lays out and maintains the partitioned key table.
 //
 // It is the engine's machinery, internal so that nothing outside this module builds
 // on it: its exported names serve the engine (package workflow) and change with it.
@@ -10,7 +10,9 @@
 // part of this package (SetupPartitioned and the Partition* values) under its own
 // names; the errors a user branches on are aliased in workflow (ErrUnavailable,
 // ErrConflict, ErrLeaseLost, ErrNotFound, ...) and store (ErrNotPartitioned, ...).
-// The SQL has a home of its own, in one file (sql.go) kept for review.
+// The SQL lives in files kept for review: the key row's statements in sql.go, the
+// expiries' in expire_sql.go and the partitioned layout's maintenance in
+// partition_sql.go (the last two hold only SQL).
 //
 // A Store holds the texts of the statements it sends, built once by New, and its
 // methods send only those; the zero Store is not usable. That is the one place where

@@ -162,26 +162,6 @@ func (p partStatements) ident(name string) string {
 	return pgx.Identifier{p.schema, name}.Sanitize()
 }
 
-// The catalog look-ups. $1 is the key table's name as to_regclass reads it.
-const (
-	sqlPartitionTable = `SELECT n.nspname, c.relkind = 'p', statement_timestamp()
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass($1)`
-	sqlPartitions = `SELECT c.relname,
-	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
-	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz,
-	i.inhdetachpending
-FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = to_regclass($1)
-ORDER BY 2 NULLS FIRST`
-	sqlPartitionOrphans = `SELECT c.relname
-FROM pg_catalog.pg_class c
-WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = to_regclass($1))
-	AND c.relkind = 'r' AND c.relname LIKE $2 || '%'
-	AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)
-ORDER BY 1`
-)
-
 // partitionPrefix begins the name of every partition the Store creates; the rest is
 // the lower bound in UTC (see partitionName).
 const partitionPrefix = keyTable + "_p"
@@ -383,11 +363,6 @@ func isPgCode(err error, codes ...string) bool {
 	}
 	return false
 }
-
-// sqlScanLayout asks whether the database has the citus extension and whether the key
-// table ($1, as to_regclass reads it) is partitioned.
-const sqlScanLayout = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'),
-	coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
 
 // scanLayout reports whether the database has citus and whether the key table is
 // partitioned: what perKey needs.

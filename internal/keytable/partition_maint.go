@@ -13,10 +13,6 @@ import (
 // as the claim lock's): the FNV-1a hash of "idemflow partitions".
 const partitionLockSalt int64 = 0x1dfb3a64f0c59e27
 
-// sqlPartitionLock takes the key table's maintenance lock if it is free, for the
-// transaction; $1 is the table's name as to_regclass reads it.
-const sqlPartitionLock = `SELECT pg_try_advisory_xact_lock($2::bigint # to_regclass($1)::oid::bigint)`
-
 // SetupPartitioned turns the key table, freshly migrated and empty, into the
 // partitioned layout (docs/PARTITIONS.md) with partitions of width w (PartitionDay, PartitionWeek,
 // PartitionHour, or any width that divides a day into whole minutes), and creates
@@ -31,7 +27,7 @@ func (s *Store) SetupPartitioned(ctx context.Context, db PartitionDB, w, ahead t
 		return fmt.Errorf("set up partitions: %w", err)
 	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
 			return err
 		}
 		l, err := s.layout(ctx, tx)
@@ -43,7 +39,7 @@ func (s *Store) SetupPartitioned(ctx context.Context, db PartitionDB, w, ahead t
 			return err
 		}
 		var rows bool
-		if err := queryRow(ctx, tx, []any{&rows}, `SELECT EXISTS (SELECT 1 FROM `+l.ident(keyTable)+`)`); err != nil {
+		if err := queryRow(ctx, tx, []any{&rows}, sqlHasRows(l.ident(keyTable))); err != nil {
 			return err
 		}
 		if rows {
@@ -72,8 +68,7 @@ func repartition(ctx context.Context, tx pgx.Tx, l *partitionLayout) error {
 	table, old := l.ident(keyTable), l.ident(keyTable+"_unpartitioned")
 	// The indexes' definitions, read before the rename: they name the table as
 	// idemflow_keys, so they are re-run on the new table as they are.
-	rows, err := tx.Query(ctx, `SELECT pg_catalog.pg_get_indexdef(indexrelid) FROM pg_catalog.pg_index
-WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, table)
+	rows, err := tx.Query(ctx, sqlIndexDefs, table)
 	if err != nil {
 		return err
 	}
@@ -81,15 +76,7 @@ WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, tabl
 	if err != nil {
 		return err
 	}
-	stmts := []string{
-		`ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{keyTable + "_unpartitioned"}.Sanitize(),
-		`CREATE TABLE ` + table + ` (LIKE ` + old + ` INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)
-	PARTITION BY RANGE (created_at)`,
-		`DROP TABLE ` + old,
-		`ALTER TABLE ` + table + ` ADD CONSTRAINT ` + pgx.Identifier{keyTable + "_pkey"}.Sanitize() +
-			` PRIMARY KEY (scope, idempotency_key, created_at)`,
-	}
-	stmts = append(stmts, readCommittedOnly(l)...)
+	stmts := append(sqlRepartition(table, old), readCommittedOnly(l)...)
 	for _, sql := range append(stmts, indexes...) {
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%.60s…: %w", sql, err)
@@ -106,19 +93,7 @@ WHERE indrelid = to_regclass($1) AND NOT indisprimary ORDER BY indexrelid`, tabl
 // row where the default layout's primary key refuses it (docs/PARTITIONS.md). The
 // refusal is SQLSTATE 0A000, which Classify makes ErrRefused.
 func readCommittedOnly(l *partitionLayout) []string {
-	fn, trigger := l.ident(keyTable+"_read_committed"), pgx.Identifier{keyTable + "_read_committed"}.Sanitize()
-	return []string{`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
-        RAISE EXCEPTION 'idemflow: key rows of a partitioned key table are inserted at READ COMMITTED only, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = '0A000', HINT = 'a flow whose first phase runs at REPEATABLE READ or SERIALIZABLE cannot claim keys on this layout (docs/PARTITIONS.md)';
-    END IF;
-    RETURN NULL;
-END
-$$`,
-		`CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + l.ident(keyTable) + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `()`,
-	}
+	return sqlReadCommittedOnly(l.ident(keyTable+"_read_committed"), l.ident(keyTable))
 }
 
 // EnsurePartitions creates the partitions missing from the current one to ahead from
@@ -133,7 +108,7 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 	var r PartitionReport
 	local := time.Now()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
 			return err
 		}
 		var locked bool
@@ -186,8 +161,7 @@ func createAhead(ctx context.Context, tx pgx.Tx, l *partitionLayout, w, ahead ti
 		}
 		name := partitionName(from, w)
 		if !orphan[name] {
-			_, err := tx.Exec(ctx, `CREATE TABLE `+l.ident(name)+` (LIKE `+l.ident(keyTable)+
-				` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+			_, err := tx.Exec(ctx, sqlCreatePartition(l.ident(name), l.ident(keyTable)))
 			if err != nil {
 				return n, fmt.Errorf("create partition %s: %w", name, err)
 			}
@@ -204,8 +178,7 @@ func createAhead(ctx context.Context, tx pgx.Tx, l *partitionLayout, w, ahead ti
 
 // attach attaches the table name as the partition [from, to) of l's key table.
 func attach(ctx context.Context, db DBTX, l *partitionLayout, name string, from, to time.Time) error {
-	_, err := db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` ATTACH PARTITION `+l.ident(name)+
-		` FOR VALUES FROM (`+boundLiteral(from)+`) TO (`+boundLiteral(to)+`)`)
+	_, err := db.Exec(ctx, sqlAttach(l.ident(keyTable), l.ident(name), from, to))
 	if err != nil {
 		return fmt.Errorf("attach partition %s: %w", name, err)
 	}
@@ -312,7 +285,7 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 		stall, err = detachBounded(ctx, db, l, p)
 		r.Stall = max(r.Stall, stall)
 	} else {
-		_, err = db.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name)+` `+how)
+		_, err = db.Exec(ctx, sqlDetach(l.ident(keyTable), l.ident(p.Name), how))
 	}
 	switch {
 	// 42P01: not a partition any more, 55000: a detach already pending (another
@@ -349,15 +322,14 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			// Citus sends the transaction's SET LOCAL commands to the workers with the
-			// detach when asked to (on plain PostgreSQL the first is a placeholder),
-			// so that the timeout bounds the shards' locks too.
-			if _, err := tx.Exec(ctx, `SET LOCAL citus.propagate_set_commands = 'local'`); err != nil {
+			// detach when asked to, so that the timeout bounds the shards' locks too.
+			if _, err := tx.Exec(ctx, sqlCitusPropagateLocal); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, citusDetachTimeout.Milliseconds())); err != nil {
+			if _, err := tx.Exec(ctx, sqlLockTimeoutMs(citusDetachTimeout)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `ALTER TABLE `+l.ident(keyTable)+` DETACH PARTITION `+l.ident(p.Name))
+			_, err := tx.Exec(ctx, sqlDetach(l.ident(keyTable), l.ident(p.Name), ""))
 			return err
 		})
 		stall = max(stall, time.Since(start))
@@ -406,10 +378,10 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 	o.at("drop")
 	var locked time.Time
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(p.Name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		if _, err := tx.Exec(ctx, sqlLockExclusive(l.ident(p.Name))); err != nil {
 			return err
 		}
 		locked = time.Now()
@@ -422,7 +394,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		}
 		switch {
 		case !live:
-			_, err := tx.Exec(ctx, `DROP TABLE `+l.ident(p.Name))
+			_, err := tx.Exec(ctx, sqlDropTable(l.ident(p.Name)))
 			return err
 		case p.From == nil || p.To == nil:
 			return fmt.Errorf("%w: %s, left detached (no bounds to attach it back by)", ErrLiveKeysInDetached, p.Name)
@@ -486,10 +458,10 @@ func lockedProbe(ctx context.Context, db PartitionDB, l *partitionLayout, name s
 	var live bool
 	var locked time.Time
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.ident(name)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		if _, err := tx.Exec(ctx, sqlLockExclusive(l.ident(name))); err != nil {
 			return err
 		}
 		locked = time.Now()
@@ -510,12 +482,7 @@ func lockedProbe(ctx context.Context, db PartitionDB, l *partitionLayout, name s
 // (by another process) is skipped. Interrupted, it leaves the table detached with
 // its rows and the probes' indexes: the next removal checks it as any other.
 func shedIndexes(ctx context.Context, db PartitionDB, l *partitionLayout, name string, r *PartitionReport, o removalOptions) error {
-	rows, err := db.Query(ctx, `SELECT ic.relname, coalesce(con.conname, '')
-FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
-LEFT JOIN pg_catalog.pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
-WHERE i.indrelid = to_regclass($1)
-	AND coalesce(pg_catalog.pg_get_expr(i.indpred, i.indrelid) !~ '''(in_progress|dead)''', true)
-ORDER BY pg_catalog.pg_relation_size(i.indexrelid) DESC, ic.relname`, l.ident(name))
+	rows, err := db.Query(ctx, sqlSheddable, l.ident(name))
 	if err != nil {
 		return err
 	}
@@ -528,14 +495,11 @@ ORDER BY pg_catalog.pg_relation_size(i.indexrelid) DESC, ic.relname`, l.ident(na
 		return err
 	}
 	for _, x := range indexes {
-		sql := `DROP INDEX ` + l.ident(x.name)
-		if x.constraint != "" {
-			sql = `ALTER TABLE ` + l.ident(name) + ` DROP CONSTRAINT ` + pgx.Identifier{x.constraint}.Sanitize()
-		}
+		sql := sqlShed(l.ident(name), l.ident(x.name), x.constraint)
 		o.at("shed")
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, sql)
@@ -564,10 +528,8 @@ ORDER BY pg_catalog.pg_relation_size(i.indexrelid) DESC, ic.relname`, l.ident(na
 // holdsLiveKeysProbe is holdsLiveKeys' index probes alone: an unfinished or a
 // dead-lettered key.
 func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name string) (bool, error) {
-	t := l.ident(name)
 	var live bool
-	err := queryRow(ctx, db, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
-	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')`)
+	err := queryRow(ctx, db, []any{&live}, sqlLiveProbe(l.ident(name)))
 	if err != nil {
 		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))
 	}
@@ -584,15 +546,12 @@ func holdsLiveKeysProbe(ctx context.Context, db DBTX, l *partitionLayout, name s
 // traffic its share of the machine's I/O and CPU for as long as the read ran
 // (docs/PARTITIONS.md, "Removing, never losing").
 func holdsLiveKeys(ctx context.Context, db PartitionDB, l *partitionLayout, name string) (bool, error) {
-	t := l.ident(name)
 	var live bool
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL constraint_exclusion = on`); err != nil {
+		if _, err := tx.Exec(ctx, sqlConstraintExclusion); err != nil {
 			return err
 		}
-		return queryRow(ctx, tx, []any{&live}, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE status = 'in_progress')
-	OR EXISTS (SELECT 1 FROM `+t+` WHERE status = 'dead')
-	OR EXISTS (SELECT 1 FROM `+t+` WHERE status NOT IN ('in_progress', 'finished', 'dead'))`)
+		return queryRow(ctx, tx, []any{&live}, sqlLive(l.ident(name)))
 	})
 	if err != nil {
 		return false, fmt.Errorf("check partition %s: %w", name, Classify(err))

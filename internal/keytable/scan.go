@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Scan is how a Store's sweeps and expiries find and change keys across scopes.
@@ -111,61 +110,6 @@ WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3 AND created_at =
 	AND ` + lockedByNoOne + `
 RETURNING ` + leasedColumns("4")
 
-// expiryOf returns the scan of up to $2 keys of status whose column is more than $1
-// ms old, ordered by order, and the per-key delete of the key $1, $2 if it still is
-// (more than $3 ms old).
-func expiryOf(status, column, order string) (scan, del string) {
-	guard := `status = '` + status + `'
-	AND ` + column + ` < statement_timestamp() - $%d::bigint * interval '1 millisecond'`
-	scan = `SELECT scope, idempotency_key, lock_version, created_at
-FROM idemflow_keys
-WHERE ` + fmt.Sprintf(guard, 1) + `
-ORDER BY ` + order + `
-LIMIT $2`
-	return scan, deleteOfScope(fmt.Sprintf(guard, 3))
-}
-
-// deleteOfScope is the delete of the keys $2 (an array) of the scope $1, created
-// from $4 to $5 (the first and last of their created_at: on a partitioned key table,
-// the partitions read; a list of values would prune none when the executor starts),
-// that still match guard and that no one else holds: the guard is re-checked on the newest row
-// version by FOR UPDATE, and a row another transaction holds is skipped. One scope
-// is one shard on Citus.
-func deleteOfScope(guard string) string {
-	return `WITH c AS (
-	SELECT idempotency_key FROM idemflow_keys
-	WHERE scope = $1 AND idempotency_key = ANY($2::text[]) AND created_at BETWEEN $4::timestamptz AND $5::timestamptz
-		AND ` + guard + `
-	FOR UPDATE SKIP LOCKED
-)
-DELETE FROM idemflow_keys k USING c
-WHERE k.scope = $1 AND k.idempotency_key = c.idempotency_key AND k.created_at BETWEEN $4::timestamptz AND $5::timestamptz`
-}
-
-// The expiries of finished keys by finish, and of dead-lettered keys by the time
-// they were dead-lettered (their last change).
-var (
-	sqlScanFinished, sqlExpireFinishedKey = expiryOf("finished", "finished_at", "finished_at")
-	sqlScanDead, sqlExpireDeadKey         = expiryOf("dead", "updated_at", "created_at")
-)
-
-// parkedGuard matches a parked key claimed more than $3 ms ago.
-const parkedGuard = `status = 'in_progress'
-	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
-	AND created_at < statement_timestamp() - $3::bigint * interval '1 millisecond'`
-
-// sqlScanParked lists up to $2 keys of the client-only flows $1 parked since their
-// claim more than $3 ms ago.
-const sqlScanParked = `SELECT scope, idempotency_key, lock_version, created_at
-FROM idemflow_keys
-WHERE flow = ANY($1::text[]) AND ` + parkedGuard + `
-ORDER BY next_attempt_at
-LIMIT $2`
-
-// sqlExpireParkedKey deletes the keys $2 of the scope $1 still parked and claimed more
-// than $3 ms ago.
-var sqlExpireParkedKey = deleteOfScope(parkedGuard)
-
 // perKey reports whether s scans per key, asking db once for ScanAuto and ScanSingle:
 // a partitioned key table is always scanned per key, and refuses ScanSingle (ctid is
 // unique only within a partition; see scanLayout in partition.go).
@@ -192,34 +136,6 @@ func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
 	return perKey, nil
 }
 
-// expiry is one kind of key that retention deletes: what (for messages), its single
-// statement (ScanSingle) and its scan and per-key delete (ScanPerKey).
-type expiry struct {
-	what              string
-	single, scan, del string
-}
-
-// expire deletes up to a batch of x's keys more than olderThan ms old, as s scans:
-// single runs with singleArgs, scan with scanArgs. It returns how many it deleted.
-func (s *Store) expire(ctx context.Context, db DBTX, x expiry, olderThan int64, singleArgs, scanArgs []any) (int64, error) {
-	perKey, err := s.perKey(ctx, db)
-	if err != nil {
-		return 0, fmt.Errorf("expire %s keys: %w", x.what, err)
-	}
-	var n int64
-	if perKey {
-		n, err = expireKeys(ctx, db, x.scan, x.del, olderThan, scanArgs...)
-	} else {
-		var tag pgconn.CommandTag
-		tag, err = db.Exec(ctx, x.single, singleArgs...)
-		n, err = tag.RowsAffected(), Classify(err)
-	}
-	if err != nil {
-		return n, fmt.Errorf("expire %s keys: %w", x.what, err)
-	}
-	return n, nil
-}
-
 // candidate is a key a scan found: its scope, key, lock version and created_at.
 type candidate struct {
 	scope, key string
@@ -240,45 +156,6 @@ func scanKeys(ctx context.Context, db DBTX, sql string, args ...any) ([]candidat
 		return nil
 	})
 	return out, Classify(err)
-}
-
-// expireKeys deletes the candidates of the scan sql (args) with the delete del (see
-// deleteOfScope), one statement per scope, all in one round trip, and returns how
-// many it deleted. del's arguments are a scope, its keys and olderThan in ms.
-func expireKeys(ctx context.Context, db DBTX, scan, del string, olderThan int64, args ...any) (int64, error) {
-	cands, err := scanKeys(ctx, db, scan, args...)
-	if err != nil || len(cands) == 0 {
-		return 0, err
-	}
-	var scopes []string
-	keys := map[string][]string{}
-	created := map[string][2]time.Time{} // the first and the last
-	for _, c := range cands {
-		span, ok := created[c.scope]
-		if !ok {
-			scopes = append(scopes, c.scope)
-			span = [2]time.Time{c.created, c.created}
-		}
-		keys[c.scope] = append(keys[c.scope], c.key)
-		if c.created.Before(span[0]) {
-			span[0] = c.created
-		}
-		if c.created.After(span[1]) {
-			span[1] = c.created
-		}
-		created[c.scope] = span
-	}
-	b := &pgx.Batch{}
-	for _, scope := range scopes {
-		b.Queue(del, scope, keys[scope], olderThan, created[scope][0], created[scope][1])
-	}
-	var n int64
-	err = each(ctx, db, b, func(rows pgx.Rows) error {
-		rows.Close()
-		n += rows.CommandTag().RowsAffected()
-		return rows.Err()
-	})
-	return n, err
 }
 
 // batcher sends a batch in one round trip; a pool, a connection and a transaction can.

@@ -6,7 +6,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// All of idemflow's SQL on the key table, in one place for review. Every statement on
+// The key row's statements, kept together for review (the expiries' are in
+// expire_sql.go, the partitioned layout's maintenance in partition_sql.go). Every statement on
 // one key filters by scope. Lease arithmetic uses the database clock, read with
 // statement_timestamp() (the start of the statement, not of its transaction, so a long
 // transaction does not shorten the lease it sets); durations arrive as milliseconds.
@@ -326,17 +327,3 @@ SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, histo
 	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
 RETURNING ` + releasedColumns
-
-// sqlExpireFinished deletes up to $2 finished keys whose finish is more than $1 ms old,
-// oldest first, skipping rows someone else has locked. Unfinished and dead keys are
-// never deleted.
-const sqlExpireFinished = `DELETE FROM idemflow_keys
-WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
-		SELECT ctid
-		FROM idemflow_keys
-		WHERE status = 'finished'
-			AND finished_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
-		ORDER BY finished_at
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED))
-	AND status = 'finished'`

@@ -191,17 +191,3 @@ func (s *Store) Redrive(ctx context.Context, db DBTX, scope, key string, h Histo
 	}
 	return scanOne(rows, "re-drive key", errRedriveNone)
 }
-
-// ExpireFinished deletes, in one short statement, up to limit finished keys that
-// finished more than olderThan ago (by the database clock), oldest first, skipping
-// rows locked by anyone else. It returns how many it deleted; fewer than limit means
-// the backlog is (for now) cleared. Unfinished and dead-lettered keys are never
-// deleted.
-func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Duration, limit int) (int64, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
-	}
-	ms := olderThan.Milliseconds()
-	x := expiry{what: "finished", single: s.sql.expire, scan: s.sql.scanFinished, del: s.sql.expireFinishedKey}
-	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
-}
