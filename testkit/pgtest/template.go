@@ -53,7 +53,11 @@ func newDataDir(ctx context.Context, binDir, dir, data string, owner *osUser) er
 	}
 	if !templates.made {
 		templates.made = true
-		templates.err = makeTemplate(ctx, binDir, owner)
+		// Every later dedicated server copies it: like the shared server's start, it
+		// is bounded by sharedStartTimeout, not by this caller's context.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedStartTimeout)
+		templates.err = makeTemplate(tctx, binDir, owner)
+		cancel()
 	}
 	if templates.err != nil {
 		return templates.err
