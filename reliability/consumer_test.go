@@ -25,7 +25,7 @@ import (
 // machine's shared server is never touched).
 const natsServerBinary = "/usr/sbin/nats-server"
 
-// payoutsBinary builds examples/payouts once per test run.
+// payoutsBinary is examples/payouts' binary.
 var payoutsBinary = buildOnce("../examples/payouts")
 
 // natsServer is a NATS server with JetStream of one test's own, on a port and a store

@@ -229,11 +229,12 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 }
 
 // startPrimary starts a dedicated server, stopped when t ends, with settings
-// ("name=value") in its postgresql.auto.conf (ALTER SYSTEM, then a restart: some need
-// one), which a standby copied from it keeps.
+// ("name=value") in its postgresql.auto.conf before its first start (some need a
+// restart), which a standby copied from it keeps; it checks that the server runs with
+// each.
 func startPrimary(ctx context.Context, t *testing.T, settings ...string) *pgtest.Dedicated {
 	t.Helper()
-	primary, err := pgtest.StartDedicated(ctx)
+	primary, err := pgtest.StartDedicatedWith(ctx, settings...)
 	if errors.Is(err, pgtest.ErrNoServer) {
 		t.Skip(err)
 	}
@@ -244,14 +245,13 @@ func startPrimary(ctx context.Context, t *testing.T, settings ...string) *pgtest
 	}
 	pool, err := pgxpool.New(ctx, primary.URL)
 	require.NoError(t, err)
+	defer pool.Close()
 	for _, s := range settings {
 		name, value, _ := strings.Cut(s, "=")
-		_, err := pool.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET %s = '%s'`, name, value))
-		require.NoError(t, err)
+		var got string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got))
+		require.Equal(t, value, got, "the primary's %s", name)
 	}
-	pool.Close()
-	require.NoError(t, primary.Crash())
-	require.NoError(t, primary.Restart(ctx))
 	return primary
 }
 

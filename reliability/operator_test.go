@@ -17,7 +17,7 @@ import (
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// cliBinary builds cmd/idemflow once per test run.
+// cliBinary is cmd/idemflow's binary.
 var cliBinary = buildOnce("../cmd/idemflow")
 
 // TestOperatorsRaceSweepers runs patient clients of the three flows on an engine

@@ -41,8 +41,16 @@ type Dedicated struct {
 }
 
 // StartDedicated initialises a new data directory and starts a server on it. The error
-// wraps ErrNoServer when there are no local server binaries. Call Stop when done.
-func StartDedicated(ctx context.Context) (*Dedicated, error) {
+// wraps ErrNoServer when there are no local server binaries. Call Stop when done. While
+// Main runs the tests, the data directory is a copy of one initdb made for the
+// process's first dedicated server (template.go), not a new initdb each time.
+func StartDedicated(ctx context.Context) (*Dedicated, error) { return StartDedicatedWith(ctx) }
+
+// StartDedicatedWith is StartDedicated with settings ("name=value") written to the new
+// data directory's postgresql.auto.conf before the server first starts, as ALTER
+// SYSTEM writes them: a setting that needs a restart (wal_level) applies without one,
+// and a standby copied from the server keeps them.
+func StartDedicatedWith(ctx context.Context, settings ...string) (*Dedicated, error) {
 	binDir, looked := findBinDir()
 	if binDir == "" {
 		return nil, fmt.Errorf("%w: no PostgreSQL server binaries (looked in %s); a dedicated server needs them", ErrNoServer, looked)
@@ -67,7 +75,10 @@ func StartDedicated(ctx context.Context) (*Dedicated, error) {
 			return nil, fmt.Errorf("pgtest: hand %s to OS user %s: %w", dir, owner.name, err)
 		}
 	}
-	if err := initdb(ctx, binDir, dir, d.data, owner); err != nil {
+	if err := newDataDir(ctx, binDir, dir, d.data, owner); err != nil {
+		return nil, err
+	}
+	if err := appendAutoConf(d.data, settings); err != nil {
 		return nil, err
 	}
 	for attempt := 1; ; attempt++ {
@@ -232,4 +243,29 @@ func (d *Dedicated) exec(ctx context.Context, sql string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, sql)
 	return err
+}
+
+// appendAutoConf adds settings ("name=value") to data's postgresql.auto.conf, quoted as
+// ALTER SYSTEM quotes them.
+func appendAutoConf(data string, settings []string) error {
+	if len(settings) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	for _, s := range settings {
+		name, value, ok := strings.Cut(s, "=")
+		if !ok || strings.TrimSpace(name) == "" {
+			return fmt.Errorf("pgtest: setting %q is not name=value", s)
+		}
+		fmt.Fprintf(&b, "%s = '%s'\n", strings.TrimSpace(name), strings.ReplaceAll(value, "'", "''"))
+	}
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: settings: %w", err)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("pgtest: settings: %w", err)
+	}
+	return f.Close()
 }

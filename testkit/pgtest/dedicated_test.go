@@ -46,3 +46,37 @@ func TestDedicatedCrashRestart(t *testing.T) {
 	require.Equal(t, []int{1}, vals)
 	require.Error(t, srv.Restart(ctx), "restarting a running server is an error")
 }
+
+// TestDedicatedFromTemplate: dedicated servers made from the process's template data
+// directory (Main runs these tests) are separate clusters: what one writes the other
+// does not see, and each runs with the settings it was started with.
+func TestDedicatedFromTemplate(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := func(settings ...string) *pgx.Conn {
+		srv, err := pgtest.StartDedicatedWith(ctx, settings...)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, srv.Stop()) })
+		conn, err := pgx.Connect(ctx, srv.URL)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
+	a := start("wal_level=logical", "application_name=it's a")
+	b := start()
+	_, err := a.Exec(ctx, `CREATE TABLE only_in_a (v int)`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, b.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = 'only_in_a'`).Scan(&n))
+	require.Zero(t, n, "the second server sees the first one's table")
+
+	setting := func(c *pgx.Conn, name string) string {
+		var v string
+		require.NoError(t, c.QueryRow(ctx, `SELECT setting FROM pg_settings WHERE name = $1`, name).Scan(&v))
+		return v
+	}
+	require.Equal(t, "logical", setting(a, "wal_level"))
+	require.Equal(t, "it's a", setting(a, "application_name"))
+	require.Equal(t, "replica", setting(b, "wal_level"))
+}

@@ -40,7 +40,9 @@ func MainWith(m *testing.M, fb Fallback) int {
 	shared.mu.Lock()
 	shared.fallback = fb
 	shared.mu.Unlock()
+	removeTemplate := allowTemplate()
 	code := m.Run()
+	removeTemplate()
 	if err := stopSharedPgbouncer(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: stop shared pgbouncer: %v\n", err)
 		if code == 0 {
