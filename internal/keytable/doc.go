@@ -10,7 +10,14 @@
 // part of this package (SetupPartitioned and the Partition* values) under its own
 // names; the errors a user branches on are aliased in workflow (ErrUnavailable,
 // ErrConflict, ErrLeaseLost, ErrNotFound, ...) and store (ErrNotPartitioned, ...).
-// The SQL has a home of its own, in one file (sql.go) kept for review.
+// The SQL is kept for review in files by concern. sql_operator.go holds the operator's
+// statements (lists, counts, release, purge, bulk actions, cancel, erasure; admin.go,
+// bulk.go and erase.go send them) and sql_scan.go ScanPerKey's takeovers and expiries
+// (scan.go), each file SQL and nothing else. The key row's statements and the
+// sweeper's single statements are in sql.go, their pipelined forms in pipeline.go; the
+// expiries' single statements are in retention.go, the partitioned layout's in
+// partition.go, partition_maint.go and partition_citus.go, and the standby wait's in
+// standby.go, beside the code that sends them.
 //
 // A Store holds the texts of the statements it sends, built once by New, and its
 // methods send only those; the zero Store is not usable. That is the one place where
