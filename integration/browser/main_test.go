@@ -20,9 +20,11 @@ const token = uitest.Token
 // tests).
 type fixture struct{ *uitest.Fixture }
 
-// setup serves the page with opts (nil: read-only) on a fresh schema.
+// setup serves the page with opts (nil: read-only) on a fresh schema, once it knows
+// there is a Chromium to drive (needChromium).
 func setup(t *testing.T, opts *idemflowui.Options) *fixture {
 	t.Helper()
+	needChromium(t)
 	return &fixture{uitest.Setup(t, opts)}
 }
 
