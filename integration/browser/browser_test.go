@@ -83,10 +83,8 @@ func closeBrowser() {
 	}
 }
 
-// needChromium returns the Chromium binary's path; without one it skips the test, or
-// fails it when IDEMFLOW_REQUIRE_CHROMIUM=1. setup calls it first, so that a test
-// skips before it builds its fixture.
-func needChromium(t *testing.T) string {
+// tab returns a context for a new tab in a fresh browser context, closed at cleanup.
+func tab(t *testing.T) context.Context {
 	t.Helper()
 	path := chromiumPath()
 	if path == "" {
@@ -95,16 +93,6 @@ func needChromium(t *testing.T) string {
 		}
 		t.Skipf("no Chromium binary found: apt-get install chromium (set %s=1 to fail instead)", envRequireChromium)
 	}
-	return path
-}
-
-// tab returns a context for a new tab in a fresh browser context, closed at cleanup.
-// A test asks for it once its fixture is ready, so that the tab's bound covers the
-// browser's steps and not the fixture's (a crashed server, sweeps), which on a loaded
-// machine can take minutes of their own.
-func tab(t *testing.T) context.Context {
-	t.Helper()
-	path := needChromium(t)
 	browser.once.Do(func() { startBrowser(path) })
 	require.NoError(t, browser.err, "start %s", path)
 	ctx, cancel := chromedp.NewContext(browser.ctx, chromedp.WithNewBrowserContext())
@@ -142,11 +130,11 @@ func (f *fixture) loginIn(ctx context.Context, t *testing.T) {
 // it after a confirmation page, and a sweep finishes it with one effect.
 func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	f := setup(t, writable())
 	f.Crash(t, "crashed")
 	testflow.Sweepable(t, f.DB.Pool) // the dead server's lease has run out
 
-	ctx := tab(t)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/")))
 	require.Equal(t, "1", text(ctx, t, "#total-stuck"))
 	require.Equal(t, "crashed", text(ctx, t, "#oldest-stuck-link"))
@@ -185,9 +173,9 @@ func TestBrowserStuckKeyOfACrashedServer(t *testing.T) {
 // confirmation page that says what it does, and finished by the next sweep.
 func TestBrowserRedrive(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	f := setup(t, writable())
 	f.Dead(t, "acct", "dead")
-	ctx := tab(t)
 	f.loginIn(ctx, t)
 	require.Equal(t, "1", text(ctx, t, "#dead-24h"))
 	require.NoError(t, chromedp.Do(ctx,
@@ -218,11 +206,11 @@ func TestBrowserRedrive(t *testing.T) {
 // after which the key page shows the stored response, which a retry gets.
 func TestBrowserBulkAndCancel(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	f := setup(t, writable())
 	f.Dead(t, "bulk", "b1")
 	f.Dead(t, "bulk", "b2")
 	f.Dead(t, "acct", "dead")
-	ctx := tab(t)
 	f.loginIn(ctx, t)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(f.Srv.URL+"/keys?status=dead"),
@@ -274,12 +262,12 @@ func TestBrowserBulkAndCancel(t *testing.T) {
 // title and a global).
 func TestBrowserScriptInBody(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	f := setup(t, nil)
 	const key = `<i id="k">x</i>`
 	body := `{"amount":7,"note":"<script>document.title='pwned';window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"}`
 	f.Released(t, "acct", key, body)
 
-	ctx := tab(t)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/keys?status=in_progress")))
 	require.Equal(t, key, text(ctx, t, "#keys a.key"))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#keys a.key"))))
@@ -302,11 +290,11 @@ func TestBrowserScriptInBody(t *testing.T) {
 // same page under localhost and 127.0.0.1 shows the key.
 func TestBrowserRebinding(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	f := setup(t, nil)
 	f.Released(t, "acct", "secret-key", `{"amount":4242}`)
 	port := uitest.PortOf(t, f.Srv.URL)
 	page := "/key?scope=acct&key=secret-key&body=1"
-	ctx := tab(t)
 	for _, host := range []string{"127.0.0.1", "localhost"} {
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("http://"+host+":"+port+page)))
 		require.Equal(t, `{"amount":4242}`, text(ctx, t, "#body"), host)
@@ -346,6 +334,7 @@ func (c *cookieTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // replayed, then reads nothing and writes nothing. A write login works the same way.
 func TestBrowserLogout(t *testing.T) {
 	t.Parallel()
+	ctx := tab(t)
 	const readToken = "browser-read-token-0123456789"
 	f := setup(t, nil)
 	f.Dead(t, "acct", "dead")
@@ -356,7 +345,6 @@ func TestBrowserLogout(t *testing.T) {
 	f.Srv = httptest.NewServer(tap)
 	t.Cleanup(f.Srv.Close)
 
-	ctx := tab(t)
 	for _, tok := range []string{readToken, token} {
 		require.NoError(t, chromedp.Do(ctx,
 			chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=dead"),
@@ -395,6 +383,7 @@ func TestScreenshots(t *testing.T) {
 	if os.Getenv("IDEMFLOW_SCREENSHOTS") != "docs" {
 		t.Skip("set IDEMFLOW_SCREENSHOTS=docs to write docs/ui-*.png")
 	}
+	ctx := tab(t)
 	f := setup(t, writable())
 	for i, k := range []string{"ch_1001", "ch_1002", "ch_1003", "ch_1004", "ch_1005", "ch_1006"} {
 		f.Finished(t, []string{"acct_42", "acct_7"}[i%2], k)
@@ -402,7 +391,6 @@ func TestScreenshots(t *testing.T) {
 	f.Dead(t, "acct_42", "ch_0998")
 	f.Crash(t, "ch_1007")
 	testflow.Sweepable(t, f.DB.Pool)
-	ctx := tab(t)
 	f.loginIn(ctx, t)
 	shot := func(url, name string) {
 		t.Helper()

@@ -20,11 +20,9 @@ const token = uitest.Token
 // tests).
 type fixture struct{ *uitest.Fixture }
 
-// setup serves the page with opts (nil: read-only) on a fresh schema, once it knows
-// there is a Chromium to drive (needChromium).
+// setup serves the page with opts (nil: read-only) on a fresh schema.
 func setup(t *testing.T, opts *idemflowui.Options) *fixture {
 	t.Helper()
-	needChromium(t)
 	return &fixture{uitest.Setup(t, opts)}
 }
 
