@@ -24,8 +24,8 @@ var update = flag.Bool("update", false, "rewrite testdata/problems.json from wha
 
 // problemsGolden holds the problem kinds this package emits and the documents it writes
 // for them. The OpenAPI fragment (docs/openapi.yaml) is checked against it by
-// TestOpenAPIFragment in the module idemhttp/openapitest, which keeps kin-openapi out of
-// the library module's requirements.
+// TestOpenAPIFragment in integration/openapi (the integration module), which keeps
+// kin-openapi out of the library module's requirements.
 const problemsGolden = "testdata/problems.json"
 
 // goldenProblems is the content of problemsGolden.
@@ -54,7 +54,7 @@ type goldenDocument struct {
 // TestProblemsGolden holds testdata/problems.json to the code: every problem kind this
 // package emits, read from its source (the kind* constants and the statuses they are
 // sent with), and the problem document the code writes for each kind and status under
-// the default type base and under about:blank. TestOpenAPIFragment (idemhttp/openapitest)
+// the default type base and under about:blank. TestOpenAPIFragment (integration/openapi)
 // checks docs/openapi.yaml against that file; after a change here, regenerate it with
 // -update and run that test too.
 func TestProblemsGolden(t *testing.T) {
@@ -83,7 +83,7 @@ func TestProblemsGolden(t *testing.T) {
 	if line, w, g, differ := firstDifference(string(want), string(got)); differ {
 		t.Fatalf("%s is not what the code writes: line %d is\n\t%s\nand the code writes\n\t%s\n"+
 			"regenerate it with go test ./idemhttp -run TestProblemsGolden -update, then hold "+
-			"docs/openapi.yaml to it with go test ./idemhttp/openapitest", problemsGolden, line, w, g)
+			"docs/openapi.yaml to it with go test ./integration/openapi", problemsGolden, line, w, g)
 	}
 }
 

@@ -9,10 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Operators' statements: lists, one key in full, counts, and the release and purge of
-// one key. They live apart from sql.go's because nothing on a request's path sends
-// them. Each statement on one key filters by scope; the lists and counts read across
-// scopes without locking anything.
+// Operators' reads and actions: lists, one key in full, counts, and the release and
+// purge of one key. Their SQL, with bulk.go's and erase.go's, is in sql_operator.go:
+// nothing on a request's path sends it.
 
 // Statuses a list can ask for, besides StatusFinished and StatusDead.
 const (
@@ -22,25 +21,6 @@ const (
 	// due: what a sweeper would take now (grace aside).
 	StatusStuck = "stuck"
 )
-
-// stuckCond matches the rows of StatusStuck.
-const stuckCond = `status = 'in_progress' AND next_attempt_at <= statement_timestamp()
-	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
-
-// listStatus is, for each status a list can ask for ("" for every key), which rows
-// match and which column orders them: one that an index of that status orders.
-var listStatus = map[string]struct{ where, order string }{
-	"":               {`true`, `created_at`},
-	StatusInProgress: {`status = 'in_progress'`, `next_attempt_at`}, // idemflow_keys_due_idx
-	StatusStuck:      {stuckCond, `next_attempt_at`},                // idemflow_keys_due_idx
-	StatusDead:       {`status = 'dead'`, `created_at`},             // idemflow_keys_dead_idx
-	StatusFinished:   {`status = 'finished'`, `finished_at`},        // idemflow_keys_finished_idx
-}
-
-// summaryColumns are the columns of KeySummary, in the order scanSummary reads them.
-const summaryColumns = `scope, idempotency_key, id::text, flow,
-	CASE WHEN ` + stuckCond + ` THEN 'stuck' ELSE status END,
-	recovery_point, attempts, last_error, created_at, updated_at, finished_at`
 
 // adminStatements are the texts of the operators' statements and of the expiry of
 // unfinished keys (retention.go), built once by New or NewInSchema, qualified like
@@ -56,50 +36,23 @@ type adminStatements struct {
 	// erase.go's.
 	eraseBatch, eraseCount   string
 	expireDead, expireParked string
-	// ScanPerKey's (scan.go).
+	// ScanPerKey's (scan.go; their text is in sql_scan.go).
 	scanDead, expireDeadKey, scanParked, expireParkedKey string
 }
 
 func newAdminStatements(schema string) adminStatements {
-	a := adminStatements{list: map[string][2]string{}, expireDead: sqlExpireDead, expireParked: sqlExpireParked}
-	for status, s := range listStatus {
-		base := `SELECT ` + summaryColumns + `, ` + s.order + `
-FROM idemflow_keys
-WHERE ` + s.where + `
-	AND ($1 = '' OR flow = $1) AND ($2 = '' OR scope = $2)
-	AND created_at <= statement_timestamp() - $3::bigint * interval '1 millisecond'`
-		tail := `
-ORDER BY ` + s.order + `, scope, idempotency_key
-LIMIT $4`
-		a.list[status] = [2]string{
-			base + tail,
-			base + `
-	AND (` + s.order + `, scope, idempotency_key) > ($5::timestamptz, $6, $7)` + tail,
-		}
+	a := adminStatements{
+		list: map[string][2]string{}, show: sqlShow, counts: sqlCounts, gauges: sqlGauges, outcomes: sqlOutcomes,
+		release: sqlOperatorRelease, purge: sqlPurge,
+		bulkScan: sqlBulkScan, bulkRedrive: sqlBulkRedrive, bulkRelease: sqlBulkRelease, cancel: sqlCancel,
+		eraseBatch: sqlEraseBatch, eraseCount: sqlEraseCount,
+		expireDead: sqlExpireDead, expireParked: sqlExpireParked,
+		scanDead: sqlScanDead, expireDeadKey: sqlExpireDeadKey, scanParked: sqlScanParked, expireParkedKey: sqlExpireParkedKey,
 	}
-	a.show = `SELECT ` + summaryColumns + `, method, route, request_body, octet_length(phase_data::text),
-	lock_version, CASE WHEN locked_until > statement_timestamp()
-		THEN ceil(extract(epoch FROM locked_until - statement_timestamp()) * 1000)::bigint ELSE 0 END,
-	next_attempt_at, response_status::int, origin, history, response_headers, response_body,
-	coalesce(phase_data ->> '` + FormatMember + `', '1')
-FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2`
-	a.counts, a.gauges, a.outcomes = countStatements()
-	a.release = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, locked_until = NULL,
-	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
-	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
-		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
-RETURNING lock_version`
-	a.bulkRelease = `UPDATE idemflow_keys
-SET lock_version = lock_version + 1, locked_until = NULL,
-	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
-	history = ` + historyNote(jsonAttempt(`'by'`, `'operator'`, `'outcome'`, `'operator_released'`, `'reached'`, `recovery_point`), "3", "",
-		[2]string{"lease_live", `((locked_until > statement_timestamp()) IS TRUE)::text::jsonb`}) + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress' AND ` + bulkFilter(4)
-	a.purge = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
+	for status, s := range listStatus {
+		first, later := sqlList(s.where, s.order)
+		a.list[status] = [2]string{first, later}
+	}
 	// Every text above, qualified; TestStatementsInSchema fails on one left out.
 	q := func(sql string) string { return qualify(sql, schema) }
 	for status, texts := range a.list {
@@ -107,52 +60,12 @@ WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
 	}
 	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
-	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(sqlBulkScan), q(sqlBulkRedrive), q(a.bulkRelease), q(sqlCancel)
-	a.eraseBatch, a.eraseCount = q(sqlEraseBatch), q(sqlEraseCount)
+	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(a.bulkScan), q(a.bulkRedrive), q(a.bulkRelease), q(a.cancel)
+	a.eraseBatch, a.eraseCount = q(a.eraseBatch), q(a.eraseCount)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
-	a.scanDead, a.expireDeadKey = q(sqlScanDead), q(sqlExpireDeadKey)
-	a.scanParked, a.expireParkedKey = q(sqlScanParked), q(sqlExpireParkedKey)
+	a.scanDead, a.expireDeadKey = q(a.scanDead), q(a.expireDeadKey)
+	a.scanParked, a.expireParkedKey = q(a.scanParked), q(a.expireParkedKey)
 	return a
-}
-
-// countStatements are the unqualified texts of the key counts, the gauges and the
-// outcomes over time.
-func countStatements() (counts, gauges, outcomes string) {
-	var a struct{ counts, gauges, outcomes string }
-	a.counts = `SELECT flow, CASE WHEN ` + stuckCond + ` THEN 'stuck' ELSE status END AS s, count(*)
-FROM idemflow_keys
-GROUP BY 1, 2
-ORDER BY 1, 2`
-	// One arm per partial index, so that the gauges never read a finished key.
-	a.gauges = `SELECT flow,
-	count(*) FILTER (WHERE status = 'in_progress'),
-	count(*) FILTER (WHERE ` + stuckCond + `),
-	count(*) FILTER (WHERE status = 'dead'),
-	floor(extract(epoch FROM statement_timestamp()
-		- min(greatest(next_attempt_at, locked_until)) FILTER (WHERE ` + stuckCond + `)) * 1000)::bigint
-FROM (
-	SELECT flow, status, next_attempt_at, locked_until FROM idemflow_keys WHERE status = 'in_progress'
-	UNION ALL
-	SELECT flow, status, next_attempt_at, locked_until FROM idemflow_keys WHERE status = 'dead'
-) k
-GROUP BY flow
-ORDER BY flow`
-	// One arm per partial index: finished keys by finish time, dead-lettered keys by the
-	// time they died (their last update). The window is bounded by statement_timestamp(),
-	// which the planner can use as an index bound, as every statement here now does.
-	a.outcomes = `SELECT flow, 'finished', date_bin($2::bigint * interval '1 millisecond', finished_at, timestamptz 'epoch'), count(*)
-FROM idemflow_keys
-WHERE status = 'finished' AND finished_at > statement_timestamp() - $1::bigint * interval '1 millisecond'
-	AND $3 IN ('', 'finished')
-GROUP BY 1, 3
-UNION ALL
-SELECT flow, 'dead', date_bin($2::bigint * interval '1 millisecond', updated_at, timestamptz 'epoch'), count(*)
-FROM idemflow_keys
-WHERE status = 'dead' AND updated_at > statement_timestamp() - $1::bigint * interval '1 millisecond'
-	AND $3 IN ('', 'dead')
-GROUP BY 1, 3
-ORDER BY 3, 1, 2`
-	return a.counts, a.gauges, a.outcomes
 }
 
 // ListKeys selects the keys List returns.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +13,8 @@ import (
 // rows in one statement: a scan reads, without locking, a page of the keys that match
 // a filter, and each key is then acted on by a statement of its own that re-checks the
 // filter and the key's status on the row it updates, so that a key that changed since
-// the scan (a live attempt advanced or finished it) is left alone.
+// the scan (a live attempt advanced or finished it) is left alone. Their SQL is in
+// sql_operator.go.
 
 // Filter selects the keys of a bulk action. Empty fields match every key.
 type Filter struct {
@@ -24,44 +24,6 @@ type Filter struct {
 }
 
 func (f Filter) args() []any { return []any{f.Flow, f.Scope, f.RecoveryPoint, f.ErrorContains} }
-
-// bulkFilter is the condition of Filter on arguments $n to $n+3.
-func bulkFilter(n int) string {
-	a := func(i int) string { return "$" + strconv.Itoa(n+i) }
-	return `(` + a(0) + ` = '' OR flow = ` + a(0) + `) AND (` + a(1) + ` = '' OR scope = ` + a(1) + `)
-	AND (` + a(2) + ` = '' OR recovery_point = ` + a(2) + `)
-	AND (` + a(3) + ` = '' OR strpos(coalesce(last_error, ''), ` + a(3) + `) > 0)`
-}
-
-// sqlBulkScan reads the next page of keys of status $1 matching the filter $2-$5, in
-// claim order after ($6, $7, $8), at most $9. It locks nothing.
-var sqlBulkScan = `SELECT scope, idempotency_key, flow, created_at
-FROM idemflow_keys
-WHERE status = $1 AND ` + bulkFilter(2) + `
-	AND (created_at, scope, idempotency_key) > ($6::timestamptz, $7, $8)
-ORDER BY created_at, scope, idempotency_key
-LIMIT $9`
-
-// sqlBulkRedrive is sqlRedrive for one key of a bulk action: it also re-checks the
-// filter $5-$8. History entry $3, kept $4.
-var sqlBulkRedrive = `UPDATE idemflow_keys
-SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
-	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead' AND ` + bulkFilter(5)
-
-// sqlCancel finishes an unfinished key with an operator's response ($6-$8), as a
-// finish does, and bumps the lock version so that no executor that held it can commit
-// again. It matches only the row as the caller read it: id $3, lock version $4,
-// recovery point $5, created at $11 (its partition), still in progress or
-// dead-lettered. History entry $9, kept $10.
-var sqlCancel = `UPDATE idemflow_keys
-SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
-	response_status = $6, response_headers = $7, response_body = $8,
-	lock_version = lock_version + 1, locked_until = NULL, last_error = NULL,
-	history = ` + historyAppend("9", "10") + `,
-	finished_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4
-	AND recovery_point = $5 AND status IN ('in_progress', 'dead') AND created_at = $11::timestamptz`
 
 // BulkKey is a key a bulk scan found, and its place in the scan's order.
 type BulkKey struct {

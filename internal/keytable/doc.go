@@ -10,9 +10,15 @@
 // part of this package (SetupPartitioned and the Partition* values) under its own
 // names; the errors a user branches on are aliased in workflow (ErrUnavailable,
 // ErrConflict, ErrLeaseLost, ErrNotFound, ...) and store (ErrNotPartitioned, ...).
-// The SQL lives in files kept for review: the key row's statements in sql.go, the
-// expiries' in expire_sql.go and the partitioned layout's maintenance in
-// partition_sql.go (the last two hold only SQL).
+// The SQL is kept for review in files by concern, each holding SQL and nothing else:
+// expire_sql.go the three expiries (single statements and per-key deletes),
+// partition_sql.go the partitioned layout's maintenance, sql_operator.go the
+// operator's statements (lists, counts, release, purge, bulk actions, cancel, erasure;
+// admin.go, bulk.go and erase.go send them) and sql_scan.go the per-key takeover
+// (scan.go). The key row's statements and the sweeper's single statements are in
+// sql.go, their pipelined forms in pipeline.go; the Citus set-up is in
+// partition_citus.go and the standby wait's statements in standby.go, beside the code
+// that sends them.
 //
 // A Store holds the texts of the statements it sends, built once by New, and its
 // methods send only those; the zero Store is not usable. That is the one place where

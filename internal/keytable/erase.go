@@ -10,31 +10,8 @@ import (
 
 // The erasure of every key of a scope (a data subject's request). The keys are
 // deleted a batch at a time, each batch by one statement that picks its rows by
-// (scope, idempotency key) and re-checks the status on the row it deletes.
-
-// sqlEraseBatch deletes up to $3 keys of scope $1, unfinished ones ('in_progress')
-// only when $2. It returns, for each key deleted, whether it was leased beyond $4 (the
-// database's time just before): a live holder is fenced by the deletion (every
-// statement it commits matches no row). The RETURNING list calls no function, as
-// Citus wants.
-var sqlEraseBatch = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key IN (
-	SELECT idempotency_key FROM idemflow_keys
-	WHERE scope = $1 AND ($2 OR status <> 'in_progress')
-	LIMIT $3)
-	AND ($2 OR status <> 'in_progress')
-RETURNING status = 'in_progress' AND (locked_until > $4::timestamptz) IS TRUE`
-
-// sqlDatabaseTime reads the database's clock; it names no table.
-const sqlDatabaseTime = `SELECT statement_timestamp()`
-
-// sqlEraseCount counts the keys of scope $1: finished or dead-lettered, in progress,
-// and in progress with a live lease.
-var sqlEraseCount = `SELECT count(*) FILTER (WHERE status <> 'in_progress'),
-	count(*) FILTER (WHERE status = 'in_progress'),
-	count(*) FILTER (WHERE status = 'in_progress' AND locked_until > statement_timestamp())
-FROM idemflow_keys
-WHERE scope = $1`
+// (scope, idempotency key) and re-checks the status on the row it deletes. Its SQL is
+// in sql_operator.go.
 
 // ScopeCount is what EraseCount found in a scope.
 type ScopeCount struct {

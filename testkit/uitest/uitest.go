@@ -1,8 +1,8 @@
 // Package uitest is the fixture of idemflowui's tests: a schema with the test flow's
 // tables, an engine, the operator page served on a test server, and keys made finished,
 // released, dead-lettered or left behind by a crashed server. idemflowui's HTTP tests
-// (in the library module) and its browser tests (idemflowui/browsertest, a module of its
-// own because chromedp is a dependency only they need) share it.
+// (in the library module) and its browser tests (integration/browser, in the integration
+// module because chromedp is a dependency only they need) share it.
 //
 // Part of idemflow's test-support tree (testkit/): no compatibility promise.
 package uitest

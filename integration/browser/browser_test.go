@@ -1,4 +1,4 @@
-package browsertest_test
+package browser_test
 
 import (
 	"context"
@@ -380,7 +380,7 @@ func TestBrowserLogout(t *testing.T) {
 }
 
 // TestScreenshots writes the pictures in docs/ that docs/OPERATIONS.md shows. Run it
-// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./idemflowui/browsertest
+// by hand: IDEMFLOW_SCREENSHOTS=docs go test -run TestScreenshots ./integration/browser
 func TestScreenshots(t *testing.T) {
 	if os.Getenv("IDEMFLOW_SCREENSHOTS") != "docs" {
 		t.Skip("set IDEMFLOW_SCREENSHOTS=docs to write docs/ui-*.png")

@@ -1,4 +1,4 @@
-package tooltest
+package migratetools
 
 import (
 	"context"
@@ -27,7 +27,7 @@ var (
 func cli(t *testing.T) string {
 	t.Helper()
 	cliOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idemflow-tooltest-")
+		dir, err := os.MkdirTemp("", "idemflow-migratetools-")
 		if err != nil {
 			cliErr = err
 			return

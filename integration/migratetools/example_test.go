@@ -1,4 +1,4 @@
-package tooltest
+package migratetools
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package openapitest_test
+package openapi_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const (
 	openAPIFragment = "../../docs/openapi.yaml"
 	// problemsGolden is what idemhttp emits and writes, held to its code by
 	// idemhttp's TestProblemsGolden.
-	problemsGolden = "../testdata/problems.json"
+	problemsGolden = "../../idemhttp/testdata/problems.json"
 	// kindMethod is the kind a HEAD request is answered with: the example's HEAD
 	// operation answers it, not its POST.
 	kindMethod = "method-not-allowed"

@@ -1,4 +1,4 @@
-package deploytest
+package monitoring
 
 import (
 	"context"
@@ -36,8 +36,8 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 const (
-	rulesFile     = "../prometheus/idemflow-alerts.yml"
-	dashboardFile = "../grafana/idemflow-dashboard.json"
+	rulesFile     = "../../deploy/prometheus/idemflow-alerts.yml"
+	dashboardFile = "../../deploy/grafana/idemflow-dashboard.json"
 )
 
 // exported scrapes a real engine observed by otelidemflow through the OpenTelemetry

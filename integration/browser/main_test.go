@@ -1,4 +1,4 @@
-package browsertest_test
+package browser_test
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package sdktest_test
+package otelsdk_test
 
 import (
 	"context"

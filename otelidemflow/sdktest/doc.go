@@ -1,6 +1,0 @@
-// Package sdktest holds otelidemflow's tests that read what it records through the
-// OpenTelemetry SDK (in-memory span recorder and metric reader). It is a module of its
-// own (github.com/idemflow/idemflow/otelidemflow/sdktest) so that the SDK is a
-// requirement of these tests only: otelidemflow itself, in the library module, needs
-// only the OpenTelemetry API. The repository's go.work joins it; `go test work` runs it.
-package sdktest
