@@ -1,6 +1,9 @@
 // Package idemflowui is an operator's web page for idemflow's key table: an overview
-// of unfinished keys and recent outcomes, lists of keys by status, one key with its
-// request, recovery point, history and stored response, and (with a write token) the
+// of unfinished keys and recent outcomes, lists of keys by status (the dead-letter
+// list with each key's failed phase and error class), one key with its request,
+// recovery point, its call phases' derived keys, history and stored response, each
+// status explained in place with a link to its runbook (Options.RunbookURL), and
+// (with a write token) the
 // re-drive of a dead-lettered key, the release of a stuck lease, the re-drive or
 // release of many keys by flow, scope, recovery point or error text (counted first,
 // then confirmed: never more keys are acted on than the operator confirmed), and the

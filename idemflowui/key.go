@@ -35,6 +35,10 @@ type keyData struct {
 	ResponseCut  bool
 	ResponseText bool
 	ResponseURL  string
+	// DerivedKeys are the derived keys of the flow's call phases, FlowKnown false when
+	// the flow is not registered in this process (see derivedKeys).
+	DerivedKeys []derivedKey
+	FlowKnown   bool
 }
 
 // flashes are the messages a key page shows after an action (its done parameter).
@@ -73,6 +77,8 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		ShowBody: v.Get("body") == "1", BodyURL: h.keyLink(scope, key, "body", "1") + "#request",
 		Limit: h.opts.BodyLimit, Flash: flash}
 	slices.Reverse(d.History)
+	d.Explain, d.Runbook = explain(h.opts.RunbookURL, info.Status)
+	d.DerivedKeys, d.FlowKnown = derivedKeys(h.engine, info)
 	if d.ShowBody {
 		d.Body, d.BodyCut, d.BodyText = h.shown(info.Request)
 	}

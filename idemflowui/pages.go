@@ -24,6 +24,9 @@ type base struct {
 	Write    bool   // the session may change keys (a login with the write token)
 	CSRF     string
 	Nav      string // the status of the list page shown, for the navigation
+	// Explain says what the page's status means, and Runbook links its runbook
+	// section (Options.RunbookURL); both "" on pages of no one status.
+	Explain, Runbook string
 }
 
 func (h *Handler) base(r *http.Request, title string) base {
@@ -144,6 +147,9 @@ type listData struct {
 	Keys        []workflow.KeySummary
 	Next, First string
 	Statuses    []workflow.KeyStatus
+	// Failures are, on the dead-letter list, each key's failed phase and the class of
+	// its last error, by key ID; nil on the other lists.
+	Failures map[string]failure
 }
 
 // list is a page of keys of one status, filtered by flow, scope and age.
@@ -186,6 +192,13 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	d := &listData{base: h.base(r, "Keys: "+string(status)), Status: status, Flow: o.Flow, Scope: o.Scope,
 		Age: v.Get("age"), Keys: page.Keys, Statuses: statuses}
 	d.Nav = string(status)
+	d.Explain, d.Runbook = explain(h.opts.RunbookURL, status)
+	if status == workflow.KeysDead {
+		if d.Failures, err = h.failures(r.Context(), page.Keys); err != nil {
+			h.failErr(w, r, err)
+			return
+		}
+	}
 	if d.CanWrite() {
 		d.Bulk = map[workflow.KeyStatus]string{workflow.KeysDead: "redrive", workflow.KeysInProgress: "release", workflow.KeysStuck: "release"}[status]
 	}

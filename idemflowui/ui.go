@@ -69,6 +69,11 @@ type Options struct {
 	// insensitive. Behind a reverse proxy, list the names the proxy passes on. AnyHost
 	// ("*") turns the check off: only for a handler behind authentication of your own.
 	Hosts []string
+	// RunbookURL is the address of the runbooks the pages link to when they explain
+	// a status (in progress, stuck, dead-lettered): docs/OPERATIONS.md, or your own
+	// copy of it, whose section anchors ("#runbook-stuck-keys", ...) are appended.
+	// Defaults to RunbookURLDefault.
+	RunbookURL string
 }
 
 // Handler serves the pages. It is safe for concurrent use.
@@ -106,6 +111,7 @@ func New(engine *workflow.Engine, opts *Options) (*Handler, error) {
 	o.Window = cmp.Or(o.Window, WindowDefault)
 	o.Session = cmp.Or(o.Session, SessionDefault)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.RunbookURL = cmp.Or(o.RunbookURL, RunbookURLDefault)
 	hosts, err := checkHosts(o.Hosts)
 	if err != nil {
 		return nil, err

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -352,7 +351,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 			return &phases.Response{Status: http.StatusCreated, Body: []byte(`{"paid":true}`)}, nil
 		}),
 	}}))
-	h, err := idemhttp.Handler(b.engine, "doomed", &idemhttp.Config{Scope: bearerScope})
+	h, err := idemhttp.Handler(b.engine, "doomed", &idemhttp.Config{Scope: bearerScope, ProblemTypeBase: serviceTypeBase})
 	require.NoError(t, err)
 	srv := newServer(t, h)
 
@@ -369,7 +368,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 		r = mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
 		p := requireProblem(t, r, http.StatusGone)
 		require.Empty(t, r.header.Values("Retry-After"), "nothing to wait for")
-		require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-dead-lettered", p["type"])
+		require.Equal(t, serviceTypeBase+"key-dead-lettered", p["type"])
 		require.Contains(t, p["detail"], "new key", "the detail warns against a new key")
 		require.NotContains(t, string(r.body), "provider down", "the cause is not sent")
 	}
@@ -382,8 +381,10 @@ func TestHandlerDeadLettered(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 }
 
-// Every problem names its kind in a type URI under Config.ProblemTypeBase, and the
-// 409 and 422 details say what the client should do.
+// By default every problem's type is about:blank and its title the status's text
+// (RFC 9457): nothing points at a page the service does not own. A service that sets
+// Config.ProblemTypeBase gets its kind under that base. The 409 and 422 details say
+// what the client should do. No answer names this library (requireProblem).
 func TestProblemTypes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -405,21 +406,24 @@ func TestProblemTypes(t *testing.T) {
 		require.NoError(t, err)
 		return newServer(t, h)
 	}
-	def, custom, blank := serveWith(""), serveWith("https://api.example.com/problems/"), serveWith("about:blank")
-	typeOf := func(r reply) string {
-		var p map[string]any
-		require.NoError(t, json.Unmarshal(r.body, &p))
-		return p["type"].(string)
+	def, custom, blank := serveWith(""), serveWith(serviceTypeBase), serveWith("about:blank")
+	requireType := func(r reply, status int, want string) map[string]any {
+		t.Helper()
+		p := requireProblem(t, r, status)
+		require.Equal(t, want, p["type"])
+		require.Equal(t, http.StatusText(status), p["title"], "the title of about:blank is the status's text")
+		return p
 	}
 
 	// 400 and 401.
 	r := mustSend(t, def, "POST", "/s", keyed("acct", ""), `{}`)
-	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"invalid-key", typeOf(r))
+	requireType(r, http.StatusBadRequest, "about:blank")
+	r = mustSend(t, custom, "POST", "/s", keyed("acct", ""), `{}`)
+	requireType(r, http.StatusBadRequest, serviceTypeBase+"invalid-key")
 	r = mustSend(t, custom, "POST", "/s", keyed("", "k"), `{}`)
-	require.Equal(t, http.StatusUnauthorized, r.status)
-	require.Equal(t, "https://api.example.com/problems/no-scope", typeOf(r))
+	requireType(r, http.StatusUnauthorized, serviceTypeBase+"no-scope")
 	r = mustSend(t, blank, "POST", "/s", keyed("", "k"), `{}`)
-	require.Equal(t, "about:blank", typeOf(r), "about:blank turns the types off")
+	requireType(r, http.StatusUnauthorized, "about:blank")
 
 	// 409 while the first attempt runs: retry later with the same key.
 	first := make(chan reply, 1)
@@ -429,12 +433,11 @@ func TestProblemTypes(t *testing.T) {
 	}()
 	<-entered
 	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{}`)
-	p := requireProblem(t, r, http.StatusConflict)
-	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-in-progress", p["type"])
+	p := requireType(r, http.StatusConflict, "about:blank")
 	secs := requireRetryAfter(t, r)
 	require.Contains(t, p["detail"], "retry after "+r.header.Get("Retry-After")+" s with the same key", "Retry-After is %d", secs)
 	r = mustSend(t, custom, "POST", "/s", keyed("acct", "k"), `{}`)
-	require.Equal(t, "https://api.example.com/problems/key-in-progress", typeOf(r))
+	requireType(r, http.StatusConflict, serviceTypeBase+"key-in-progress")
 	close(release)
 	require.Equal(t, http.StatusOK, (<-first).status)
 
@@ -442,10 +445,31 @@ func TestProblemTypes(t *testing.T) {
 	// not invite a blind new key (that would charge again), but send the client to
 	// the first request's answer.
 	r = mustSend(t, def, "POST", "/s", keyed("acct", "k"), `{"other":true}`)
-	p = requireProblem(t, r, http.StatusUnprocessableEntity)
-	require.Equal(t, idemhttp.ProblemTypeBaseDefault+"key-reused", p["type"])
+	p = requireType(r, http.StatusUnprocessableEntity, "about:blank")
 	require.Contains(t, p["detail"], "do not send this request again under a new key before checking its outcome")
 	require.Contains(t, p["detail"], "Resend the first request unchanged, with this key, to get its answer")
+	r = mustSend(t, custom, "POST", "/s", keyed("acct", "k"), `{"other":true}`)
+	requireType(r, http.StatusUnprocessableEntity, serviceTypeBase+"key-reused")
+}
+
+// A problem type base that is neither about:blank nor an absolute URI is refused when
+// the handler is built, by Handler and both middlewares.
+func TestProblemTypeBaseInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, base := range []string{"problems/", "/problems/", "api.example.com/problems/", "https://", "about:", "%zz"} {
+		cfg := &idemhttp.Config{Scope: bearerScope, ProblemTypeBase: base}
+		_, err := idemhttp.Handler(b.engine, "any", cfg)
+		require.ErrorContains(t, err, "ProblemTypeBase", "%q", base)
+		_, err = idemhttp.Middleware(b.engine, cfg)
+		require.ErrorContains(t, err, "ProblemTypeBase", "%q", base)
+		_, err = idemhttp.TxMiddleware(b.engine, cfg)
+		require.ErrorContains(t, err, "ProblemTypeBase", "%q", base)
+	}
+	for _, base := range []string{"", "about:blank", serviceTypeBase, "https://api.example.com/docs/errors#", "urn:example:problem:"} {
+		_, err := idemhttp.Middleware(b.engine, &idemhttp.Config{Scope: bearerScope, ProblemTypeBase: base})
+		require.NoError(t, err, "%q", base)
+	}
 }
 
 // Answers under a key say how long the key is kept; answers without one do not.

@@ -76,7 +76,7 @@ func ExampleHandler() {
 	// Output:
 	// 201 replayed=false application/json {"account":"acct_1","body_length":14}
 	// 201 replayed=true application/json {"account":"acct_1","body_length":14}
-	// 422 replayed=false application/problem+json {"type":"https://github.com/idemflow/idemflow/blob/main/docs/API.md#key-reused","title":"Unprocessable Entity","status":422,"detail":"The idempotency key was already used for a different request (method, route or body); nothing was done for this one. The first request may have taken effect: do not send this request again under a new key before checking its outcome. Resend the first request unchanged, with this key, to get its answer."}
+	// 422 replayed=false application/problem+json {"type":"about:blank","title":"Unprocessable Entity","status":422,"detail":"The idempotency key was already used for a different request (method, route or body); nothing was done for this one. The first request may have taken effect: do not send this request again under a new key before checking its outcome. Resend the first request unchanged, with this key, to get its answer."}
 }
 
 func ExampleMiddleware() {

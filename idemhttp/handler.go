@@ -43,10 +43,16 @@ type Config struct {
 	// Logger receives the failures answered 500 or 503. Defaults to the engine's
 	// workflow.Config.Logger.
 	Logger *slog.Logger
-	// ProblemTypeBase prefixes the kind of every problem document to make its "type"
-	// URI: ProblemTypeBase + "key-in-progress", and so on for the kinds listed in
-	// docs/API.md. Point it at your own API documentation. Defaults to
-	// ProblemTypeBaseDefault; "about:blank" sends about:blank for every kind.
+	// ProblemTypeBase is where the "type" of the service's problem documents points.
+	// Defaults to ProblemTypeBaseDefault, "about:blank": every problem's type is
+	// about:blank and its title the status's text (RFC 9457, section 4.2.1), so an
+	// answer points at nothing the service does not own, and a client tells the
+	// problems apart by their status (each status has one meaning for a retry). Set it
+	// to an absolute URI of the service's own API documentation, ending where a kind
+	// can follow (".../problems/" or ".../errors#"), and each problem's type is
+	// ProblemTypeBase + its kind: "key-in-progress", and so on for the kinds listed in
+	// docs/API.md. Handler, Middleware and TxMiddleware refuse a base that is not
+	// "about:blank" or an absolute URI.
 	ProblemTypeBase string
 	// Retention is how long the key table keeps a finished key, as configured for the
 	// sweeper (workflow.SweeperConfig.Retention); it is advertised to clients in the
@@ -70,9 +76,9 @@ const (
 	// MaxBodyBytesDefault is the default Config.MaxBodyBytes, equal to the engine's
 	// workflow.MaxBodyBytesDefault.
 	MaxBodyBytesDefault = workflow.MaxBodyBytesDefault
-	// ProblemTypeBaseDefault is where problem types point by default: the anchors of
-	// the API consumers' page of idemflow's own documentation.
-	ProblemTypeBaseDefault = "https://github.com/idemflow/idemflow/blob/main/docs/API.md#"
+	// ProblemTypeBaseDefault is the default Config.ProblemTypeBase: about:blank, the
+	// problem type of RFC 9457 that means no more than the status.
+	ProblemTypeBaseDefault = "about:blank"
 	// RetentionDefault is the sweeper's default retention, the engine's
 	// workflow.RetentionDefault.
 	RetentionDefault = workflow.RetentionDefault
@@ -109,7 +115,7 @@ func (c *Config) validate() error {
 	case c.Retention >= 0 && c.Retention < time.Minute:
 		return fmt.Errorf("idemhttp: Config.Retention %s is under one minute (negative sends no header)", c.Retention)
 	}
-	return nil
+	return validateTypeBase(c.ProblemTypeBase)
 }
 
 func defaultRoute(r *http.Request) string {

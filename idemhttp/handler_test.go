@@ -88,17 +88,40 @@ func serve(h http.Handler, req *http.Request) reply {
 	return reply{status: rec.Code, header: rec.Result().Header, body: rec.Body.Bytes()}
 }
 
-// requireProblem checks an RFC 9457 answer.
+// serviceTypeBase is the Config.ProblemTypeBase of tests that check a problem's kind:
+// the default, about:blank, names none.
+const serviceTypeBase = "https://api.example.com/problems/"
+
+// requireUnbranded checks that nothing in an answer (a header's name or value, the
+// body) names this library: the answers are the service's.
+func requireUnbranded(t *testing.T, r reply) {
+	t.Helper()
+	for k, vs := range r.header {
+		require.NotContains(t, strings.ToLower(k), "idem"+"flow", "header %s", k)
+		for _, v := range vs {
+			require.NotContains(t, strings.ToLower(v), "idemflow", "header %s: %s", k, v)
+			require.NotContains(t, strings.ToLower(v), "idemhttp", "header %s: %s", k, v)
+		}
+	}
+	require.NotContains(t, strings.ToLower(string(r.body)), "idemflow", "body: %s", r.body)
+	require.NotContains(t, strings.ToLower(string(r.body)), "idemhttp", "body: %s", r.body)
+}
+
+// requireProblem checks an RFC 9457 answer: about:blank, or a kind of its status
+// under serviceTypeBase; nothing in it names this library.
 func requireProblem(t *testing.T, r reply, status int) map[string]any {
 	t.Helper()
 	require.Equal(t, status, r.status, "body: %s", r.body)
 	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
 	var p map[string]any
 	require.NoError(t, json.Unmarshal(r.body, &p))
-	kind, ok := strings.CutPrefix(p["type"].(string), idemhttp.ProblemTypeBaseDefault)
-	require.True(t, ok, "type %q", p["type"])
-	require.Contains(t, problemKinds[status], kind, "type %q for status %d", p["type"], status)
+	if p["type"] != "about:blank" { // the default; else the type names the kind under the service's base
+		kind, ok := strings.CutPrefix(p["type"].(string), serviceTypeBase)
+		require.True(t, ok, "type %q", p["type"])
+		require.Contains(t, problemKinds[status], kind, "type %q for status %d", p["type"], status)
+	}
 	require.Equal(t, http.StatusText(status), p["title"])
+	requireUnbranded(t, r)
 	require.EqualValues(t, status, p["status"])
 	require.NotEmpty(t, p["detail"])
 	require.False(t, r.replayed())

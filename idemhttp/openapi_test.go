@@ -28,6 +28,10 @@ var update = flag.Bool("update", false, "rewrite testdata/problems.json from wha
 // kin-openapi out of the library module's requirements.
 const problemsGolden = "testdata/problems.json"
 
+// exampleTypeBase is the type base of a service that sets one (Config.ProblemTypeBase),
+// for the golden documents beside the default's (about:blank).
+const exampleTypeBase = "https://api.example.com/problems/"
+
 // goldenProblems is the content of problemsGolden.
 type goldenProblems struct {
 	// ContentType is the Content-Type of every problem document.
@@ -37,7 +41,8 @@ type goldenProblems struct {
 }
 
 // goldenKind is one problem kind, the statuses (sorted) the code sends it with, and the
-// document it writes for each status under the default type base and under about:blank.
+// document it writes for each status under a service's type base and under the default,
+// about:blank.
 type goldenKind struct {
 	Kind      string           `json:"kind"`
 	Statuses  []int            `json:"statuses"`
@@ -54,7 +59,8 @@ type goldenDocument struct {
 // TestProblemsGolden holds testdata/problems.json to the code: every problem kind this
 // package emits, read from its source (the kind* constants and the statuses they are
 // sent with), and the problem document the code writes for each kind and status under
-// the default type base and under about:blank. TestOpenAPIFragment (integration/openapi)
+// a service's type base and under the default, about:blank; no document names this
+// library. TestOpenAPIFragment (integration/openapi)
 // checks docs/openapi.yaml against that file; after a change here, regenerate it with
 // -update and run that test too.
 func TestProblemsGolden(t *testing.T) {
@@ -66,7 +72,7 @@ func TestProblemsGolden(t *testing.T) {
 		statuses := slices.Sorted(slices.Values(emitted[kind]))
 		k := goldenKind{Kind: kind, Statuses: statuses}
 		for _, s := range statuses {
-			for _, base := range []string{ProblemTypeBaseDefault, "about:blank"} {
+			for _, base := range []string{exampleTypeBase, ProblemTypeBaseDefault} {
 				k.Documents = append(k.Documents, goldenDocument{TypeBase: base, Status: s, Body: writtenProblem(t, base, s, kind)})
 			}
 		}
@@ -74,6 +80,8 @@ func TestProblemsGolden(t *testing.T) {
 	}
 	got, err := json.MarshalIndent(golden, "", "  ")
 	require.NoError(t, err)
+	require.NotContains(t, strings.ToLower(string(got)), "idemflow", "a problem document names the library")
+	require.NotContains(t, strings.ToLower(string(got)), "idemhttp", "a problem document names the library")
 	got = append(got, '\n')
 	if *update {
 		require.NoError(t, os.WriteFile(problemsGolden, got, 0o644))

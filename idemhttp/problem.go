@@ -3,8 +3,10 @@ package idemhttp
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -16,7 +18,8 @@ import (
 const problemContentType = "application/problem+json"
 
 // Problem kinds: the last segment of a problem document's type URI
-// (Config.ProblemTypeBase + kind). Each is a heading of docs/API.md.
+// (Config.ProblemTypeBase + kind) when the service sets a base. Each is a heading of
+// docs/API.md.
 const (
 	kindInvalidKey       = "invalid-key"        // 400: the Idempotency-Key header is missing or invalid
 	kindInvalidRequest   = "invalid-request"    // 400: the body cannot be read, or method or path too long
@@ -32,8 +35,9 @@ const (
 	kindUnavailable      = "unavailable"        // 503 with Retry-After
 )
 
-// problem is an RFC 9457 problem document. Type is ProblemTypeBase + the kind; title
-// is the status's text; detail says to a person what to do next.
+// problem is an RFC 9457 problem document. Type is about:blank or ProblemTypeBase +
+// the kind; title is the status's text; detail says to a person what to do next. No
+// member names this library: the answer is the service's.
 type problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -261,10 +265,23 @@ func (f *front) typeBase() string {
 // problemType is the type URI of kind under base; base "about:blank" stands for
 // every kind.
 func problemType(base, kind string) string {
-	if base == "about:blank" {
+	if base == ProblemTypeBaseDefault {
 		return base
 	}
 	return base + kind
+}
+
+// validateTypeBase refuses a Config.ProblemTypeBase that is neither about:blank nor
+// an absolute URI (a scheme, and a host or an opaque part); empty is the default.
+func validateTypeBase(base string) error {
+	if base == "" || base == ProblemTypeBaseDefault {
+		return nil
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "" || (u.Host == "" && u.Opaque == "") {
+		return fmt.Errorf("idemhttp: Config.ProblemTypeBase %q is not about:blank or an absolute URI a problem kind can follow", base)
+	}
+	return nil
 }
 
 // retryAfter formats d as Retry-After delay-seconds: whole seconds, rounded up, at

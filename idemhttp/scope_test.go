@@ -44,7 +44,7 @@ func TestControlCharacterScopeRefusedAtTheEdge(t *testing.T) {
 	require.NoError(t, err)
 	runs := answerFlow(t, e, "echo", func() *phases.Response { return &phases.Response{Status: http.StatusOK, Body: []byte("ok")} })
 	rawScope := func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }
-	cfg := &idemhttp.Config{Scope: rawScope, Logger: slog.New(log)}
+	cfg := &idemhttp.Config{Scope: rawScope, Logger: slog.New(log), ProblemTypeBase: serviceTypeBase}
 	flow, err := idemhttp.Handler(e, "echo", cfg)
 	require.NoError(t, err)
 	mw, err := idemhttp.Middleware(e, cfg)
@@ -62,19 +62,19 @@ func TestControlCharacterScopeRefusedAtTheEdge(t *testing.T) {
 			req.Body = countingBody{r: strings.NewReader(`{"amount":1}`), read: read}
 			req.Header = http.Header{"X-Account": {scope}, idemhttp.KeyHeader: {"k"}}
 			p := requireProblem(t, serve(h, req), http.StatusUnauthorized)
-			require.Equal(t, idemhttp.ProblemTypeBaseDefault+"invalid-scope", p["type"], "%s %q", name, scope)
+			require.Equal(t, serviceTypeBase+"invalid-scope", p["type"], "%s %q", name, scope)
 			require.Zero(t, read.Load(), "%s %q: the body was not read", name, scope)
 		}
 	}
 
 	bearer := func(r *http.Request) (string, error) { return bearerScope(r) }
-	wire, err := idemhttp.Handler(e, "echo", &idemhttp.Config{Scope: bearer, Logger: slog.New(log)})
+	wire, err := idemhttp.Handler(e, "echo", &idemhttp.Config{Scope: bearer, Logger: slog.New(log), ProblemTypeBase: serviceTypeBase})
 	require.NoError(t, err)
 	srv := newServer(t, wire)
 	for _, scope := range []string{"acct\u009b31m", "acct\u0085", "acct\xff", "acct\xc2"} {
 		r := mustSend(t, srv, "POST", "/charges", keyed(scope, "k"), `{"amount":1}`)
 		p := requireProblem(t, r, http.StatusUnauthorized)
-		require.Equal(t, idemhttp.ProblemTypeBaseDefault+"invalid-scope", p["type"], "%q", scope)
+		require.Equal(t, serviceTypeBase+"invalid-scope", p["type"], "%q", scope)
 	}
 
 	require.Zero(t, countKeys(t, b.db), "no key row")

@@ -80,7 +80,7 @@ func ordersFor(t *testing.T, db *pgtest.DB, key string) int {
 // txMiddlewareServer serves h behind the engine's TxMiddleware at POST /v1/orders.
 func txMiddlewareServer(t *testing.T, e *workflow.Engine, h http.Handler) *httptest.Server {
 	t.Helper()
-	mw, err := idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope, RequireKey: true})
+	mw, err := idemhttp.TxMiddleware(e, &idemhttp.Config{Scope: bearerScope, RequireKey: true, ProblemTypeBase: serviceTypeBase})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/orders", mw(h))
@@ -340,7 +340,7 @@ func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
 		Detail string `json:"detail"`
 	}
 	require.NoError(t, json.Unmarshal(r.body, &p))
-	require.True(t, strings.HasSuffix(p.Type, "#lease-expired"), "type %q", p.Type)
+	require.Equal(t, serviceTypeBase+"lease-expired", p.Type)
 	require.Contains(t, p.Detail, "ran out of its time")
 	requireRetryAfter(t, r)
 	require.Zero(t, ordersFor(t, b.db, "hung-k"), "nothing of the attempt committed")

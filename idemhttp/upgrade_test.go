@@ -56,7 +56,7 @@ func TestMiddlewareRefusesKeyedUpgrade(t *testing.T) {
 		"ConnectionOnly": {"Connection": {"keep-alive, upgrade"}},
 		"UpgradeOnly":    {"Upgrade": {"websocket"}},
 	}
-	for mwName, mw := range middlewares(t, b.engine, &idemhttp.Config{Scope: bearerScope}) {
+	for mwName, mw := range middlewares(t, b.engine, &idemhttp.Config{Scope: bearerScope, ProblemTypeBase: serviceTypeBase}) {
 		for name, extra := range upgrades {
 			t.Run(mwName+"/"+name, func(t *testing.T) {
 				t.Parallel()
@@ -95,7 +95,8 @@ func requireUpgradeRefused(t *testing.T, r reply) {
 		Detail string `json:"detail"`
 	}
 	require.NoError(t, json.Unmarshal(r.body, &p))
-	require.True(t, strings.HasSuffix(p.Type, "#upgrade-not-idempotent"), "type %q", p.Type)
+	require.Equal(t, serviceTypeBase+"upgrade-not-idempotent", p.Type)
+	requireUnbranded(t, r)
 	require.Contains(t, p.Detail, "without an Idempotency-Key")
 }
 

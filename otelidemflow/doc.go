@@ -12,6 +12,7 @@
 //		return err
 //	}
 //	reg, err := obs.ObserveKeys(engine) // the gauges; reg.Unregister() stops them
+//	err = engine.Start(ctx, &sweeper.Config{Hooks: obs.SweeperHooks()}) // the sweeper's liveness
 //
 // Traces. Each attempt (a call of Do or Resume, a sweeper's run of a key) is a span
 // named "idemflow.attempt <flow>", a child of the context passed to Do (an HTTP
@@ -53,6 +54,9 @@
 //     when it has none.
 //   - idemflow.keys.oldest_due (gauge, seconds): how long the longest-waiting stuck
 //     key has been due for a sweeper; 0 when none is stuck.
+//   - idemflow.sweeper.last_pass (gauge, Unix seconds, no attribute): when this
+//     process's sweeper last completed a pass, fed by SweeperHooks (pass them as
+//     sweeper.Config.Hooks); a sweeper that died or hangs stops moving it.
 //
 // The gauges are read by one indexed query per collection (ObserveKeys), never per
 // request.
@@ -60,5 +64,5 @@
 // docs/OPERATIONS.md says what to alert on; deploy/ holds Prometheus alerting rules
 // and a Grafana dashboard for these metrics.
 //
-// This package imports idemflow's workflow package.
+// This package imports idemflow's workflow and sweeper packages.
 package otelidemflow

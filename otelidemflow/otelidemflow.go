@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -71,6 +73,11 @@ type Observer struct {
 	keyEvents       metric.Int64Counter
 	keys            metric.Int64ObservableGauge
 	oldestDue       metric.Float64ObservableGauge
+	lastPass        metric.Float64ObservableGauge
+
+	// passedAt is when the last sweeper pass completed (Unix nanoseconds), or when
+	// SweeperHooks was first called before any did; 0 until then: no series.
+	passedAt atomic.Int64
 }
 
 // New returns an Observer, with its instruments made on cfg.MeterProvider.
@@ -111,6 +118,15 @@ func New(cfg *Config) (*Observer, error) {
 	o.oldestDue, err = o.meter.Float64ObservableGauge("idemflow.keys.oldest_due", metric.WithUnit("s"),
 		metric.WithDescription("How long the stuck key that has waited longest has been due for a sweeper; 0 when none is stuck."))
 	errs = append(errs, err)
+	o.lastPass, err = o.meter.Float64ObservableGauge("idemflow.sweeper.last_pass", metric.WithUnit("s"),
+		metric.WithDescription("When this process's sweeper last completed a pass without error, as Unix time; before its first, when it was started."),
+		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
+			if at := o.passedAt.Load(); at != 0 {
+				obs.Observe(float64(at) / float64(time.Second))
+			}
+			return nil
+		}))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -127,6 +143,29 @@ func (o *Observer) Hooks() workflow.Hooks {
 		PhaseEnd:     o.phaseEnd,
 		Key:          o.keyEvent,
 		Origin:       o.origin,
+	}
+}
+
+// SweeperHooks returns the hooks that feed idemflow.sweeper.last_pass, the liveness of
+// this process's sweeper: pass them as sweeper.Config.Hooks to workflow.Engine.Start
+// (with other Pass hooks, call both from one). The gauge is the Unix time, in seconds,
+// when a pass last completed without error, from workflow.Engine.Start's loop or
+// workflow.Engine.Sweep; a pass that fails (its error is logged) does not move it.
+// Until the first pass completes it reads the time SweeperHooks was first called, so
+// that a sweeper that never completes a pass ages like one that stopped. A process
+// that never calls SweeperHooks has no series. It carries no attribute: the process
+// is told apart by the exporter's (a Prometheus scrape's instance label). If the
+// process runs several sweepers on one Observer, it is the latest pass of any.
+// deploy/prometheus's IdemflowSweeperStalled alerts when it falls behind.
+func (o *Observer) SweeperHooks() sweeper.Hooks {
+	o.passedAt.CompareAndSwap(0, time.Now().UnixNano())
+	return sweeper.Hooks{Pass: o.pass}
+}
+
+// pass records a sweeper pass that completed.
+func (o *Observer) pass(_ context.Context, _ sweeper.Stats, err error) {
+	if err == nil {
+		o.passedAt.Store(time.Now().UnixNano())
 	}
 }
 

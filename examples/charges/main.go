@@ -97,8 +97,10 @@ type common struct {
 	// engine's defaults).
 	maxInFlight int
 	admitWait   time.Duration
-	// hooks are more hooks for the engine: serve's -telemetry.
-	hooks workflow.Hooks
+	// hooks are more hooks for the engine, sweeperHooks for its sweeper: serve's
+	// -telemetry.
+	hooks        workflow.Hooks
+	sweeperHooks sweeper.Hooks
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -276,7 +278,7 @@ func crashHooks() workflow.Hooks {
 
 // sweeperConfig is the settings of the engine's sweeper (Engine.Start), from the flags.
 func sweeperConfig(e *env, c *common) *sweeper.Config {
-	return &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log}
+	return &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log, Hooks: c.sweeperHooks}
 }
 
 func logger(w io.Writer) *slog.Logger {

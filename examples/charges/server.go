@@ -42,6 +42,9 @@ func serve(ctx context.Context, args []string) error {
 	}
 	defer tel.close() //nolint:errcheck // best effort at exit
 	c.hooks = tel.hooks()
+	if *withSweeper {
+		c.sweeperHooks = tel.sweeperHooks()
+	}
 	log := logger(os.Stderr)
 	e, err := setup(ctx, &c, log)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemflow/idemflow/otelidemflow"
+	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -97,6 +98,15 @@ func (t *telemetry) hooks() workflow.Hooks {
 		return workflow.Hooks{}
 	}
 	return t.obs.Hooks()
+}
+
+// sweeperHooks are the sweeper's hooks of t (none when off): its liveness gauge,
+// idemflow.sweeper.last_pass.
+func (t *telemetry) sweeperHooks() sweeper.Hooks {
+	if t.obs == nil {
+		return sweeper.Hooks{}
+	}
+	return t.obs.SweeperHooks()
 }
 
 // handler is h with a server span per request (otelhttp), a child of the span of the

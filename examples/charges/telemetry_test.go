@@ -15,11 +15,11 @@ import (
 )
 
 // TestServeTelemetry: serve -telemetry prometheus answers as without it, and its
-// /metrics endpoint shows the engine's attempts by outcome.
+// /metrics endpoint shows the engine's attempts by outcome and its sweeper's liveness.
 func TestServeTelemetry(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, direct)
-	observed := s.serve(t, nil, "-telemetry", "prometheus", "-metrics-addr", "127.0.0.1:0")
+	observed := s.serve(t, nil, "-telemetry", "prometheus", "-metrics-addr", "127.0.0.1:0", "-sweeper")
 	first := post(t, observed.url, "acct_tel", "k1", body)
 	require.Equal(t, http.StatusCreated, first.status)
 	replay := post(t, observed.url, "acct_tel", "k1", body)
@@ -38,6 +38,7 @@ func TestServeTelemetry(t *testing.T) {
 		require.Regexp(t, `idemflow_attempts_total\{idemflow_executor="client",idemflow_flow="create_charge",idemflow_outcome="`+outcome+`"[^}]*\} 1\n`, string(b))
 	}
 	require.Regexp(t, `idemflow_phase_duration_seconds_count\{idemflow_flow="create_charge",idemflow_phase="provider_charge",idemflow_phase_kind="call",idemflow_phase_outcome="ok"[^}]*\} 1\n`, string(b))
+	require.Regexp(t, `idemflow_sweeper_last_pass_seconds(\{[^}]*\})? \d`, string(b), "the embedded sweeper's liveness")
 }
 
 // stdoutSpan is what TestServeTraces reads of a span serve -telemetry stdout printed.

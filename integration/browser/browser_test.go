@@ -430,3 +430,65 @@ func send(t *testing.T, r *http.Request) page {
 	require.NoError(t, err)
 	return page{status: resp.StatusCode, body: string(b)}
 }
+
+// attr is the attribute name of the first element sel matches.
+func attr(ctx context.Context, t *testing.T, sel, name string) string {
+	t.Helper()
+	res, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(sel), name))
+	require.NoError(t, err)
+	require.True(t, res.Exists, "%s has no %s", sel, name)
+	return res.Value
+}
+
+// TestBrowserOnCall: what an operator needs at 3 a.m., in place. The dead-letter list
+// shows each key's failed phase and the class of its last error, and says what
+// dead-lettered means with a link to its runbook; a stuck key's page and an in-progress
+// list do the same for theirs; a key's page shows the derived key its call phase
+// sent, the one the remote side saw, marked where it failed, and a finished key's
+// page the one that made the effect.
+func TestBrowserOnCall(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t)
+	f := setup(t, &idemflowui.Options{RunbookURL: "https://runbooks.example.com/OPERATIONS.md"})
+	f.Dead(t, "acct", "dead")
+	f.Finished(t, "acct", "done")
+	f.Released(t, "acct", "stuck", `{"amount":3}`)
+	testflow.Sweepable(t, f.DB.Pool)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/keys?status=dead")))
+	require.Contains(t, text(ctx, t, "#explain"), "Dead-lettered: its attempts ran out")
+	require.Equal(t, "https://runbooks.example.com/OPERATIONS.md#runbook-dead-lettered-keys", attr(ctx, t, "#runbook", "href"))
+	require.Equal(t, testflow.Pay, text(ctx, t, "#keys .failed-phase"))
+	require.Equal(t, "phase error", text(ctx, t, "#keys .error-class"))
+	require.Contains(t, attr(ctx, t, "#keys .error-class", "title"), "returned this error on every attempt")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#keys a.key`))))
+	require.Equal(t, "dead", text(ctx, t, "#status"))
+	require.Equal(t, "https://runbooks.example.com/OPERATIONS.md#runbook-dead-lettered-keys", attr(ctx, t, "#runbook", "href"))
+	derived := text(ctx, t, "#derived-keys tr.failed .derived-key")
+	require.Equal(t, testflow.Pay, text(ctx, t, "#derived-keys tr.failed .phase"), "the failed call is marked")
+	require.Equal(t, "may have been sent", text(ctx, t, "#derived-keys tr.failed .state"))
+	require.Equal(t, 2, f.Provider.Requests(derived), "the key shown is the one the remote side got, on each attempt")
+	require.Equal(t, testflow.Pay, text(ctx, t, "#failed-phase"))
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=done")))
+	done := text(ctx, t, "#derived-keys .derived-key")
+	require.Equal(t, "sent", text(ctx, t, "#derived-keys .state"))
+	_, paid := f.Provider.Effect(done)
+	require.True(t, paid, "the finished key's call made its effect under the derived key shown (%s)", done)
+	failed, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#derived-keys tr.failed").length`))
+	require.NoError(t, err)
+	require.Zero(t, failed, "a finished key has no failed call")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=stuck")))
+	require.Equal(t, "stuck", text(ctx, t, "#status"))
+	require.Contains(t, text(ctx, t, "#explain"), "Stuck: in progress, but its lease ran out")
+	require.Equal(t, "https://runbooks.example.com/OPERATIONS.md#runbook-stuck-keys", attr(ctx, t, "#runbook", "href"))
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.Srv.URL+"/keys?status=in_progress")))
+	require.Contains(t, text(ctx, t, "#explain"), "In progress: an attempt holds the key")
+	require.Equal(t, "https://runbooks.example.com/OPERATIONS.md#runbook-keys-in-progress", attr(ctx, t, "#runbook", "href"))
+	columns, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#keys .error-class, #keys .failed-phase").length`))
+	require.NoError(t, err)
+	require.Zero(t, columns, "only the dead-letter list has the failure columns")
+}

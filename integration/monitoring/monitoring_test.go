@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -37,8 +38,36 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 const (
 	rulesFile     = "../../deploy/prometheus/idemflow-alerts.yml"
+	rulesTests    = "../../deploy/prometheus/idemflow-alerts.test.yml"
 	dashboardFile = "../../deploy/grafana/idemflow-dashboard.json"
+	operations    = "../../docs/OPERATIONS.md"
+	// runbookBase is where every rule's runbook_url points: a section of
+	// docs/OPERATIONS.md.
+	runbookBase = "https://github.com/idemflow/idemflow/blob/main/docs/OPERATIONS.md#"
 )
+
+// anchors are the anchors GitHub makes of a Markdown file's headings: lower case,
+// spaces to hyphens, punctuation but hyphens and underscores dropped.
+func anchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	require.NoError(t, err)
+	drop := regexp.MustCompile("[^a-z0-9 _-]")
+	out := map[string]bool{}
+	fenced := false
+	for line := range strings.Lines(string(raw)) {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+		}
+		if fenced || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		slug := strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(title), ""), " ", "-")
+		out[slug] = true
+	}
+	return out
+}
 
 // exported scrapes a real engine observed by otelidemflow through the OpenTelemetry
 // Prometheus exporter, after traffic that makes every series appear (a finished key,
@@ -80,7 +109,7 @@ func exported(t *testing.T) map[string]map[string]bool {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	testflow.Sweepable(t, db.Pool)
 	provider.FailNext(1)
-	st, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler)})
+	st, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler), Hooks: obs.SweeperHooks()})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.DeadLettered)
 
@@ -175,7 +204,7 @@ func names(m map[string]map[string]bool) []string {
 func TestMonitoringNamesExportedMetrics(t *testing.T) {
 	have := exported(t)
 	for _, want := range []string{"idemflow_keys", "idemflow_keys_oldest_due_seconds", "idemflow_attempts_total", "idemflow_key_events_total",
-		"idemflow_partitions_ahead", "idemflow_partitions_wanted"} {
+		"idemflow_partitions_ahead", "idemflow_partitions_wanted", "idemflow_sweeper_last_pass_seconds"} {
 		require.Contains(t, have, want, "the scrape serves %s", want)
 	}
 	p := parser.NewParser(parser.Options{})
@@ -185,19 +214,31 @@ func TestMonitoringNamesExportedMetrics(t *testing.T) {
 		require.Empty(t, errs)
 		alerts := map[string]bool{}
 		var sels []selector
+		sections := anchors(t, operations)
 		for _, g := range groups.Groups {
 			for _, r := range g.Rules {
 				alerts[r.Alert] = true
 				sels = append(sels, selectors(t, p, r.Expr)...)
+				anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbookBase)
+				require.True(t, ok, "%s: runbook_url %q is not a section of docs/OPERATIONS.md", r.Alert, r.Annotations["runbook_url"])
+				require.True(t, sections[anchor], "%s: docs/OPERATIONS.md has no section #%s", r.Alert, anchor)
+				require.True(t, strings.HasPrefix(anchor, "runbook-"), "%s: #%s is not a runbook section", r.Alert, anchor)
 			}
 		}
-		for _, a := range []string{"IdemflowKeysStuck", "IdemflowDeadLetters", "IdemflowDrainLag", "IdemflowErrorRate"} {
+		for _, a := range []string{"IdemflowKeysStuck", "IdemflowDeadLetters", "IdemflowDrainLag", "IdemflowErrorRate", "IdemflowSweeperStalled"} {
 			require.True(t, alerts[a], "the rules alert on %s", a)
 		}
 		requireExported(t, sels, have)
 		if promtool, err := exec.LookPath("promtool"); err == nil {
 			out, err := exec.Command(promtool, "check", "rules", rulesFile).CombinedOutput()
 			require.NoError(t, err, "promtool check rules: %s", out)
+			t.Logf("promtool: %s", out)
+			// The unit tests: the sweeper's liveness alert fires for the process whose
+			// gauge stopped moving, and only then; the rules carry their runbooks.
+			test := exec.Command(promtool, "test", "rules", filepath.Base(rulesTests))
+			test.Dir = filepath.Dir(rulesTests)
+			out, err = test.CombinedOutput()
+			require.NoError(t, err, "promtool test rules: %s", out)
 			t.Logf("promtool: %s", out)
 		} else {
 			t.Log("no promtool on PATH: checked with rulefmt only")

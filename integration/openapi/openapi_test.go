@@ -23,6 +23,9 @@ const (
 	// kindMethod is the kind a HEAD request is answered with: the example's HEAD
 	// operation answers it, not its POST.
 	kindMethod = "method-not-allowed"
+	// serviceTypeBase is the type base of a service that sets one, as problemsGolden
+	// records its documents (idemhttp's exampleTypeBase).
+	serviceTypeBase = "https://api.example.com/problems/"
 )
 
 // goldenProblems is the content of problemsGolden (idemhttp's goldenProblems).
@@ -44,8 +47,9 @@ type goldenProblems struct {
 // schema <Kind>Problem in the fragment with exactly the statuses the code sends it
 // with, the example operation answers each of those statuses with a response that
 // allows it, no schema names a kind the code no longer has, and each problem document
-// as the code writes it (under the default type base and under about:blank) validates
-// against its schema. The header names are idemhttp's.
+// as the code writes it (under a service's type base and under the default, about:blank) validates
+// against its schema. The header names are idemhttp's. Nothing in the description
+// names the library, and it has servers and security (bash .ci/openapi-lint lints it).
 func TestOpenAPIFragment(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -53,6 +57,13 @@ func TestOpenAPIFragment(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "3.0.3", doc.OpenAPI)
 	require.NoError(t, doc.Validate(ctx))
+	described, err := doc.MarshalJSON() // all but the file's comments, which are for API owners
+	require.NoError(t, err)
+	for _, name := range []string{"idemflow", "idemhttp"} {
+		require.NotContains(t, strings.ToLower(string(described)), name, "the description is the service's: it names no library")
+	}
+	require.NotEmpty(t, doc.Servers, "servers (a variable host: the fragment does not know the service's)")
+	require.NotEmpty(t, doc.Security, "security: a key belongs to an authenticated account")
 
 	golden := readGolden(t)
 	emitted := map[string]bool{}
@@ -79,13 +90,13 @@ func TestOpenAPIFragment(t *testing.T) {
 			documents[written{d.TypeBase, d.Status}] = d.Body
 		}
 		for _, s := range k.Statuses {
-			body, ok := documents[written{idemhttp.ProblemTypeBaseDefault, s}]
-			require.True(t, ok, "%s: %s has no %d document under the default type base", k.Kind, problemsGolden, s)
-			blank, ok := documents[written{"about:blank", s}]
+			body, ok := documents[written{serviceTypeBase, s}]
+			require.True(t, ok, "%s: %s has no %d document under a service's type base", k.Kind, problemsGolden, s)
+			blank, ok := documents[written{idemhttp.ProblemTypeBaseDefault, s}]
 			require.True(t, ok, "%s: %s has no %d document under about:blank", k.Kind, problemsGolden, s)
 			require.NoError(t, ref.Value.VisitJSON(body), "%s: the code's %d %s document", name, s, k.Kind)
 			require.NoError(t, ref.Value.VisitJSON(blank), "%s under about:blank", name)
-			require.Error(t, typ.VisitJSON(idemhttp.ProblemTypeBaseDefault+"not-"+k.Kind+"-at-all"), "%s: the type pattern tells kinds apart", name)
+			require.Error(t, typ.VisitJSON(serviceTypeBase+"not-"+k.Kind+"-at-all"), "%s: the type pattern tells kinds apart", name)
 
 			resp := op.Responses.Status(s)
 			if k.Kind == kindMethod {

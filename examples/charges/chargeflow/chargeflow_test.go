@@ -70,6 +70,24 @@ func TestProviderDedupesConcurrentRequests(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
+// A restarted provider (a new Provider: the fake keeps its payments in memory) numbers
+// its payments from 1 again, but never repeats a payment id of the last run.
+func TestProviderIDsUniqueAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	req := chargeflow.Request{Amount: 5, Currency: "usd", Source: "tok"}
+	seen := map[string]bool{}
+	for range 3 { // three runs of the provider, each paying the same key first
+		srv := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
+		c := &chargeflow.ProviderClient{BaseURL: srv.URL, HTTP: srv.Client()}
+		id, err := c.Pay(context.Background(), "k", req)
+		srv.Close()
+		require.NoError(t, err)
+		require.Regexp(t, `^pay_[a-z2-7]{8}_000001$`, id, "each run's first payment")
+		require.False(t, seen[id], "%s repeats an earlier run's id", id)
+		seen[id] = true
+	}
+}
+
 func TestProviderFailRate(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(chargeflow.NewProvider(0, 1).Handler())

@@ -1,10 +1,12 @@
 package chargeflow
 
 import (
+	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -14,6 +16,11 @@ import (
 type Provider struct {
 	Latency  time.Duration // added to every payment request
 	FailRate float64       // share of payment requests answered 503 before doing anything
+
+	// run tells this provider process's payment ids from another's: the fake keeps its
+	// payments in memory, so a restarted one numbers from 1 again, and its ids must not
+	// repeat the last run's (a real provider's ids are unique).
+	run string
 
 	mu       sync.Mutex
 	requests int
@@ -35,9 +42,11 @@ type ProviderStats struct {
 	ByKey    map[string]*keyStats `json:"by_key"`
 }
 
-// NewProvider returns a provider with no payments.
+// NewProvider returns a provider with no payments. Its payment ids are
+// pay_<run>_<n>: n counts this provider's payments from 1, and run, random, is new
+// with each provider, so ids never repeat across restarts.
 func NewProvider(latency time.Duration, failRate float64) *Provider {
-	return &Provider{Latency: latency, FailRate: failRate, byKey: map[string]*keyStats{}, perKey: map[string]*sync.Mutex{}}
+	return &Provider{Latency: latency, FailRate: failRate, run: strings.ToLower(crand.Text()[:8]), byKey: map[string]*keyStats{}, perKey: map[string]*sync.Mutex{}}
 }
 
 // Handler serves POST /v1/payments and GET /v1/stats.
@@ -97,7 +106,7 @@ func (p *Provider) pay(w http.ResponseWriter, r *http.Request) {
 			st.Declined = true
 		} else {
 			p.payments++
-			st.PaymentID = fmt.Sprintf("pay_%06d", p.payments)
+			st.PaymentID = fmt.Sprintf("pay_%s_%06d", p.run, p.payments)
 		}
 	}
 	declined, id := st.Declined, st.PaymentID
