@@ -362,9 +362,23 @@ func TestMigrationsExport(t *testing.T) {
 		require.Contains(t, again.stderr, "already exists; nothing was written")
 	}
 
+	// The partitioned layout: the same file names, the first file partitioned
+	// (migrations/tooltest applies these with each tool).
+	dir := filepath.Join(t.TempDir(), "out")
+	r := runBin(t, "migrations", "export", "-format", "tern", "-partition", "week", dir).ok(t)
+	require.Contains(t, r.stdout, "tern files to "+dir+" (the key table partitioned by week): 001_idemflow_keys.sql, ")
+	files, err := migrations.PartitionedToolFS(migrations.Tern, migrations.PartitionWeek)
+	require.NoError(t, err)
+	first, err := fs.ReadFile(files, "001_idemflow_keys.sql")
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dir, "001_idemflow_keys.sql"))
+	require.NoError(t, err)
+	require.Equal(t, string(first), string(got))
+	require.Contains(t, string(got), "PARTITION BY RANGE (created_at)")
+
 	partial := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(partial, "003_idemflow_keys_history.up.sql"), []byte("mine"), 0o644))
-	r := runBin(t, "migrations", "export", "-format", "golang-migrate", partial)
+	r = runBin(t, "migrations", "export", "-format", "golang-migrate", partial)
 	require.Equal(t, 1, r.code, r.stderr)
 	entries, err := os.ReadDir(partial)
 	require.NoError(t, err)
@@ -375,6 +389,7 @@ func TestMigrationsExport(t *testing.T) {
 		"NoFormat":      {"migrations", "export", t.TempDir()},
 		"NoDir":         {"migrations", "export", "-format", "goose"},
 		"NoSubcommand":  {"migrations"},
+		"BadPartition":  {"migrations", "export", "-format", "goose", "-partition", "month", t.TempDir()},
 	} {
 		r := runBin(t, args...)
 		require.Equal(t, 2, r.code, "%s: %s", name, r.stderr)
