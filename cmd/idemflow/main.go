@@ -51,6 +51,7 @@ commands:
   keys erase [-json] -scope S [-force] [-dry-run|-yes]
   keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
   stats [-json]
+  partitions [-json]
   migrate [-json] up|down|status
   migrations export -format golang-migrate|goose|tern [-partition week|day|hour] DIR   (needs no database)
   ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
@@ -74,6 +75,7 @@ type cli struct {
 	pool        *pgxpool.Pool
 	engine      *workflow.Engine
 	migrator    *migrations.Migrator
+	schema      string // -schema: "" for the connection's search_path
 }
 
 // run runs the command line args and returns the exit status.
@@ -106,6 +108,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		do = c.keys
 	case "stats":
 		do = c.stats
+	case "partitions":
+		do = c.partitions
 	case "migrate":
 		do = c.migrate
 	case "ui":
@@ -172,7 +176,7 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 		pool.Close()
 		return err
 	}
-	c.pool, c.engine, c.migrator = pool, e, m
+	c.pool, c.engine, c.migrator, c.schema = pool, e, m, schema
 	return nil
 }
 

@@ -18,11 +18,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
@@ -267,6 +269,67 @@ func TestStats(t *testing.T) {
 	human := b.cli(t, "stats").ok(t).stdout
 	require.Regexp(t, `FLOW\s+IN PROGRESS\s+STUCK\s+DEAD\s+FINISHED`, human)
 	require.Regexp(t, `charge3\s+0\s+1\s+1\s+1`, human)
+}
+
+// TestPartitions: partitions lists a day-partitioned key table's partitions with their
+// bounds and states and how many are ahead, in both forms; on a plain key table it says
+// it is not partitioned; after the partitions ahead are dropped it says too few.
+func TestPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := &bundle{db: pgtest.New(t)}
+	require.Equal(t, "the key table is not partitioned (docs/PARTITIONS.md)\n", b.cli(t, "partitions").ok(t).stdout)
+	require.Equal(t, []map[string]any{{"partitioned": false}}, b.cli(t, "partitions", "-json").ok(t).lines(t))
+
+	st, err := store.NewInSchema(b.db.Schema)
+	require.NoError(t, err)
+	require.NoError(t, st.SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	parts, err := st.Partitions(ctx, b.db.Pool)
+	require.NoError(t, err)
+	var now time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now))
+
+	lines := b.cli(t, "partitions", "-json").ok(t).lines(t)
+	require.Len(t, lines, 1)
+	got := lines[0]
+	require.Equal(t, true, got["partitioned"])
+	require.Equal(t, 7.0, got["want"])
+	require.Equal(t, false, got["low"])
+	listed := got["partitions"].([]any)
+	require.Len(t, listed, len(parts))
+	ahead := 0
+	for i, p := range parts {
+		l := listed[i].(map[string]any)
+		require.Equal(t, p.Name, l["name"])
+		from, err := time.Parse(time.RFC3339Nano, l["from"].(string))
+		require.NoError(t, err)
+		require.True(t, p.From.Equal(from), "%s from %s", p.Name, l["from"])
+		state := "current"
+		switch {
+		case !p.To.After(now):
+			state = "past"
+		case p.From.After(now):
+			state = "ahead"
+			ahead++
+		}
+		require.Equal(t, state, l["state"], p.Name)
+	}
+	require.Equal(t, float64(ahead), got["ahead"])
+	require.GreaterOrEqual(t, ahead, 7)
+
+	human := b.cli(t, "partitions").ok(t).stdout
+	require.Regexp(t, `PARTITION\s+FROM\s+TO\s+STATE`, human)
+	require.Regexp(t, parts[len(parts)-1].Name+`\s+`+parts[len(parts)-1].From.UTC().Format(time.RFC3339)+`\s+\S+\s+ahead`, human)
+	require.Contains(t, human, fmt.Sprintf("%d partitions, %d ahead of now (the default creates 7 ahead: enough)", len(parts), ahead))
+
+	for _, p := range parts {
+		if p.From.After(now) {
+			_, err := b.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{b.db.Schema, p.Name}.Sanitize())
+			require.NoError(t, err)
+		}
+	}
+	require.Contains(t, b.cli(t, "partitions").ok(t).stdout, "0 ahead of now (the default creates 7 ahead: too few")
+	require.Equal(t, true, b.cli(t, "partitions", "-json").ok(t).lines(t)[0]["low"])
 }
 
 func TestMissingKey(t *testing.T) {
