@@ -1,5 +1,6 @@
 // Package idemflowui is an operator's web page for idemflow's key table: an overview
-// of unfinished keys and recent outcomes, lists of keys by status, one key with its
+// of unfinished keys and recent outcomes (and, on a partitioned key table, how many
+// partitions exist ahead, with a warning when too few do), lists of keys by status, one key with its
 // request, recovery point, history and stored response, and (with a write token) the
 // re-drive of a dead-lettered key, the release of a stuck lease, the re-drive or
 // release of many keys by flow, scope, recovery point or error text (counted first,
@@ -50,9 +51,9 @@
 //
 // Cost. The pages read through the engine's admin API and only through its indexed
 // statements: GaugeKeys, ListKeys by status, InspectKey and CountOutcomes over a short
-// window. None reads the whole table, so the overview's cost follows the unfinished
+// window, and CheckPartitions, which reads the catalog only. None reads the whole table, so the overview's cost follows the unfinished
 // keys and the keys that ended in the window, not the size of the table (see
 // docs/BENCHMARKS.md).
 //
-// This package imports idemflow's workflow package.
+// This package imports idemflow's workflow and store packages.
 package idemflowui
