@@ -23,10 +23,49 @@ const cleanupTimeout = 30 * time.Second
 
 // shared is the process-wide server behind Shared, New and Main.
 var shared struct {
-	mu       sync.Mutex
-	srv      *Server
-	err      error
+	lazyServer
 	fallback Fallback // MainWith's
+}
+
+// sharedStartTimeout bounds the start of the process-wide server. It is its own bound,
+// not a test's: the start is done once for every test of the process, and a Citus
+// cluster's is three servers (initdb, start, CREATE EXTENSION each), which took over
+// two minutes on the 2-core machine at load 60 (issue 37). It only fails a start that
+// would otherwise hang.
+const sharedStartTimeout = 10 * time.Minute
+
+// lazyServer is a server started on first use, once: callers wait for a start in
+// progress, and a failed start is remembered.
+type lazyServer struct {
+	mu  sync.Mutex
+	srv *Server
+	err error
+}
+
+// get returns l's server, starting it with start on first use. The start runs under
+// its own bound (timeout), whatever ctx's deadline: it was a test's deadline, sized for
+// that test's own work, which ended the start of the server every later test needed
+// too when the first caller's ran out; and a caller waiting behind a start spent its
+// deadline waiting. A failed start is not retried: every later call returns the same
+// error, so that each test reports it rather than waiting for another attempt.
+func (l *lazyServer) get(ctx context.Context, timeout time.Duration, start func(context.Context) (*Server, error)) (*Server, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.srv != nil {
+		return l.srv, nil
+	}
+	if l.err != nil {
+		return nil, l.err
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	srv, err := start(sctx)
+	if err != nil {
+		l.err = err
+		return nil, err
+	}
+	l.srv = srv
+	return srv, nil
 }
 
 // Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
@@ -62,28 +101,12 @@ func MainWith(m *testing.M, fb Fallback) int {
 	return code
 }
 
-// Shared returns the process-wide server, starting it with Start on first use. Callers
-// wait for a start in progress. A failed start is not retried: every later call returns
-// the same error, so that each test reports it rather than waiting for another attempt
-// (unless the failure was the caller's ctx ending, which does not count).
+// Shared returns the process-wide server, starting it with Start (or StartCitus, see
+// EnvCitus) on first use, under a bound of its own (ctx's values are kept, its deadline
+// is not: see lazyServer.get). Callers wait for a start in progress. A failed start is
+// not retried: every later call returns the same error.
 func Shared(ctx context.Context) (*Server, error) {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if shared.srv != nil {
-		return shared.srv, nil
-	}
-	if shared.err != nil {
-		return nil, shared.err
-	}
-	srv, err := startShared(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			shared.err = err
-		}
-		return nil, err
-	}
-	shared.srv = srv
-	return srv, nil
+	return shared.get(ctx, sharedStartTimeout, startShared)
 }
 
 // startShared starts the shared server: a Citus cluster's coordinator when EnvCitus
