@@ -169,12 +169,14 @@ func NewEmpty(t testing.TB) *DB {
 // cleanup, it runs after the pool is closed. It returns the server.
 func createForTest(t testing.TB, what, create, drop string) *Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	srv, err := Shared(ctx)
+	srv, err := Shared(context.Background()) // bounded by its own start's deadline
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
+	// The deadline for create counts from here: the wait for the shared server's start
+	// (minutes, for a Citus cluster on a busy machine) is not create's.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if err := srv.exec(ctx, create); err != nil {
 		t.Fatalf("pgtest: create %s: %v", what, err)
 	}
