@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -61,7 +62,8 @@ func accountFromAuth(r *http.Request) (string, error) {
 
 type accountKey struct{}
 
-// chargesService is the README's "How it works": the flow, its handler and a sweeper.
+// chargesService is the README's "How it works": the flow, its handler, a sweeper, and
+// the shutdown: Stop, then Drain with the HTTP server's Shutdown.
 func chargesService() error {
 	var chargeID = phases.NewSlot[string]("charge_id")
 
@@ -108,8 +110,15 @@ func chargesService() error {
 	if err := engine.Start(ctx, nil); err != nil { // its sweeper; in every worker process too
 		return err
 	}
-	defer engine.Stop(ctx)
-	return http.ListenAndServe(":8080", mux)
+	srv := &http.Server{Addr: ":8080", Handler: mux}
+	go srv.ListenAndServe()
+	<-ctx.Done() // SIGTERM, through signal.NotifyContext: stop the sweeper, then drain
+	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = engine.Stop(stopCtx)
+	drained := make(chan error, 1) // no new attempt or call; keys still held at the end are released
+	go func() { drained <- engine.Drain(stopCtx) }()
+	return errors.Join(srv.Shutdown(stopCtx), <-drained)
 }
 
 // refunds is the README's middleware snippet: any handler made idempotent.
@@ -155,9 +164,11 @@ var _ = []any{chargesService, refunds, consume, ownSchema}
 var snippetMarker = regexp.MustCompile(`^<!-- snippet: ((?:[\w./-]+ )?\w+) -->$`)
 
 // snippetFiles are the markdown files whose every Go block is a marked snippet,
-// compiled: the README, the docs that hold its moved sections, docs/API.md and
-// docs/PHASES.md.
-var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md", "docs/PHASES.md"}
+// compiled: the README, the docs that hold its moved sections, docs/API.md,
+// docs/PHASES.md and docs/FIRST-FLOW.md (whose snippets are examples/firstflow's
+// functions, which that package's tests run).
+var snippetFiles = []string{"README.md", "docs/PRODUCTION.md", "docs/MESSAGES.md", "docs/TESTING.md", "docs/API.md",
+	"docs/PHASES.md", "docs/FIRST-FLOW.md"}
 
 // readmeMaxLines is the most lines the README may have: the rest goes to docs/.
 const readmeMaxLines = 250

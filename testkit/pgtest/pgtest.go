@@ -23,49 +23,10 @@ const cleanupTimeout = 30 * time.Second
 
 // shared is the process-wide server behind Shared, New and Main.
 var shared struct {
-	lazyServer
+	mu       sync.Mutex
+	srv      *Server
+	err      error
 	fallback Fallback // MainWith's
-}
-
-// sharedStartTimeout bounds the start of the process-wide server. It is its own bound,
-// not a test's: the start is done once for every test of the process, and a Citus
-// cluster's is three servers (initdb, start, CREATE EXTENSION each), which took over
-// two minutes on the 2-core machine at load 60 (issue 37). It only fails a start that
-// would otherwise hang.
-const sharedStartTimeout = 10 * time.Minute
-
-// lazyServer is a server started on first use, once: callers wait for a start in
-// progress, and a failed start is remembered.
-type lazyServer struct {
-	mu  sync.Mutex
-	srv *Server
-	err error
-}
-
-// get returns l's server, starting it with start on first use. The start runs under
-// its own bound (timeout), whatever ctx's deadline: it was a test's deadline, sized for
-// that test's own work, which ended the start of the server every later test needed
-// too when the first caller's ran out; and a caller waiting behind a start spent its
-// deadline waiting. A failed start is not retried: every later call returns the same
-// error, so that each test reports it rather than waiting for another attempt.
-func (l *lazyServer) get(ctx context.Context, timeout time.Duration, start func(context.Context) (*Server, error)) (*Server, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.srv != nil {
-		return l.srv, nil
-	}
-	if l.err != nil {
-		return nil, l.err
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	srv, err := start(sctx)
-	if err != nil {
-		l.err = err
-		return nil, err
-	}
-	l.srv = srv
-	return srv, nil
 }
 
 // Main is for TestMain. It starts nothing up front, runs the tests, stops the shared
@@ -101,13 +62,38 @@ func MainWith(m *testing.M, fb Fallback) int {
 	return code
 }
 
-// Shared returns the process-wide server, starting it with Start (or StartCitus, see
-// EnvCitus) on first use, under a bound of its own (ctx's values are kept, its deadline
-// is not: see lazyServer.get). Callers wait for a start in progress. A failed start is
-// not retried: every later call returns the same error.
+// Shared returns the process-wide server, starting it with Start on first use. Callers
+// wait for a start in progress. A failed start is not retried: every later call returns
+// the same error, so that each test reports it rather than waiting for another attempt.
+// The start does not end with the caller's ctx (see sharedStartTimeout).
 func Shared(ctx context.Context) (*Server, error) {
-	return shared.get(ctx, sharedStartTimeout, startShared)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.srv != nil {
+		return shared.srv, nil
+	}
+	if shared.err != nil {
+		return nil, shared.err
+	}
+	// The first caller starts the server every test of the package shares, while the
+	// others wait on the lock: the start is bounded by sharedStartTimeout, not by that
+	// caller's context. A test's own bound, sized for one test, was outlasted by initdb
+	// on a loaded machine; the start was killed half-way and every test waiting behind
+	// it failed, each retrying with what was left of its own bound.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedStartTimeout)
+	defer cancel()
+	srv, err := startShared(sctx)
+	if err != nil {
+		shared.err = err
+		return nil, err
+	}
+	shared.srv = srv
+	return srv, nil
 }
+
+// sharedStartTimeout bounds the start of the shared server (initdb, start, readiness;
+// a Citus cluster's three nodes): a bound on a hang, generous for a loaded machine.
+const sharedStartTimeout = 10 * time.Minute
 
 // startShared starts the shared server: a Citus cluster's coordinator when EnvCitus
 // asks for one (and TEST_DATABASE_URL does not name a server), else Start's server.
@@ -169,14 +155,12 @@ func NewEmpty(t testing.TB) *DB {
 // cleanup, it runs after the pool is closed. It returns the server.
 func createForTest(t testing.TB, what, create, drop string) *Server {
 	t.Helper()
-	srv, err := Shared(context.Background()) // bounded by its own start's deadline
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := Shared(ctx)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	// The deadline for create counts from here: the wait for the shared server's start
-	// (minutes, for a Citus cluster on a busy machine) is not create's.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	if err := srv.exec(ctx, create); err != nil {
 		t.Fatalf("pgtest: create %s: %v", what, err)
 	}

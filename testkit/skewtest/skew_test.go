@@ -7,7 +7,6 @@
 package skewtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,9 +24,6 @@ import (
 )
 
 func TestMain(m *testing.M) { idemflowtest.Main(m) }
-
-// previousFile names the previous release: lines "commit <hash>" and "version <v>".
-const previousFile = ".ci/previous-release"
 
 // tables hold the driver flow's effects.
 const tables = `
@@ -373,37 +368,6 @@ func goBuild(t *testing.T, dir, bin string) {
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build in %s: %s", dir, out)
-}
-
-// previousRelease returns the repository's root and the previous release's commit
-// (IDEMFLOW_SKEW_PREVIOUS, else the commit of .ci/previous-release), and fails the
-// test when the clone's history does not hold it.
-func previousRelease(t *testing.T) (root, commit string) {
-	root = strings.TrimSpace(git(t, "", "rev-parse", "--show-toplevel"))
-	commit = os.Getenv("IDEMFLOW_SKEW_PREVIOUS")
-	if commit == "" {
-		commit = previousCommit(t, filepath.Join(root, previousFile))
-	}
-	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		t.Fatalf("the previous release %s is not in this clone's history (a shallow clone?): "+
-			"run `git fetch --unshallow` (CI needs a full clone)", commit)
-	}
-	return root, commit
-}
-
-// previousCommit reads the commit line of the previous release's file.
-func previousCommit(t *testing.T, path string) string {
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "commit "); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatalf("%s has no commit line", path)
-	return ""
 }
 
 func git(t *testing.T, dir string, args ...string) string {
