@@ -1,8 +1,9 @@
 // Package idemflowui is an operator's web page for idemflow's key table: an overview
-// of unfinished keys and recent outcomes, lists of keys by status (the dead-letter
-// list with each key's failed phase and error class), one key with its request,
-// recovery point, its call phases' derived keys, history and stored response, each
-// status explained in place with a link to its runbook (Options.RunbookURL), and
+// of unfinished keys and recent outcomes (and, on a partitioned key table, how many
+// partitions exist ahead, with a warning when too few do), lists of keys by status (the
+// dead-letter list with each key's failed phase and error class), one key with its
+// request, recovery point, its call phases' derived keys, history and stored response,
+// each status explained in place with a link to its runbook (Options.RunbookURL), and
 // (with a write token) the
 // re-drive of a dead-lettered key, the release of a stuck lease, the re-drive or
 // release of many keys by flow, scope, recovery point or error text (counted first,
@@ -53,9 +54,9 @@
 //
 // Cost. The pages read through the engine's admin API and only through its indexed
 // statements: GaugeKeys, ListKeys by status, InspectKey and CountOutcomes over a short
-// window. None reads the whole table, so the overview's cost follows the unfinished
+// window, and CheckPartitions, which reads the catalog only. None reads the whole table, so the overview's cost follows the unfinished
 // keys and the keys that ended in the window, not the size of the table (see
 // docs/BENCHMARKS.md).
 //
-// This package imports idemflow's workflow package.
+// This package imports idemflow's workflow and store packages.
 package idemflowui

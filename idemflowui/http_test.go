@@ -2,6 +2,7 @@ package idemflowui_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -9,9 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowui"
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/testkit/uitest"
 	"github.com/idemflow/idemflow/workflow"
@@ -292,6 +295,40 @@ func TestOverviewCounts(t *testing.T) {
 	}
 	require.Contains(t, p.body, `href="/key?key=stuck&amp;scope=acct" id="oldest-stuck-link"`)
 	require.Contains(t, p.body, `<svg class="chart"`)
+}
+
+// TestOverviewPartitions: on a partitioned key table the overview says how many
+// partitions are ahead against how many the sweeper keeps, and warns when too few are;
+// on a plain one it has no such card.
+func TestOverviewPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, nil)
+	p := f.get(t, client(t), "/")
+	require.Equal(t, http.StatusOK, p.status)
+	require.NotContains(t, p.body, `id="partitions"`)
+
+	st, err := store.NewInSchema(f.DB.Schema)
+	require.NoError(t, err)
+	require.NoError(t, st.SetupPartitioned(ctx, f.DB.Pool, store.PartitionDay, 0))
+	rep, err := st.CheckPartitions(ctx, f.DB.Pool)
+	require.NoError(t, err)
+	p = f.get(t, client(t), "/")
+	require.Equal(t, http.StatusOK, p.status)
+	require.Contains(t, p.body, fmt.Sprintf(`<span id="partitions-ahead">%d</span>`, rep.Ahead))
+	require.Contains(t, p.body, `<span id="partitions-want">7</span>`)
+	require.NotContains(t, p.body, "Too few")
+
+	parts, err := st.Partitions(ctx, f.DB.Pool)
+	require.NoError(t, err)
+	for _, part := range parts[1:] { // the first holds now: drop those ahead of it
+		_, err := f.DB.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{f.DB.Schema, part.Name}.Sanitize())
+		require.NoError(t, err)
+	}
+	p = f.get(t, client(t), "/")
+	require.Equal(t, http.StatusOK, p.status)
+	require.Contains(t, p.body, `<span id="partitions-ahead">0</span>`)
+	require.Contains(t, p.body, "Too few: a key whose creation time has no partition cannot be claimed")
 }
 
 // TestPrefix: mounted under a path, links and the session cookie keep to it, and

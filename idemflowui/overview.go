@@ -2,11 +2,13 @@ package idemflowui
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"time"
 
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -25,11 +27,14 @@ type overviewData struct {
 	Dead24 int64
 	Window string
 	Chart  chart
+	// Partitions is the partitioned key table's count ahead (nil on a plain table).
+	Partitions *store.PartitionReport
 }
 
 // overview reads four indexed statements of the admin API: the gauges of unfinished
 // keys, the stuck key due longest, the outcomes in the window, and the dead letters of
-// the last 24 hours.
+// the last 24 hours; and, from the catalog, how many partitions a partitioned key
+// table has ahead.
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	if v, msg := form(r); msg != "" || len(v) > 0 {
 		h.fail(w, r, http.StatusBadRequest, cmp.Or(msg, "the overview takes no parameters"))
@@ -57,7 +62,17 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.failErr(w, r, err)
 		return
 	}
+	parts, err := h.engine.CheckPartitions(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotPartitioned):
+	case err != nil:
+		h.failErr(w, r, err)
+		return
+	}
 	d := &overviewData{base: h.base(r, "Overview"), Window: ago(h.opts.Window)}
+	if err == nil {
+		d.Partitions = &parts
+	}
 	d.Nav = "overview"
 	d.Flows, d.Total = flowRows(gauges, outcomes)
 	if len(stuck.Keys) > 0 {

@@ -106,6 +106,9 @@ func (m *Migrator) Distribute(ctx context.Context, db Beginner, opts *Distribute
 			return err
 		}
 	}
+	if err := allowPartitionedTrigger(ctx, tx, table); err != nil {
+		return err
+	}
 	if err := distribute(ctx, tx, table, KeyTableDistributionColumn, colocate); err != nil {
 		return err
 	}
@@ -154,6 +157,22 @@ func addLocal(ctx context.Context, tx pgx.Tx, table string) error {
 	}
 	if _, err := tx.Exec(ctx, `SELECT citus_add_local_table_to_metadata(`+quoteLiteral(table)+`, cascade_via_foreign_keys => true)`, simple); err != nil {
 		return fmt.Errorf("migrations: add %s to Citus's metadata as a local table: %w", table, err)
+	}
+	return nil
+}
+
+// allowPartitionedTrigger lets tx distribute the key table when it is the partitioned
+// layout that PartitionedToolFS's files make: that table carries a statement trigger
+// (idemflow_keys_read_committed, which refuses a claim outside READ COMMITTED), and
+// Citus distributes a table with a trigger only with citus.enable_unsafe_triggers, set
+// here for tx alone. The trigger reads no table, so it is safe on the shards, where it
+// fires in the worker's transaction, at the coordinator's isolation level; store's
+// SetupPartitioned sets the same when it distributes the layout itself.
+func allowPartitionedTrigger(ctx context.Context, tx pgx.Tx, table string) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('citus.enable_unsafe_triggers', 'on', true)
+		FROM pg_catalog.pg_class WHERE oid = to_regclass(`+quoteLiteral(table)+`) AND relkind = 'p'`, simple)
+	if err != nil {
+		return fmt.Errorf("migrations: distribute the partitioned %s: %w", table, err)
 	}
 	return nil
 }

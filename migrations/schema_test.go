@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -154,4 +155,45 @@ func TestToolFS(t *testing.T) {
 	}
 	_, err = migrations.ToolFS("flyway")
 	require.ErrorContains(t, err, "unknown tool")
+}
+
+// TestPartitioned: the partitioned set is All with the first migration's table
+// partitioned by created_at (its primary key including it), the READ COMMITTED trigger
+// and the first partitions' block added, and its function dropped by the down file;
+// every other file is the same. Widths that are not a week and do not divide a day
+// into whole minutes are refused. migrations/tooltest applies the sets with each tool
+// and compares the table with the engine's.
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for _, w := range []time.Duration{migrations.PartitionWeek, migrations.PartitionDay, migrations.PartitionHour, 15 * time.Minute} {
+		part, err := migrations.Partitioned(w)
+		require.NoError(t, err, w)
+		require.Len(t, part, len(all))
+		require.Equal(t, all[1:], part[1:], "%s: only the first migration differs", w)
+		first := part[0].Up
+		require.Contains(t, first, "    PRIMARY KEY (scope, idempotency_key, created_at),\n")
+		require.Contains(t, first, "\n) PARTITION BY RANGE (created_at);\n")
+		require.Contains(t, first, "CREATE TRIGGER idemflow_keys_read_committed BEFORE INSERT ON idemflow_keys")
+		require.Contains(t, first, fmt.Sprintf("width constant interval := '%d minutes';", w/time.Minute))
+		require.Equal(t, all[0].Down+"DROP FUNCTION IF EXISTS idemflow_keys_read_committed();\n", part[0].Down)
+		for _, tool := range migrations.Tools() {
+			fsys, err := migrations.PartitionedToolFS(tool, w)
+			require.NoError(t, err)
+			plain, err := migrations.ToolFS(tool)
+			require.NoError(t, err)
+			names, err := fs.Glob(fsys, "*")
+			require.NoError(t, err)
+			plainNames, err := fs.Glob(plain, "*")
+			require.NoError(t, err)
+			require.Equal(t, plainNames, names, "%s: the same file names", tool)
+		}
+	}
+	for _, w := range []time.Duration{0, time.Second, 7 * time.Minute, 2 * 24 * time.Hour, 30 * 24 * time.Hour} {
+		_, err := migrations.Partitioned(w)
+		require.ErrorContains(t, err, "is not a week and does not divide a day", w)
+		_, err = migrations.PartitionedToolFS(migrations.Goose, w)
+		require.Error(t, err, w)
+	}
 }

@@ -40,6 +40,11 @@ func ToolFS(tool Tool) (fs.FS, error) {
 	if err != nil {
 		return nil, err
 	}
+	return toolFS(tool, all)
+}
+
+// toolFS writes the migrations all in tool's layout.
+func toolFS(tool Tool, all []Migration) (fs.FS, error) {
 	out := fstest.MapFS{}
 	file := func(name, body string) { out[name] = &fstest.MapFile{Data: []byte(body), Mode: 0o444} }
 	for _, m := range all {

@@ -1,8 +1,9 @@
 // Command idemflow is the operator's tool for idemflow's key table: list keys by
 // status, inspect one with its history and stored response, re-drive a dead-lettered
 // key, release a stuck key's lease, purge a finished key, re-drive or release many keys
-// by filter, cancel a key with a final answer, count keys, migrate the schema, and
-// export the migrations as a migration tool's files.
+// by filter, cancel a key with a final answer, count keys, list the partitions of a
+// partitioned key table, migrate the schema, and export the migrations as a migration
+// tool's files.
 //
 //	idemflow -database-url URL [-schema S] keys list [-status in_progress|stuck|dead|finished] [-flow F] [-scope S] [-older-than D] [-limit N] [-after CURSOR] [-json]
 //	idemflow -database-url URL [-schema S] keys show [-json] SCOPE KEY
@@ -13,8 +14,9 @@
 //	idemflow -database-url URL [-schema S] keys erase [-json] -scope S [-force] [-dry-run|-yes]
 //	idemflow -database-url URL [-schema S] keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
+//	idemflow -database-url URL [-schema S] partitions [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
-//	idemflow migrations export -format golang-migrate|goose|tern DIR
+//	idemflow migrations export -format golang-migrate|goose|tern [-partition week|day|hour] DIR
 //	idemflow -database-url URL [-schema S] ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 //
 // Flags come before positional arguments, at each level. -database-url defaults to
@@ -33,7 +35,17 @@
 //
 // migrations export writes the migrations as a migration tool's files into DIR
 // (created if need be) for teams that run the tool's own command; it needs no database
-// and overwrites no file.
+// and overwrites no file. With -partition it writes the partitioned key table
+// (docs/PARTITIONS.md) in partitions of a week, a day or an hour: the first file
+// creates the table partitioned and its first partitions, to a week ahead
+// (migrations.PartitionedToolFS); every later file is the same as without.
+//
+// partitions lists a partitioned key table's partitions, oldest first, each with its
+// bounds in UTC and its state (past, current, ahead, or detach pending), then how many
+// exist ahead of the database's now against how many the default creates, saying
+// "too few" below half of them. Its -json object has partitioned, ahead, want, low and
+// partitions (each with name, from, to and state). On a key table that is not
+// partitioned it says so ({"partitioned":false}) and exits 0.
 //
 // keys bulk selects the dead-lettered keys (redrive) or the keys in progress (release)
 // that match every filter given, at most -limit (1000 by default), and acts on each
@@ -81,5 +93,5 @@
 //
 // See docs/OPERATIONS.md for when to use which command.
 //
-// This command imports idemflow's workflow, migrations and idemflowui packages.
+// This command imports idemflow's workflow, store, migrations and idemflowui packages.
 package main

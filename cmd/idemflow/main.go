@@ -51,8 +51,9 @@ commands:
   keys erase [-json] -scope S [-force] [-dry-run|-yes]
   keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
   stats [-json]
+  partitions [-json]
   migrate [-json] up|down|status
-  migrations export -format golang-migrate|goose|tern DIR   (needs no database)
+  migrations export -format golang-migrate|goose|tern [-partition week|day|hour] DIR   (needs no database)
   ui [-addr 127.0.0.1:8081] [-write-token-file FILE] [-read-token-file FILE] [-allow-host NAME,...]
 
 Flags come before positional arguments. -json prints one JSON object per line.
@@ -74,6 +75,7 @@ type cli struct {
 	pool        *pgxpool.Pool
 	engine      *workflow.Engine
 	migrator    *migrations.Migrator
+	schema      string // -schema: "" for the connection's search_path
 }
 
 // run runs the command line args and returns the exit status.
@@ -106,6 +108,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		do = c.keys
 	case "stats":
 		do = c.stats
+	case "partitions":
+		do = c.partitions
 	case "migrate":
 		do = c.migrate
 	case "ui":
@@ -172,7 +176,7 @@ func (c *cli) connect(ctx context.Context, url, schema string) error {
 		pool.Close()
 		return err
 	}
-	c.pool, c.engine, c.migrator = pool, e, m
+	c.pool, c.engine, c.migrator, c.schema = pool, e, m, schema
 	return nil
 }
 
@@ -470,13 +474,24 @@ func exportMigrations(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("migrations export", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	format := fs.String("format", "", "golang-migrate, goose or tern")
+	partition := fs.String("partition", "", "week, day or hour: the partitioned key table (docs/PARTITIONS.md)")
 	if err := parse(fs, args[1:], 1, "DIR"); err != nil {
 		return err
 	}
 	if !slices.Contains(migrations.Tools(), migrations.Tool(*format)) {
 		return badUsage("migrations export: -format %q: want one of %v", *format, migrations.Tools())
 	}
+	widths := map[string]time.Duration{"week": migrations.PartitionWeek, "day": migrations.PartitionDay, "hour": migrations.PartitionHour}
+	width, partitioned := widths[*partition]
+	if *partition != "" && !partitioned {
+		return badUsage("migrations export: -partition %q: want week, day or hour", *partition)
+	}
 	files, err := migrations.ToolFS(migrations.Tool(*format))
+	layout := ""
+	if partitioned {
+		files, err = migrations.PartitionedToolFS(migrations.Tool(*format), width)
+		layout = fmt.Sprintf(" (the key table partitioned by %s)", *partition)
+	}
 	if err != nil {
 		return err
 	}
@@ -496,7 +511,7 @@ func exportMigrations(out io.Writer, args []string) error {
 	if err := os.CopyFS(dir, files); err != nil {
 		return fmt.Errorf("migrations export: %w", err)
 	}
-	_, err = fmt.Fprintf(out, "wrote %d %s files to %s: %s\n", len(names), *format, dir, strings.Join(names, ", "))
+	_, err = fmt.Fprintf(out, "wrote %d %s files to %s%s: %s\n", len(names), *format, dir, layout, strings.Join(names, ", "))
 	return err
 }
 

@@ -18,11 +18,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/store"
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
@@ -269,6 +271,67 @@ func TestStats(t *testing.T) {
 	require.Regexp(t, `charge3\s+0\s+1\s+1\s+1`, human)
 }
 
+// TestPartitions: partitions lists a day-partitioned key table's partitions with their
+// bounds and states and how many are ahead, in both forms; on a plain key table it says
+// it is not partitioned; after the partitions ahead are dropped it says too few.
+func TestPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := &bundle{db: pgtest.New(t)}
+	require.Equal(t, "the key table is not partitioned (docs/PARTITIONS.md)\n", b.cli(t, "partitions").ok(t).stdout)
+	require.Equal(t, []map[string]any{{"partitioned": false}}, b.cli(t, "partitions", "-json").ok(t).lines(t))
+
+	st, err := store.NewInSchema(b.db.Schema)
+	require.NoError(t, err)
+	require.NoError(t, st.SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	parts, err := st.Partitions(ctx, b.db.Pool)
+	require.NoError(t, err)
+	var now time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now))
+
+	lines := b.cli(t, "partitions", "-json").ok(t).lines(t)
+	require.Len(t, lines, 1)
+	got := lines[0]
+	require.Equal(t, true, got["partitioned"])
+	require.Equal(t, 7.0, got["want"])
+	require.Equal(t, false, got["low"])
+	listed := got["partitions"].([]any)
+	require.Len(t, listed, len(parts))
+	ahead := 0
+	for i, p := range parts {
+		l := listed[i].(map[string]any)
+		require.Equal(t, p.Name, l["name"])
+		from, err := time.Parse(time.RFC3339Nano, l["from"].(string))
+		require.NoError(t, err)
+		require.True(t, p.From.Equal(from), "%s from %s", p.Name, l["from"])
+		state := "current"
+		switch {
+		case !p.To.After(now):
+			state = "past"
+		case p.From.After(now):
+			state = "ahead"
+			ahead++
+		}
+		require.Equal(t, state, l["state"], p.Name)
+	}
+	require.Equal(t, float64(ahead), got["ahead"])
+	require.GreaterOrEqual(t, ahead, 7)
+
+	human := b.cli(t, "partitions").ok(t).stdout
+	require.Regexp(t, `PARTITION\s+FROM\s+TO\s+STATE`, human)
+	require.Regexp(t, parts[len(parts)-1].Name+`\s+`+parts[len(parts)-1].From.UTC().Format(time.RFC3339)+`\s+\S+\s+ahead`, human)
+	require.Contains(t, human, fmt.Sprintf("%d partitions, %d ahead of now (the default creates 7 ahead: enough)", len(parts), ahead))
+
+	for _, p := range parts {
+		if p.From.After(now) {
+			_, err := b.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{b.db.Schema, p.Name}.Sanitize())
+			require.NoError(t, err)
+		}
+	}
+	require.Contains(t, b.cli(t, "partitions").ok(t).stdout, "0 ahead of now (the default creates 7 ahead: too few")
+	require.Equal(t, true, b.cli(t, "partitions", "-json").ok(t).lines(t)[0]["low"])
+}
+
 func TestMissingKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -362,9 +425,23 @@ func TestMigrationsExport(t *testing.T) {
 		require.Contains(t, again.stderr, "already exists; nothing was written")
 	}
 
+	// The partitioned layout: the same file names, the first file partitioned
+	// (migrations/tooltest applies these with each tool).
+	dir := filepath.Join(t.TempDir(), "out")
+	r := runBin(t, "migrations", "export", "-format", "tern", "-partition", "week", dir).ok(t)
+	require.Contains(t, r.stdout, "tern files to "+dir+" (the key table partitioned by week): 001_idemflow_keys.sql, ")
+	files, err := migrations.PartitionedToolFS(migrations.Tern, migrations.PartitionWeek)
+	require.NoError(t, err)
+	first, err := fs.ReadFile(files, "001_idemflow_keys.sql")
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dir, "001_idemflow_keys.sql"))
+	require.NoError(t, err)
+	require.Equal(t, string(first), string(got))
+	require.Contains(t, string(got), "PARTITION BY RANGE (created_at)")
+
 	partial := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(partial, "003_idemflow_keys_history.up.sql"), []byte("mine"), 0o644))
-	r := runBin(t, "migrations", "export", "-format", "golang-migrate", partial)
+	r = runBin(t, "migrations", "export", "-format", "golang-migrate", partial)
 	require.Equal(t, 1, r.code, r.stderr)
 	entries, err := os.ReadDir(partial)
 	require.NoError(t, err)
@@ -375,6 +452,7 @@ func TestMigrationsExport(t *testing.T) {
 		"NoFormat":      {"migrations", "export", t.TempDir()},
 		"NoDir":         {"migrations", "export", "-format", "goose"},
 		"NoSubcommand":  {"migrations"},
+		"BadPartition":  {"migrations", "export", "-format", "goose", "-partition", "month", t.TempDir()},
 	} {
 		r := runBin(t, args...)
 		require.Equal(t, 2, r.code, "%s: %s", name, r.stderr)
