@@ -10,7 +10,8 @@
 // part of this package (SetupPartitioned and the Partition* values) under its own
 // names; the errors a user branches on are aliased in workflow (ErrUnavailable,
 // ErrConflict, ErrLeaseLost, ErrNotFound, ...) and store (ErrNotPartitioned, ...).
-// The SQL has a home of its own, in one file (sql.go) kept for review.
+// The SQL is kept for review in files that hold only SQL: the key row's head and
+// write in sql_keyrow.go, the rest in sql.go and the partitioned layout's files.
 //
 // A Store holds the texts of the statements it sends, built once by New, and its
 // methods send only those; the zero Store is not usable. That is the one place where
@@ -25,13 +26,17 @@
 // lock version; the ones meant to be pipelined with COMMIT abort the transaction when
 // they match no row, so the COMMIT that follows cannot succeed. A new key's row is
 // written under its claim lock, a transaction-scoped advisory lock on a hash of the key
-// and the table (QueueClaimLock, QueueClaimInsert).
+// and the table (QueueClaimLock, QueueHead, QueueKeyWrite).
 //
-// Statements that must share a round trip with their neighbours come in pairs: QueueXxx
-// adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's
-// results, in order. The engine owns the batch; this package owns the SQL. A
-// statement with more inputs than a fence and a value or two takes them as a struct
-// named as the statement (Advance, Release, Park, DeadLetter, TakeDue).
+// The key row's part of a tx phase's transaction is queued with its reader attached:
+// QueueHead (the claim or the fence that opens it) and QueueKeyWrite (the one write of
+// the key row, whose fenced, locked-row, claiming and finishing forms are fields of
+// KeyWrite) add their statements to a pgx.Batch and return a Queued, whose Read reads
+// their results from the batch's results, in order. The few other statements that
+// share a round trip still come in QueueXxx/ReadXxx pairs (the claim lock, the
+// look-up). The engine owns the batch; this package owns the SQL. A statement with
+// more inputs than a fence and a value or two takes them as a struct named as the
+// statement (KeyWrite, Release, Park, DeadLetter, TakeDue).
 //
 // pgx errors are translated into this package's errors (ErrConflict, ErrUnavailable,
 // ErrLeaseLost, ...) here and nowhere else (package store runs no SQL of its own); Classify does it for errors that came from
