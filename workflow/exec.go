@@ -334,19 +334,25 @@ func (x *exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev Ph
 	}
 	x.e.cfg.Hooks.beforeCommit(ctx, ev)
 	sent := time.Now()
-	err = x.commit(ctx, tx, w, one)
-	var pf pipeFailure
-	switch {
-	case errors.As(err, &pf):
-		return x.verdictStep(pf.v)
-	case err != nil:
-		return x.failed(err)
-	case v.kind == respond:
+	if err := x.commit(ctx, tx, w, one); err != nil {
+		return x.commitFailed(err)
+	}
+	if v.kind == respond {
 		return step{kind: stepFinished, out: x.finished(v.resp)}
 	}
 	x.rp = phase
 	x.leaseEnd = sent.Add(x.e.cfg.Lease)
 	return step{kind: stepNext}
+}
+
+// commitFailed is the step of a commit that failed: a statement of a pipelined
+// phase's (pipeFailure) as that statement's failure, anything else as failed reads it.
+func (x *exec) commitFailed(err error) step {
+	var pf pipeFailure
+	if errors.As(err, &pf) {
+		return x.verdictStep(pf.v)
+	}
+	return x.failed(err)
 }
 
 // verdictStep is the step of a phase that failed before anything of it could commit.

@@ -154,7 +154,6 @@ func (f pipeFailure) Unwrap() error { return f.v.err }
 func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev PhaseEvent) (step, bool) {
 	if x.claim != nil {
 		tx.startWith(keytable.Head{Claim: x.claim})
-		tx.onHeld = func() { x.e.cfg.Hooks.claimHeld(ctx, ev) }
 	} else {
 		tx.startWith(keytable.Head{Fence: x.fence, Lock: true})
 	}
@@ -165,6 +164,9 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 	defer br.Close()
 	if err := tx.readHead(br); err != nil {
 		return x.headLost(err), false
+	}
+	if x.claim != nil { // the statements behind the claim are on their way (readHead)
+		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	}
 	if v := pl.readStatements(br); v.kind != goOn {
 		return x.verdictStep(v), false

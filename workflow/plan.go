@@ -83,8 +83,14 @@ func (x *exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
 		RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease, Response: w.resp,
 		Flushed: w.beforeCall,
 	}}
+	if x.claim != nil {
+		// The row the claim inserted (insertedAtClaim), or the transaction's start, which
+		// the claim lock read and the held insert takes as its created_at: known, the
+		// insert returns none. Zero otherwise: the held insert returns it.
+		p.write.Fence.CreatedAt = tx.createdAt
+	}
 	if tx.insertedAtClaim {
-		p.write.Claim, p.write.Fence.CreatedAt = nil, tx.createdAt
+		p.write.Claim = nil
 	}
 	if one == nil {
 		return p

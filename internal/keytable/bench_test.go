@@ -85,9 +85,10 @@ func BenchmarkClaim(b *testing.B) {
 		st.QueueLookup(bt, c.Scope, c.Key)
 		br := conn.SendBatch(ctx, bt)
 		_, err := br.Exec()
+		var at time.Time // the transaction's start: the inserted row's created_at
 		if err == nil {
 			var locked bool
-			if locked, err = st.ReadClaimLock(br); err == nil && !locked {
+			if locked, at, err = st.ReadClaimLockAt(br); err == nil && !locked {
 				err = fmt.Errorf("key %s: claim lock busy", c.Key)
 			}
 		}
@@ -100,7 +101,7 @@ func BenchmarkClaim(b *testing.B) {
 			err = cerr
 		}
 		if err == nil {
-			_, err = sendTx(ctx, conn, st, keytable.KeyWrite{Claim: &c, Held: true, RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`)}, false)
+			_, err = sendTx(ctx, conn, st, keytable.KeyWrite{Claim: &c, Fence: keytable.Fence{CreatedAt: at}, Held: true, RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`)}, false)
 		}
 		if err != nil {
 			b.Fatal(err)

@@ -52,7 +52,9 @@ type Head struct {
 // Response.
 type KeyWrite struct {
 	// Claim, when set, is a new key: its row is inserted, leased for Claim.Lease. Fence
-	// names the existing row otherwise.
+	// names the existing row otherwise. A held insert returns the row's created_at
+	// unless Fence.CreatedAt already holds it (the transaction's start, which the claim
+	// lock read: ReadClaimLockAt).
 	Claim *Claim
 	Fence Fence
 	// Held: the transaction already holds what the write would otherwise check: a new
@@ -96,6 +98,7 @@ const (
 	headCheck                             // the fence's check, locking nothing
 	writeClaim                            // the insert that claims (either form: queueClaimChecks)
 	writeInsert                           // the insert of an unfinished row, returning created_at
+	writeInsertKnown                      // the insert of an unfinished row whose created_at is known
 	writeInsertFinished                   // the insert of a finished row
 	writeFenced                           // the fenced update that raises when it misses
 	writeLocked                           // the plain update of a row the fence locked
@@ -153,6 +156,10 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 		e, _ := resp.History.args()
 		b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+	case c != nil && !f.CreatedAt.IsZero():
+		q.kind = writeInsertKnown
+		b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+			w.RecoveryPoint, json.RawMessage(w.Data), c.Lease.Milliseconds(), c.origin())
 	case c != nil:
 		q.kind = writeInsert
 		b.Queue(s.pipe.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
@@ -228,10 +235,8 @@ func (q Queued) read(br pgx.BatchResults) (time.Time, error) {
 	case writeClaim:
 		return readClaimInsert(br)
 	case writeInsert:
-		if err := br.QueryRow().Scan(&at); err != nil {
-			return time.Time{}, insertErr(err)
-		}
-	case writeInsertFinished:
+		return readInsertAt(br)
+	case writeInsertFinished, writeInsertKnown:
 		if _, err := br.Exec(); err != nil {
 			return at, insertErr(err)
 		}
@@ -291,6 +296,17 @@ func (s *Store) readFence(br pgx.BatchResults) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("fence key: %w", s.guardErr(err))
 	}
 	return time.Time{}, fmt.Errorf("fence key: %w", fenceErr(err))
+}
+
+// readInsertAt reads the created_at the held insert returns. It declares the time it
+// scans into itself: a variable of Read's that Scan took would cost every Read an
+// allocation.
+func readInsertAt(br pgx.BatchResults) (time.Time, error) {
+	var at time.Time
+	if err := br.QueryRow().Scan(&at); err != nil {
+		return time.Time{}, insertErr(err)
+	}
+	return at, nil
 }
 
 // readClaimInsert reads either form of the insert that claims (readClaimInsertAt):

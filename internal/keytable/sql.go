@@ -25,7 +25,7 @@ import (
 // statements are the texts of the statements a Store sends, built once by New.
 type statements struct {
 	lookup, lookupPartitioned, claimLock                 string
-	insertFinished                                       string
+	insertKey, insertFinished                            string
 	claimInsertKey, claimInsertFinished                  string
 	advance, finish, release, takeover                   string
 	takeDue, giveBack, park, deadLetter, redrive, expire string
@@ -40,7 +40,7 @@ func newStatements(schema string) statements {
 	q := func(sql string) string { return qualify(sql, schema) }
 	return statements{
 		lookup: q(sqlLookup), lookupPartitioned: q(sqlLookupPartitioned), claimLock: q(sqlClaimLock),
-		insertFinished: q(sqlInsertFinished),
+		insertKey: q(sqlInsertKey), insertFinished: q(sqlInsertFinished),
 		claimInsertKey: q(sqlClaimInsertKey), claimInsertFinished: q(sqlClaimInsertFinished),
 		advance: q(sqlAdvance), finish: q(sqlFinish), release: q(sqlRelease), takeover: q(sqlTakeover),
 		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
