@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -56,7 +57,23 @@ func TestAnswerOf(t *testing.T) {
 		{"KeptChanging", fail(fmt.Errorf("workflow: key kept changing: %w", workflow.ErrConflict)), 503, time.Second, false},
 		{"Canceled", fail(context.Canceled), 503, time.Second, false},
 		{"UnknownFlow", fail(fmt.Errorf("%w: %q", workflow.ErrUnknownFlow, "x")), 500, 0, false},
-		{"UnknownRecoveryPoint", fail(workflow.ErrUnknownRecoveryPoint), 500, 0, false},
+		// Bare, as the engine never returns it (it comes matching ErrNewerFormat): a
+		// retry, as its class says, without the newer build's delay.
+		{"UnknownRecoveryPoint", fail(workflow.ErrUnknownRecoveryPoint), 503, time.Second, false},
+		{"NeedsClient", fail(fmt.Errorf("workflow: %w", workflow.ErrNeedsClient)), 500, 0, false},
+		{"Misconfigured", fail(fmt.Errorf("claim: %w", workflow.ErrMisconfigured)), 500, 0, false},
+		// ErrMisconfigured in a phase's transaction releases the key, but a retry
+		// cannot help until the setting is fixed: 500, not 503.
+		{"TransientMisconfigured", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrMisconfigured}), 500, 0, false},
+		{"OpenSealed", fail(fmt.Errorf("workflow: %w: the stored answer", workflow.ErrOpenSealed)), 500, 0, false},
+		{"RefusedFailed", fail(workflow.ErrRefused), 500, 0, false},
+		{"ControlCharacter", fail(fmt.Errorf("%w: %w at byte 2", workflow.ErrInvalidScope, workflow.ErrControlCharacter)), 401, 0, false},
+		{"BodyNotJSON", fail(workflow.ErrBodyNotJSON), 400, 0, false},
+		{"NotFound", fail(fmt.Errorf("%w: scope %q key %q", workflow.ErrNotFound, "a", "k")), 400, 0, false},
+		{"LeaseExpired", released(&workflow.TransientError{Phase: "p", RetryAfter: 2 * time.Second, Err: workflow.ErrLeaseExpired}), 503, 2 * time.Second, false},
+		{"TransientNewerFormat", released(&workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: workflow.ErrNewerFormat}), 503, workflow.NewerFormatRetryAfter, false},
+		{"LastAttemptDeadLettered", &workflow.Result{Outcome: workflow.OutcomeDeadLettered, Phase: "p", RetryAfter: time.Second,
+			Err: &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: errors.New("provider down")}}, 503, time.Second, false},
 		{"NewerFormat", fail(fmt.Errorf("%w: status %q", workflow.ErrNewerFormat, "paused")), 503, workflow.NewerFormatRetryAfter, false},
 		{"NewerRecoveryPoint", fail(fmt.Errorf("%w (%w): no phase", workflow.ErrUnknownRecoveryPoint, workflow.ErrNewerFormat)), 503, workflow.NewerFormatRetryAfter, false},
 		{"InvalidScope", fail(fmt.Errorf("%w: not UTF-8 text without NUL", workflow.ErrInvalidScope)), 401, 0, false},
@@ -74,6 +91,40 @@ func TestAnswerOf(t *testing.T) {
 				require.NotEmpty(t, a.detail)
 				require.NotContains(t, a.detail, c.out.Err.Error(), "the error's text is not sent")
 			}
+		})
+	}
+}
+
+// Every error of the engine is answered in the range its class (workflow.Classify)
+// gives it, whether an attempt failed with it or a phase's transient failure carried
+// it: a new error is answered right once it is classed.
+func TestAnswerFollowsClass(t *testing.T) {
+	t.Parallel()
+	inRange := func(t *testing.T, class workflow.Class, a httpAnswer) {
+		t.Helper()
+		switch class {
+		case workflow.ClassClientFault:
+			require.True(t, a.status >= 400 && a.status < 500 && a.status != 409 && a.status != 410, "client fault answered %d", a.status)
+			require.Zero(t, a.retryAfter, "a client fault is not retried")
+		case workflow.ClassRetry:
+			require.Contains(t, []int{409, 503}, a.status)
+			require.Positive(t, a.retryAfter, "a retry says when")
+		case workflow.ClassDeadLettered:
+			require.Equal(t, 410, a.status)
+		case workflow.ClassServerFault:
+			require.Equal(t, 500, a.status)
+		default:
+			t.Fatalf("class %v", class)
+		}
+	}
+	for _, sentinel := range vocab.Sentinels() {
+		err := fmt.Errorf("workflow: attempt: %w", sentinel)
+		class := workflow.Classify(err)
+		t.Run(sentinel.Error(), func(t *testing.T) {
+			t.Parallel()
+			inRange(t, class, answerOf(&workflow.Result{Outcome: workflow.OutcomeFailed, Err: err}))
+			te := &workflow.TransientError{Phase: "p", RetryAfter: time.Second, Err: err}
+			inRange(t, workflow.Classify(te), answerOf(&workflow.Result{Outcome: workflow.OutcomeReleased, Phase: "p", RetryAfter: time.Second, Err: te}))
 		})
 	}
 }

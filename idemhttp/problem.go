@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -104,10 +103,7 @@ func answerOf(out *workflow.Result) httpAnswer {
 			detail: "Another request with this idempotency key is in progress; retry after " + retryAfter(out.RetryAfter) +
 				" s with the same key and the same request to get its answer."}
 	case workflow.OutcomeMismatch:
-		a = httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
-			detail: "The idempotency key was already used for a different request (method, route or body); nothing was done for this one. " +
-				"The first request may have taken effect: do not send this request again under a new key before checking its outcome. " +
-				"Resend the first request unchanged, with this key, to get its answer."}
+		a = mismatch()
 	case workflow.OutcomeLeaseLost:
 		a = httpAnswer{status: http.StatusConflict, kind: kindKeyInProgress, retryAfter: time.Second, level: slog.LevelWarn,
 			detail: "Another attempt took this request over; retry after 1 s with the same key and the same request to get its answer."}
@@ -122,17 +118,16 @@ func answerOf(out *workflow.Result) httpAnswer {
 	return a
 }
 
-// released is the answer to an attempt that failed after its claim: a fault of the
-// flow is a 500 (failed), a phase's 5xx response is passed on, and any other transient
-// failure is a 503, all with the engine's Retry-After. An attempt that dead-lettered
-// the key without a transient failure is answered as its failure.
+// released is the answer to an attempt that failed after its claim: a transient
+// failure (workflow.ClassRetry) passes a phase's 5xx response on, answers a phase that
+// ran out of its lease as such, and any other one 503, all with the engine's
+// Retry-After. Anything else, and an attempt that dead-lettered the key without a
+// transient failure, is answered as a failure of its class (failed).
 func released(out *workflow.Result) httpAnswer {
-	var panicked *phases.PanicError
-	switch {
-	case out.RetryAfter <= 0, // not transient: dead-lettered as it failed
-		errors.Is(out.Err, workflow.ErrNewerFormat), errors.Is(out.Err, workflow.ErrResponseTooLarge),
-		errors.Is(out.Err, workflow.ErrNoResponse), errors.Is(out.Err, workflow.ErrPhaseDataTooLarge), errors.As(out.Err, &panicked):
+	if out.RetryAfter <= 0 || workflow.Classify(out.Err) != workflow.ClassRetry || errors.Is(out.Err, workflow.ErrNewerFormat) {
 		return failed(out.Err)
+	}
+	switch {
 	case errors.Is(out.Err, workflow.ErrLeaseExpired):
 		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindLeaseExpired, retryAfter: out.RetryAfter, detail: leaseExpiredDetail}
 	case out.Response != nil && out.Response.Status >= 500 && out.Response.Status <= 999:
@@ -142,11 +137,40 @@ func released(out *workflow.Result) httpAnswer {
 		detail: "The request could not be completed now; nothing was lost: retry after " + retryAfter(out.RetryAfter) + " s with the same key."}
 }
 
-// failed is the answer to an attempt that failed (workflow.OutcomeFailed), by what
-// failed. Errors a client can cause at will (bad input, an invalid scope) are 4xx and
-// never logged as errors.
+// failed is the answer to an attempt that failed (workflow.OutcomeFailed), by the
+// class the engine gives its error (workflow.Classify): a client fault is a 4xx
+// (clientFault) and never logged as an error, since any client can cause it; a retry
+// a 503 with Retry-After; a dead-lettered key a 410; a server fault a 500.
 func failed(err error) httpAnswer {
-	var panicked *phases.PanicError
+	switch workflow.Classify(err) {
+	case workflow.ClassClientFault:
+		return clientFault(err)
+	case workflow.ClassRetry:
+		if errors.Is(err, workflow.ErrNewerFormat) {
+			// A newer build wrote the key (a rolling deploy): never a final answer here.
+			return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: workflow.NewerFormatRetryAfter, level: slog.LevelWarn,
+				detail: "The request is being handled by a newer version of the service; retry after " +
+					retryAfter(workflow.NewerFormatRetryAfter) + " s with the same key and the same request to get its answer."}
+		}
+		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
+			detail: "The service is briefly unavailable; retry after 1 s with the same key."}
+	case workflow.ClassDeadLettered:
+		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
+			detail: "The request under this idempotency key was given up on: it failed too often, or it ran but its answer " +
+				"could not be stored. It will not finish unless " +
+				"the service's operators re-drive it. Do not retry it, and do not send it again with a new key: it may have " +
+				"taken effect in part. Contact the service."}
+	}
+	if errors.Is(err, workflow.ErrResponseTooLarge) {
+		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
+	}
+	return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed.", err: err}
+}
+
+// clientFault is the answer to a request the engine found wrong
+// (workflow.ClassClientFault): the exact 4xx by what is wrong, 400 when the engine
+// says no more.
+func clientFault(err error) httpAnswer {
 	switch {
 	case errors.Is(err, workflow.ErrInvalidKey):
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidKey, detail: "The " + KeyHeader + " header is invalid."}
@@ -161,27 +185,18 @@ func failed(err error) httpAnswer {
 		return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request's method or path is too long."}
 	case errors.Is(err, workflow.ErrBodyTooLarge):
 		return httpAnswer{status: http.StatusRequestEntityTooLarge, kind: kindBodyTooLarge, detail: "The request body is over the limit."}
-	case errors.Is(err, workflow.ErrNewerFormat):
-		// A newer build wrote the key (a rolling deploy): never a final answer here.
-		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: workflow.NewerFormatRetryAfter, level: slog.LevelWarn,
-			detail: "The request is being handled by a newer version of the service; retry after " +
-				retryAfter(workflow.NewerFormatRetryAfter) + " s with the same key and the same request to get its answer."}
-	case errors.Is(err, workflow.ErrDeadLettered):
-		return httpAnswer{status: http.StatusGone, kind: kindKeyDeadLettered, level: slog.LevelWarn,
-			detail: "The request under this idempotency key was given up on: it failed too often, or it ran but its answer " +
-				"could not be stored. It will not finish unless " +
-				"the service's operators re-drive it. Do not retry it, and do not send it again with a new key: it may have " +
-				"taken effect in part. Contact the service."}
-	case errors.Is(err, workflow.ErrResponseTooLarge):
-		return httpAnswer{status: http.StatusInternalServerError, kind: kindResponseTooLarge, detail: "The response is too large to store, so it was not sent."}
-	case errors.Is(err, workflow.ErrNoResponse), errors.Is(err, workflow.ErrPhaseDataTooLarge), errors.As(err, &panicked):
-		return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed."}
-	case errors.Is(err, workflow.ErrUnavailable), errors.Is(err, workflow.ErrConflict),
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return httpAnswer{status: http.StatusServiceUnavailable, kind: kindUnavailable, retryAfter: time.Second, level: slog.LevelWarn,
-			detail: "The service is briefly unavailable; retry after 1 s with the same key."}
+	case errors.Is(err, workflow.ErrMismatch):
+		return mismatch()
 	}
-	return httpAnswer{status: http.StatusInternalServerError, kind: kindServerError, detail: "The request failed.", err: err}
+	return httpAnswer{status: http.StatusBadRequest, kind: kindInvalidRequest, detail: "The request cannot be run as it was sent."}
+}
+
+// mismatch is the answer to a key reused for a different request.
+func mismatch() httpAnswer {
+	return httpAnswer{status: http.StatusUnprocessableEntity, kind: kindKeyReused,
+		detail: "The idempotency key was already used for a different request (method, route or body); nothing was done for this one. " +
+			"The first request may have taken effect: do not send this request again under a new key before checking its outcome. " +
+			"Resend the first request unchanged, with this key, to get its answer."}
 }
 
 // noScopeDetail is the detail of a 401: Scope resolved no scope, or one that is not

@@ -97,29 +97,31 @@ type Decision struct {
 }
 
 // Decide maps the result of an attempt (workflow.Engine.Run) to a Decision, by its
-// outcome:
+// outcome, and a failure by the class the engine gives its error (workflow.Classify):
 //
 //	outcome                                     action     delay
 //	finished, replayed                          Ack        -
 //	in_progress, released, shed, lease_lost     Retry      its RetryAfter
 //	mismatch, dead_lettered                     Terminate  -
-//	failed: ErrInvalidKey, ErrInvalidScope,     Terminate  -
-//	ErrInvalidRequest, ErrBodyTooLarge,
-//	ErrNeedsClient, ErrDeadLettered
-//	failed: ErrNewerFormat (a newer build       Retry      NewerFormatRetryAfter
-//	wrote the key; ErrUnknownRecoveryPoint)
-//	failed: anything else (ErrUnavailable,      Retry      RetryDelayDefault
-//	ErrConflict, ErrUnknownFlow,
-//	ErrMisconfigured, a context's error)
+//	failed: workflow.ClassClientFault           Terminate  -
+//	(ErrInvalidKey, ErrInvalidScope,
+//	ErrInvalidRequest, ErrBodyTooLarge, ...)
+//	failed: workflow.ClassDeadLettered          Terminate  -
+//	failed: workflow.ClassRetry: ErrNewerFormat Retry      NewerFormatRetryAfter
+//	(a newer build wrote the key)
+//	failed: workflow.ClassRetry, any other      Retry      RetryDelayDefault
+//	(ErrUnavailable, ErrConflict, a context's)
+//	failed: workflow.ClassServerFault           Retry      RetryDelayDefault
+//	(ErrUnknownFlow, ErrNeedsClient,
+//	ErrMisconfigured, ErrRefused, ...)
 //
-// An unregistered flow or recovery point is retried, not terminated: nothing was
-// written, and it is what a delivery meets while a deployment rolls out; bound
-// redeliveries in the broker (JetStream's MaxDeliver) to catch a real mistake.
-// ErrMisconfigured (the pgx settings do not fit a pooler) is retried for the same
-// reason: retrying does not help until the setting is fixed, but terminating would lose
-// the message, and nothing of it was written. A key dead-lettered by a transient
-// failure (a sweep's last attempt) is retried like a release: the redelivery finds it
-// dead-lettered and terminates.
+// A fault of the service is retried, not terminated: nothing of the message was
+// written, the fault is the consumer's to fix (an unregistered flow, as during a
+// deployment; a client-only flow, which only an HTTP client's retry can run; a
+// pgx setting that does not fit a pooler), and terminating would lose the message;
+// bound redeliveries in the broker (JetStream's MaxDeliver) to catch a real mistake.
+// A key dead-lettered by a transient failure (a sweep's last attempt) is retried
+// like a release: the redelivery finds it dead-lettered and terminates.
 func Decide(out *workflow.Result) Decision {
 	switch out.Outcome {
 	case workflow.OutcomeFinished, workflow.OutcomeReplayed:
@@ -135,13 +137,12 @@ func Decide(out *workflow.Result) Decision {
 		return Decision{Action: Terminate, Err: out.Err}
 	}
 	err := out.Err
-	switch {
-	case errors.Is(err, workflow.ErrNewerFormat):
-		return Decision{Action: Retry, Delay: workflow.NewerFormatRetryAfter, Err: err}
-	case errors.Is(err, workflow.ErrInvalidKey), errors.Is(err, workflow.ErrInvalidScope),
-		errors.Is(err, workflow.ErrInvalidRequest), errors.Is(err, workflow.ErrBodyTooLarge),
-		errors.Is(err, workflow.ErrNeedsClient), errors.Is(err, workflow.ErrDeadLettered):
+	switch workflow.Classify(err) {
+	case workflow.ClassClientFault, workflow.ClassDeadLettered:
 		return Decision{Action: Terminate, Err: err}
+	}
+	if errors.Is(err, workflow.ErrNewerFormat) {
+		return Decision{Action: Retry, Delay: workflow.NewerFormatRetryAfter, Err: err}
 	}
 	return Decision{Action: Retry, Delay: RetryDelayDefault, Err: err}
 }

@@ -3,12 +3,14 @@ package idemmsg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemmsg"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -27,6 +29,7 @@ func TestHandle(t *testing.T) {
 	t.Run("TransientRetriesWithItsDelay", testHandleTransientRetriesWithItsDelay)
 	t.Run("DeadLetteredTerminates", testHandleDeadLetteredTerminates)
 	t.Run("InvalidTerminates", testHandleInvalidTerminates)
+	t.Run("ClientOnlyFlowRetries", testHandleClientOnlyFlowRetries)
 }
 
 func testHandleRedeliveryReplays(t *testing.T) {
@@ -149,4 +152,49 @@ func testHandleInvalidTerminates(t *testing.T) {
 	require.Equal(t, idemmsg.Retry, d.Action, "an unregistered flow waits for the deployment")
 	require.ErrorIs(t, d.Err, workflow.ErrUnknownFlow)
 	require.Zero(t, testflow.CountKeys(t, db.Pool))
+}
+
+// A message for a client-only flow (only an HTTP client's retry brings its phases) is
+// a fault of the consumer's wiring, as the engine classes ErrNeedsClient: kept for
+// redelivery, as an unregistered flow is, never terminated, and nothing is written.
+func testHandleClientOnlyFlowRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := testflow.Start(t)
+	e := testflow.Engine(t, db.Pool, nil, p, nil)
+	require.NoError(t, e.Register(phases.Flow{Name: "client_only", ClientOnly: true, Phases: []phases.Phase{phases.Call("work", nil)}}))
+	d := idemmsg.Handle(ctx, e, idemmsg.Message{Scope: "consumer", Key: "k", Flow: "client_only", Payload: []byte(`{}`)})
+	require.ErrorIs(t, d.Err, workflow.ErrNeedsClient)
+	require.Equal(t, workflow.ClassServerFault, workflow.Classify(d.Err))
+	require.Equal(t, idemmsg.Retry, d.Action)
+	require.Equal(t, idemmsg.RetryDelayDefault, d.Delay)
+	require.Zero(t, testflow.CountKeys(t, db.Pool))
+}
+
+// Every error of the engine decides a failed delivery as its class says: a client
+// fault or a dead-lettered key terminates it, a retry or a fault of the service has it
+// redelivered after a delay. A new error is decided right once it is classed.
+func TestDecideFollowsClass(t *testing.T) {
+	t.Parallel()
+	for _, sentinel := range vocab.Sentinels() {
+		err := fmt.Errorf("workflow: attempt: %w", sentinel)
+		t.Run(sentinel.Error(), func(t *testing.T) {
+			t.Parallel()
+			d := idemmsg.Decide(&workflow.Result{Outcome: workflow.OutcomeFailed, Err: err})
+			require.Equal(t, err, d.Err)
+			switch class := workflow.Classify(err); class {
+			case workflow.ClassClientFault, workflow.ClassDeadLettered:
+				require.Equal(t, idemmsg.Terminate, d.Action, "%v", class)
+				require.Zero(t, d.Delay)
+			case workflow.ClassRetry, workflow.ClassServerFault:
+				require.Equal(t, idemmsg.Retry, d.Action, "%v", class)
+				require.Positive(t, d.Delay)
+			default:
+				t.Fatalf("class %v", class)
+			}
+		})
+	}
+	d := idemmsg.Decide(&workflow.Result{Outcome: workflow.OutcomeFailed, Err: fmt.Errorf("%w: status %q", workflow.ErrNewerFormat, "paused")})
+	require.Equal(t, idemmsg.Retry, d.Action)
+	require.Equal(t, workflow.NewerFormatRetryAfter, d.Delay, "a newer build's key waits for the deployment")
 }

@@ -2,7 +2,6 @@ package workflow
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Defaults of the admission settings of Config (MaxInFlight, AdmitWait).
@@ -48,30 +48,19 @@ var (
 	// Config.AdmitWait, or at once because the queue it would have joined was hopeless
 	// (its last waits took over a quarter of AdmitWait, or over what was left of the
 	// caller's deadline). Nothing was written. It comes inside a *ShedError.
-	ErrOverloaded = errors.New("overloaded")
+	ErrOverloaded = vocab.ErrOverloaded
 	// ErrDraining: the attempt was turned away, or released its key before a call
 	// phase, because the engine is draining (Engine.Drain). It comes inside a
 	// *ShedError when nothing was written, inside a *TransientError when the key was
 	// released.
-	ErrDraining = errors.New("draining")
+	ErrDraining = vocab.ErrDraining
 )
 
 // ShedError turns an attempt away before its claim: the engine is overloaded or
 // draining. Nothing was written; the client should retry, with the same key, after
-// RetryAfter (an idemhttp handler answers 503 with Retry-After).
-type ShedError struct {
-	// RetryAfter is when to retry: one second.
-	RetryAfter time.Duration
-	// Err is ErrOverloaded or ErrDraining.
-	Err error
-}
-
-func (e *ShedError) Error() string {
-	return fmt.Sprintf("turned away before the claim (%v); retry after %s", e.Err, e.RetryAfter)
-}
-
-// Unwrap returns ErrOverloaded or ErrDraining.
-func (e *ShedError) Unwrap() error { return e.Err }
+// RetryAfter (one second; an idemhttp handler answers 503 with Retry-After). Err is
+// ErrOverloaded or ErrDraining (Unwrap).
+type ShedError = vocab.ShedError
 
 func shed(why error) *ShedError { return &ShedError{RetryAfter: shedRetryAfter, Err: why} }
 

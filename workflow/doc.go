@@ -105,7 +105,8 @@
 // This package imports idemflow's phases, store and sweeper packages (sweeper for the
 // sweeper's settings and report only: it imports no idemflow package),
 // internal/runstate (the engine's side of a phases.Run, kept out of the API a phase
-// function sees), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
+// function sees), internal/vocab (the engine's vocabulary: outcomes, results, events,
+// errors and their classes, which this package re-exports as aliases), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
 // Fingerprint), and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints
 // stored before v2).
 // It does not import net/http (header names are canonicalised with net/textproto);

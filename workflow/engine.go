@@ -564,7 +564,7 @@ func ended(out Result) answer { return answer{out: out} }
 // and runs on, so that a retry finds its answer (callers such as HTTP handlers pass
 // the request's context as it is).
 func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
-	return e.Run(ctx, req).answer()
+	return split(e.Run(ctx, req))
 }
 
 // Run runs one attempt of req, as Do does, and returns how it ended: never nil, with
@@ -678,7 +678,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
 	out, _ := e.runAttempt(ctx, ev, func(ctx context.Context) (Result, error) { return e.resume(ctx, scope, key), nil })
-	return out.answer()
+	return split(&out)
 }
 
 func (e *Engine) resume(ctx context.Context, scope, key string) Result {
@@ -700,7 +700,7 @@ func (e *Engine) resume(ctx context.Context, scope, key string) Result {
 // existing answers an attempt that found a key row. req and fp are nil for Resume.
 func (e *Engine) existing(ctx context.Context, row *keytable.Row, req *Request, fp []byte) answer {
 	a := e.existingRow(ctx, row, req, fp)
-	a.out = a.out.with(row.ID, row.Flow, row.Origin, row.RecoveryPoint, 0)
+	a.out = withKey(a.out, row.ID, row.Flow, row.Origin, row.RecoveryPoint, 0)
 	return a
 }
 
@@ -709,7 +709,7 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 		return ended(failure(err)) // a newer build's row: nothing final, nothing written
 	}
 	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
-		return ended(Result{Outcome: OutcomeMismatch, Err: ErrMismatch, recorded: true})
+		return ended(noted(Result{Outcome: OutcomeMismatch, Err: ErrMismatch}, nil, true))
 	}
 	switch row.Status {
 	case keytable.StatusFinished:
@@ -764,7 +764,7 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 	}
 	x.detach = req != nil // Do's attempt, not Resume's
 	out := x.drive(ctx, next+1).out
-	return ended(out.with(x.fence.ID, x.flow.Name, taken.Origin, x.rp, x.run.Attempt()))
+	return ended(withKey(out, x.fence.ID, x.flow.Name, taken.Origin, x.rp, x.run.Attempt()))
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -821,14 +821,14 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		out := inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), true)
-		out.rp = phases.Started
+		out = standing(out, phases.Started)
 		return answer{out: out, claimLost: true}
 	case st.kind == stepLost && st.found != nil:
 		return answer{found: st.found}
 	case st.kind == stepLost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return ended(st.out.with(x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
+	return ended(withKey(st.out, x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
 }
 
 func (e *Engine) newExec(f phases.Flow, row *keytable.Row, started time.Time) (*exec, error) {

@@ -1,104 +1,100 @@
 package workflow
 
-import (
-	"errors"
-	"fmt"
-	"time"
+import "github.com/idemflow/idemflow/internal/vocab"
 
-	"github.com/idemflow/idemflow/internal/keytable"
-	"github.com/idemflow/idemflow/phases"
-)
-
+// The errors a caller branches on. Each is the value of the engine's vocabulary
+// (an internal package every layer of the engine shares), so errors.Is matches it
+// whichever layer made or wrapped it, and each falls in one Class (Classify).
 var (
 	// ErrInvalidKey: the idempotency key is empty, longer than 255 bytes or holds a
 	// character outside printable ASCII. Nothing was written.
-	ErrInvalidKey = errors.New("invalid idempotency key")
+	ErrInvalidKey = vocab.ErrInvalidKey
 	// ErrInvalidScope: the scope is empty, longer than 255 bytes, not UTF-8 or holds a
 	// control character (ValidateScope). Nothing was written.
-	ErrInvalidScope = errors.New("invalid scope")
+	ErrInvalidScope = vocab.ErrInvalidScope
 	// ErrControlCharacter: a key or scope holds a C0 control character (U+0000-U+001F),
 	// DEL (U+007F) or a C1 control character (U+0080-U+009F). It comes wrapped with
 	// ErrInvalidKey or ErrInvalidScope; nothing was written and no statement was sent.
-	ErrControlCharacter = errors.New("control character")
+	ErrControlCharacter = vocab.ErrControlCharacter
 	// ErrInvalidRequest: method or route is empty or too long. Nothing was written.
-	ErrInvalidRequest = errors.New("invalid request")
+	ErrInvalidRequest = vocab.ErrInvalidRequest
 	// ErrUnknownFlow: no flow of that name is registered. Nothing was written.
-	ErrUnknownFlow = errors.New("unknown flow")
+	ErrUnknownFlow = vocab.ErrUnknownFlow
 	// ErrBodyTooLarge: the request body is over Config.MaxBodyBytes. Nothing was written.
-	ErrBodyTooLarge = errors.New("request body too large")
+	ErrBodyTooLarge = vocab.ErrBodyTooLarge
 	// ErrMismatch: the key was used before for a different request (method, route, flow
 	// or body). Nothing was written.
-	ErrMismatch = errors.New("idempotency key reused for a different request")
+	ErrMismatch = vocab.ErrMismatch
 	// ErrInProgress: another attempt holds the key's lease. The error is an
 	// *InProgressError saying when to retry.
-	ErrInProgress = errors.New("request in progress")
+	ErrInProgress = vocab.ErrInProgress
 	// ErrUnknownRecoveryPoint: the key's recovery point names a phase this build's flow
 	// does not have: a newer (or older) version of the flow wrote it. The key is left
 	// untouched for a build that has the phase, or an operator, to decide; the error
 	// matches ErrNewerFormat too, so it is answered as retryable.
-	ErrUnknownRecoveryPoint = errors.New("unknown recovery point")
+	ErrUnknownRecoveryPoint = vocab.ErrUnknownRecoveryPoint
 	// ErrDeadLettered: the key was given up on, after too many failed attempts or
 	// because a phase ran but its answer could not be stored (ErrUnstorable, as for an
 	// idemhttp middleware's handler); it keeps its last error and can be re-driven
 	// explicitly.
-	ErrDeadLettered = errors.New("key dead-lettered")
+	ErrDeadLettered = vocab.ErrDeadLettered
 	// ErrTransient: the attempt failed in a way worth retrying. Nothing new was stored,
 	// the key was released and keeps its recovery point. The error is a *TransientError.
-	ErrTransient = errors.New("transient failure")
+	ErrTransient = vocab.ErrTransient
 	// ErrResponseTooLarge: a phase's response is over Config.MaxResponseBytes. It is
 	// never truncated; the attempt fails as transient with this error (an idemhttp
 	// middleware, whose handler already ran, wraps it in ErrUnstorable instead: the key
 	// is dead-lettered).
-	ErrResponseTooLarge = errors.New("response too large to store")
+	ErrResponseTooLarge = vocab.ErrResponseTooLarge
 	// ErrPhaseDataTooLarge: phase data grew over Config.MaxPhaseDataBytes.
-	ErrPhaseDataTooLarge = errors.New("phase data too large")
+	ErrPhaseDataTooLarge = vocab.ErrPhaseDataTooLarge
 	// ErrNoResponse: the flow ended without a final response: its last phase returned
 	// none, or a phase answered with an informational status (1xx, 101 included), which
 	// is never stored or replayed. The key was released.
-	ErrNoResponse = errors.New("flow ended without a response")
+	ErrNoResponse = vocab.ErrNoResponse
 	// ErrLeaseExpired: a tx phase (an idemhttp TxMiddleware handler) was still running
 	// when the attempt's lease (Config.Lease) ran out, so its transaction was not
 	// committed: nothing of the phase stays. It comes inside a *TransientError; the key
 	// keeps its recovery point. A phase that hits it is hung or too slow for the lease.
-	ErrLeaseExpired = errors.New("the attempt ran out of its lease before its phase committed")
+	ErrLeaseExpired = vocab.ErrLeaseExpired
 )
 
 // errNotFinal: a phase answered with a status that is not a final answer (1xx,
 // including 101 Switching Protocols). It is never stored or replayed; the attempt
 // fails like one without a response, and the key is released.
-var errNotFinal = fmt.Errorf("status is not a final response: %w", ErrNoResponse)
+var errNotFinal = vocab.ErrNotFinal
 
-// Errors of the database and of fencing. They are the key table's own values
-// (aliases, not copies, of the internal package that runs the engine's SQL and
-// translates pgx's errors), so errors.Is matches them whichever layer wrapped them;
-// this is their one public name.
+// Errors of the database and of fencing. They are the key table's own values (the
+// internal package that runs the engine's SQL returns them, translated from pgx's
+// errors), so errors.Is matches them whichever layer wrapped them; this is their one
+// public name.
 var (
 	// ErrUnavailable: the database could not be reached or the connection broke. It
 	// comes back on its own when nothing was run yet, and inside a *TransientError
 	// when a phase failed with it (then the key was released or its lease runs out).
-	ErrUnavailable = keytable.ErrUnavailable
+	ErrUnavailable = vocab.ErrUnavailable
 	// ErrConflict: a serialization failure or deadlock outlived Config.TxRetries
 	// (inside a *TransientError), or the key kept changing under the attempt. Retrying
 	// is safe.
-	ErrConflict = keytable.ErrConflict
+	ErrConflict = vocab.ErrConflict
 	// ErrLeaseLost: this executor's lease was taken over while it ran; its uncommitted
 	// work was rolled back and the new owner answers.
-	ErrLeaseLost = keytable.ErrLeaseLost
+	ErrLeaseLost = vocab.ErrLeaseLost
 	// ErrClaimBusy: a claim found another attempt holding the key's claim lock (it is
 	// running the key's first transaction right now), and ErrClaimExists: a new key's
 	// insert found the key's row already there. Neither reaches a caller of Do (the
 	// attempt answers as the key's row then says: in progress, replay, or a retry); a
 	// PhaseEnd hook sees the phase end with one of them, having written nothing.
-	ErrClaimBusy   = keytable.ErrClaimBusy
-	ErrClaimExists = keytable.ErrClaimExists
+	ErrClaimBusy   = vocab.ErrClaimBusy
+	ErrClaimExists = vocab.ErrClaimExists
 	// ErrNotFound: Resume or Redrive found no key row.
-	ErrNotFound = keytable.ErrNotFound
+	ErrNotFound = vocab.ErrNotFound
 	// ErrMisconfigured: the connection's settings do not fit what is between the
 	// engine and Postgres: pgx's default query exec mode behind a pooler in
 	// transaction mode that keeps no prepared statements. The message names the fix
 	// (default_query_exec_mode=cache_describe); retrying does not help. The HTTP layer
 	// answers it 500, not 503.
-	ErrMisconfigured = keytable.ErrMisconfigured
+	ErrMisconfigured = vocab.ErrMisconfigured
 	// ErrRefused: the database refused one of the engine's statements, or a tx
 	// phase's, for good: a feature it does not support (SQLSTATE 0A000, as Citus
 	// answers a statement it cannot run on one shard), a syntax error, an undefined or
@@ -106,45 +102,67 @@ var (
 	// *TransientError: a retry would be refused the same way. A key whose row exists
 	// is dead-lettered with the refusal as its last error, so no sweeper retries it;
 	// re-drive it once the cause is fixed. The HTTP layer answers it 500.
-	ErrRefused = keytable.ErrRefused
+	ErrRefused = vocab.ErrRefused
 )
 
-// InProgressError is returned while another attempt holds a key's lease.
-type InProgressError struct {
-	// RetryAfter is when the holder's answer is likely stored: by default the average
-	// time the engine saw new keys of the flow take from claim to answer (the time left
-	// on the holder's lease, by the database clock, until one was seen); see
-	// Config.InProgressRetryAfter. At least one second, at most the lease left.
-	RetryAfter time.Duration
-}
-
-func (e *InProgressError) Error() string {
-	return fmt.Sprintf("request in progress; retry after %s", e.RetryAfter)
-}
-
-// Is makes errors.Is(err, ErrInProgress) true.
-func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+// InProgressError is returned while another attempt holds a key's lease. RetryAfter
+// is when the holder's answer is likely stored: by default the average time the
+// engine saw new keys of the flow take from claim to answer (the time left on the
+// holder's lease, by the database clock, until one was seen); see
+// Config.InProgressRetryAfter. At least one second, at most the lease left.
+// errors.Is(err, ErrInProgress) is true of it.
+type InProgressError = vocab.InProgressError
 
 // TransientError is returned when an attempt failed but may succeed later. Nothing new
 // was stored and the key keeps its recovery point. A phase asks for a delay with
-// phases.RetryLater (a *phases.RetryError going in); this is what comes out.
-type TransientError struct {
-	// Phase is the phase that failed.
-	Phase string
-	// RetryAfter suggests when to retry (never less than one second).
-	RetryAfter time.Duration
-	// Response is a 5xx response the phase produced, if any, to pass on unstored.
-	Response *phases.Response
-	// Err is the cause.
-	Err error
-}
+// phases.RetryLater (a *phases.RetryError going in); this is what comes out: Phase is
+// the phase that failed, RetryAfter when to retry (never less than one second),
+// Response a 5xx response the phase produced, if any, to pass on unstored, and Err
+// the cause (Unwrap). errors.Is(err, ErrTransient) is true of it.
+type TransientError = vocab.TransientError
 
-func (e *TransientError) Error() string {
-	return fmt.Sprintf("phase %s: transient failure: %v", e.Phase, e.Err)
-}
+// Class is the kind of failure an error is, which decides how to answer it: an HTTP
+// status class, a message's disposition. The engine classes its errors (Classify), so
+// that every adapter (package idemhttp, package idemmsg, your own) answers a failure
+// alike, and an adapter picks its exact answer within the class (400, 401, 413 or 422
+// for a client fault; 409 or 503, and the Retry-After, for a retry).
+type Class = vocab.Class
 
-// Unwrap returns the cause.
-func (e *TransientError) Unwrap() error { return e.Err }
+// The classes.
+const (
+	// ClassNone is the class of no error (nil).
+	ClassNone = vocab.ClassNone
+	// ClassRetry: nothing final happened and the same request, with the same key, may
+	// succeed later: another attempt holds the key (ErrInProgress, ErrLeaseLost), the
+	// engine is overloaded or draining (a *ShedError), the database is unavailable or
+	// in conflict (ErrUnavailable, ErrConflict, a context's error), a newer build wrote
+	// the key (ErrNewerFormat), or a phase failed transiently (a *TransientError: the
+	// key was released and keeps its recovery point). Answer 409 or 503 with
+	// Retry-After; redeliver a message later.
+	ClassRetry = vocab.ClassRetry
+	// ClassClientFault: the request is wrong (ErrInvalidKey, ErrInvalidScope,
+	// ErrInvalidRequest, ErrBodyNotJSON, ErrBodyTooLarge, ErrMismatch, ErrNotFound), so
+	// no retry of the same request can succeed; nothing was written. Answer 4xx, never
+	// logged as an error, since any client can cause it; terminate a message.
+	ClassClientFault = vocab.ClassClientFault
+	// ClassDeadLettered: the key was given up on (ErrDeadLettered); no retry succeeds
+	// until an operator re-drives it, and its request may have taken effect in part.
+	// Not the client's fault, nor anything a retry clears: answer 410; terminate a
+	// message.
+	ClassDeadLettered = vocab.ClassDeadLettered
+	// ClassServerFault: the service is at fault, not the request: a flow's (a
+	// *phases.PanicError, ErrNoResponse, ErrResponseTooLarge, ErrPhaseDataTooLarge,
+	// ErrUnstorable), its wiring's (ErrUnknownFlow, ErrNeedsClient, ErrOpenSealed) or
+	// the database's configuration (ErrMisconfigured, ErrRefused). A retry succeeds
+	// only once the service is fixed. Answer 500 and log it; keep a message for
+	// redelivery. Every error the engine does not know is one.
+	ClassServerFault = vocab.ClassServerFault
+)
 
-// Is makes errors.Is(err, ErrTransient) true.
-func (e *TransientError) Is(target error) bool { return target == ErrTransient }
+// Classify returns the class of err, an error of Do, Resume or Result.Err that may
+// wrap any of the engine's errors. A fault of the service wins over what it comes
+// with (a panic inside a *TransientError is a server fault), a dead-lettered key over
+// a retry, and a retry over a client fault (a *TransientError whose cause a phase
+// made: the key was released and will be retried). An error the engine does not know
+// is a server fault.
+func Classify(err error) Class { return vocab.Classify(err) }

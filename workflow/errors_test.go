@@ -3,6 +3,10 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,26 +15,115 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
 
-// The errors a caller branches on are the store's own values, not copies.
+// The errors a caller branches on are the vocabulary's own values, not copies, and the
+// key table's driver returns the same values.
 func TestErrorsAreAliases(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct{ ours, store error }{
-		"Unavailable": {workflow.ErrUnavailable, keytable.ErrUnavailable},
-		"Conflict":    {workflow.ErrConflict, keytable.ErrConflict},
-		"LeaseLost":   {workflow.ErrLeaseLost, keytable.ErrLeaseLost},
-		"NotFound":    {workflow.ErrNotFound, keytable.ErrNotFound},
-		"Refused":     {workflow.ErrRefused, keytable.ErrRefused},
+		"Unavailable":  {workflow.ErrUnavailable, keytable.ErrUnavailable},
+		"Conflict":     {workflow.ErrConflict, keytable.ErrConflict},
+		"LeaseLost":    {workflow.ErrLeaseLost, keytable.ErrLeaseLost},
+		"NotFound":     {workflow.ErrNotFound, keytable.ErrNotFound},
+		"Refused":      {workflow.ErrRefused, keytable.ErrRefused},
+		"Misconfigred": {workflow.ErrMisconfigured, keytable.ErrMisconfigured},
+		"ClaimBusy":    {workflow.ErrClaimBusy, keytable.ErrClaimBusy},
+		"ClaimExists":  {workflow.ErrClaimExists, keytable.ErrClaimExists},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			require.True(t, tc.ours == tc.store, "%v is a copy of %v", tc.ours, tc.store)
 		})
 	}
+}
+
+// publicErrors is every exported error variable of package workflow: the value, the
+// vocabulary's value it must be (nil for the operator API's own errors, which no
+// attempt returns), and its class.
+var publicErrors = map[string]struct {
+	ours, vocab error
+	class       workflow.Class
+}{
+	"ErrInvalidKey":           {workflow.ErrInvalidKey, vocab.ErrInvalidKey, workflow.ClassClientFault},
+	"ErrInvalidScope":         {workflow.ErrInvalidScope, vocab.ErrInvalidScope, workflow.ClassClientFault},
+	"ErrControlCharacter":     {workflow.ErrControlCharacter, vocab.ErrControlCharacter, workflow.ClassClientFault},
+	"ErrInvalidRequest":       {workflow.ErrInvalidRequest, vocab.ErrInvalidRequest, workflow.ClassClientFault},
+	"ErrBodyNotJSON":          {workflow.ErrBodyNotJSON, vocab.ErrBodyNotJSON, workflow.ClassClientFault},
+	"ErrBodyTooLarge":         {workflow.ErrBodyTooLarge, vocab.ErrBodyTooLarge, workflow.ClassClientFault},
+	"ErrMismatch":             {workflow.ErrMismatch, vocab.ErrMismatch, workflow.ClassClientFault},
+	"ErrNotFound":             {workflow.ErrNotFound, vocab.ErrNotFound, workflow.ClassClientFault},
+	"ErrInProgress":           {workflow.ErrInProgress, vocab.ErrInProgress, workflow.ClassRetry},
+	"ErrNewerFormat":          {workflow.ErrNewerFormat, vocab.ErrNewerFormat, workflow.ClassRetry},
+	"ErrUnknownRecoveryPoint": {workflow.ErrUnknownRecoveryPoint, vocab.ErrUnknownRecoveryPoint, workflow.ClassRetry},
+	"ErrTransient":            {workflow.ErrTransient, vocab.ErrTransient, workflow.ClassRetry},
+	"ErrLeaseExpired":         {workflow.ErrLeaseExpired, vocab.ErrLeaseExpired, workflow.ClassRetry},
+	"ErrLeaseLost":            {workflow.ErrLeaseLost, vocab.ErrLeaseLost, workflow.ClassRetry},
+	"ErrClaimBusy":            {workflow.ErrClaimBusy, vocab.ErrClaimBusy, workflow.ClassRetry},
+	"ErrClaimExists":          {workflow.ErrClaimExists, vocab.ErrClaimExists, workflow.ClassRetry},
+	"ErrConflict":             {workflow.ErrConflict, vocab.ErrConflict, workflow.ClassRetry},
+	"ErrUnavailable":          {workflow.ErrUnavailable, vocab.ErrUnavailable, workflow.ClassRetry},
+	"ErrOverloaded":           {workflow.ErrOverloaded, vocab.ErrOverloaded, workflow.ClassRetry},
+	"ErrDraining":             {workflow.ErrDraining, vocab.ErrDraining, workflow.ClassRetry},
+	"ErrStandbyBehind":        {workflow.ErrStandbyBehind, vocab.ErrStandbyBehind, workflow.ClassRetry},
+	"ErrDeadLettered":         {workflow.ErrDeadLettered, vocab.ErrDeadLettered, workflow.ClassDeadLettered},
+	"ErrResponseTooLarge":     {workflow.ErrResponseTooLarge, vocab.ErrResponseTooLarge, workflow.ClassServerFault},
+	"ErrPhaseDataTooLarge":    {workflow.ErrPhaseDataTooLarge, vocab.ErrPhaseDataTooLarge, workflow.ClassServerFault},
+	"ErrNoResponse":           {workflow.ErrNoResponse, vocab.ErrNoResponse, workflow.ClassServerFault},
+	"ErrUnstorable":           {workflow.ErrUnstorable, vocab.ErrUnstorable, workflow.ClassServerFault},
+	"ErrNeedsClient":          {workflow.ErrNeedsClient, vocab.ErrNeedsClient, workflow.ClassServerFault},
+	"ErrUnknownFlow":          {workflow.ErrUnknownFlow, vocab.ErrUnknownFlow, workflow.ClassServerFault},
+	"ErrOpenSealed":           {workflow.ErrOpenSealed, vocab.ErrOpenSealed, workflow.ClassServerFault},
+	"ErrMisconfigured":        {workflow.ErrMisconfigured, vocab.ErrMisconfigured, workflow.ClassServerFault},
+	"ErrRefused":              {workflow.ErrRefused, vocab.ErrRefused, workflow.ClassServerFault},
+
+	// The operator API's errors: no attempt returns them; its callers (cmd/idemflow,
+	// idemflowui) answer them.
+	"ErrUnknownStatus":  {workflow.ErrUnknownStatus, nil, workflow.ClassServerFault},
+	"ErrWrongStatus":    {workflow.ErrWrongStatus, nil, workflow.ClassServerFault},
+	"ErrInvalidCursor":  {workflow.ErrInvalidCursor, nil, workflow.ClassServerFault},
+	"ErrEmptyFilter":    {workflow.ErrEmptyFilter, nil, workflow.ClassServerFault},
+	"ErrCallMayHaveRun": {workflow.ErrCallMayHaveRun, nil, workflow.ClassServerFault},
+}
+
+// Every error an attempt can return is the vocabulary's value, so it has the class the
+// engine gave it; an exported error added to the package without an entry in
+// publicErrors fails here.
+func TestEveryErrorIsClassified(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	require.NoError(t, err)
+	var names []string
+	for _, f := range pkgs["workflow"].Files {
+		for _, decl := range f.Decls {
+			if gen, ok := decl.(*ast.GenDecl); ok && gen.Tok == token.VAR {
+				for _, spec := range gen.Specs {
+					for _, name := range spec.(*ast.ValueSpec).Names {
+						if name.IsExported() && strings.HasPrefix(name.Name, "Err") {
+							names = append(names, name.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e, ok := publicErrors[name]
+			require.True(t, ok, "%s is not in publicErrors: make it the vocabulary's (internal/vocab) and class it there", name)
+			if e.vocab != nil {
+				require.True(t, e.ours == e.vocab, "%s is a copy of the vocabulary's value", name)
+			}
+			require.Equal(t, e.class, workflow.Classify(e.ours), "%s", name)
+		})
+	}
+	require.Len(t, names, len(publicErrors), "every exported error of the package is in publicErrors")
 }
 
 func TestErrorsMatchThroughTheEngine(t *testing.T) {

@@ -123,7 +123,7 @@ func (x *exec) failed(err error) step {
 // leaseLost is the result of an attempt whose fenced statement found its lease gone:
 // recorded as such when a commit found it (the commit is what the lease fenced).
 func (x *exec) leaseLost(err error) Result {
-	return Result{Outcome: OutcomeLeaseLost, RetryAfter: time.Second, Err: err, cause: err, recorded: x.lostAtCommit}
+	return noted(Result{Outcome: OutcomeLeaseLost, RetryAfter: time.Second, Err: err}, err, x.lostAtCommit)
 }
 
 // verdictKind is what a phase function's return asks for.
@@ -538,7 +538,7 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if after <= 0 {
 		after = x.backoff()
 	}
-	out := Result{Outcome: OutcomeReleased, Phase: phase, cause: cause}
+	out := noted(Result{Outcome: OutcomeReleased, Phase: phase}, cause, false)
 	if x.claim == nil { // the key row exists: release it, or give up on it
 		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		derr := x.release(ctx, phase, cause, after, dead)
@@ -549,9 +549,10 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)
 		case dead:
-			out.Outcome, out.recorded = OutcomeDeadLettered, true
+			out.Outcome = OutcomeDeadLettered
+			out = noted(out, cause, true)
 		default:
-			out.recorded = true
+			out = noted(out, cause, true)
 		}
 	}
 	dead := out.Outcome == OutcomeDeadLettered

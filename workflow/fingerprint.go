@@ -22,6 +22,8 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/gowebpki/jcs"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Stored fingerprints (the key row's bytea) come in three versions, told apart by
@@ -78,7 +80,7 @@ const (
 // and the request body is not one canonicalisable JSON value (see Fingerprint: not
 // JSON, invalid UTF-8, duplicate member names, nesting deeper than 64 levels, an
 // exponent of more than 18 digits). It wraps ErrInvalidRequest; nothing was written.
-var ErrBodyNotJSON = fmt.Errorf("%w: body is not a JSON value that can be fingerprinted by members", ErrInvalidRequest)
+var ErrBodyNotJSON = vocab.ErrBodyNotJSON
 
 // memberSet is the member list of a registered flow, nil if it has none.
 func (e *Engine) memberSet(flow string) *memberSet {

@@ -3,11 +3,11 @@ package workflow
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // ErrNewerFormat: the key's row holds something this build cannot read: a status, a
@@ -18,7 +18,7 @@ import (
 // and its sweepers do not take the key. Retry after NewerFormatRetryAfter, when the
 // newer build may answer it; the HTTP layer answers 503 with Retry-After. An unknown
 // recovery point matches ErrUnknownRecoveryPoint as well.
-var ErrNewerFormat = errors.New("key row written in a format this build does not read (by a newer build)")
+var ErrNewerFormat = vocab.ErrNewerFormat
 
 // NewerFormatRetryAfter is the Retry-After suggested for ErrNewerFormat: long enough
 // for a rolling deploy to move the request to a newer build, short enough for a client.

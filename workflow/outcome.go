@@ -2,9 +2,9 @@ package workflow
 
 import (
 	"context"
-	"errors"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -17,125 +17,99 @@ import (
 // results (Result.Outcome), key events (KeyEvent.Kind), history entries
 // (Attempt.Outcome), attempt events and their metrics. The strings are stored in
 // history rows and exported as metric attribute values: they never change.
-type Outcome string
+type Outcome = vocab.Outcome
 
 // The outcomes, in one list. An attempt ends in one of the first ten (Result.Outcome,
 // AttemptEvent.Outcome); the key event of the key it ended on (KeyEvent.Kind, emitted
 // when the key's row decided it, never for shed or failed) and the history entry of an
 // attempt that wrote its end (Attempt.Outcome) say the same.
 const (
-	OutcomeFinished     Outcome = "finished"      // this attempt stored the response
-	OutcomeReplayed     Outcome = "replayed"      // a stored response was returned
-	OutcomeInProgress   Outcome = "in_progress"   // turned away: another attempt holds the key (409)
-	OutcomeMismatch     Outcome = "mismatch"      // the key was used before for another request (422)
-	OutcomeReleased     Outcome = "released"      // a transient failure; the key was released for a retry
-	OutcomeDeadLettered Outcome = "dead_lettered" // this attempt's failure dead-lettered the key
-	OutcomeLeaseLost    Outcome = "lease_lost"    // another executor took the key over; nothing more was committed
-	OutcomeParked       Outcome = "parked"        // a sweep left a client-only key to its client
-	OutcomeShed         Outcome = "shed"          // turned away before its claim (a *ShedError): nothing was written
-	OutcomeFailed       Outcome = "failed"        // any other error (a dead-lettered key, the database failing, ...)
+	OutcomeFinished     = vocab.OutcomeFinished     // this attempt stored the response
+	OutcomeReplayed     = vocab.OutcomeReplayed     // a stored response was returned
+	OutcomeInProgress   = vocab.OutcomeInProgress   // turned away: another attempt holds the key (409)
+	OutcomeMismatch     = vocab.OutcomeMismatch     // the key was used before for another request (422)
+	OutcomeReleased     = vocab.OutcomeReleased     // a transient failure; the key was released for a retry
+	OutcomeDeadLettered = vocab.OutcomeDeadLettered // this attempt's failure dead-lettered the key
+	OutcomeLeaseLost    = vocab.OutcomeLeaseLost    // another executor took the key over; nothing more was committed
+	OutcomeParked       = vocab.OutcomeParked       // a sweep left a client-only key to its client
+	OutcomeShed         = vocab.OutcomeShed         // turned away before its claim (a *ShedError): nothing was written
+	OutcomeFailed       = vocab.OutcomeFailed       // any other error (a dead-lettered key, the database failing, ...)
 
 	// What happens to a key during an attempt, before it ends: key events only.
-	OutcomeClaimed   Outcome = "claimed"    // a new key row was created
-	OutcomeTakenOver Outcome = "taken_over" // an expired or released lease was taken by a client's attempt
-	OutcomeWaiting   Outcome = "waiting"    // a turned-away attempt waits for the holder's answer (Request.Wait)
+	OutcomeClaimed   = vocab.OutcomeClaimed   // a new key row was created
+	OutcomeTakenOver = vocab.OutcomeTakenOver // an expired or released lease was taken by a client's attempt
+	OutcomeWaiting   = vocab.OutcomeWaiting   // a turned-away attempt waits for the holder's answer (Request.Wait)
 
 	// What is done to a key outside any attempt: key events, and the history entries
 	// of those that write one (redriven, operator_released, operator_cancelled).
-	OutcomeSwept             Outcome = "swept"              // a sweeper took over an expired or released lease (Maintenance.TakeDue)
-	OutcomeGivenBack         Outcome = "given_back"         // a key taken by a sweeper was returned unrun (Maintenance.GiveBack)
-	OutcomeRedriven          Outcome = "redriven"           // an operator re-drove the dead-lettered key (Redrive, BulkKeys)
-	OutcomeOperatorReleased  Outcome = "operator_released"  // an operator took its lease away (ReleaseKey, BulkKeys)
-	OutcomeOperatorCancelled Outcome = "operator_cancelled" // an operator finished it with an answer of their choosing (CancelKey)
-	OutcomePurged            Outcome = "purged"             // an operator deleted the finished key (PurgeKey); no history is left
+	OutcomeSwept             = vocab.OutcomeSwept             // a sweeper took over an expired or released lease (Maintenance.TakeDue)
+	OutcomeGivenBack         = vocab.OutcomeGivenBack         // a key taken by a sweeper was returned unrun (Maintenance.GiveBack)
+	OutcomeRedriven          = vocab.OutcomeRedriven          // an operator re-drove the dead-lettered key (Redrive, BulkKeys)
+	OutcomeOperatorReleased  = vocab.OutcomeOperatorReleased  // an operator took its lease away (ReleaseKey, BulkKeys)
+	OutcomeOperatorCancelled = vocab.OutcomeOperatorCancelled // an operator finished it with an answer of their choosing (CancelKey)
+	OutcomePurged            = vocab.OutcomePurged            // an operator deleted the finished key (PurgeKey); no history is left
 
 	// OutcomeLayoutUnknown is a key event of no key: the engine's check of the key
 	// table's layout failed (Err says why). Until a later try succeeds its claims take
 	// the partitioned layout's checks (docs/PARTITIONS.md).
-	OutcomeLayoutUnknown Outcome = "layout_unknown"
+	OutcomeLayoutUnknown = vocab.OutcomeLayoutUnknown
 
 	// OutcomeAbandoned is only in a key's history: the attempt ended without a word (a
 	// crash, a pause, a partition) and its lease ran out.
-	OutcomeAbandoned Outcome = "abandoned"
+	OutcomeAbandoned = vocab.OutcomeAbandoned
 )
 
 // Result is how one attempt on a key ended (Engine.Run, Do, Resume, Maintenance.Run):
 // decided once by the attempt, read by everything downstream (package idemhttp's
 // status, package idemmsg's Decision, the sweeper's Stats, the hooks) as a switch on
-// Outcome.
-type Result struct {
-	// Outcome is how the attempt ended.
-	Outcome Outcome
-	// Response is the answer: stored by this attempt (OutcomeFinished) or an earlier one
-	// (OutcomeReplayed). For OutcomeReleased it may be a 5xx response a phase produced,
-	// to pass on as it is (it was not stored).
-	Response *phases.Response
-	// Replayed is true when the response was stored by an earlier attempt (Outcome is
-	// OutcomeReplayed).
-	Replayed bool
-	// RetryAfter is, for an attempt the client may retry with the same key (in
-	// progress, released, turned away: OutcomeShed, lease lost), when to retry: at
-	// least one second. Zero otherwise.
-	RetryAfter time.Duration
-	// Phase is the phase the attempt failed in (released, dead-lettered), if any.
-	Phase string
-	// Err is why the attempt has no answer, and what Do returns: an *InProgressError,
-	// a *TransientError, a *ShedError, ErrMismatch, ErrLeaseLost and so on (see Do).
-	// Nil for OutcomeFinished and OutcomeReplayed.
-	Err error
+// Outcome. Its fields:
+//
+//   - Outcome is how the attempt ended.
+//   - Response is the answer: stored by this attempt (OutcomeFinished) or an earlier
+//     one (OutcomeReplayed). For OutcomeReleased it may be a 5xx response a phase
+//     produced, to pass on as it is (it was not stored).
+//   - Replayed is true when the response was stored by an earlier attempt (Outcome is
+//     OutcomeReplayed).
+//   - RetryAfter is, for an attempt the client may retry with the same key (in
+//     progress, released, turned away: OutcomeShed, lease lost), when to retry: at
+//     least one second. Zero otherwise.
+//   - Phase is the phase the attempt failed in (released, dead-lettered), if any.
+//   - Err is why the attempt has no answer, and what Do returns: an
+//     *InProgressError, a *TransientError, a *ShedError, ErrMismatch, ErrLeaseLost
+//     and so on (see Do); Classify says what kind of failure it is. Nil for
+//     OutcomeFinished and OutcomeReplayed.
+type Result = vocab.Result
 
-	// recorded says that the key's row holds what Outcome says (or, for a replay, a
-	// refusal or a mismatch, that the row decided it): its key event is emitted.
-	recorded bool
-	// cause is the failure behind a released or dead-lettered key or a lost lease, as
-	// its key event reports it (KeyEvent.Err).
-	cause error
-	// id, flow, origin and rp are what the attempt learnt of its key (the row's
-	// identity, flow, origin, and where it stands at the end), attempt its attempt
-	// number: for AttemptEnd and the key event.
-	id, flow, origin, rp string
-	attempt              int
-}
-
-// answer returns r as Do and Resume return it: r for an answer, else r.Err.
-func (r *Result) answer() (*Result, error) {
-	if r.Err != nil {
-		return nil, r.Err
-	}
-	return r, nil
-}
+// split returns r as Do and Resume return it: r for an answer, else r.Err.
+func split(r *Result) (*Result, error) { return vocab.Split(r) }
 
 // answered is the result of an attempt that found resp: stored now, or replayed.
-func answered(resp *phases.Response, replayed bool) Result {
-	if replayed {
-		return Result{Outcome: OutcomeReplayed, Response: resp, Replayed: true, recorded: true}
-	}
-	return Result{Outcome: OutcomeFinished, Response: resp, recorded: true}
-}
+func answered(resp *phases.Response, replayed bool) Result { return vocab.Answered(resp, replayed) }
 
 // failure is the result of an attempt that ended with err before it decided anything
 // of the key: turned away before the claim (a *ShedError from admission or a drain),
 // or failed (bad input, the database failing, a key a newer build wrote).
-func failure(err error) Result {
-	var shedErr *ShedError
-	if errors.As(err, &shedErr) {
-		return Result{Outcome: OutcomeShed, RetryAfter: shedErr.RetryAfter, Err: err}
-	}
-	return Result{Outcome: OutcomeFailed, Err: err}
-}
+func failure(err error) Result { return vocab.Failure(err) }
 
 // inProgress is the result of an attempt turned away by another attempt holding the
 // key; recorded when the key's row (or its claim) turned it away, not a wait's bound.
 func inProgress(retry time.Duration, recorded bool) Result {
-	return Result{Outcome: OutcomeInProgress, RetryAfter: retry, Err: &InProgressError{RetryAfter: retry}, recorded: recorded}
+	return vocab.TurnedAway(retry, recorded)
 }
 
-// with is r with what the attempt learnt of its key, where r did not learn it itself.
-func (r Result) with(id, flow, origin, rp string, attempt int) Result {
-	if r.id == "" {
-		r.id, r.flow, r.origin, r.rp, r.attempt = id, flow, origin, rp, attempt
-	}
+// noted is r with the failure its key event reports (cause), recorded (the key's row
+// holds what r says: its key event is due) or not.
+func noted(r Result, cause error, recorded bool) Result { return vocab.Noted(r, cause, recorded) }
+
+// standing is r with the recovery point its key stands at (rp).
+func standing(r Result, rp string) Result {
+	vocab.Internals(&r).RecoveryPoint = rp
 	return r
+}
+
+// withKey is r with what the attempt learnt of its key, where r did not learn it itself.
+func withKey(r Result, id, flow, origin, rp string, attempt int) Result {
+	return vocab.With(r, id, flow, origin, rp, attempt)
 }
 
 // runAttempt runs one attempt, described by ev, and reports its result: ev's AttemptStart
@@ -156,17 +130,18 @@ func (e *Engine) runAttempt(ctx context.Context, ev AttemptEvent, run func(conte
 // sweep's result could not be recorded (the key's fate is left to its lease): the
 // attempt then ends failed, with no key event.
 func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecorded error) {
-	if r.id != "" {
-		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = r.id, r.attempt, r.rp, r.origin
+	in := vocab.Internals(&r)
+	if in.ID != "" {
+		ev.ID, ev.Attempt, ev.RecoveryPoint, ev.Origin = in.ID, in.Attempt, in.RecoveryPoint, in.Origin
 	}
 	if ev.Flow == "" { // Resume learns the flow from the key row
-		ev.Flow = r.flow
+		ev.Flow = in.Flow
 	}
 	ev.Outcome, ev.Phase, ev.Err = r.Outcome, r.Phase, r.Err
 	if unrecorded != nil {
 		ev.Outcome, ev.Err = OutcomeFailed, unrecorded
-	} else if r.recorded {
-		e.attemptEvent(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: r.rp, Err: r.cause})
+	} else if in.Recorded {
+		e.attemptEvent(ctx, KeyEvent{Kind: r.Outcome, Flow: ev.Flow, Scope: ev.Scope, Key: ev.Key, RecoveryPoint: in.RecoveryPoint, Err: in.Cause})
 	}
 	if e.cfg.Hooks.AttemptEnd != nil {
 		e.cfg.Hooks.AttemptEnd(ctx, ev)

@@ -3,12 +3,12 @@ package workflow
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -49,7 +49,7 @@ type Sealer interface {
 // ErrOpenSealed: Config.Sealer failed to open a sealed request body or answer of the
 // key (sealed with another encryption key, for another key, or damaged). Nothing was
 // run, replayed or changed by the attempt that met it; the Sealer's error is wrapped.
-var ErrOpenSealed = errors.New("cannot open the sealed value")
+var ErrOpenSealed = vocab.ErrOpenSealed
 
 // responseSealed is the stored response format of a sealed answer: its headers carry
 // keytable.FormatMember 2 and its body is what Sealer.Seal returned.

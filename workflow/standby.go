@@ -2,16 +2,17 @@ package workflow
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // ErrStandbyBehind: a call phase did not start because no standby that counts
 // (Config.StandbyWait, StandbyNames) confirmed, within Config.StandbyWait, the commit
 // that precedes it. The key was released; a retry tries again. It comes inside a
 // *TransientError.
-var ErrStandbyBehind = errors.New("no standby confirmed the commit before the call")
+var ErrStandbyBehind = vocab.ErrStandbyBehind
 
 const (
 	// standbyPoll is how often the standby wait reads pg_stat_replication.

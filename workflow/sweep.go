@@ -192,7 +192,7 @@ func (m maintenance) Run(ctx context.Context, t *taken, opts *runOpts) (Result, 
 			opts = &runOpts{}
 		}
 		out, err := e.runTaken(ctx, t, opts)
-		return out.with(t.ID, t.Flow, t.row.Origin, t.RecoveryPoint, t.Attempts), err
+		return withKey(out, t.ID, t.Flow, t.row.Origin, t.RecoveryPoint, t.Attempts), err
 	})
 }
 
@@ -226,7 +226,7 @@ func (e *Engine) runTaken(ctx context.Context, t *taken, opts *runOpts) (Result,
 		// attempt all the same: release it rather than leave it leased.
 		out = x.transient(ctx, x.rp, out.Err, nil)
 	}
-	return out.with(t.ID, t.Flow, t.row.Origin, x.rp, t.Attempts), nil
+	return withKey(out, t.ID, t.Flow, t.row.Origin, x.rp, t.Attempts), nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
@@ -252,7 +252,7 @@ func settled(outcome Outcome, cause, err error) (Result, error) {
 	case err != nil:
 		return Result{Outcome: outcome, Err: cause}, err
 	}
-	return Result{Outcome: outcome, Err: cause, cause: cause, recorded: true}, nil
+	return noted(Result{Outcome: outcome, Err: cause}, cause, true), nil
 }
 
 // park releases a taken key of a client-only flow for its client.

@@ -96,8 +96,10 @@ func tab(t *testing.T) context.Context {
 	browser.once.Do(func() { startBrowser(path) })
 	require.NoError(t, browser.err, "start %s", path)
 	ctx, cancel := chromedp.NewContext(browser.ctx, chromedp.WithNewBrowserContext())
-	// A bound on a hung browser, not a threshold: every step waits on a condition.
-	ctx, cancelT := context.WithTimeout(ctx, 3*time.Minute)
+	// A bound on a hung browser, not a threshold: every step waits on a condition. It
+	// covers the whole test, fixture included, so it is sized for a loaded machine
+	// (under the stress run a test of a dozen steps took four minutes).
+	ctx, cancelT := context.WithTimeout(ctx, 10*time.Minute)
 	t.Cleanup(func() { cancelT(); cancel() })
 	return ctx
 }

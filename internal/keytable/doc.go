@@ -46,5 +46,6 @@
 // answers a row in a newer format retryable and leaves it alone, and the sweeper's
 // statements do not take it.
 //
-// It may import the standard library and pgx, and none of idemflow's other packages.
+// It may import the standard library, pgx and internal/vocab (the engine's vocabulary,
+// whose errors it returns), and none of idemflow's other packages.
 package keytable

@@ -10,30 +10,33 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
+// The errors of the database and of fencing are the engine's vocabulary's values
+// (package outcome, at the bottom of the engine), so that every layer above matches
+// the same value with errors.Is; this package returns them, translated from pgx's
+// errors (Classify).
 var (
 	// ErrNotFound: no key row matches.
-	ErrNotFound = errors.New("key not found")
+	ErrNotFound = vocab.ErrNotFound
 	// ErrLeaseLost: a fenced statement matched no row. The key was taken over (its lock
 	// version moved), finished or deleted by someone else; the caller's transaction, if
 	// any, is aborted.
-	ErrLeaseLost = errors.New("lease lost")
-	// ErrNotTaken: a takeover found the key's lease live, or the key no longer in the
-	// state the caller saw.
-	ErrNotTaken = errors.New("key not taken over")
+	ErrLeaseLost = vocab.ErrLeaseLost
 	// ErrClaimBusy: another attempt holds the key's claim lock: it is running the key's
 	// first transaction right now. Nothing was written.
-	ErrClaimBusy = errors.New("key is being claimed by another attempt")
+	ErrClaimBusy = vocab.ErrClaimBusy
 	// ErrClaimExists: a new key's insert found its row already there; the transaction
 	// is aborted. Look the row up.
-	ErrClaimExists = errors.New("key row exists")
+	ErrClaimExists = vocab.ErrClaimExists
 	// ErrConflict: a serialization failure or deadlock; the whole transaction may be
 	// retried.
-	ErrConflict = errors.New("transaction conflict")
+	ErrConflict = vocab.ErrConflict
 	// ErrUnavailable: the database could not be reached or the connection broke. If the
 	// statement was a COMMIT, its outcome is unknown unless ErrNotSent is also matched.
-	ErrUnavailable = errors.New("database unavailable")
+	ErrUnavailable = vocab.ErrUnavailable
 	// ErrMisconfigured: the server refused a statement in a way only the connection's
 	// settings cause: a prepared statement that already exists (42P05) or does not
 	// exist (26000, or 08P01 about one) on the server connection. That is pgx's
@@ -41,16 +44,19 @@ var (
 	// behind a pooler in transaction mode that does not keep them (pgbouncer before
 	// 1.21, or with max_prepared_statements = 0). Retrying does not help; the message
 	// names the fix.
-	ErrMisconfigured = errors.New("connection misconfigured: prepared statements do not survive between transactions " +
-		"(a pooler in transaction mode, such as pgbouncer, is in between); set default_query_exec_mode=cache_describe " +
-		"(or exec) on the pgx pool's connection string or ConnConfig.DefaultQueryExecMode, " +
-		"or run pgbouncer 1.21 or later with max_prepared_statements > 0")
+	ErrMisconfigured = vocab.ErrMisconfigured
 	// ErrRefused: the server refused a statement in a way that retrying cannot change
 	// (see Classify for the SQLSTATEs): a feature it does not support (0A000, which
 	// Citus answers for a statement it cannot run on a distributed table), a syntax
 	// error, an object that does not exist or may not be used (class 42), a schema or
 	// database that does not exist (3F000, 3D000). The wrapped error says which.
-	ErrRefused = errors.New("statement refused by the database, permanently (a retry would be refused the same way)")
+	ErrRefused = vocab.ErrRefused
+)
+
+var (
+	// ErrNotTaken: a takeover found the key's lease live, or the key no longer in the
+	// state the caller saw.
+	ErrNotTaken = errors.New("key not taken over")
 	// ErrNotSent: the failed request never reached the server (always with
 	// ErrUnavailable); nothing it carried took effect.
 	ErrNotSent = errors.New("request not sent")

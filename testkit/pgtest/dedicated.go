@@ -197,7 +197,8 @@ func (d *Dedicated) Stop() error {
 // (a dedicated server cannot come from TEST_DATABASE_URL or a Fallback).
 func NewDedicated(t testing.TB) (*Dedicated, *DB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A bound on a hang: initdb alone took over two minutes under the stress run.
+	ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
 	defer cancel()
 	d, err := StartDedicated(ctx)
 	if errors.Is(err, ErrNoServer) {

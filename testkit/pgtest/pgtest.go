@@ -64,8 +64,8 @@ func MainWith(m *testing.M, fb Fallback) int {
 
 // Shared returns the process-wide server, starting it with Start on first use. Callers
 // wait for a start in progress. A failed start is not retried: every later call returns
-// the same error, so that each test reports it rather than waiting for another attempt
-// (unless the failure was the caller's ctx ending, which does not count).
+// the same error, so that each test reports it rather than waiting for another attempt.
+// The start does not end with the caller's ctx (see sharedStartTimeout).
 func Shared(ctx context.Context) (*Server, error) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
@@ -75,16 +75,25 @@ func Shared(ctx context.Context) (*Server, error) {
 	if shared.err != nil {
 		return nil, shared.err
 	}
-	srv, err := startShared(ctx)
+	// The first caller starts the server every test of the package shares, while the
+	// others wait on the lock: the start is bounded by sharedStartTimeout, not by that
+	// caller's context. A test's own bound, sized for one test, was outlasted by initdb
+	// on a loaded machine; the start was killed half-way and every test waiting behind
+	// it failed, each retrying with what was left of its own bound.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedStartTimeout)
+	defer cancel()
+	srv, err := startShared(sctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			shared.err = err
-		}
+		shared.err = err
 		return nil, err
 	}
 	shared.srv = srv
 	return srv, nil
 }
+
+// sharedStartTimeout bounds the start of the shared server (initdb, start, readiness;
+// a Citus cluster's three nodes): a bound on a hang, generous for a loaded machine.
+const sharedStartTimeout = 10 * time.Minute
 
 // startShared starts the shared server: a Citus cluster's coordinator when EnvCitus
 // asks for one (and TEST_DATABASE_URL does not name a server), else Start's server.
@@ -146,7 +155,7 @@ func NewEmpty(t testing.TB) *DB {
 // cleanup, it runs after the pool is closed. It returns the server.
 func createForTest(t testing.TB, what, create, drop string) *Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	srv, err := Shared(ctx)
 	if err != nil {

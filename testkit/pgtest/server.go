@@ -16,8 +16,9 @@ import (
 // server instead of a throwaway one.
 const EnvDatabaseURL = "TEST_DATABASE_URL"
 
-// StartTimeoutDefault bounds how long Start waits for a new server to accept connections.
-const StartTimeoutDefault = 60 * time.Second
+// StartTimeoutDefault bounds how long Start waits for a new server to accept connections:
+// a bound on a hang (a server that exits fails at once), generous for a loaded machine.
+const StartTimeoutDefault = 5 * time.Minute
 
 // ErrNoServer is returned by Start when there is no way to get a PostgreSQL server: no
 // TEST_DATABASE_URL, no local server binaries and no Fallback.
