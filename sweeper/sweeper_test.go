@@ -207,9 +207,10 @@ func TestRunOnceSkipsKeyFinishedBetweenReadAndUpdate(t *testing.T) {
 	fence := keytable.Fence{Scope: "acct", Key: "racing", ID: row.ID, LockVersion: seen.LockVersion, CreatedAt: row.CreatedAt}
 	st := keytable.New()
 	finish := &pgx.Batch{}
-	st.QueueFinish(finish, fence, keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)})
+	q := st.QueueKeyWrite(finish, keytable.KeyWrite{Fence: fence, Response: &keytable.StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte(`{"late":true}`)}})
 	br := tx.SendBatch(ctx, finish)
-	require.NoError(t, st.ReadFenced(br))
+	_, err = q.Read(br)
+	require.NoError(t, err)
 	require.NoError(t, br.Close())
 
 	s := b.newSweeper(t, nil)

@@ -226,12 +226,8 @@ func (x *exec) settle(ctx context.Context, phase string, st step) step {
 func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 	ev := x.event(p)
 	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
-	once := x.txOnce
-	if p.Pipeline != nil {
-		once = x.pipeOnce
-	}
 	for try := 0; ; try++ {
-		st := once(ctx, p, ev)
+		st := x.txOnce(ctx, p, ev)
 		if st.kind == stepConflict && try < x.e.cfg.txRetries() && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
 			continue
 		}
@@ -248,11 +244,11 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 	}
 }
 
-// txOnce runs one transaction of a tx phase: the claim if the key is new, the phase
-// function, and the commit that writes the key row. For a key whose row exists, the
-// transaction checks the executor's fence before the phase's first statement (see
-// phaseTx.head): a refusal fails the phase as a lost lease, with none of its
-// statements run. Its connection is back in the pool when it returns; what else its
+// txOnce runs one transaction of a tx phase: its body, and the commit that writes the
+// key row (commitPhase). The body is the phase's Go code (goBody) or its queued
+// statements (pipeBody); either way the claim of a new key or the fence of an existing
+// one opens the transaction, so that an attempt that may not run the phase runs none
+// of its statements. Its connection is back in the pool when it returns; what else its
 // step needs is for settle.
 func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
 	// The lease bounds the transaction: a connection that stops answering (half-open,
@@ -260,19 +256,6 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 	// fenced anyway.
 	ctx, cancel := context.WithTimeoutCause(ctx, x.e.cfg.Lease, ErrLeaseExpired)
 	defer cancel()
-	tx, err := x.open(ctx, p.IsoLevel)
-	if err != nil {
-		return x.failed(err)
-	}
-	defer tx.done(ctx)
-	if x.claim != nil {
-		if st, owned := x.claimFirst(ctx, tx, ev); !owned {
-			return st
-		}
-	} else {
-		f := x.fence // the phase's first statement goes after the fence's check
-		tx.check = &f
-	}
 	x.state().Enter(p.Name)
 	// Unless the phase's transaction committed, what the phase wrote to the phase data
 	// goes with it: a retry of the transaction, a release or a dead-letter must not see
@@ -282,39 +265,102 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 			x.state().Revert()
 		}
 	}()
-	v := tx.end(decide(runTx(ctx, p, tx, x.run)))
-	switch v.kind {
-	case goOn:
-		data, err := x.data()
-		if err != nil {
-			return x.failed(err)
+	var pl *pipeline
+	var v verdict
+	if p.Pipeline != nil { // its statements are declared before anything is sent
+		if pl, v = build(p, x.run); v.kind == respondAlone || v.kind == fail {
+			return x.verdictStep(v)
 		}
-		x.e.cfg.Hooks.beforeCommit(ctx, ev)
-		sent := time.Now()
-		if err := x.commit(ctx, tx, keyWrite{target: p.Name, data: data, beforeCall: x.callNext(p.Name)}); err != nil {
-			return x.failed(err)
-		}
-		x.rp = p.Name
-		x.leaseEnd = sent.Add(x.e.cfg.Lease)
-		return step{kind: stepNext}
-	case respond:
-		stored, data, err := x.storable(ctx, v.resp)
-		if err != nil {
-			return x.failed(err)
-		}
-		stored.History = x.history(OutcomeFinished, "", nil)
-		x.e.cfg.Hooks.beforeCommit(ctx, ev)
-		if err := x.commit(ctx, tx, keyWrite{target: phases.Finished, data: data, resp: &stored}); err != nil {
-			return x.failed(err)
-		}
-		return step{kind: stepFinished, out: x.finished(v.resp)}
-	case respondAlone:
-		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
-	if errors.Is(v.err, keytable.ErrLeaseLost) {
+	tx, err := x.open(ctx, p.IsoLevel)
+	if err != nil {
+		return x.failed(err)
+	}
+	defer tx.done(ctx)
+	var one *pipeline
+	var ok bool
+	if pl == nil {
+		v, st, ok = x.goBody(ctx, tx, p, ev)
+	} else {
+		v, one, st, ok = x.pipeBody(ctx, tx, pl, v, ev)
+	}
+	switch {
+	case !ok:
+		return st
+	case v.kind == goOn, v.kind == respond:
+		return x.commitPhase(ctx, tx, p.Name, ev, v, one)
+	}
+	return x.verdictStep(v)
+}
+
+// goBody runs a Go-code tx phase's function in tx. A new key's claim goes first
+// (claimFirst); for a key whose row exists, the transaction checks the executor's
+// fence before the phase's first statement (phaseTx.head): a refusal fails the phase
+// as a lost lease, with none of its statements run. ok is false when the attempt
+// stops before the phase function runs; st then says why.
+func (x *exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev PhaseEvent) (v verdict, st step, ok bool) {
+	if x.claim != nil {
+		if st, owned := x.claimFirst(ctx, tx, ev); !owned {
+			return v, st, false
+		}
+	} else {
+		tx.startWith(keytable.Head{Fence: x.fence})
+	}
+	v = tx.end(decide(runTx(ctx, p, tx, x.run)))
+	if v.kind == fail && errors.Is(v.err, keytable.ErrLeaseLost) {
 		x.lostAtCommit = true // the check is the commit's fence, sent first: reported as lost
 	}
-	st = x.failed(keytable.Classify(v.err))
+	return v, step{}, true
+}
+
+// commitPhase writes the key row as v asks and commits (commit): the phase went on,
+// and the key moves past it, or it answered, and the key finishes with the answer.
+// One, when set, is a pipelined phase whose whole transaction goes in the round trip
+// of the commit.
+func (x *exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, one *pipeline) step {
+	w := keyWrite{target: phase}
+	var err error
+	if v.kind == respond {
+		var stored keytable.StoredResponse
+		stored, w.data, err = x.storable(ctx, v.resp)
+		stored.History = x.history(OutcomeFinished, "", nil)
+		w.target, w.resp = phases.Finished, &stored
+	} else {
+		w.data, err = x.data()
+		w.beforeCall = x.callNext(phase)
+	}
+	if err != nil {
+		return x.failed(err)
+	}
+	x.e.cfg.Hooks.beforeCommit(ctx, ev)
+	sent := time.Now()
+	if err := x.commit(ctx, tx, w, one); err != nil {
+		return x.commitFailed(err)
+	}
+	if v.kind == respond {
+		return step{kind: stepFinished, out: x.finished(v.resp)}
+	}
+	x.rp = phase
+	x.leaseEnd = sent.Add(x.e.cfg.Lease)
+	return step{kind: stepNext}
+}
+
+// commitFailed is the step of a commit that failed: a statement of a pipelined
+// phase's (pipeFailure) as that statement's failure, anything else as failed reads it.
+func (x *exec) commitFailed(err error) step {
+	var pf pipeFailure
+	if errors.As(err, &pf) {
+		return x.verdictStep(pf.v)
+	}
+	return x.failed(err)
+}
+
+// verdictStep is the step of a phase that failed before anything of it could commit.
+func (x *exec) verdictStep(v verdict) step {
+	if v.kind == respondAlone {
+		return step{kind: stepAlone, resp: v.resp, err: v.err}
+	}
+	st := x.failed(keytable.Classify(v.err))
 	st.resp = v.resp
 	return st
 }
@@ -456,39 +502,11 @@ func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 	return step{kind: stepLost, lost: got, found: row, err: cause}, false
 }
 
-// commitAlone commits a transaction of the engine's own statements, bounded by the
-// lease like a tx phase: BEGIN, the claim checks if the claim is still pending, the
-// write of the key row and COMMIT, in one round trip. Its connection is back in the
-// pool when it returns.
-func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
-	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
-	defer cancel()
-	tx, err := x.open(ctx, "")
-	if err != nil {
-		return err
-	}
-	defer tx.done(ctx)
-	return x.commit(ctx, tx, w)
-}
-
 // finished is the result of the attempt that stored resp.
 func (x *exec) finished(resp *phases.Response) Result {
 	x.claim = nil
 	x.rp = phases.Finished
 	return answered(resp, false)
-}
-
-// keyWrite is what a commit writes to the key row: the recovery point it moves to and
-// the phase data, and, when it finishes the key, the response.
-type keyWrite struct {
-	target string
-	data   []byte
-	resp   *keytable.StoredResponse
-	// beforeCall: a call phase runs right after this commit, so the commit must be
-	// durable before it is answered whatever synchronous_commit says (phaseTx.flushed).
-	// The commit that stores the answer needs no such care: losing it only makes the
-	// retry redo the work that was lost with it.
-	beforeCall bool
 }
 
 // callNext reports whether the phase after the one named phase is a call phase.
@@ -500,120 +518,6 @@ func (x *exec) callNext(phase string) bool {
 		}
 	}
 	return false
-}
-
-// queue returns how tx writes w. For a new key whose claim tx holds, the insert of the
-// key row as w leaves it (returning its created_at after a folded claim); for a new
-// key not claimed yet (a transaction of the engine's own, or a phase whose claim was
-// folded but that sent no statement), the claim and the insert in one statement;
-// otherwise (the key row exists, or the claim inserted it) the fenced update.
-func (x *exec) queue(tx *phaseTx, w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
-	st := x.e.store
-	c := x.claim
-	f := x.fence
-	if c != nil {
-		f.CreatedAt = tx.createdAt // the row the claim inserted (insertedAtClaim)
-	}
-	switch {
-	case c != nil && tx.held && !tx.insertedAtClaim && w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
-	case c != nil && tx.held && tx.folded != nil: // the folded claim read no created_at
-		return func(b *pgx.Batch) { st.QueuePipeInsertKey(b, *c, w.target, w.data) }, tx.readInsertKey
-	case c != nil && tx.held && !tx.insertedAtClaim:
-		return func(b *pgx.Batch) { st.QueueInsertKey(b, *c, w.target, w.data) }, st.ReadInsert
-	case c != nil && !tx.held && w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueClaimInsertFinished(b, *c, *w.resp) }, tx.readClaimInsert
-	case c != nil && !tx.held:
-		return func(b *pgx.Batch) { st.QueueClaimInsert(b, *c, w.target, w.data) }, tx.readClaimInsert
-	case w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueFinish(b, f, *w.resp) }, st.ReadFenced
-	default:
-		return func(b *pgx.Batch) {
-			st.QueueAdvance(b, f, keytable.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
-		}, st.ReadFenced
-	}
-}
-
-// commit commits tx with the write of the key row and settles what a failure means. A
-// commit whose outcome is unknown (the connection broke after COMMIT may have been
-// sent) is resolved by reading the key row again before anything else is decided.
-//
-// The commit that carries the claim is sent only if the caller still waits and no
-// drain gave the attempt up; once sent, it is detached from the caller.
-func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite) error {
-	if x.claim != nil {
-		cctx, done, err := x.claiming(ctx)
-		if err != nil {
-			return err
-		}
-		defer done()
-		ctx = cctx
-	}
-	write, read := x.queue(tx, w)
-	tx.flushed = w.beforeCall
-	err := tx.commit(ctx, write, read)
-	if err == nil {
-		if x.claim != nil {
-			x.fence.CreatedAt = tx.createdAt
-		}
-		x.committed(ctx, w.target)
-		return nil
-	}
-	tx.done(ctx) // before anything else uses the pool
-	switch {
-	case claimLost(err):
-		return err
-	case errors.Is(err, keytable.ErrLeaseLost):
-		x.lostAtCommit = true
-		return err
-	case errors.Is(err, keytable.ErrConflict):
-		return err
-	case errors.Is(err, keytable.ErrNotSent):
-		return err // nothing reached the server
-	case errors.Is(err, keytable.ErrUnavailable), ctx.Err() != nil:
-		return x.unknownCommit(ctx, w, err)
-	default:
-		return err
-	}
-}
-
-// committed records that the key row's write up to target committed (commit,
-// pipeCommit): the key stands there now and, for the commit that carried a new key's
-// claim, the claim is durable, which is the key's OutcomeClaimed event.
-func (x *exec) committed(ctx context.Context, target string) {
-	x.stored = target
-	if x.claim != nil {
-		x.claim = nil
-		x.e.attemptEvent(ctx, KeyEvent{Kind: OutcomeClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
-	}
-}
-
-// claimLost reports whether err means that a new key's claim did not give this attempt
-// the key: another attempt is claiming it, or its row exists.
-func claimLost(err error) bool {
-	return errors.Is(err, keytable.ErrClaimBusy) || errors.Is(err, keytable.ErrClaimExists)
-}
-
-// resolve reads the key row to learn whether a commit with an unknown outcome took
-// effect.
-func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	row, err := x.e.store.Lookup(ctx, x.e.pool, x.fence.Scope, x.fence.Key)
-	if errors.Is(err, keytable.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("re-read key after unknown commit outcome: %w", err)
-	}
-	if row.ID != x.fence.ID || row.LockVersion != x.fence.LockVersion {
-		return false, nil
-	}
-	x.fence.CreatedAt = row.CreatedAt // the claim's commit, if it was one, inserted it
-	if finish {
-		return row.Status == keytable.StatusFinished, nil
-	}
-	return row.RecoveryPoint == target, nil
 }
 
 // transient releases the key after a failure worth retrying, keeping what is durable,

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/pgpipe"
@@ -28,9 +26,9 @@ import (
 // none of the phase's statements and never waits for a lock.
 //
 // A phase that goes in one round trip is sent without BEGIN and COMMIT, as one
-// implicit transaction (phaseTx.send's sendImplicit), and on a plain key table a new
+// implicit transaction (plan.implicit), and on a plain key table a new
 // key's row is inserted right after the claim lock, the insert's primary key doing
-// the claim's check (pipeBatch): a fresh key's phase is then the claim lock, the
+// the claim's check (exec.plan): a fresh key's phase is then the claim lock, the
 // insert and the phase's statements.
 
 // pipeline is one run of a pipelined phase's builder.
@@ -123,73 +121,23 @@ func (pl *pipeline) runThen(run *phases.Run) (v verdict) {
 	return decide(pl.then(run))
 }
 
-// head queues the claim (a new key) or the fence (an existing key) at the head of a
-// pipelined phase's transaction.
-func (x *exec) head(b *pgx.Batch) {
-	if x.claim != nil {
-		x.e.store.QueuePipeClaim(b, *x.claim)
-		return
+// pipeBody is a pipelined phase's body: pl's statements, already built with verdict
+// v. A phase that needs no result before its end sends nothing here: its whole
+// transaction goes in the round trip of the commit (one is pl). Otherwise a first round
+// trip sends BEGIN, the claim or fence and the statements, and reads their results
+// through the callbacks (pipeStatements); then the phase's Then function decides its
+// answer. ok is false when the phase stops there; st then says why.
+func (x *exec) pipeBody(ctx context.Context, tx *phaseTx, pl *pipeline, v verdict, ev PhaseEvent) (_ verdict, one *pipeline, st step, ok bool) {
+	if !pl.results {
+		return v, pl, step{}, true
 	}
-	x.e.store.QueuePipeFence(b, x.fence)
-}
-
-// readHead reads the result of head.
-func (x *exec) readHead(br pgx.BatchResults) error {
-	if x.claim != nil {
-		return x.e.store.ReadPipeClaim(br)
+	if st, ok := x.pipeStatements(ctx, tx, pl, ev); !ok {
+		return v, nil, st, false
 	}
-	created, err := x.e.store.ReadPipeFence(br)
-	if err == nil {
-		x.fence.CreatedAt = created
+	if pl.then != nil {
+		v = pl.runThen(x.run)
 	}
-	return err
-}
-
-// pipeOnce runs one transaction of a pipelined tx phase: the builder, then one round
-// trip with everything, or two with the statements' results read in between. Its
-// connection is back in the pool when it returns; what else its step needs is for
-// settle.
-func (x *exec) pipeOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
-	ctx, cancel := context.WithTimeoutCause(ctx, x.e.cfg.Lease, ErrLeaseExpired)
-	defer cancel()
-	x.state().Enter(p.Name)
-	defer func() {
-		if st.kind != stepNext && st.kind != stepFinished {
-			x.state().Revert()
-		}
-	}()
-	pl, v := build(p, x.run)
-	if v.kind == respondAlone || v.kind == fail { // nothing was sent
-		return x.verdictStep(v)
-	}
-	tx, err := x.open(ctx, "")
-	if err != nil {
-		return x.failed(err)
-	}
-	defer tx.done(ctx)
-	one := pl // the whole transaction goes in the round trip of the commit
-	if pl.results {
-		one = nil
-		if st, ok := x.pipeStatements(ctx, tx, pl, ev); !ok {
-			return st
-		}
-		if pl.then != nil {
-			if v = pl.runThen(x.run); v.kind == respondAlone || v.kind == fail {
-				return x.verdictStep(v)
-			}
-		}
-	}
-	return x.pipeFinish(ctx, tx, p.Name, ev, v, one)
-}
-
-// verdictStep is the step of a phase that failed before anything of it could commit.
-func (x *exec) verdictStep(v verdict) step {
-	if v.kind == respondAlone {
-		return step{kind: stepAlone, resp: v.resp, err: v.err}
-	}
-	st := x.failed(keytable.Classify(v.err))
-	st.resp = v.resp
-	return st
+	return v, nil, step{}, true
 }
 
 // pipeFailure carries the verdict of a phase's statement that failed inside the round
@@ -200,24 +148,24 @@ func (f pipeFailure) Error() string { return f.v.err.Error() }
 func (f pipeFailure) Unwrap() error { return f.v.err }
 
 // pipeStatements sends the first round trip of a two-round-trip phase: BEGIN, the
-// claim or fence and the phase's statements, and reads their results through the
-// callbacks. It reports whether the phase may go on; if not, the step says why.
+// claim or the locking fence (phaseTx.head) and the phase's statements, and reads
+// their results through the callbacks. It reports whether the phase may go on; if
+// not, the step says why.
 func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev PhaseEvent) (step, bool) {
+	if x.claim != nil {
+		tx.startWith(keytable.Head{Claim: x.claim})
+	} else {
+		tx.startWith(keytable.Head{Fence: x.fence, Lock: true})
+	}
 	b := &pgx.Batch{}
-	b.Queue(tx.begin)
-	tx.begun = true
-	x.head(b)
-	guard := len(b.QueuedQueries)
+	guard := tx.head(b)
 	pl.queue(b)
 	br := pgpipe.SendGuarded(ctx, tx.conn, b, guard)
 	defer br.Close()
-	if err := readBegin(br); err != nil {
-		return x.failed(err), false
+	if err := tx.readHead(br); err != nil {
+		return x.headLost(err), false
 	}
-	if err := x.readHead(br); err != nil {
-		return x.headLost(ctx, err), false
-	}
-	if x.claim != nil {
+	if x.claim != nil { // the statements behind the claim are on their way (readHead)
 		x.e.cfg.Hooks.claimHeld(ctx, ev)
 	}
 	if v := pl.readStatements(br); v.kind != goOn {
@@ -230,7 +178,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 }
 
 // headLost is the step of a claim or fence that refused this attempt.
-func (x *exec) headLost(ctx context.Context, err error) step {
+func (x *exec) headLost(err error) step {
 	switch {
 	case errors.Is(err, keytable.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
@@ -240,203 +188,4 @@ func (x *exec) headLost(ctx context.Context, err error) step {
 		x.lostAtCommit = true // the fence is the commit's check, sent first: reported as lost
 	}
 	return x.failed(err)
-}
-
-// pipeFinish writes the key row as v asks and commits: in the round trip that also
-// carries the claim or fence and the statements of one when one is set, or in a
-// round trip of its own.
-func (x *exec) pipeFinish(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, one *pipeline) step {
-	w := keyWrite{target: phase}
-	var err error
-	if v.kind == respond {
-		var stored keytable.StoredResponse
-		stored, w.data, err = x.storable(ctx, v.resp)
-		stored.History = x.history(OutcomeFinished, "", nil)
-		w.target, w.resp = phases.Finished, &stored
-	} else {
-		w.data, err = x.data()
-		w.beforeCall = x.callNext(phase)
-	}
-	if err != nil {
-		return x.failed(err)
-	}
-	x.e.cfg.Hooks.beforeCommit(ctx, ev)
-	sent := time.Now()
-	err = x.pipeCommit(ctx, tx, w, one)
-	var pf pipeFailure
-	switch {
-	case errors.As(err, &pf):
-		return x.verdictStep(pf.v)
-	case err != nil:
-		return x.failed(err)
-	case v.kind == respond:
-		return step{kind: stepFinished, out: x.finished(v.resp)}
-	}
-	x.rp = phase
-	x.leaseEnd = sent.Add(x.e.cfg.Lease)
-	return step{kind: stepNext}
-}
-
-// pipeQueue returns how a pipelined phase writes w: the plain insert of a new key's
-// row (its claim is held), or the plain update of the row its fence locked.
-func (x *exec) pipeQueue(w keyWrite) (func(*pgx.Batch), func(pgx.BatchResults) error) {
-	st := x.e.store
-	switch c := x.claim; {
-	case c != nil && w.resp != nil:
-		return func(b *pgx.Batch) { st.QueueInsertFinished(b, *c, *w.resp) }, st.ReadInsert
-	case c != nil:
-		return func(b *pgx.Batch) { st.QueuePipeInsertKey(b, *c, w.target, w.data) }, func(br pgx.BatchResults) error {
-			created, err := st.ReadPipeInsertKey(br)
-			x.fence.CreatedAt = created
-			return err
-		}
-	case w.resp != nil:
-		return func(b *pgx.Batch) { st.QueuePipeFinish(b, x.fence, *w.resp) }, st.ReadPipeWrite
-	}
-	return func(b *pgx.Batch) {
-		st.QueuePipeAdvance(b, x.fence, keytable.Advance{RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease})
-	}, st.ReadPipeWrite
-}
-
-// pipeCommit sends the key row's write w and COMMIT, after the claim or fence and the
-// statements of one when set, and settles what a failure means as commit does for a
-// Go-code phase: a commit whose outcome is unknown is resolved by reading the key row
-// again, and the commit that carries a new key's claim is sent only if the caller
-// still waits and no drain gave the attempt up.
-//
-// A phase sent whole in one round trip goes as an implicit transaction, without BEGIN
-// and COMMIT, unless the session's default isolation level is not READ COMMITTED: the
-// first batch to find that out raised before anything of it ran, and is sent again
-// with BEGIN (keytable.ErrNotReadCommitted). A phase with a statement that needs a
-// transaction block goes with BEGIN from the start (sqlShape.blockOnly); one the check
-// missed is refused whole by the server, and sent again with BEGIN (needsBlock).
-func (x *exec) pipeCommit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
-	if x.claim != nil {
-		cctx, done, err := x.claiming(ctx)
-		if err != nil {
-			return err
-		}
-		defer done()
-		ctx = cctx
-	}
-	queue, read := x.pipeBatch(w, one)
-	tx.flushed = w.beforeCall && !x.insertsAtClaim(one) // else the claim lock carries it
-	mode := sendPipelined
-	if one != nil && !one.explicit && !x.e.store.SendExplicit() {
-		mode = sendImplicit
-	}
-	err := tx.send(ctx, queue, read, mode)
-	if mode == sendImplicit && (errors.Is(err, keytable.ErrNotReadCommitted) || needsBlock(err)) {
-		err = tx.send(ctx, queue, read, sendPipelined)
-	}
-	if err == nil {
-		x.committed(ctx, w.target)
-		return nil
-	}
-	broken := tx.conn.IsClosed()
-	tx.done(ctx) // before anything else uses the pool
-	var pf pipeFailure
-	switch {
-	case errors.As(err, &pf) && broken:
-		// A statement's result was lost with the connection, maybe after the round trip
-		// that ends the transaction was sent (on a connection that had not prepared the
-		// statements, after the claim's result came back): the outcome is unknown.
-		return x.unknownCommit(ctx, w, err)
-	case errors.As(err, &pf), claimLost(err), errors.Is(err, keytable.ErrConflict), errors.Is(err, keytable.ErrNotSent):
-		return err
-	case errors.Is(err, keytable.ErrLeaseLost):
-		x.lostAtCommit = true
-		return err
-	case errors.Is(err, keytable.ErrUnavailable), ctx.Err() != nil:
-		return x.unknownCommit(ctx, w, err)
-	}
-	return err
-}
-
-// needsBlock reports whether err is a statement's refusal to run outside a
-// transaction block (25P01: LOCK, DECLARE without HOLD), which an implicit transaction
-// is not: the server rolled the whole batch back, and it is sent again with BEGIN.
-func needsBlock(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "25P01"
-}
-
-// pipeBatch returns how the commit's round trip queues and reads the key row's write
-// w, after the claim or fence and the statements of one when set; those decide
-// whether the phase's statements may run (the queue's guard).
-//
-// A new key's claim on a plain key table is then the claim lock and, right after it,
-// the insert of the row as w leaves it, which raises on the primary key when the row
-// exists: the statements come after both, and nothing is written at the end
-// (internal/keytable/pipeline.go). Elsewhere the claim (with its check that no row
-// exists) or the fence goes first and the write last.
-func (x *exec) pipeBatch(w keyWrite, one *pipeline) (queueFunc, func(pgx.BatchResults) error) {
-	write, read := x.pipeQueue(w)
-	if one == nil {
-		return func(b *pgx.Batch) int { write(b); return 0 }, read
-	}
-	st := x.e.store
-	atClaim := x.insertsAtClaim(one)
-	queue := func(b *pgx.Batch) int {
-		n := len(b.QueuedQueries)
-		switch {
-		case atClaim && w.beforeCall: // the commit must be durable: the lock says so too
-			st.QueuePipeClaimLockFlushed(b, *x.claim)
-			write(b)
-		case atClaim:
-			st.QueuePipeClaimLock(b, *x.claim)
-			write(b)
-		default:
-			x.head(b)
-		}
-		guard := len(b.QueuedQueries) - n
-		one.queue(b)
-		if !atClaim {
-			write(b)
-		}
-		return guard
-	}
-	return queue, func(br pgx.BatchResults) error {
-		var err error
-		if atClaim {
-			if err = st.ReadPipeClaimLock(br); err == nil {
-				err = read(br)
-			}
-		} else {
-			err = x.readHead(br)
-		}
-		if err != nil {
-			return err
-		}
-		if v := one.readStatements(br); v.kind != goOn {
-			return pipeFailure{v}
-		}
-		if !atClaim {
-			return read(br)
-		}
-		return nil
-	}
-}
-
-// insertsAtClaim reports whether the commit's round trip, which carries the phase's
-// statements one when set, claims a new key with the claim lock alone followed at once
-// by the key row's insert (pipeBatch).
-func (x *exec) insertsAtClaim(one *pipeline) bool {
-	return one != nil && x.claim != nil && x.e.store.PipeInsertsAtClaim()
-}
-
-// unknownCommit resolves a commit whose outcome is unknown by reading the key row.
-func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
-	committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
-	if rerr != nil {
-		// Neither outcome can be ruled out, so nothing may be released or redone here:
-		// the lease runs out and the next attempt reads the truth.
-		return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
-	}
-	if committed {
-		x.stored = w.target
-		x.claim = nil
-		return nil
-	}
-	return err
 }

@@ -118,11 +118,11 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
 		bt := &pgx.Batch{}
-		st.QueuePipeFence(bt, k)
+		head := st.QueueHead(bt, keytable.Head{Fence: k, Lock: true})
 		bt.Queue(`INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ('acct', 'held', 'after', 1)`)
 		br := tx.SendBatch(ctx, bt)
 		defer br.Close()
-		_, err = st.ReadPipeFence(br)
+		_, err = head.Read(br)
 		return err
 	}
 	require.ErrorIs(t, fence(f), keytable.ErrConflict, "a held lock")

@@ -40,28 +40,26 @@ type phaseTx struct {
 	oneSnapshot bool
 
 	begun bool // BEGIN was sent: the transaction must end with COMMIT or ROLLBACK
-	// held: claim gave this transaction the key; the commit inserts the key row.
+	// held: the transaction holds the key: claim gave it the key, or its head came
+	// back with the claim or with the lock on the key row. The commit's write of the
+	// key row is then a plain insert or update (exec.plan).
 	held bool
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
 	// createdAt is the created_at of the key row this transaction inserts (or
-	// inserted): read by the claim, or by the insert that claims (keytable.Fence).
+	// inserted, or locked): read by the claim, the head's fence or the insert
+	// (keytable.Fence).
 	createdAt time.Time
-	// check, when set, is the fence of the existing key row the phase runs for: the
-	// transaction starts with its check (keytable.QueueFenceCheck), so that an executor
-	// whose lease was taken over runs none of the phase's statements.
-	check *keytable.Fence
-	// flushed: the commit precedes a call phase, so it must be durable on the server
-	// before it is answered, whatever synchronous_commit says: it carries
-	// keytable.QueueCommitFlushed, which turns off into local for this transaction only.
-	// A crash of the server must not lose the key row whose id the call's derived key is
-	// built from: a retry would claim a new row and call again under another key.
-	flushed bool
-	// folded, when set, is a new key's claim that rides at the head of the transaction,
-	// ahead of the phase's first statement (fold); held tells once it came back.
-	// onHeld runs when it did.
-	folded *keytable.Claim
-	onHeld func()
+	// headed: the transaction starts with opening, sent with BEGIN (head) ahead of the phase's
+	// first statement: the check of the existing key row's fence (a Go-code phase: it
+	// locks nothing), its locking fence (a pipelined phase whose statements' results
+	// are read before the commit), or a new key's claim (fold, or such a pipelined
+	// phase), so that an attempt that may not run the phase runs none of its
+	// statements. onHeld, if set, runs once a claim came back held.
+	headed      bool
+	opening     keytable.Head
+	openingRead keytable.Queued
+	onHeld      func()
 
 	savepoints int // savepoints opened with Begin, for their names
 	// lost: the fence's check or the folded claim refused (or could not be read): the
@@ -229,8 +227,9 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 	b := &pgx.Batch{}
 	b.Queue(t.begin)
 	t.begun = true
+	var insert keytable.Queued
 	if t.oneSnapshot {
-		t.store.QueueClaimInsert(b, *c, phases.Started, emptyData)
+		insert = t.store.QueueKeyWrite(b, keytable.KeyWrite{Claim: c, RecoveryPoint: phases.Started, Data: emptyData})
 	} else {
 		t.store.QueueClaimLock(b, *c)
 		t.store.QueueLookup(b, c.Scope, c.Key)
@@ -241,7 +240,7 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 		return 0, nil, fmt.Errorf("begin: %w", keytable.Classify(err))
 	}
 	if t.oneSnapshot {
-		at, err := t.store.ReadClaimInsertAt(br)
+		at, err := insert.Read(br)
 		switch {
 		case errors.Is(err, keytable.ErrClaimBusy):
 			return claimBusy, nil, nil
@@ -279,11 +278,8 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 // statement claims with its commit (the claim and the insert in one statement, as a
 // transaction of the engine's own).
 func (t *phaseTx) fold(c *keytable.Claim, held func()) {
-	t.folded, t.onHeld = c, held
+	t.headed, t.opening, t.onHeld = true, keytable.Head{Claim: c}, held
 }
-
-// emptyData is the phase data of a key no phase has written to.
-var emptyData = []byte("{}")
 
 // plainArgs reports whether a statement can share a pipeline: pgx sends statements
 // without arguments (possibly several, separated by semicolons) with the simple
@@ -305,7 +301,7 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	if t.begun {
 		return nil
 	}
-	if t.check == nil && t.folded == nil {
+	if !t.headed {
 		t.begun = true
 		if _, err := t.conn.Exec(ctx, t.begin); err != nil {
 			return fmt.Errorf("begin: %w", keytable.Classify(err))
@@ -322,45 +318,52 @@ func (t *phaseTx) flush(ctx context.Context) error {
 	return br.Close()
 }
 
+// startWith makes h the opening of the transaction (headed), sent with BEGIN.
+func (t *phaseTx) startWith(h keytable.Head) {
+	t.headed, t.opening = true, h
+}
+
 // head queues the start of the transaction at the head of b, in the round trip of the
-// phase's first statement: BEGIN and, for a key whose row exists, the check of the
-// executor's fence, or, for a new key, the folded claim. The check locks nothing (the
-// phase's Go code runs while the transaction is open, and a takeover must never wait
-// for it) and raises when the fence is stale; the claim raises when another
-// transaction holds the key's claim lock or the key row exists. Either way the server
-// runs nothing queued after it. It returns the number of statements it queued when
-// they include a check or a claim (the guard of pgpipe.SendGuarded), else 0.
+// phase's first statement: BEGIN and the head, if any (headed). A fence's check
+// locks nothing (the phase's Go code runs while the transaction is open, and a
+// takeover must never wait for it) and raises when the fence is stale; a locking fence
+// raises too when another transaction holds the row's lock; a claim raises when
+// another transaction holds the key's claim lock or the key row exists. Either way the
+// server runs nothing queued after it. It returns the number of statements it queued
+// when they include a head (the guard of pgpipe.SendGuarded), else 0.
 func (t *phaseTx) head(b *pgx.Batch) (guard int) {
 	b.Queue(t.begin)
 	t.begun = true
-	switch {
-	case t.check != nil:
-		t.store.QueueFenceCheck(b, *t.check)
-	case t.folded != nil:
-		t.store.QueuePipeClaim(b, *t.folded)
-	default:
+	if !t.headed {
 		return 0
 	}
+	t.openingRead = t.store.QueueHead(b, t.opening)
 	return len(b.QueuedQueries)
 }
 
-// readHead reads the results of head. A check or a claim that refused, or whose
-// answer is unknown, fails the phase (lost): nothing of it may commit. A claim that
-// came back makes this transaction the key's claimant (held) and runs onHeld.
+// readHead reads the results of head. A head that refused, or whose answer is
+// unknown, fails the phase (lost): nothing of it may commit. A claim or a locking
+// fence that came back makes this transaction the key's holder (held); a claim also
+// runs onHeld, once the statements behind it are on their way.
 func (t *phaseTx) readHead(br pgx.BatchResults) error {
 	if err := readBegin(br); err != nil {
 		return err
 	}
-	var err error
+	if !t.headed {
+		return nil
+	}
+	at, err := t.openingRead.Read(br)
 	switch {
-	case t.check != nil:
-		err = t.store.ReadFenceCheck(br)
-	case t.folded != nil:
-		if err = t.store.ReadPipeClaim(br); err == nil {
-			t.held = true
-			pgpipe.Proceed(br) // the statements behind the claim go before the hook runs
+	case err != nil:
+	case t.opening.Claim != nil:
+		t.held = true
+		pgpipe.Proceed(br) // the statements behind the claim go before the hook runs
+		if t.onHeld != nil {
 			t.onHeld()
 		}
+	case t.opening.Lock:
+		t.held = true
+		t.keepCreated(at)
 	}
 	if err != nil {
 		t.mu.Lock()
@@ -490,156 +493,6 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 		return 0, err
 	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
-}
-
-// commit sends, in one round trip, BEGIN if it is still unsent, the engine's write of
-// the key row (queued by write, read by read) and COMMIT. If the write does not apply
-// (a fence that misses, a row that exists), it aborts the transaction and the COMMIT
-// is skipped. A phase that sent no statement gets no check of its fence: the fenced
-// write is that check.
-//
-// Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
-// sent, and a commit that fails after it ran out says so.
-func (t *phaseTx) commit(ctx context.Context, write func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	return t.send(ctx, func(b *pgx.Batch) int { write(b); return 0 }, read, sendCommit)
-}
-
-// queueFunc queues a round trip's statements on a batch and returns how many of them,
-// from the first it queued, decide whether the rest may run (the claim or the fence,
-// each raising when it says no), or 0. The batch is sent so that the server acts on
-// nothing of the rest, not even a Parse (which takes locks on the user's tables),
-// before those ran without error (pgpipe.SendGuarded): a loser never waits for a lock.
-type queueFunc func(b *pgx.Batch) (guard int)
-
-// sendMode is what phaseTx.send sends around the queued statements.
-type sendMode int
-
-const (
-	// sendCommit: the engine's write at a Go-code phase's commit. A claim that found the
-	// key busy ends an empty transaction.
-	sendCommit sendMode = iota
-	// sendPipelined: a pipelined phase's statements and key write, in a transaction that
-	// BEGIN opens (now, or in an earlier round trip). Every refusal raises and aborts it.
-	sendPipelined
-	// sendImplicit: a pipelined phase's whole transaction in one round trip with neither
-	// BEGIN nor COMMIT. The server runs it as one implicit transaction, which commits
-	// when the protocol's Sync (or the end of the simple protocol's query string) finds
-	// no error, and otherwise rolls back whole.
-	sendImplicit
-)
-
-// send is commit, for the engine's write (sendCommit) or a pipelined phase's
-// statements and key write (sendPipelined, sendImplicit).
-func (t *phaseTx) send(ctx context.Context, write queueFunc, read func(pgx.BatchResults) error, mode sendMode) (err error) {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
-		return fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
-	}
-	defer func() {
-		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
-			err = fmt.Errorf("%w: %w", cause, err)
-		}
-	}()
-	implicit := mode == sendImplicit && !t.begun
-	b := &pgx.Batch{}
-	opened := !t.begun && !implicit
-	if opened {
-		b.Queue(t.begin)
-		t.begun = true
-	}
-	n := len(b.QueuedQueries)
-	guard := write(b)
-	if guard > 0 {
-		guard += n // BEGIN, if sent, comes first
-	}
-	if t.flushed {
-		t.store.QueueCommitFlushed(b) // last before COMMIT: a claim or fence that raised skips it
-	}
-	if !implicit {
-		b.Queue("COMMIT")
-	}
-	if !t.conn.IsClosed() { // every mode commits: a Go-code phase's COMMIT as much as a pipelined one
-		defer func() { err = lostAnswer(err) }()
-	}
-	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
-	defer br.Close()
-	if opened {
-		if err := readBegin(br); err != nil {
-			return err
-		}
-	}
-	rerr := read(br)
-	if rerr == nil && t.flushed {
-		rerr = t.store.ReadCommitFlushed(br)
-	}
-	switch {
-	case rerr == nil:
-	case mode == sendCommit && errors.Is(rerr, keytable.ErrClaimBusy):
-		return t.endBusy(br, rerr)
-	default:
-		return rerr
-	}
-	if implicit {
-		return t.implicitCommitted(br)
-	}
-	tag, err := br.Exec()
-	if err != nil {
-		return fmt.Errorf("commit: %w", keytable.Classify(err))
-	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("commit: %w", keytable.Classify(err))
-	}
-	if !keytable.IsCommitted(tag) {
-		return fmt.Errorf("commit: server answered %q: %w", tag.String(), keytable.ErrConflict)
-	}
-	t.begun = false
-	return nil
-}
-
-// endBusy ends the transaction of a claim at commit that found the key's claim lock
-// held by another attempt, and returns busy: the attempt lost the claim, whatever the
-// COMMIT's answer. Nothing was written either way. The plain claim's insert wrote and
-// aborted nothing, so its COMMIT ends an empty transaction; the checked claim's lock
-// (a partitioned key table, or a layout not learnt yet) raised, so the server skipped
-// the COMMIT, whose result is that error, and done rolls the transaction back.
-func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
-	if t.flushed {
-		_, _ = br.Exec() // QueueCommitFlushed's result, ahead of the COMMIT's
-	}
-	if tag, err := br.Exec(); err == nil && keytable.IsCommitted(tag) {
-		t.begun = false
-	}
-	return busy
-}
-
-// lostAnswer is err, unless it says that a batch sent on an open connection never
-// reached the server: in the exec and simple-protocol query exec modes pgx (v5.12)
-// reports a connection lost while a batch's answer is read as closed before the
-// request ("conn closed", safe to retry), though the batch was written and may have
-// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve. It
-// applies to every batch that carries a COMMIT or is an implicit transaction (send, in
-// all its modes); what only opens a transaction (claim, head) commits nothing, and the
-// server rolls it back when the connection dies.
-func lostAnswer(err error) error {
-	if err == nil || !errors.Is(err, keytable.ErrNotSent) {
-		return err
-	}
-	return fmt.Errorf("%w: the batch was written, its answer lost (%v)", keytable.ErrUnavailable, err)
-}
-
-// implicitCommitted reads the end of an implicit transaction whose statements all
-// succeeded: the server commits it at the Sync, and says it did with ReadyForQuery
-// outside any transaction block. An error there (the commit failed, or the connection
-// died: the outcome is then unknown) comes back translated.
-func (t *phaseTx) implicitCommitted(br pgx.BatchResults) error {
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("commit: %w", keytable.Classify(err))
-	}
-	if st := t.conn.PgConn().TxStatus(); st != 'I' {
-		// A statement of the phase opened a transaction block, which nothing commits.
-		t.begun = true // done rolls it back
-		return fmt.Errorf("commit: a statement of the phase left a transaction block open (status %q)", st)
-	}
-	return nil
 }
 
 // rollback ends the transaction if one may be open. It runs even when ctx is done; a
@@ -867,23 +720,3 @@ func (b *errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b *errBatch) QueryRow() pgx.Row                { return &row{err: b.err} }
 func (b *errBatch) Close() error                     { return b.err }
 func (b *errBatch) Tx() pgx.Tx                       { return nil }
-
-// readClaimInsert reads the result of a claim that inserts the key row at commit
-// (keytable.ReadClaimInsertAt), keeping the row's created_at for its fence.
-func (t *phaseTx) readClaimInsert(br pgx.BatchResults) error {
-	at, err := t.store.ReadClaimInsertAt(br)
-	if err == nil {
-		t.createdAt = at
-	}
-	return err
-}
-
-// readInsertKey reads the result of the plain insert of the key row whose claim was
-// folded (keytable.ReadPipeInsertKey), keeping the row's created_at for its fence.
-func (t *phaseTx) readInsertKey(br pgx.BatchResults) error {
-	at, err := t.store.ReadPipeInsertKey(br)
-	if err == nil {
-		t.createdAt = at
-	}
-	return err
-}

@@ -41,31 +41,32 @@ func benchConn(b *testing.B) *pgxpool.Conn {
 
 // sendTx sends BEGIN (unless the transaction is open already), what queue adds and
 // COMMIT as one batch, and reads it with read.
-func sendTx(ctx context.Context, conn *pgxpool.Conn, queue func(*pgx.Batch), read func(pgx.BatchResults) error, begin bool) error {
+func sendTx(ctx context.Context, conn *pgxpool.Conn, st *keytable.Store, w keytable.KeyWrite, begin bool) (time.Time, error) {
 	bt := &pgx.Batch{}
 	if begin {
 		bt.Queue("BEGIN")
 	}
-	queue(bt)
+	q := st.QueueKeyWrite(bt, w)
 	bt.Queue("COMMIT")
 	br := conn.SendBatch(ctx, bt)
 	defer br.Close()
 	if begin {
 		if _, err := br.Exec(); err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
-	if err := read(br); err != nil {
-		return err
+	at, err := q.Read(br)
+	if err != nil {
+		return at, err
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return err
+		return at, err
 	}
 	if !keytable.IsCommitted(tag) {
-		return fmt.Errorf("commit answered %q", tag)
+		return at, fmt.Errorf("commit answered %q", tag)
 	}
-	return br.Close()
+	return at, br.Close()
 }
 
 // BenchmarkClaim is a new key's claim and its insert at COMMIT, as the engine sends
@@ -84,9 +85,10 @@ func BenchmarkClaim(b *testing.B) {
 		st.QueueLookup(bt, c.Scope, c.Key)
 		br := conn.SendBatch(ctx, bt)
 		_, err := br.Exec()
+		var at time.Time // the transaction's start: the inserted row's created_at
 		if err == nil {
 			var locked bool
-			if locked, err = st.ReadClaimLock(br); err == nil && !locked {
+			if locked, at, err = st.ReadClaimLockAt(br); err == nil && !locked {
 				err = fmt.Errorf("key %s: claim lock busy", c.Key)
 			}
 		}
@@ -99,7 +101,7 @@ func BenchmarkClaim(b *testing.B) {
 			err = cerr
 		}
 		if err == nil {
-			err = sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueInsertKey(bt, c, "create_charge", []byte(`{"charge_id":"ch_1"}`)) }, st.ReadInsert, false)
+			_, err = sendTx(ctx, conn, st, keytable.KeyWrite{Claim: &c, Fence: keytable.Fence{CreatedAt: at}, Held: true, RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`)}, false)
 		}
 		if err != nil {
 			b.Fatal(err)
@@ -119,7 +121,7 @@ func BenchmarkClaimFinish(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c := benchClaim()
-		err := sendTx(ctx, conn, func(bt *pgx.Batch) { st.QueueClaimInsertFinished(bt, c, resp) }, st.ReadClaimInsert, true)
+		_, err := sendTx(ctx, conn, st, keytable.KeyWrite{Claim: &c, Response: &resp}, true)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -130,9 +132,8 @@ func BenchmarkClaimFinish(b *testing.B) {
 // claimFor claims c and returns its row's created_at (the last part of its fence).
 func claimFor(b *testing.B, conn *pgxpool.Conn, c keytable.Claim) time.Time {
 	st := keytable.New()
-	var at time.Time
-	read := func(br pgx.BatchResults) (err error) { at, err = st.ReadClaimInsertAt(br); return err }
-	require.NoError(b, sendTx(context.Background(), conn, func(bt *pgx.Batch) { st.QueueClaimInsert(bt, c, "started", []byte(`{}`)) }, read, true))
+	at, err := sendTx(context.Background(), conn, st, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)}, true)
+	require.NoError(b, err)
 	return at
 }
 
@@ -145,9 +146,7 @@ func BenchmarkAdvance(b *testing.B) {
 	f := keytable.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1, CreatedAt: claimFor(b, conn, c)}
 	b.ReportAllocs()
 	for b.Loop() {
-		err := sendTx(ctx, conn, func(bt *pgx.Batch) {
-			st.QueueAdvance(bt, f, keytable.Advance{RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`), Lease: time.Minute})
-		}, st.ReadFenced, true)
+		_, err := sendTx(ctx, conn, st, keytable.KeyWrite{Fence: f, RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`), Lease: time.Minute}, true)
 		if err != nil {
 			b.Fatal(err)
 		}

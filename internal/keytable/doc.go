@@ -11,14 +11,14 @@
 // names; the errors a user branches on are aliased in workflow (ErrUnavailable,
 // ErrConflict, ErrLeaseLost, ErrNotFound, ...) and store (ErrNotPartitioned, ...).
 // The SQL is kept for review in files by concern, each holding SQL and nothing else:
-// expire_sql.go the three expiries (single statements and per-key deletes),
-// partition_sql.go the partitioned layout's maintenance, sql_operator.go the
-// operator's statements (lists, counts, release, purge, bulk actions, cancel, erasure;
-// admin.go, bulk.go and erase.go send them) and sql_scan.go the per-key takeover
-// (scan.go). The key row's statements and the sweeper's single statements are in
-// sql.go, their pipelined forms in pipeline.go; the Citus set-up is in
-// partition_citus.go and the standby wait's statements in standby.go, beside the code
-// that sends them.
+// sql_keyrow.go the key row's head (claim, fence) and its one write, expire_sql.go the
+// three expiries (single statements and per-key deletes), partition_sql.go the
+// partitioned layout's maintenance, sql_operator.go the operator's statements (lists,
+// counts, release, purge, bulk actions, cancel, erasure; admin.go, bulk.go and erase.go
+// send them) and sql_scan.go the per-key takeover (scan.go). sql.go holds the rest (the
+// look-up, the sweeper's single statements, the shared fragments); the Citus set-up is
+// in partition_citus.go and the standby wait's statements in standby.go, beside the
+// code that sends them.
 //
 // A Store holds the texts of the statements it sends, built once by New, and its
 // methods send only those; the zero Store is not usable. That is the one place where
@@ -33,13 +33,17 @@
 // lock version; the ones meant to be pipelined with COMMIT abort the transaction when
 // they match no row, so the COMMIT that follows cannot succeed. A new key's row is
 // written under its claim lock, a transaction-scoped advisory lock on a hash of the key
-// and the table (QueueClaimLock, QueueClaimInsert).
+// and the table (QueueClaimLock, QueueHead, QueueKeyWrite).
 //
-// Statements that must share a round trip with their neighbours come in pairs: QueueXxx
-// adds the statement to a pgx.Batch and ReadXxx reads its result from the batch's
-// results, in order. The engine owns the batch; this package owns the SQL. A
-// statement with more inputs than a fence and a value or two takes them as a struct
-// named as the statement (Advance, Release, Park, DeadLetter, TakeDue).
+// The key row's part of a tx phase's transaction is queued with its reader attached:
+// QueueHead (the claim or the fence that opens it) and QueueKeyWrite (the one write of
+// the key row, whose fenced, locked-row, claiming and finishing forms are fields of
+// KeyWrite) add their statements to a pgx.Batch and return a Queued, whose Read reads
+// their results from the batch's results, in order. The few other statements that
+// share a round trip still come in QueueXxx/ReadXxx pairs (the claim lock, the
+// look-up). The engine owns the batch; this package owns the SQL. A statement with
+// more inputs than a fence and a value or two takes them as a struct named as the
+// statement (KeyWrite, Release, Park, DeadLetter, TakeDue).
 //
 // pgx errors are translated into this package's errors (ErrConflict, ErrUnavailable,
 // ErrLeaseLost, ...) here and nowhere else (package store runs no SQL of its own); Classify does it for errors that came from

@@ -9,3 +9,7 @@ var (
 
 // PartitionLockSalt is partitionLockSalt, for a test that holds the maintenance lock.
 const PartitionLockSalt = partitionLockSalt
+
+// SQLCommitFlushed is sqlCommitFlushed, the statement a KeyWrite with Flushed queues
+// after its write, for a test of the statement alone.
+const SQLCommitFlushed = sqlCommitFlushed

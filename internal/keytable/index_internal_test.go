@@ -151,9 +151,9 @@ func TestIndexEntries(t *testing.T) {
 			tx, err := db.Pool.Begin(ctx)
 			require.NoError(t, err)
 			b := &pgx.Batch{}
-			s.QueueClaimInsert(b, c, "one", []byte(`{}`))
+			q := s.QueueKeyWrite(b, KeyWrite{Claim: &c, RecoveryPoint: "one", Data: []byte(`{}`)})
 			br := tx.SendBatch(ctx, b)
-			at, err := s.ReadClaimInsertAt(br)
+			at, err := q.Read(br)
 			require.NoError(t, err)
 			require.NoError(t, br.Close())
 			require.NoError(t, tx.Commit(ctx))
@@ -167,9 +167,10 @@ func TestIndexEntries(t *testing.T) {
 	f := claim("finished")
 	require.Equal(t, []string{"idemflow_keys_finished_idx", "idemflow_keys_pkey"}, entries("finish", func() {
 		b := &pgx.Batch{}
-		s.QueueFinish(b, f, resp)
+		q := s.QueueKeyWrite(b, KeyWrite{Fence: f, Response: &resp})
 		br := db.Pool.SendBatch(ctx, b)
-		require.NoError(t, s.ReadFenced(br))
+		_, err := q.Read(br)
+		require.NoError(t, err)
 		require.NoError(t, br.Close())
 	}), "a finish: the primary key and the retention index, no other")
 
@@ -184,9 +185,9 @@ func TestIndexEntries(t *testing.T) {
 		tx, err := db.Pool.Begin(ctx)
 		require.NoError(t, err)
 		b := &pgx.Batch{}
-		s.QueueClaimInsertFinished(b, c, resp)
+		q := s.QueueKeyWrite(b, KeyWrite{Claim: &c, Response: &resp})
 		br := tx.SendBatch(ctx, b)
-		_, err = s.ReadClaimInsertAt(br)
+		_, err = q.Read(br)
 		require.NoError(t, err)
 		require.NoError(t, br.Close())
 		require.NoError(t, tx.Commit(ctx))

@@ -140,7 +140,7 @@ type partStatements struct {
 	addr   *atomic.Pointer[partAddress]
 	texts  *sync.Map
 	textsN *atomic.Int64
-	// The claim that inserts without a look-up before (QueueClaimInsert), on this
+	// The claim that inserts without a look-up before (QueueKeyWrite with a claim not held), on this
 	// layout: the lock, the check, then the insert (see queueClaimChecks).
 	claimLock, claimAbsent, insertKey, insertFinished string
 }
@@ -549,7 +549,7 @@ func outsideTx(db DBTX) bool {
 }
 
 // The claim that inserts a new key's row without a look-up before it under the lock
-// (QueueClaimInsert, QueueClaimInsertFinished: a first call phase's commit, a first
+// (QueueKeyWrite with a claim not held: a first call phase's commit, a first
 // answer stored alone) relies on the primary key on the plain layout: a row that
 // exists makes the insert fail, whatever the snapshot. A partitioned key table has no
 // such key, so there, and wherever the Store has not learnt that the table is plain,

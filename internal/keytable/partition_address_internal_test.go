@@ -126,7 +126,7 @@ func TestPartitionAddressed(t *testing.T) {
 	// The methods answer as before: a fence that matches, one that does not.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	s.QueueAdvance(b, f, Advance{RecoveryPoint: "one", Data: json.RawMessage(`{}`), Lease: time.Minute})
+	s.QueueKeyWrite(b, KeyWrite{Fence: f, RecoveryPoint: "one", Data: json.RawMessage(`{}`), Lease: time.Minute})
 	b.Queue("COMMIT")
 	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
 	require.ErrorIs(t, s.Release(ctx, db.Pool, f, Release{RecoveryPoint: "one", Stored: "started"}), ErrLeaseLost, "the advance moved the recovery point")
@@ -188,13 +188,14 @@ func TestPartitionAddressedGone(t *testing.T) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(`UPDATE idemflow_keys SET last_error = 'witness' WHERE idempotency_key = 'new'`)
-	s.QueueAdvance(b, old.Fence(), Advance{RecoveryPoint: "one", Data: json.RawMessage(`{}`), Lease: time.Minute})
+	q := s.QueueKeyWrite(b, KeyWrite{Fence: old.Fence(), RecoveryPoint: "one", Data: json.RawMessage(`{}`), Lease: time.Minute})
 	b.Queue("COMMIT")
 	br := db.Pool.SendBatch(ctx, b)
 	_, err = br.Exec() // pgx prepares the batch first: it fails there, before BEGIN runs
 	if err == nil {
 		_, err = br.Exec()
-		err = errors.Join(err, s.ReadFenced(br))
+		_, werr := q.Read(br)
+		err = errors.Join(err, werr)
 	}
 	_ = br.Close()
 	err = Classify(err)

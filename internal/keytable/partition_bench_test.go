@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/internal/keytable"
@@ -55,9 +54,7 @@ func BenchmarkPartitionedAdvance(b *testing.B) {
 	f := keytable.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1, CreatedAt: claimFor(b, conn, c)}
 	b.ReportAllocs()
 	for b.Loop() {
-		err := sendTx(ctx, conn, func(bt *pgx.Batch) {
-			st.QueueAdvance(bt, f, keytable.Advance{RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`), Lease: time.Minute})
-		}, st.ReadFenced, true)
+		_, err := sendTx(ctx, conn, st, keytable.KeyWrite{Fence: f, RecoveryPoint: "create_charge", Data: []byte(`{"charge_id":"ch_1"}`), Lease: time.Minute}, true)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -70,12 +70,12 @@ func (tr *traffic) run(ctx context.Context, db *pgtest.DB, worker int, stop <-ch
 		start := time.Now()
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
-		st.QueueClaimInsertFinished(b, c, keytable.StoredResponse{Status: 200, Headers: []byte(`{}`), Body: []byte(`ok`)})
+		q := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, Response: &keytable.StoredResponse{Status: 200, Headers: []byte(`{}`), Body: []byte(`ok`)}})
 		b.Queue("COMMIT")
 		br := db.Pool.SendBatch(ctx, b)
 		_, err := br.Exec()
 		if err == nil {
-			err = st.ReadClaimInsert(br)
+			_, err = q.Read(br)
 		}
 		if err == nil {
 			_, err = br.Exec()
@@ -326,9 +326,10 @@ func requireRepeatableReadRefused(t *testing.T, db *pgtest.DB) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	b := &pgx.Batch{}
 	st := keytable.New()
-	st.QueueClaimInsert(b, claim("s", "rr", "00000000-0000-4000-8000-000000000002"), "started", []byte(`{}`))
+	c := claim("s", "rr", "00000000-0000-4000-8000-000000000002")
+	q := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
 	br := tx.SendBatch(ctx, b)
-	err = st.ReadClaimInsert(br)
+	_, err = q.Read(br)
 	_ = br.Close() // the error is err's
 	require.ErrorIs(t, err, keytable.ErrRefused)
 	require.ErrorContains(t, err, "READ COMMITTED only")

@@ -44,9 +44,9 @@ func TestPartitionClaimInsertChecks(t *testing.T) {
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
 		b := &pgx.Batch{}
-		s.QueueClaimInsert(b, c, "one", []byte(`{}`))
+		q := s.QueueKeyWrite(b, KeyWrite{Claim: &c, RecoveryPoint: "one", Data: []byte(`{}`)})
 		br := tx.SendBatch(ctx, b)
-		at, err := s.ReadClaimInsertAt(br)
+		at, err := q.Read(br)
 		_ = br.Close()
 		if err != nil {
 			return err

@@ -309,9 +309,10 @@ func TestPartitionedRepeatableReadClaim(t *testing.T) {
 			claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
 
 			b := &pgx.Batch{}
-			st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000002"), "started", []byte(`{}`))
+			c := claim("s", "k", "00000000-0000-4000-8000-000000000002")
+			q := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
 			br := late.SendBatch(ctx, b)
-			err = st.ReadClaimInsert(br)
+			_, err = q.Read(br)
 			_ = br.Close() // the error is err's
 			if partitioned {
 				require.ErrorIs(t, err, keytable.ErrRefused)
@@ -418,7 +419,8 @@ func TestPartitionedInSchema(t *testing.T) {
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	st.QueueClaimInsert(b, claim("s", "k", "00000000-0000-4000-8000-000000000001"), "started", []byte(`{}`))
+	c := claim("s", "k", "00000000-0000-4000-8000-000000000001")
+	st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
 	b.Queue("COMMIT")
 	require.NoError(t, pool.SendBatch(ctx, b).Close())
 	_, err = st.Lookup(ctx, pool, "s", "k")

@@ -24,12 +24,12 @@ func TestClaimInsertFailsClosed(t *testing.T) {
 			s := New()
 			s.learnt.partitioned.Store(tc.learnt)
 			b := &pgx.Batch{}
-			s.QueueClaimInsert(b, c, "started", []byte("{}"))
+			s.QueueKeyWrite(b, KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte("{}")})
 			require.Equal(t, tc.want, b.Len(), "statements of the claim that inserts")
 			b = &pgx.Batch{}
-			s.QueueClaimInsertFinished(b, c, StoredResponse{Status: 201, Headers: []byte("{}"), Body: []byte("ok")})
+			s.QueueKeyWrite(b, KeyWrite{Claim: &c, Response: &StoredResponse{Status: 201, Headers: []byte("{}"), Body: []byte("ok")}})
 			require.Equal(t, tc.want, b.Len(), "statements of the claim that inserts a finished row")
-			require.Equal(t, tc.learnt == 1, s.PipeInsertsAtClaim(), "a pipelined claim inserts at once only on a table learnt plain")
+			require.Equal(t, tc.learnt == 1, s.KnownUnpartitioned(), "a pipelined claim inserts at once only on a table learnt plain")
 		})
 	}
 }

@@ -23,8 +23,8 @@ func pipeClaim(t *testing.T, db *pgtest.DB, st *keytable.Store, c keytable.Claim
 	if begin != "" {
 		b.Queue(begin)
 	}
-	st.QueuePipeClaimLock(b, c)
-	st.QueuePipeInsertKey(b, c, "first", []byte(`{}`))
+	head := st.QueueHead(b, keytable.Head{Claim: &c, InsertFollows: true})
+	write := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, Held: true, RecoveryPoint: "first", Data: []byte(`{}`)})
 	b.Queue(`SELECT nextval('pipe_witness')`)
 	if begin != "" {
 		b.Queue("COMMIT")
@@ -35,10 +35,10 @@ func pipeClaim(t *testing.T, db *pgtest.DB, st *keytable.Store, c keytable.Claim
 		_, err := br.Exec()
 		require.NoError(t, err)
 	}
-	if err := st.ReadPipeClaimLock(br); err != nil {
+	if _, err := head.Read(br); err != nil {
 		return err
 	}
-	if _, err := st.ReadPipeInsertKey(br); err != nil {
+	if _, err := write.Read(br); err != nil {
 		return err
 	}
 	_, err := br.Exec()

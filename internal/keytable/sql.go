@@ -6,8 +6,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The key row's statements, kept together for review (the expiries' are in
-// expire_sql.go, the partitioned layout's maintenance in partition_sql.go). Every statement on
+// idemflow's SQL on the key table that has no file of its own, kept for review (the key
+// row's head and write are in sql_keyrow.go, the expiries' in expire_sql.go, the
+// partitioned layout's maintenance in partition_sql.go, the operator's in
+// sql_operator.go, the per-key takeover in sql_scan.go). Every statement on
 // one key filters by scope. Lease arithmetic uses the database clock, read with
 // statement_timestamp() (the start of the statement, not of its transaction, so a long
 // transaction does not shorten the lease it sets); durations arrive as milliseconds.
@@ -119,104 +121,6 @@ WHERE scope = $1 AND idempotency_key = $2`
 const sqlLookupPartitioned = sqlLookup + `
 ORDER BY created_at DESC
 LIMIT 1`
-
-// The claim. A new key's row is written only when its first transaction commits, so
-// that a first phase costs one write of the key row, not an insert and an update. Until
-// then the key is held by a transaction-scoped advisory lock on a 64-bit hash of (scope,
-// key), taken without waiting: a concurrent attempt is told the key is busy at once,
-// never queued behind the first. The claim runs before any of the phase's code (see
-// workflow's phaseTx.claim), and the lock is read in a statement of its own: a READ
-// COMMITTED statement reads a snapshot taken when it starts, so a claim that committed
-// (letting go of its lock) after the lock statement started is visible only to the next
-// statement, the look-up.
-
-// claimLockID is the advisory-lock id of the key whose hash is $n: the hash mixed with
-// the key table's oid, so that key tables in two schemas of one database (or two test
-// schemas) never share a lock.
-func claimLockID(n string) string {
-	return `($` + n + `::bigint # 'idemflow_keys'::regclass::oid::bigint)`
-}
-
-// sqlClaimLock takes the key's claim lock if it is free: true when taken (or already
-// held by this transaction); and the transaction's start, which the key row inserted
-// by this transaction takes as its created_at (the column's default).
-var sqlClaimLock = `SELECT pg_try_advisory_xact_lock(` + claimLockID("1") + `), now()`
-
-// insertColumns are the columns every insert of a key row sets.
-const insertColumns = `scope, idempotency_key, id, flow, method, route, fingerprint, request_body, recovery_point, phase_data`
-
-// keyValues are the values of a new, unfinished key row: recovery point $9, phase data
-// $10, a lease of $11 ms, origin $12.
-const keyValues = `$1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10,
-	statement_timestamp() + $11::bigint * interval '1 millisecond', $12`
-
-// finishedValues are the values of a new key row that is already finished with its
-// response ($8-$10), its attempt's history entry $11 (see historyFirst) and origin
-// $12. Like a finished row, it keeps no request body or phase data.
-var finishedValues = `$1, $2, $3::uuid, $4, $5, $6, $7, '', 'finished', '{}',
-	'finished', $8, $9, $10, statement_timestamp(), ` + historyFirst("11") + `, $12`
-
-const finishedColumns = insertColumns + `, status, response_status, response_headers, response_body, finished_at, history, origin`
-
-// sqlInsertKey writes a new key row in the transaction that holds its claim lock and
-// found no row. Nothing that takes the lock can have written the row since; anything
-// else that did makes the primary key abort the transaction (23505).
-const sqlInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin) VALUES (` + keyValues + `)`
-
-// sqlInsertFinished is sqlInsertKey for a first transaction that answers.
-var sqlInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `) VALUES (` + finishedValues + `)`
-
-// sqlClaimInsertKey claims a new key and writes its row in one statement: nothing is
-// inserted when the claim lock ($13) is held by another transaction, and a row that
-// exists aborts the transaction on the primary key (23505), whatever the snapshot.
-var sqlClaimInsertKey = `INSERT INTO idemflow_keys (` + insertColumns + `, locked_until, origin)
-SELECT ` + keyValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
-RETURNING created_at`
-
-// sqlClaimInsertFinished is sqlClaimInsertKey for a key that finishes in the same
-// transaction (lock id $13).
-var sqlClaimInsertFinished = `INSERT INTO idemflow_keys (` + finishedColumns + `)
-SELECT ` + finishedValues + ` WHERE pg_try_advisory_xact_lock(` + claimLockID("13") + `)
-RETURNING created_at`
-
-// fence matches the row one executor owns: $1-$4 and, as the statement's last
-// argument $n, the row's created_at, which names its partition on a partitioned key
-// table (the statement then reads one partition) and changes nothing on a plain one
-// (the primary key finds the row).
-func fence(n string) string {
-	return `scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4 AND status = 'in_progress'
-	AND created_at = $` + n + `::timestamptz`
-}
-
-// A fenced update that rides with COMMIT aborts the transaction unless it updated
-// exactly one row: 1/count(*) divides by zero (22012) when the fence missed, and the
-// COMMIT after it is then skipped.
-
-// sqlAdvance moves the recovery point and extends the lease; aborts unless it updated
-// exactly one row.
-var sqlAdvance = `WITH u AS (
-	UPDATE idemflow_keys
-	SET recovery_point = $5, phase_data = $6,
-		locked_until = statement_timestamp() + $7::bigint * interval '1 millisecond',
-		updated_at = statement_timestamp()
-	WHERE ` + fence("8") + `
-	RETURNING 1
-)
-SELECT 1/count(*)::int FROM u`
-
-// sqlFinish stores the response; aborts unless it updated exactly one row. A finished
-// row keeps only what a replay and a mismatch check need, and its history: the request
-// body and the phase data are emptied. History entry $8, kept $9.
-var sqlFinish = `WITH u AS (
-	UPDATE idemflow_keys
-	SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request_body = '',
-		response_status = $5, response_headers = $6, response_body = $7,
-		locked_until = NULL, last_error = NULL, history = ` + historyAppend("8", "9") + `,
-		finished_at = statement_timestamp(), updated_at = statement_timestamp()
-	WHERE ` + fence("10") + `
-	RETURNING 1
-)
-SELECT 1/count(*)::int FROM u`
 
 // sqlRelease gives up the lease after a transient failure. It matches only while the
 // row still holds the recovery point the caller last knew durable ($9): a COMMIT whose

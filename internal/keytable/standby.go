@@ -3,8 +3,6 @@ package keytable
 import (
 	"context"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The statements of the standby wait (workflow.Config.StandbyWait), kept here with
@@ -109,32 +107,6 @@ func (s *Store) ReadStandbyState(ctx context.Context, db DBTX, lsn string, names
 func (s *Store) FlushWAL(ctx context.Context, db DBTX) error {
 	if _, err := db.Exec(ctx, sqlFlushWAL); err != nil {
 		return fmt.Errorf("flush WAL: %w", Classify(err))
-	}
-	return nil
-}
-
-// sqlCommitFlushed makes the transaction it runs in commit durably on this server
-// whatever synchronous_commit the server, the role or the session set: off becomes
-// local for this transaction only (is_local: set_config's SET LOCAL), so the COMMIT
-// is answered after its record is flushed; a stronger setting (local, remote_write,
-// on, remote_apply) is left as it is. It touches no table (Citus runs it on the
-// coordinator) and raises nothing. It takes effect in an implicit transaction too: the
-// setting lasts until the transaction ends, at the protocol's Sync, and is read when
-// it commits. It returns one row when it changed the setting, none otherwise.
-const sqlCommitFlushed = `SELECT set_config('synchronous_commit', 'local', true) WHERE current_setting('synchronous_commit') = 'off'`
-
-// QueueCommitFlushed adds to b the statement that makes the transaction commit
-// durably on this server even under synchronous_commit off (sqlCommitFlushed): for a
-// commit that precedes a call phase, whose loss in a crash would let a retry claim a
-// new key row and call again under another derived key. Queue it in the transaction,
-// before its COMMIT (or, in an implicit transaction, anywhere before its end). Read
-// it with ReadCommitFlushed.
-func (s *Store) QueueCommitFlushed(b *pgx.Batch) { b.Queue(sqlCommitFlushed) }
-
-// ReadCommitFlushed reads the result of QueueCommitFlushed.
-func (s *Store) ReadCommitFlushed(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("commit flushed: %w", Classify(err))
 	}
 	return nil
 }

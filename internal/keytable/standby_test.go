@@ -12,7 +12,7 @@ import (
 )
 
 // TestCommitFlushed: the statement that makes a commit before a call durable
-// (QueueCommitFlushed), and the claim lock that carries it (QueuePipeClaimLockFlushed),
+// (KeyWrite.Flushed), and the claim lock that carries it (Head.Flushed),
 // turn synchronous_commit off into local for their transaction only, whether it is an
 // implicit transaction (no BEGIN: the batch up to its Sync) or one BEGIN opened, and
 // leave every stronger setting as the session has it; in the simple protocol too (the
@@ -24,8 +24,11 @@ func TestCommitFlushed(t *testing.T) {
 	db := pgtest.New(t)
 	st := keytable.New()
 	forms := map[string]func(*pgx.Batch){
-		"Statement": st.QueueCommitFlushed,
-		"ClaimLock": func(b *pgx.Batch) { st.QueuePipeClaimLockFlushed(b, claim("s", "flushed", pipeID())) },
+		"Statement": func(b *pgx.Batch) { b.Queue(keytable.SQLCommitFlushed) },
+		"ClaimLock": func(b *pgx.Batch) {
+			c := claim("s", "flushed", pipeID())
+			st.QueueHead(b, keytable.Head{Claim: &c, InsertFollows: true, Flushed: true})
+		},
 	}
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
 		for _, sc := range []string{"off", "local", "remote_write", "on", "remote_apply"} {

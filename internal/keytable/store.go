@@ -75,7 +75,7 @@ type Fence struct {
 	ID          string
 	LockVersion int64
 	// CreatedAt is the row's created_at (Row.CreatedAt, or what the claim that
-	// inserted it read: ReadClaimLockAt, ReadClaimInsertAt). Every fenced statement
+	// inserted it read: ReadClaimLockAt, or the Read of a KeyWrite or Head). Every fenced statement
 	// matches it: on a partitioned key table it prunes the statement to the row's
 	// partition.
 	CreatedAt time.Time
@@ -112,16 +112,6 @@ type StoredResponse struct {
 	// History is the finishing attempt's entry, appended to the key's history as the
 	// response is stored.
 	History History
-}
-
-// Advance is what QueueAdvance writes on a key row.
-type Advance struct {
-	// RecoveryPoint is the phase the key resumes at.
-	RecoveryPoint string
-	// Data is the phase data saved with it, a JSON object.
-	Data []byte
-	// Lease is the new lease, from the database clock's now.
-	Lease time.Duration
 }
 
 // Release is what Release writes on a key row after a transient failure.
@@ -244,7 +234,7 @@ func (s *Store) lookupCurrentOnly(ctx context.Context, db DBTX, scope, key strin
 // partition twice. ErrNotFound then means only that the key is not in the current
 // partition: the caller must claim the key with a claim that looks in every partition
 // under the claim lock (every claim at READ COMMITTED does: phaseTx's look-up, the
-// pipelined claim's check, and QueueClaimInsert on this layout) and take the row that
+// pipelined claim's check, and the insert that claims, QueueKeyWrite, on this layout) and take the row that
 // claim finds. Where s does not address partitions (a plain table, Citus, the layout
 // not learnt yet, in a transaction), or the current partition does not exist, it is
 // Lookup.
@@ -312,121 +302,6 @@ func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 		return nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
 	return scanOne(rows, "look up key", errLookUpNone)
-}
-
-// QueueInsertKey adds to b the insert of a new key row, in progress at recoveryPoint
-// with data, leased for c.Lease, for a transaction that holds the key's claim lock and
-// found no row. Read its result with ReadInsert.
-func (s *Store) QueueInsertKey(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
-}
-
-// QueueInsertFinished is QueueInsertKey for a key row that is already finished with
-// resp, its history resp.History's entry alone.
-func (s *Store) QueueInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	e, _ := resp.History.args()
-	b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
-}
-
-// ReadInsert reads the result of QueueInsertKey or QueueInsertFinished: nil, or
-// ErrClaimExists when the row exists (written by something that takes no claim lock;
-// the transaction is aborted), or another translated error.
-func (s *Store) ReadInsert(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		return insertErr(err)
-	}
-	return nil
-}
-
-// QueueClaimInsert adds to b the statement that claims a new key and inserts its row,
-// in progress at recoveryPoint with data, for a transaction that claims the key
-// without looking first. Read its result with ReadClaimInsert.
-func (s *Store) QueueClaimInsert(b *pgx.Batch, c Claim, recoveryPoint string, data []byte) {
-	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
-		b.Queue(s.part.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-			recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin())
-		return
-	}
-	b.Queue(s.sql.claimInsertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
-		recoveryPoint, json.RawMessage(data), c.Lease.Milliseconds(), c.origin(), claimHash(c.Scope, c.Key))
-}
-
-// QueueClaimInsertFinished is QueueClaimInsert for a key that is finished with resp,
-// its history resp.History's entry alone.
-func (s *Store) QueueClaimInsertFinished(b *pgx.Batch, c Claim, resp StoredResponse) {
-	e, _ := resp.History.args()
-	if s.queueClaimChecks(b, c) { // a partitioned key table: docs/PARTITIONS.md
-		b.Queue(s.part.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
-		return
-	}
-	b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-		resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
-}
-
-// ReadClaimInsert reads the result of QueueClaimInsert or QueueClaimInsertFinished:
-// nil when the row was inserted; ErrClaimBusy when another attempt holds the claim
-// lock (nothing was written; where the claim checks were queued, on a partitioned key
-// table or one whose layout s has not learnt, the transaction is aborted and the
-// statements after it, COMMIT included, fail with the lock's error; on a plain one it
-// is still good); ErrClaimExists when the row exists (the transaction is aborted); or
-// another translated error.
-func (s *Store) ReadClaimInsert(br pgx.BatchResults) error {
-	_, err := s.ReadClaimInsertAt(br)
-	return err
-}
-
-// ReadClaimInsertAt is ReadClaimInsert that also returns the inserted row's
-// created_at (Fence.CreatedAt).
-func (s *Store) ReadClaimInsertAt(br pgx.BatchResults) (time.Time, error) {
-	at, err := readClaimInsertAt(br)
-	switch {
-	case errors.Is(err, ErrClaimBusy), errors.Is(err, ErrClaimExists):
-		return time.Time{}, err
-	case errors.Is(err, pgx.ErrNoRows):
-		return time.Time{}, fmt.Errorf("claim key: %w", ErrClaimBusy)
-	case err != nil:
-		return time.Time{}, insertErr(err)
-	}
-	return at, nil
-}
-
-func insertErr(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == codeUniqueViolation ||
-		// Citus sends the claim's INSERT ... SELECT through the coordinator and raises a
-		// shard's unique violation as an internal error.
-		pgErr.Code == "XX000" && strings.HasPrefix(pgErr.Message, "duplicate key value violates unique constraint")) {
-		return fmt.Errorf("insert key: %w: %w", ErrClaimExists, err)
-	}
-	return fmt.Errorf("insert key: %w", Classify(err))
-}
-
-// QueueAdvance adds to b the fenced update that moves the recovery point to
-// a.RecoveryPoint and stores a.Data, setting a lease of a.Lease. If the fence does not
-// match, the statement raises and the transaction aborts. Read its result with
-// ReadFenced.
-func (s *Store) QueueAdvance(b *pgx.Batch, f Fence, a Advance) {
-	b.Queue(s.onPartition(s.sql.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, a.RecoveryPoint, json.RawMessage(a.Data), a.Lease.Milliseconds(), f.CreatedAt)
-}
-
-// QueueFinish adds to b the fenced update that stores the response, appends
-// resp.History to the key's history and marks the key finished. Like QueueAdvance it
-// raises when the fence does not match.
-func (s *Store) QueueFinish(b *pgx.Batch, f Fence, resp StoredResponse) {
-	e, keep := resp.History.args()
-	b.Queue(s.onPartition(s.sql.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
-}
-
-// ReadFenced reads the result of QueueAdvance or QueueFinish: nil, ErrLeaseLost, or
-// another translated error.
-func (s *Store) ReadFenced(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("fenced update: %w", fenceErr(err))
-	}
-	return nil
 }
 
 // Release releases a key after a transient failure: the lease is cleared, the recovery

@@ -28,13 +28,13 @@ func tryClaim(t *testing.T, db *pgtest.DB, c keytable.Claim) error {
 	st := keytable.New()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	st.QueueClaimInsert(b, c, "started", []byte(`{}`))
+	q := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
 	b.Queue("COMMIT")
 	br := db.Pool.SendBatch(context.Background(), b)
 	defer br.Close()
 	_, err := br.Exec()
 	require.NoError(t, err)
-	if err := st.ReadClaimInsert(br); err != nil {
+	if _, err := q.Read(br); err != nil {
 		return err
 	}
 	_, err = br.Exec()
@@ -46,9 +46,9 @@ func tryClaim(t *testing.T, db *pgtest.DB, c keytable.Claim) error {
 func finish(ctx context.Context, db *pgtest.DB, f keytable.Fence, resp keytable.StoredResponse) error {
 	st := keytable.New()
 	b := &pgx.Batch{}
-	st.QueueFinish(b, f, resp)
+	q := st.QueueKeyWrite(b, keytable.KeyWrite{Fence: f, Response: &resp})
 	br := db.Pool.SendBatch(ctx, b)
-	err := st.ReadFenced(br)
+	_, err := q.Read(br)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -119,9 +119,10 @@ func TestStatements(t *testing.T) {
 		b := &pgx.Batch{}
 		stale := f
 		stale.LockVersion = 7
-		st.QueueAdvance(b, stale, keytable.Advance{RecoveryPoint: "one", Data: []byte(`{}`), Lease: time.Minute})
+		q := st.QueueKeyWrite(b, keytable.KeyWrite{Fence: stale, RecoveryPoint: "one", Data: []byte(`{}`), Lease: time.Minute})
 		br := tx.SendBatch(ctx, b)
-		require.ErrorIs(t, st.ReadFenced(br), keytable.ErrLeaseLost)
+		_, err = q.Read(br)
+		require.ErrorIs(t, err, keytable.ErrLeaseLost)
 		require.Error(t, br.Close())
 	})
 
@@ -194,9 +195,10 @@ func TestReleaseNeverMovesBack(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	b := &pgx.Batch{}
-	st.QueueAdvance(b, f, keytable.Advance{RecoveryPoint: "one", Data: []byte(`{"n":1}`), Lease: time.Minute})
+	q := st.QueueKeyWrite(b, keytable.KeyWrite{Fence: f, RecoveryPoint: "one", Data: []byte(`{"n":1}`), Lease: time.Minute})
 	br := tx.SendBatch(ctx, b)
-	require.NoError(t, st.ReadFenced(br))
+	_, err = q.Read(br)
+	require.NoError(t, err)
 	require.NoError(t, br.Close())
 	require.NoError(t, tx.Commit(ctx))
 	rowText := func() string {
