@@ -49,7 +49,7 @@ func TestFailoverAsyncCommit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang bound for the whole test: it took 217 s under the stress run
 			defer cancel()
 			primary := startPrimary(ctx, t, append([]string{"wal_writer_delay=10s", "autovacuum=off"}, tc.server...)...)
 			standby, err := pgtest.StartStandby(ctx, primary, primary.Addr())
@@ -135,7 +135,7 @@ func crashAtCall(ctx context.Context, t *testing.T, primary, standby *pgtest.Ded
 // replaying nothing: no server to promote) does not count either.
 func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang bound for the whole test: it took 217 s under the stress run
 	defer cancel()
 	primary := startPrimary(ctx, t, "wal_level=logical")
 	standby, err := pgtest.StartStandby(ctx, primary, primary.Addr())

@@ -157,12 +157,14 @@ func NewEmpty(t testing.TB) *DB {
 // cleanup, it runs after the pool is closed. It returns the server.
 func createForTest(t testing.TB, what, create, drop string) *Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := Shared(ctx)
+	// The shared server first (it may take minutes to start on a loaded machine, see
+	// sharedStartTimeout), then the bound on this test's own statements.
+	srv, err := Shared(context.Background())
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	if err := srv.exec(ctx, create); err != nil {
 		t.Fatalf("pgtest: create %s: %v", what, err)
 	}
