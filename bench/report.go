@@ -2,14 +2,13 @@ package main
 
 import (
 	"fmt"
+	"github.com/idemflow/idemflow/workflow"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/idemflow/idemflow/sweeper"
 )
 
 // chartFile is the chart's name in the docs directory.
@@ -319,7 +318,7 @@ func (r *report) mdRetention(b *strings.Builder) {
 		p("%d expired finished keys (finished two days ago) inserted with INSERT … SELECT generate_series, then VACUUM ANALYZE and CHECKPOINT (%s). ",
 			rt.Backlog, rt.InsertTime.Round(time.Millisecond))
 		p("Live traffic: idemflow fresh requests at concurrency %d. One sweeper process runs one pass (`Engine.Sweep`) (batches of %d until none is left) with the default 24h retention: %d keys deleted in %s.\n\n",
-			rt.Conc, sweeper.CleanupBatchDefault, rt.Expired, rt.CleanupTime.Round(time.Millisecond))
+			rt.Conc, workflow.CleanupBatchDefault, rt.Expired, rt.CleanupTime.Round(time.Millisecond))
 		p("| window | requests | req/s | p50 (ms) | p99 (ms) | live backends seen waiting on a row or table lock | all lock waits seen |\n|---|---|---|---|---|---|---|\n")
 		for _, w := range []struct {
 			name string

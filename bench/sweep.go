@@ -22,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -70,10 +69,10 @@ func runChild(args []string) error {
 	schema := fs.String("schema", "", "schema (when a schema stands in for a database)")
 	providerURL := fs.String("provider", "", "provider base URL")
 	mode := fs.String("mode", "drain", "drain or cleanup")
-	conc := fs.Int("concurrency", sweeper.ConcurrencyDefault, "sweeper.Config.Concurrency")
-	batch := fs.Int("batch", sweeper.BatchSizeDefault, "sweeper.Config.BatchSize")
-	interval := fs.Duration("interval", 10*time.Millisecond, "sweeper.Config.Interval")
-	cleanupBatch := fs.Int("cleanup-batch", sweeper.CleanupBatchDefault, "sweeper.Config.CleanupBatch")
+	conc := fs.Int("concurrency", workflow.SweepConcurrencyDefault, "workflow.SweeperConfig.Concurrency")
+	batch := fs.Int("batch", workflow.SweepBatchSizeDefault, "workflow.SweeperConfig.BatchSize")
+	interval := fs.Duration("interval", 10*time.Millisecond, "workflow.SweeperConfig.Interval")
+	cleanupBatch := fs.Int("cleanup-batch", workflow.CleanupBatchDefault, "workflow.SweeperConfig.CleanupBatch")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -99,10 +98,10 @@ func runChild(args []string) error {
 	}
 	var mu sync.Mutex
 	var rep childReport
-	swCfg := &sweeper.Config{
+	swCfg := &workflow.SweeperConfig{
 		Interval: *interval, Grace: -1, BatchSize: *batch, Concurrency: *conc, CleanupBatch: *cleanupBatch,
 		Logger: log,
-		Hooks: sweeper.Hooks{Pass: func(_ context.Context, st sweeper.Stats, err error) {
+		Hooks: workflow.SweeperHooks{Pass: func(_ context.Context, st workflow.SweepStats, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			rep.addPass(st, err)
@@ -132,7 +131,7 @@ func runChild(args []string) error {
 }
 
 // addPass adds one sweeper pass's counts and error to r.
-func (r *childReport) addPass(st sweeper.Stats, err error) {
+func (r *childReport) addPass(st workflow.SweepStats, err error) {
 	r.Passes++
 	r.Taken += st.Taken
 	r.Finished += st.Finished
@@ -149,7 +148,7 @@ func (r *childReport) addPass(st sweeper.Stats, err error) {
 
 // runMode runs eng's sweeper with cfg as mode says: its background loop until "stop" on
 // in (drain), or one pass (cleanup).
-func runMode(ctx context.Context, mode string, eng *workflow.Engine, cfg *sweeper.Config, in *bufio.Scanner) error {
+func runMode(ctx context.Context, mode string, eng *workflow.Engine, cfg *workflow.SweeperConfig, in *bufio.Scanner) error {
 	switch mode {
 	case "drain":
 		if err := eng.Start(ctx, cfg); err != nil {
@@ -246,7 +245,7 @@ func killAll(kids []*child) {
 // drainResult is one sweeper drain.
 type drainResult struct {
 	Procs       int
-	Concurrency int // sweeper.Config.Concurrency of each process
+	Concurrency int // workflow.SweeperConfig.Concurrency of each process
 	Keys        int
 	Setup       time.Duration
 	Elapsed     time.Duration

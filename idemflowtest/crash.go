@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -560,13 +559,13 @@ func (m *matrix) recover(t testing.TB, cs matrixCase, req workflow.Request, left
 		m.crashSweeper(t, cs, req)
 	}
 	if cs.recovery != ByRetry {
-		st, err := m.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
+		st, err := m.engine.Sweep(ctx, &workflow.SweeperConfig{Grace: -1})
 		if err != nil {
 			t.Fatalf("%s: sweeper pass: %v", cs.name(), err)
 		}
-		want := sweeper.Stats{}
+		want := workflow.SweepStats{}
 		if inProgress {
-			want = sweeper.Stats{Taken: 1, Finished: 1}
+			want = workflow.SweepStats{Taken: 1, Finished: 1}
 		}
 		if st.Taken != want.Taken || st.Finished != want.Finished {
 			t.Fatalf("%s: the sweeper pass took %d and finished %d keys, want %d and %d (%+v)",
@@ -629,7 +628,7 @@ func (m *matrix) runChild(t *testing.T) {
 		_, err := e.Do(ctx, req)
 		fail("the attempt never reached %s; Do returned %v", spec.Boundary, err)
 	case "sweep":
-		st, err := e.Sweep(ctx, &sweeper.Config{Grace: -1, Concurrency: 1})
+		st, err := e.Sweep(ctx, &workflow.SweeperConfig{Grace: -1, Concurrency: 1})
 		childproc.Emit(childLine{Taken: st.Taken, Finished: st.Finished})
 		fail("the sweeper pass reached no boundary (%+v, %v)", st, err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -37,7 +36,7 @@ func TestKeyStates(t *testing.T) {
 	require.False(t, k.Leased, "a transient failure released the key")
 	require.Contains(t, k.LastError, "503")
 
-	swCfg := &sweeper.Config{MaxAttempts: 2}
+	swCfg := &workflow.SweeperConfig{MaxAttempts: 2}
 	st, err := e.Sweep(ctx, swCfg)
 	require.NoError(t, err)
 	require.Zero(t, st.Taken, "the backoff and the grace period have not run out")

@@ -20,7 +20,6 @@ import (
 
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -358,7 +357,7 @@ func TestHandlerDeadLettered(t *testing.T) {
 	r := mustSend(t, srv, "POST", "/pay", keyed("acct", "k"), `{}`)
 	requireProblem(t, r, http.StatusServiceUnavailable)
 	sweepable(t, b.db)
-	stats, err := b.engine.Sweep(ctx, &sweeper.Config{MaxAttempts: 1})
+	stats, err := b.engine.Sweep(ctx, &workflow.SweeperConfig{MaxAttempts: 1})
 	require.NoError(t, err)
 	require.Equal(t, 1, stats.DeadLettered)
 	require.Equal(t, "dead", state(t, b.db, "acct", "k").Status)
@@ -475,7 +474,7 @@ func TestProblemTypeBaseInvalid(t *testing.T) {
 // Answers under a key say how long the key is kept; answers without one do not.
 func TestRetentionHeader(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, sweeper.RetentionDefault, idemhttp.RetentionDefault, "the HTTP layer advertises the sweeper's default")
+	require.Equal(t, workflow.RetentionDefault, idemhttp.RetentionDefault, "the HTTP layer advertises the sweeper's default")
 	b := setup(t, setupOpts{})
 	answerFlow(t, b.engine, "kept", func() *phases.Response { return &phases.Response{Status: http.StatusCreated, Body: []byte("ok")} })
 	serveWith := func(retention time.Duration) *httptest.Server {

@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -147,7 +146,7 @@ func (o *Observer) Hooks() workflow.Hooks {
 }
 
 // SweeperHooks returns the hooks that feed idemflow.sweeper.last_pass, the liveness of
-// this process's sweeper: pass them as sweeper.Config.Hooks to workflow.Engine.Start
+// this process's sweeper: pass them as workflow.SweeperConfig.Hooks to workflow.Engine.Start
 // (with other Pass hooks, call both from one). The gauge is the Unix time, in seconds,
 // when a pass last completed without error, from workflow.Engine.Start's loop or
 // workflow.Engine.Sweep; a pass that fails (its error is logged) does not move it.
@@ -157,13 +156,13 @@ func (o *Observer) Hooks() workflow.Hooks {
 // is told apart by the exporter's (a Prometheus scrape's instance label). If the
 // process runs several sweepers on one Observer, it is the latest pass of any.
 // deploy/prometheus's IdemflowSweeperStalled alerts when it falls behind.
-func (o *Observer) SweeperHooks() sweeper.Hooks {
+func (o *Observer) SweeperHooks() workflow.SweeperHooks {
 	o.passedAt.CompareAndSwap(0, time.Now().UnixNano())
-	return sweeper.Hooks{Pass: o.pass}
+	return workflow.SweeperHooks{Pass: o.pass}
 }
 
 // pass records a sweeper pass that completed.
-func (o *Observer) pass(_ context.Context, _ sweeper.Stats, err error) {
+func (o *Observer) pass(_ context.Context, _ workflow.SweepStats, err error) {
 	if err == nil {
 		o.passedAt.Store(time.Now().UnixNano())
 	}

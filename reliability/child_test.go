@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 )
 
 // Child processes are this test binary re-executed as childproc's program "reliability"
@@ -50,11 +48,11 @@ type childConfig struct {
 
 // childLine is one line a child prints on stdout.
 type childLine struct {
-	Event  string         // fired, answer, stats, done
-	Point  string         `json:",omitempty"`
-	Key    string         `json:",omitempty"`
-	Answer *answer        `json:",omitempty"`
-	Stats  *sweeper.Stats `json:",omitempty"`
+	Event  string               // fired, answer, stats, done
+	Point  string               `json:",omitempty"`
+	Key    string               `json:",omitempty"`
+	Answer *answer              `json:",omitempty"`
+	Stats  *workflow.SweepStats `json:",omitempty"`
 	// Ran (done) counts the flows' statements the server ran after the point fired
 	// (ranAfter).
 	Ran int64 `json:",omitempty"`
@@ -112,9 +110,9 @@ func runChild() {
 			childproc.Emit(childLine{Event: "answer", Key: req.Key, Answer: &a})
 		}
 	case "sweep":
-		var total sweeper.Stats
+		var total workflow.SweepStats
 		for {
-			st, err := e.Sweep(ctx, &sweeper.Config{Grace: -1})
+			st, err := e.Sweep(ctx, &workflow.SweeperConfig{Grace: -1})
 			if err != nil {
 				childproc.Fail("pass", err)
 			}

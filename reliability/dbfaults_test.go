@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDatabaseFaults runs continuous load while backends are terminated at random
@@ -48,7 +46,7 @@ func testDatabaseFaults(t *testing.T, env *env) {
 	proxy := env.proxy()
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 	en := env.engine(env.pool(poolOpts{via: proxy, connectTimeout: 2 * time.Second}), cfg)
-	sw := env.sweeper(en, &sweeper.Config{Interval: 100 * time.Millisecond, MaxAttempts: 1000})
+	sw := env.sweeper(en, &workflow.SweeperConfig{Interval: 100 * time.Millisecond, MaxAttempts: 1000})
 	require.NoError(t, sw.Start(context.Background()))
 	l := env.startLoad(en, loadOpts{workers: tier(4, 8), prefix: "dbfaults", attemptTimeout: 5 * time.Second})
 	probeConfig, err := pgx.ParseConfig(env.db.URL)

@@ -13,14 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/faultproxy"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 )
 
 // long reports whether the long tier runs (IDEMFLOW_LONG=1); the nightly tier is a
@@ -178,11 +176,11 @@ func (e *env) engineWith(pool workflow.Pool, cfg *workflow.Config, first txProlo
 // sweeperOn is an engine's sweeper with the settings an experiment gave it.
 type sweeperOn struct {
 	en  *workflow.Engine
-	cfg *sweeper.Config
+	cfg *workflow.SweeperConfig
 }
 
 // RunOnce runs one pass (Engine.Sweep).
-func (s *sweeperOn) RunOnce(ctx context.Context) (sweeper.Stats, error) {
+func (s *sweeperOn) RunOnce(ctx context.Context) (workflow.SweepStats, error) {
 	return s.en.Sweep(ctx, s.cfg)
 }
 
@@ -194,9 +192,9 @@ func (s *sweeperOn) Stop(ctx context.Context) error { return s.en.Stop(ctx) }
 
 // sweeper returns en's sweeper with no grace (experiments decide when keys are due);
 // Start and RunOnce refuse invalid settings.
-func (e *env) sweeper(en *workflow.Engine, cfg *sweeper.Config) *sweeperOn {
+func (e *env) sweeper(en *workflow.Engine, cfg *workflow.SweeperConfig) *sweeperOn {
 	e.t.Helper()
-	c := sweeper.Config{Grace: -1}
+	c := workflow.SweeperConfig{Grace: -1}
 	if cfg != nil {
 		c = *cfg
 		if c.Grace == 0 {

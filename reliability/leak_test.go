@@ -6,12 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // TestStartStopLeaks builds an engine and a sweeper and starts and stops the sweeper
@@ -33,7 +31,7 @@ func TestStartStopLeaks(t *testing.T) {
 		en, err := workflow.New(pool, nil)
 		require.NoError(t, err)
 		require.NoError(t, registerFlows(en, env.provider.URL, env.client, nil, nil, flowShape{}))
-		swCfg := &sweeper.Config{Interval: time.Millisecond, Grace: -1}
+		swCfg := &workflow.SweeperConfig{Interval: time.Millisecond, Grace: -1}
 		switch i % 4 {
 		case 0: // start, stop
 			require.NoError(t, en.Start(ctx, swCfg))

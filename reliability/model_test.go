@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -119,7 +118,7 @@ func runModel(t *testing.T, seed uint64, steps, nkeys int) {
 	// A failed attempt whose release failed too is logged, not reported through hooks.
 	cfg.Logger = slog.New(&releaseFailures{unavail: &m.unavail})
 	m.en = env.engine(env.pool(poolOpts{}), cfg)
-	m.sw = env.sweeper(m.en, &sweeper.Config{MaxAttempts: 1 << 20})
+	m.sw = env.sweeper(m.en, &workflow.SweeperConfig{MaxAttempts: 1 << 20})
 	en := m.en
 	for i := range nkeys {
 		amount := int64(100 + i)

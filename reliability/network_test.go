@@ -8,13 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/faultproxy"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 )
 
 // networkFault is one case of TestNetworkFaults.
@@ -139,7 +137,7 @@ func TestStatementTimeout(t *testing.T) {
 			}
 		}}}
 	en := env.engine(env.pool(poolOpts{}), cfg)
-	sw := env.sweeper(en, &sweeper.Config{Interval: 100 * time.Millisecond})
+	sw := env.sweeper(en, &workflow.SweeperConfig{Interval: 100 * time.Millisecond})
 	require.NoError(t, sw.Start(context.Background()))
 	n := scale(6, 40, 100)
 	var keys [][2]string

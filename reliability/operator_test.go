@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -42,7 +41,7 @@ func TestOperatorsRaceSweepers(t *testing.T) {
 	var sweepers []*sweeperOn
 	for range 2 {
 		s := env.sweeper(env.engine(env.pool(poolOpts{maxConns: 4}), cfg),
-			&sweeper.Config{Interval: 20 * time.Millisecond, MaxAttempts: 2, Concurrency: 2})
+			&workflow.SweeperConfig{Interval: 20 * time.Millisecond, MaxAttempts: 2, Concurrency: 2})
 		require.NoError(t, s.Start(ctx))
 		sweepers = append(sweepers, s)
 	}

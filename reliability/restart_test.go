@@ -5,11 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDatabaseRestart crashes a test-owned Postgres with an immediate shutdown (SIGQUIT
@@ -26,7 +24,7 @@ func TestDatabaseRestart(t *testing.T) {
 	// until the lease ends.
 	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 	en := env.engine(env.pool(poolOpts{connectTimeout: 2 * time.Second}), cfg)
-	sw := env.sweeper(en, &sweeper.Config{Interval: 100 * time.Millisecond, MaxAttempts: 1000})
+	sw := env.sweeper(en, &workflow.SweeperConfig{Interval: 100 * time.Millisecond, MaxAttempts: 1000})
 	require.NoError(t, sw.Start(context.Background()))
 	l := env.startLoad(en, loadOpts{workers: tier(4, 8), prefix: "restart", attemptTimeout: 5 * time.Second})
 

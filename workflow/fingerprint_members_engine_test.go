@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -200,7 +199,7 @@ func TestMembersInProgressResumed(t *testing.T) {
 
 	testflow.Sweepable(t, b.db.Pool)
 	plain := b.engine // the flow without a member list
-	st, err := plain.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
+	st, err := plain.Sweep(ctx, &workflow.SweeperConfig{MaxAttempts: 1, Grace: -1})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Finished, "the sweep finished the key")
 	res, err := e.Do(ctx, chargeReq("acct", "k", `{"sent_at":"t2","amount":100}`))

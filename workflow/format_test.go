@@ -13,7 +13,6 @@ import (
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/idemmsg"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -125,9 +124,9 @@ func checkLeftAlone(t *testing.T, b *bundle, req workflow.Request, post func(str
 
 	perKey := b.newEngine(t, setupOpts{cfg: &workflow.Config{Scan: workflow.ScanPerKey}})
 	for _, e := range []*workflow.Engine{b.engine, perKey} {
-		st, err := e.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
+		st, err := e.Sweep(ctx, &workflow.SweeperConfig{MaxAttempts: 1, Grace: -1})
 		require.NoError(t, err)
-		require.Equal(t, sweeper.Stats{}, st, "the sweep (scan %q) took the key", e.Config().Scan)
+		require.Equal(t, workflow.SweepStats{}, st, "the sweep (scan %q) took the key", e.Config().Scan)
 	}
 
 	newer("ReleaseKey", b.engine.ReleaseKey(ctx, req.Scope, req.Key))
@@ -143,7 +142,7 @@ func checkAnsweredAsUsual(t *testing.T, b *bundle, post func(string) *httptest.R
 	ctx := context.Background()
 	if first.Code != http.StatusCreated {
 		testflow.Sweepable(t, b.db.Pool)
-		st, err := b.engine.Sweep(ctx, &sweeper.Config{MaxAttempts: 1, Grace: -1})
+		st, err := b.engine.Sweep(ctx, &workflow.SweeperConfig{MaxAttempts: 1, Grace: -1})
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Finished, "the sweep finished the key")
 	}

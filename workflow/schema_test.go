@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -83,10 +82,10 @@ func TestSchemas(t *testing.T) {
 			SET created_at = statement_timestamp() - interval '1 hour', next_attempt_at = statement_timestamp() - interval '1 millisecond'
 			WHERE status = 'in_progress'`)
 		require.NoError(t, err)
-		st, err := a.Sweep(ctx, &sweeper.Config{Grace: -1})
+		st, err := a.Sweep(ctx, &workflow.SweeperConfig{Grace: -1})
 		require.NoError(t, err)
 		require.Zero(t, st.Taken, "A's sweeper leaves B's keys alone")
-		st, err = b.Sweep(ctx, &sweeper.Config{Grace: -1})
+		st, err = b.Sweep(ctx, &workflow.SweeperConfig{Grace: -1})
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Finished)
 	})

@@ -4,11 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
+	"github.com/stretchr/testify/require"
 )
 
 // Zero in the takeover's options means what it means in workflow.SweeperConfig, and the
@@ -17,8 +15,8 @@ func TestSweepDefaultsMatchTheSweeper(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, workflow.SweepGraceDefault, workflow.TakeoverGraceDefault)
 	require.Equal(t, workflow.SweepMaxAttemptsDefault, workflow.TakeoverMaxAttemptsDefault)
-	require.Equal(t, sweeper.GraceDefault, workflow.SweepGraceDefault)
-	require.Equal(t, sweeper.MaxAttemptsDefault, workflow.SweepMaxAttemptsDefault)
+	require.Equal(t, workflow.SweepGraceDefault, workflow.SweepGraceDefault)
+	require.Equal(t, workflow.SweepMaxAttemptsDefault, workflow.SweepMaxAttemptsDefault)
 }
 
 // released makes every in-progress key due now, its lease gone, claimed age ago by the

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -77,11 +76,11 @@ func TestStopFinishesInFlightGivesBackTheRest(t *testing.T) {
 		before[k] = state(t, b.db, "acct", k)
 	}
 
-	var pass atomic.Pointer[sweeper.Stats]
+	var pass atomic.Pointer[workflow.SweepStats]
 	stopping := make(chan struct{})
 	workflow.SetStoppingHook(b.engine, func() { close(stopping) })
-	require.NoError(t, b.engine.Start(ctx, &sweeper.Config{BatchSize: 3, Concurrency: 1, Hooks: sweeper.Hooks{
-		Pass: func(_ context.Context, st sweeper.Stats, err error) {
+	require.NoError(t, b.engine.Start(ctx, &workflow.SweeperConfig{BatchSize: 3, Concurrency: 1, Hooks: workflow.SweeperHooks{
+		Pass: func(_ context.Context, st workflow.SweepStats, err error) {
 			if st.Taken > 0 {
 				pass.Store(&st)
 			}
@@ -94,7 +93,7 @@ func TestStopFinishesInFlightGivesBackTheRest(t *testing.T) {
 	close(unblock)
 	require.NoError(t, <-stopped)
 
-	require.Equal(t, &sweeper.Stats{Taken: 3, Finished: 1, GivenBack: 2}, pass.Load())
+	require.Equal(t, &workflow.SweepStats{Taken: 3, Finished: 1, GivenBack: 2}, pass.Load())
 	require.EqualValues(t, 2, givenBack.Load())
 	requireOneEffect(t, b, "acct", running)
 	for _, k := range keys {
@@ -112,7 +111,7 @@ func TestStopFinishesInFlightGivesBackTheRest(t *testing.T) {
 
 	stats, err := b.engine.Sweep(ctx, nil)
 	require.NoError(t, err)
-	require.Equal(t, sweeper.Stats{Taken: 2, Finished: 2}, stats)
+	require.Equal(t, workflow.SweepStats{Taken: 2, Finished: 2}, stats)
 	for _, k := range keys {
 		requireOneEffect(t, b, "acct", k)
 	}
@@ -149,7 +148,7 @@ func TestCleanupRestsBetweenFullBatches(t *testing.T) {
 		rests int
 	}{{0, 2}, {0.25, 2}, {1, 0}} {
 		rests = nil
-		stats, err := b.engine.Sweep(ctx, &sweeper.Config{CleanupBatch: 2, CleanupShare: tc.share})
+		stats, err := b.engine.Sweep(ctx, &workflow.SweeperConfig{CleanupBatch: 2, CleanupShare: tc.share})
 		require.NoError(t, err)
 		require.EqualValues(t, 5, stats.Expired, "share %g", tc.share)
 		require.Len(t, rests, tc.rests, "share %g: a rest after each full batch of 2, none after the last of 1", tc.share)

@@ -25,7 +25,6 @@ import (
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -581,7 +580,7 @@ func mustEffects(t *testing.T, b *bundle, key string) testflow.Effects {
 // sweepOnce runs one sweeper pass with no grace and returns how many keys it finished.
 func sweepOnce(t *testing.T, b *bundle) int {
 	t.Helper()
-	st, err := b.engine.Sweep(context.Background(), &sweeper.Config{Grace: -1})
+	st, err := b.engine.Sweep(context.Background(), &workflow.SweeperConfig{Grace: -1})
 	require.NoError(t, err)
 	return st.Finished
 }

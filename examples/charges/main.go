@@ -36,7 +36,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/idemflow/idemflow/migrations"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -100,7 +99,7 @@ type common struct {
 	// hooks are more hooks for the engine, sweeperHooks for its sweeper: serve's
 	// -telemetry.
 	hooks        workflow.Hooks
-	sweeperHooks sweeper.Hooks
+	sweeperHooks workflow.SweeperHooks
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -277,8 +276,8 @@ func crashHooks() workflow.Hooks {
 }
 
 // sweeperConfig is the settings of the engine's sweeper (Engine.Start), from the flags.
-func sweeperConfig(e *env, c *common) *sweeper.Config {
-	return &sweeper.Config{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log, Hooks: c.sweeperHooks}
+func sweeperConfig(e *env, c *common) *workflow.SweeperConfig {
+	return &workflow.SweeperConfig{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log, Hooks: c.sweeperHooks}
 }
 
 func logger(w io.Writer) *slog.Logger {

@@ -21,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemflow/idemflow/otelidemflow"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -102,9 +101,9 @@ func (t *telemetry) hooks() workflow.Hooks {
 
 // sweeperHooks are the sweeper's hooks of t (none when off): its liveness gauge,
 // idemflow.sweeper.last_pass.
-func (t *telemetry) sweeperHooks() sweeper.Hooks {
+func (t *telemetry) sweeperHooks() workflow.SweeperHooks {
 	if t.obs == nil {
-		return sweeper.Hooks{}
+		return workflow.SweeperHooks{}
 	}
 	return t.obs.SweeperHooks()
 }

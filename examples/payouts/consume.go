@@ -25,7 +25,6 @@ import (
 	"github.com/idemflow/idemflow/idemmsg"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -106,7 +105,7 @@ func consumeCmd(ctx context.Context, args []string) error {
 	if err := c.engine.Register(payout.Flow(bank)); err != nil {
 		return err
 	}
-	if err := c.engine.Start(ctx, &sweeper.Config{Interval: *sweepInterval, Grace: *sweepGrace, Logger: log}); err != nil {
+	if err := c.engine.Start(ctx, &workflow.SweeperConfig{Interval: *sweepInterval, Grace: *sweepGrace, Logger: log}); err != nil {
 		return err
 	}
 	defer func() {

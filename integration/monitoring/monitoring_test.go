@@ -28,7 +28,6 @@ import (
 
 	"github.com/idemflow/idemflow/otelidemflow"
 	"github.com/idemflow/idemflow/store"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -109,7 +108,7 @@ func exported(t *testing.T) map[string]map[string]bool {
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	testflow.Sweepable(t, db.Pool)
 	provider.FailNext(1)
-	st, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler), Hooks: obs.SweeperHooks()})
+	st, err := engine.Sweep(ctx, &workflow.SweeperConfig{Grace: -1, MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler), Hooks: obs.SweeperHooks()})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.DeadLettered)
 

@@ -15,7 +15,6 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/otelidemflow"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
@@ -53,9 +52,9 @@ func (b *bundle) newEngine(t *testing.T, before func(context.Context, phases.DBT
 	return testflow.Engine(t, b.db.Pool, &workflow.Config{Hooks: b.obs.Hooks()}, b.provider, before)
 }
 
-func (b *bundle) sweep(t *testing.T, maxAttempts int) sweeper.Stats {
+func (b *bundle) sweep(t *testing.T, maxAttempts int) workflow.SweepStats {
 	t.Helper()
-	st, err := b.engine.Sweep(context.Background(), &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
+	st, err := b.engine.Sweep(context.Background(), &workflow.SweeperConfig{Grace: -1, MaxAttempts: maxAttempts})
 	require.NoError(t, err)
 	return st
 }

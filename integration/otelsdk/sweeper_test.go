@@ -2,13 +2,12 @@ package otelsdk_test
 
 import (
 	"context"
+	"github.com/idemflow/idemflow/workflow"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
-	"github.com/idemflow/idemflow/sweeper"
 )
 
 // lastPass is the gauge idemflow.sweeper.last_pass (Unix seconds) as a time, and
@@ -66,13 +65,13 @@ func TestSweeperLastPass(t *testing.T) {
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err := b.engine.Sweep(cancelled, &sweeper.Config{Hooks: hooks})
+	_, err := b.engine.Sweep(cancelled, &workflow.SweeperConfig{Hooks: hooks})
 	require.Error(t, err)
 	failed, _ := lastPass(t, b)
 	require.Equal(t, made, failed, "a failed pass is not a completed one")
 
 	before = time.Now()
-	_, err = b.engine.Sweep(ctx, &sweeper.Config{Hooks: hooks})
+	_, err = b.engine.Sweep(ctx, &workflow.SweeperConfig{Hooks: hooks})
 	require.NoError(t, err)
 	swept, _ := lastPass(t, b)
 	requireWithin(t, swept, before, time.Now(), "the pass of Sweep")
@@ -80,14 +79,14 @@ func TestSweeperLastPass(t *testing.T) {
 
 	// The background loop: each completed pass signals, after the observer saw it.
 	passed := make(chan time.Time, 100)
-	loop := sweeper.Hooks{Pass: func(ctx context.Context, st sweeper.Stats, err error) {
+	loop := workflow.SweeperHooks{Pass: func(ctx context.Context, st workflow.SweepStats, err error) {
 		hooks.Pass(ctx, st, err)
 		if err == nil {
 			passed <- time.Now()
 		}
 	}}
 	before = time.Now()
-	require.NoError(t, b.engine.Start(ctx, &sweeper.Config{Interval: time.Hour, Hooks: loop}))
+	require.NoError(t, b.engine.Start(ctx, &workflow.SweeperConfig{Interval: time.Hour, Hooks: loop}))
 	after := <-passed // the loop's first pass runs at once
 	looped, _ := lastPass(t, b)
 	requireWithin(t, looped, before, after, "the loop's first pass")

@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -188,7 +187,7 @@ func sweeperTakesOver(t *testing.T, c *kit) {
 	_, err := c.engine.Do(c.ctx, req("k", `{"amount":500}`))
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	testflow.Sweepable(t, c.DB)
-	stats, err := c.engine.Sweep(c.ctx, &sweeper.Config{Grace: -1})
+	stats, err := c.engine.Sweep(c.ctx, &workflow.SweeperConfig{Grace: -1})
 	require.NoError(t, err)
 	require.Equal(t, 1, stats.Taken)
 	require.Equal(t, 1, stats.Finished)

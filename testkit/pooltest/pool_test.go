@@ -14,7 +14,6 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/migrations"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/coretest"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -80,7 +79,7 @@ func TestHTTPAndSweeperLoop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p, provider := pooled(t)
-	passes := make(chan sweeper.Stats, 16)
+	passes := make(chan workflow.SweepStats, 16)
 	engine := testflow.Engine(t, p.DB.Pool, nil, provider, nil)
 	h, err := idemhttp.Handler(engine, testflow.Name, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "acct", nil }})
 	require.NoError(t, err)
@@ -110,7 +109,7 @@ func TestHTTPAndSweeperLoop(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, down.StatusCode)
 	testflow.Sweepable(t, p.Direct.Pool)
 
-	require.NoError(t, engine.Start(ctx, &sweeper.Config{Grace: -1, Hooks: sweeper.Hooks{Pass: func(_ context.Context, s sweeper.Stats, err error) {
+	require.NoError(t, engine.Start(ctx, &workflow.SweeperConfig{Grace: -1, Hooks: workflow.SweeperHooks{Pass: func(_ context.Context, s workflow.SweepStats, err error) {
 		if err == nil && s.Finished > 0 {
 			passes <- s
 		}

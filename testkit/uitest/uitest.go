@@ -21,7 +21,6 @@ import (
 	"github.com/idemflow/idemflow/idemflowtest"
 	"github.com/idemflow/idemflow/idemflowui"
 	"github.com/idemflow/idemflow/phases"
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/childproc"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/testkit/testflow"
@@ -87,9 +86,9 @@ func (f *Fixture) Dead(t *testing.T, scope, key string) {
 }
 
 // Sweep runs one sweeper pass, no grace, with maxAttempts (0: the default).
-func (f *Fixture) Sweep(t *testing.T, maxAttempts int) sweeper.Stats {
+func (f *Fixture) Sweep(t *testing.T, maxAttempts int) workflow.SweepStats {
 	t.Helper()
-	st, err := f.Engine.Sweep(context.Background(), &sweeper.Config{Grace: -1, MaxAttempts: maxAttempts})
+	st, err := f.Engine.Sweep(context.Background(), &workflow.SweeperConfig{Grace: -1, MaxAttempts: maxAttempts})
 	require.NoError(t, err)
 	return st
 }
