@@ -12,7 +12,10 @@
 //		return err
 //	}
 //	reg, err := obs.ObserveKeys(engine) // the gauges; reg.Unregister() stops them
-//	err = engine.Start(ctx, &sweeper.Config{Hooks: obs.SweeperHooks()}) // the sweeper's liveness
+//	if err != nil {
+//		return err
+//	}
+//	err = engine.Start(ctx, &workflow.SweeperConfig{Hooks: obs.SweeperHooks()}) // the sweeper's liveness
 //
 // Traces. Each attempt (a call of Do or Resume, a sweeper's run of a key) is a span
 // named "idemflow.attempt <flow>", a child of the context passed to Do (an HTTP

@@ -1,6 +1,8 @@
 package otelidemflow_test
 
 import (
+	"context"
+
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -10,7 +12,7 @@ import (
 
 // usage holds the package documentation's snippet, compiled (TestDocSnippets in the
 // module's root checks that doc.go shows these lines).
-func usage(pool workflow.Pool, tp trace.TracerProvider, mp metric.MeterProvider, myHooks workflow.Hooks) error {
+func usage(ctx context.Context, pool workflow.Pool, tp trace.TracerProvider, mp metric.MeterProvider, myHooks workflow.Hooks) error {
 	obs, err := otelidemflow.New(&otelidemflow.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		return err
@@ -20,6 +22,10 @@ func usage(pool workflow.Pool, tp trace.TracerProvider, mp metric.MeterProvider,
 		return err
 	}
 	reg, err := obs.ObserveKeys(engine) // the gauges; reg.Unregister() stops them
+	if err != nil {
+		return err
+	}
+	err = engine.Start(ctx, &workflow.SweeperConfig{Hooks: obs.SweeperHooks()}) // the sweeper's liveness
 	if err != nil {
 		return err
 	}

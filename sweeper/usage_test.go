@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/workflow"
 )
 
 // usage holds the package documentation's snippets, compiled (TestDocSnippets in the
 // module's root checks that doc.go shows these lines).
 func usage(ctx context.Context, engine *workflow.Engine, done <-chan struct{}) error {
-	if err := engine.Start(ctx, nil); err != nil { // nil *sweeper.Config: all defaults; returns at once
+	if err := engine.Start(ctx, nil); err != nil { // nil: the engine's Config.Sweeper; returns at once
 		return err
 	}
 	<-done // until the process shuts down
@@ -22,7 +21,7 @@ func usage(ctx context.Context, engine *workflow.Engine, done <-chan struct{}) e
 		return err
 	}
 
-	stats, err := engine.Sweep(ctx, &sweeper.Config{Grace: -1}) // one pass, synchronously: for tests and operators
+	stats, err := engine.Sweep(ctx, &workflow.SweeperConfig{Grace: -1}) // one pass, synchronously: for tests and operators
 	fmt.Println(stats, err)
 	return err
 }
