@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -22,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/attempt"
 	"github.com/idemflow/idemflow/internal/keytable"
-	"github.com/idemflow/idemflow/internal/runstate"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -302,7 +301,7 @@ type Engine struct {
 	members  map[string]*memberSet // the flows' FingerprintMembers, validated
 	layout   layoutCheck           // the start-up check of the key table (partition.go)
 	sweeping sweeping              // the engine's sweeper (sweeper.go)
-	standby  atomic.Bool           // the standby wait warned that the role cannot read positions
+	env      attempt.Env           // what the executor of an attempt reads (internal/attempt)
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -326,8 +325,18 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
-	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
-		members: map[string]*memberSet{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}, nil
+	e := &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
+		members: map[string]*memberSet{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}
+	e.env = attempt.Env{
+		Store: st, Pool: pool, Hooks: &c.Hooks, Admission: e.adm,
+		Acquire: e.acquire, Keeps: e.keeps, Seal: e.sealResponse,
+		Lease: c.Lease, TxRetries: c.txRetries(), HistoryKeep: c.historyKeep(),
+		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax,
+		MaxResponseBytes: c.MaxResponseBytes, MaxPhaseDataBytes: c.MaxPhaseDataBytes,
+		StandbyWait: c.StandbyWait, StandbyNames: c.StandbyNames,
+		ClaimWithFirstStatement: c.ClaimWithFirstStatement, Logger: c.Logger,
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -681,7 +690,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
-	if e.adm.isDraining() {
+	if e.adm.Draining() {
 		return nil, shed(ErrDraining)
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
@@ -766,13 +775,11 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
 		taken.RequestBody = req.Body // a retry brings the body that was not stored
 	}
-	x, err := e.newExec(f, taken, started)
+	x, err := attempt.Take(&e.env, f, taken, started, attempt.Taken{By: ExecutorClient, Detach: req != nil}) // detached: Do's attempt, not Resume's
 	if err != nil {
 		return ended(failure(err))
 	}
-	x.detach = req != nil // Do's attempt, not Resume's
-	out := x.drive(ctx, next+1).out
-	return ended(withKey(out, x.fence.ID, x.flow.Name, taken.Origin, x.rp, x.run.Attempt()))
+	return ended(x.Keyed(x.Drive(ctx, next+1).Out))
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -794,71 +801,29 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		return ended(failure(err))
 	}
 	defer e.waits.end(req.Scope, req.Key, e.waits.run(req.Scope, req.Key)) // wakes this engine's waiters
-	origin := e.cfg.Hooks.origin(ctx)
-	x := &exec{
-		e:      e,
-		flow:   f,
-		origin: origin,
-		fence:  keytable.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
-		rp:     phases.Started,
-		// no row yet: stored is set by the first commit
-		claimRow: keytable.Claim{
-			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
-			Lease: e.cfg.Lease, Origin: origin,
-		},
-		leaseEnd: time.Now().Add(e.cfg.Lease),
-		began:    time.Now(),
-		by:       ExecutorClient,
-		detach:   true,
-	}
-	x.claim = &x.claimRow
-	x.run, _ = newRun(runstate.Info{
+	origin := storedOrigin(ctx, &e.cfg.Hooks)
+	x := attempt.Fresh(&e.env, f, keytable.Claim{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
-	}, nil)
-	if sealed {
-		x.state().SetValue(keytable.FormatMember, sealedMark) // phase data format 2: the body is sealed
-	}
+		Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
+		Lease: e.cfg.Lease, Origin: origin,
+	}, req.Body, sealed)
 	started := time.Now()
-	st := x.drive(ctx, 0)
+	end := x.Drive(ctx, 0)
 	switch {
-	case st.kind == stepFinished:
+	case end.Finished:
 		e.durations.observe(f.Name, time.Since(started))
-	case st.kind == stepLost && st.lost == claimBusy:
+	case end.Lost && end.Busy:
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		out := inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), true)
 		out = standing(out, phases.Started)
 		return answer{out: out, claimLost: true}
-	case st.kind == stepLost && st.found != nil:
-		return answer{found: st.found}
-	case st.kind == stepLost:
+	case end.Lost && end.Found != nil:
+		return answer{found: end.Found}
+	case end.Lost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return ended(withKey(st.out, x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
-}
-
-func (e *Engine) newExec(f phases.Flow, row *keytable.Row, started time.Time) (*exec, error) {
-	run, err := newRun(runstate.Info{
-		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
-		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
-	}, row.PhaseData)
-	if err != nil {
-		return nil, err
-	}
-	return &exec{
-		e:        e,
-		flow:     f,
-		fence:    row.Fence(),
-		rp:       row.RecoveryPoint,
-		stored:   row.RecoveryPoint,
-		run:      run,
-		leaseEnd: started.Add(row.LeaseLeft()),
-		began:    started,
-		by:       ExecutorClient,
-		durable:  true, // taken over: the row exists with this fence
-	}, nil
+	return ended(x.Keyed(end.Out))
 }
 
 // bounded limits one of the engine's own statements to a lease, so that a connection

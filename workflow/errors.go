@@ -166,3 +166,9 @@ const (
 // made: the key was released and will be retried). An error the engine does not know
 // is a server fault.
 func Classify(err error) Class { return vocab.Classify(err) }
+
+// ErrStandbyBehind: a call phase did not start because no standby that counts
+// (Config.StandbyWait, StandbyNames) confirmed, within Config.StandbyWait, the commit
+// that precedes it. The key was released; a retry tries again. It comes inside a
+// *TransientError.
+var ErrStandbyBehind = vocab.ErrStandbyBehind

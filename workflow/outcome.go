@@ -156,7 +156,7 @@ func (e *Engine) report(ctx context.Context, ev AttemptEvent, r Result, unrecord
 // attemptEvent is the key event of an attempt: its outcome, from report, the one place
 // an attempt's result goes out; and its milestones, at the moment they happen, where
 // crash tests stop a process (OutcomeClaimed once the claim is durable, from
-// exec.committed; OutcomeTakenOver, from existingRow; OutcomeWaiting, from keyWaiter.wait).
+// the executor's Exec.committed; OutcomeTakenOver, from existingRow; OutcomeWaiting, from keyWaiter.wait).
 func (e *Engine) attemptEvent(ctx context.Context, ev KeyEvent) {
 	if e.cfg.Hooks.Key != nil {
 		e.cfg.Hooks.Key(ctx, ev)

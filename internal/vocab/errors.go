@@ -155,3 +155,7 @@ func (e *ShedError) Error() string {
 
 // Unwrap returns ErrOverloaded or ErrDraining.
 func (e *ShedError) Unwrap() error { return e.Err }
+
+// Shed is the error of an attempt turned away before its claim because of why
+// (ErrOverloaded or ErrDraining), to retry after a second.
+func Shed(why error) *ShedError { return &ShedError{RetryAfter: time.Second, Err: why} }

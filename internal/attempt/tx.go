@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type phaseTx struct {
 	begun bool // BEGIN was sent: the transaction must end with COMMIT or ROLLBACK
 	// held: the transaction holds the key: claim gave it the key, or its head came
 	// back with the claim or with the lock on the key row. The commit's write of the
-	// key row is then a plain insert or update (exec.plan).
+	// key row is then a plain insert or update (Exec.plan).
 	held bool
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
