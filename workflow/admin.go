@@ -543,37 +543,7 @@ func (e *Engine) EraseScope(ctx context.Context, scope string, opts EraseOptions
 	if scope == "" || len(scope) > 255 || !storableText(scope) {
 		return res, fmt.Errorf("workflow: erase scope: %w: want 1-255 bytes of UTF-8 text without NUL", ErrInvalidScope)
 	}
-	if opts.DryRun {
-		c, err := e.store.EraseCount(ctx, e.pool, scope)
-		if err != nil {
-			return res, err
-		}
-		res.Erased = c.Done
-		if opts.Force {
-			res.Erased += c.InProgress
-			res.Fenced = c.Leased
-		} else {
-			res.Left = c.InProgress
-		}
-		return res, nil
-	}
-	for {
-		n, leased, err := e.store.EraseBatch(ctx, e.pool, scope, opts.Force, eraseBatch)
-		res.Erased += int64(n)
-		res.Fenced += int64(leased)
-		if err != nil {
-			return res, err
-		}
-		if n < eraseBatch {
-			break
-		}
-	}
-	if !opts.Force {
-		c, err := e.store.EraseCount(ctx, e.pool, scope)
-		if err != nil {
-			return res, err
-		}
-		res.Left = c.InProgress
-	}
-	return res, nil
+	var err error
+	res.Erased, res.Fenced, res.Left, err = e.store.EraseScope(ctx, e.pool, scope, opts.Force, opts.DryRun, eraseBatch)
+	return res, err
 }

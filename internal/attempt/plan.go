@@ -242,7 +242,7 @@ func (t *phaseTx) send(ctx context.Context, p *plan) (err error) {
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("commit: %w", keytable.Classify(err))
 	}
-	if !keytable.IsCommitted(tag) {
+	if !isCommitted(tag) {
 		return fmt.Errorf("commit: server answered %q: %w", tag.String(), keytable.ErrConflict)
 	}
 	t.begun = false
@@ -289,7 +289,7 @@ func (t *phaseTx) keepCreated(at time.Time) {
 // (a partitioned key table, or a layout not learnt yet) raised, so the server skipped
 // the COMMIT, whose result is that error, and done rolls the transaction back.
 func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
-	if tag, err := br.Exec(); err == nil && keytable.IsCommitted(tag) {
+	if tag, err := br.Exec(); err == nil && isCommitted(tag) {
 		t.begun = false
 	}
 	return busy
@@ -325,6 +325,9 @@ func (t *phaseTx) implicitCommitted(br pgx.BatchResults) error {
 	}
 	return nil
 }
+
+// isCommitted reports whether a batch ending in COMMIT committed, given its tag.
+func isCommitted(tag pgconn.CommandTag) bool { return tag.String() == "COMMIT" }
 
 // needsBlock reports whether err is a statement's refusal to run outside a
 // transaction block (25P01: LOCK, DECLARE without HOLD), which an implicit transaction

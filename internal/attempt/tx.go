@@ -228,11 +228,11 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 	b.Queue(t.begin)
 	t.begun = true
 	var insert keytable.Queued
+	var look keytable.ClaimLook
 	if t.oneSnapshot {
 		insert = t.store.QueueKeyWrite(b, keytable.KeyWrite{Claim: c, RecoveryPoint: phases.Started, Data: emptyData})
 	} else {
-		t.store.QueueClaimLock(b, *c)
-		t.store.QueueLookup(b, c.Scope, c.Key)
+		look = t.store.QueueClaimLook(b, *c)
 	}
 	br := pgpipe.Send(ctx, t.conn, b)
 	defer br.Close()
@@ -252,12 +252,8 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 		t.held, t.insertedAtClaim, t.createdAt = true, true, at
 		return claimOwned, nil, br.Close()
 	}
-	locked, at, err := t.store.ReadClaimLockAt(br)
-	if err != nil {
-		return 0, nil, err
-	}
+	locked, at, row, err := look.Read(br)
 	t.createdAt = at
-	row, err := t.store.ReadLookup(br)
 	switch {
 	case errors.Is(err, keytable.ErrNotFound) && locked:
 		t.held = true

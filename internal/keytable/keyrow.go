@@ -54,7 +54,7 @@ type KeyWrite struct {
 	// Claim, when set, is a new key: its row is inserted, leased for Claim.Lease. Fence
 	// names the existing row otherwise. A held insert returns the row's created_at
 	// unless Fence.CreatedAt already holds it (the transaction's start, which the claim
-	// lock read: ReadClaimLockAt).
+	// lock read: ClaimLook.Read).
 	Claim *Claim
 	Fence Fence
 	// Held: the transaction already holds what the write would otherwise check: a new
