@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // The operator's API: what an operator needs to see and settle keys by hand, all in
@@ -43,15 +44,15 @@ const (
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
-	ErrUnknownStatus = keytable.ErrUnknownStatus
+	ErrUnknownStatus = vocab.ErrUnknownStatus
 	// ErrWrongStatus: an operator's action found the key in a status it does not apply
 	// to: ReleaseKey a finished or dead-lettered key (see Redrive), CancelKey a finished
 	// one, Redrive one not dead-lettered, PurgeKey one not finished. The message says
 	// which ("... is not in progress", "is not dead-lettered", "is not finished", "is
 	// finished"). Nothing was changed.
-	ErrWrongStatus = errors.New("wrong key status")
+	ErrWrongStatus = vocab.ErrWrongStatus
 	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
-	ErrInvalidCursor = errors.New("invalid list cursor")
+	ErrInvalidCursor = vocab.ErrInvalidCursor
 )
 
 // Limits of ListOptions.Limit.

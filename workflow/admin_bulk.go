@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -38,7 +39,7 @@ const bulkBatch = 100
 
 // ErrEmptyFilter: a bulk action was given no filter and not BulkOptions.All. Nothing
 // was read or changed.
-var ErrEmptyFilter = errors.New("bulk action without a filter (set BulkOptions.All to act on every key)")
+var ErrEmptyFilter = vocab.ErrEmptyFilter
 
 // BulkOptions select the keys of BulkKeys and what is done to them. At least one of
 // Flow, Scope, RecoveryPoint and ErrorContains must be set, or All.
@@ -183,7 +184,7 @@ func (e *Engine) bulkOne(ctx context.Context, opts BulkOptions, f keytable.Filte
 
 // ErrCallMayHaveRun: CancelKey refused a key one of whose call phases may already
 // have reached the remote side (see CallMayHaveRunError). Nothing was changed.
-var ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")
+var ErrCallMayHaveRun = vocab.ErrCallMayHaveRun
 
 // CallMayHaveRunError is the error of a CancelKey refused without Force. It matches
 // ErrCallMayHaveRun.

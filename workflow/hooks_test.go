@@ -3,17 +3,15 @@ package workflow_test
 import (
 	"context"
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/gosource"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -243,19 +241,8 @@ func TestOneKeyEventEmitter(t *testing.T) {
 // (internal/attempt) named in callees (a method of a field Hooks as "Hooks.Key"), the
 // names of the functions that call it, one entry a call, sorted.
 func callSites(t *testing.T, callees ...string) map[string][]string {
-	fset := token.NewFileSet()
-	names, err := filepath.Glob("*.go")
-	require.NoError(t, err)
-	executor, err := filepath.Glob("../internal/attempt/*.go")
-	require.NoError(t, err)
-	names = append(names, executor...)
 	sites := map[string][]string{}
-	for _, name := range names {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		require.NoError(t, err)
+	for _, f := range gosource.Files(t, token.NewFileSet(), ".", "../internal/attempt") {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {

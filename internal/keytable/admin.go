@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Operators' reads and actions: lists, one key in full, counts, and the release and
@@ -126,15 +128,12 @@ type KeyDetail struct {
 	PhaseDataFormat string
 }
 
-// ErrUnknownStatus: a list asked for a status there is none of (workflow.ErrUnknownStatus).
-var ErrUnknownStatus = errors.New("unknown key status")
-
 // List returns up to q.Limit keys matching q, in the order of their status's index,
 // after q.After. It locks nothing.
 func (s *Store) List(ctx context.Context, db DBTX, q ListKeys) ([]KeySummary, error) {
 	texts, ok := s.admin.list[q.Status]
 	if !ok {
-		return nil, fmt.Errorf("list keys: %w: %q", ErrUnknownStatus, q.Status)
+		return nil, fmt.Errorf("list keys: %w: %q", vocab.ErrUnknownStatus, q.Status)
 	}
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list keys: limit %d is not positive", q.Limit)

@@ -24,7 +24,8 @@ const (
 	// point). Answer 409 or 503 with Retry-After; redeliver a message later.
 	ClassRetry
 	// ClassClientFault: the request is wrong (its key, scope, method, route or body,
-	// or a key reused for another request, or a key that does not exist), so no retry
+	// or a key reused for another request, or a key that does not exist, or an
+	// operator's action that does not apply to the keys as they are), so no retry
 	// of the same request can succeed; nothing was written. Answer 4xx, never logged
 	// as an error, since any client can cause it; terminate a message.
 	ClassClientFault
@@ -67,7 +68,8 @@ var (
 		ErrLeaseExpired, ErrUnavailable, ErrConflict, ErrClaimBusy, ErrClaimExists, ErrOverloaded, ErrDraining,
 		ErrStandbyBehind, context.Canceled, context.DeadlineExceeded}
 	clientFaults = []error{ErrInvalidKey, ErrInvalidScope, ErrControlCharacter, ErrInvalidRequest,
-		ErrBodyTooLarge, ErrMismatch, ErrNotFound}
+		ErrBodyTooLarge, ErrMismatch, ErrNotFound, ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter,
+		ErrCallMayHaveRun}
 )
 
 // Classify returns the class of err, which may wrap any of the engine's errors. A
@@ -110,5 +112,6 @@ func Sentinels() []error {
 		ErrUnknownFlow, ErrBodyTooLarge, ErrMismatch, ErrInProgress, ErrNewerFormat, ErrUnknownRecoveryPoint,
 		ErrDeadLettered, ErrTransient, ErrResponseTooLarge, ErrPhaseDataTooLarge, ErrNoResponse, ErrNotFinal,
 		ErrLeaseExpired, ErrNeedsClient, ErrUnstorable, ErrOverloaded, ErrDraining, ErrOpenSealed, ErrStandbyBehind,
-		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused}
+		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused,
+		ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter, ErrCallMayHaveRun}
 }

@@ -99,6 +99,25 @@ var (
 	ErrRefused = errors.New("statement refused by the database, permanently (a retry would be refused the same way)")
 )
 
+// The operator API's errors (workflow's ListKeys, ReleaseKey, Redrive, PurgeKey,
+// CancelKey, BulkKeys): no attempt returns them. Each is the operator's request being
+// wrong for the keys as they are, so a client fault: nothing was changed.
+var (
+	// ErrUnknownStatus: a list asked for a status there is none of.
+	ErrUnknownStatus = errors.New("unknown key status")
+	// ErrWrongStatus: an operator's action found the key in a status it does not
+	// apply to.
+	ErrWrongStatus = errors.New("wrong key status")
+	// ErrInvalidCursor: a list's cursor is not one of a page of the same status.
+	ErrInvalidCursor = errors.New("invalid list cursor")
+	// ErrEmptyFilter: a bulk action was given no filter and not asked to act on every
+	// key.
+	ErrEmptyFilter = errors.New("bulk action without a filter (set BulkOptions.All to act on every key)")
+	// ErrCallMayHaveRun: a cancel was refused for a key one of whose call phases may
+	// already have reached the remote side.
+	ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")
+)
+
 // InProgressError is returned while another attempt holds a key's lease.
 type InProgressError struct {
 	// RetryAfter is when the holder's answer is likely stored: by default the average
