@@ -106,10 +106,9 @@
 // This package imports idemflow's phases and store packages, internal/attempt (the
 // executor of one attempt) and internal/maintenance (the sweeper's services), both
 // handed values, never the Engine, internal/keytable (the key table's driver),
-// internal/vocab (the engine's vocabulary: outcomes, results, events,
-// errors and their classes, which this package re-exports as aliases), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
-// Fingerprint), and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints
-// stored before v2).
+// internal/fingerprint (a request's fingerprint, under Fingerprint) and
+// internal/vocab (the engine's vocabulary: outcomes, results, events, errors and their
+// classes, which this package re-exports as aliases), and of other modules only pgx.
 // It does not import net/http (header names are canonicalised with net/textproto);
 // phases.Response.Header is an http.Header, so net/http is among its dependencies
 // through phases.

@@ -22,7 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemflow/idemflow/internal/attempt"
+	"github.com/idemflow/idemflow/internal/fingerprint"
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -296,12 +298,12 @@ type Engine struct {
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
 
-	adm      *admission            // attempts in flight, executors running, the drain
-	waits    waits                 // the keys this engine runs, and the attempts that wait
-	members  map[string]*memberSet // the flows' FingerprintMembers, validated
-	layout   layoutCheck           // the start-up check of the key table (partition.go)
-	sweeping sweeping              // the engine's sweeper (sweeper.go)
-	env      attempt.Env           // what the executor of an attempt reads (internal/attempt)
+	adm      *admission                      // attempts in flight, executors running, the drain
+	waits    waits                           // the keys this engine runs, and the attempts that wait
+	members  map[string]*fingerprint.Members // the flows' FingerprintMembers, validated
+	layout   layoutCheck                     // the start-up check of the key table (partition.go)
+	sweeping sweeping                        // the engine's sweeper (sweeper.go)
+	env      attempt.Env                     // what the executor of an attempt reads (internal/attempt)
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -326,7 +328,7 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
 	e := &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
-		members: map[string]*memberSet{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}
+		members: map[string]*fingerprint.Members{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}
 	e.env = attempt.Env{
 		Store: st, Pool: pool, Hooks: &c.Hooks, Admission: e.adm,
 		Acquire: e.acquire, Keeps: e.keeps, Seal: e.sealResponse,
@@ -350,7 +352,7 @@ func (e *Engine) Register(f phases.Flow) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("workflow: register: %w", err)
 	}
-	ms, err := newMemberSet(f.FingerprintMembers)
+	ms, err := fingerprint.NewMembers(f.FingerprintMembers)
 	if err != nil {
 		return fmt.Errorf("workflow: register: %w: flow %q: %w", phases.ErrInvalidFlow, f.Name, err)
 	}
@@ -612,7 +614,7 @@ func (e *Engine) Run(ctx context.Context, req Request) *Result {
 // another attempt's answer: a waiter runs nothing, so it gives its place back and
 // takes one again, bounded by AdmitWait, once there is something to run or replay.
 func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool) answer {
-	fp, err := ruleFingerprint(e.memberSet(f.Name), req.Method, req.Route, req.Body)
+	fp, err := fingerprint.Of(e.memberSet(f.Name), req.Method, req.Route, req.Body)
 	if err != nil {
 		return ended(failure(err))
 	}
@@ -725,7 +727,7 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 	if err := e.checkRow(row); err != nil {
 		return ended(failure(err)) // a newer build's row: nothing final, nothing written
 	}
-	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !fingerprint.Matches(row.Fingerprint, fp, req.Method, req.Route, req.Body, e.memberSet(req.Flow))) {
 		return ended(noted(Result{Outcome: OutcomeMismatch, Err: ErrMismatch}, nil, true))
 	}
 	switch row.Status {
@@ -986,4 +988,47 @@ var representationHeaders = map[string]bool{"Content-Type": true, "Content-Encod
 // body (representationHeaders).
 func (e *Engine) keeps(canonical string) bool {
 	return e.stored[canonical] || representationHeaders[canonical]
+}
+
+// memberSet is the member list of a registered flow, nil if it has none.
+func (e *Engine) memberSet(flow string) *fingerprint.Members {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.members[flow]
+}
+
+// ErrBodyNotJSON: the flow fingerprints chosen members (phases.Flow.FingerprintMembers)
+// and the request body is not one canonicalisable JSON value (see Fingerprint: not
+// JSON, invalid UTF-8, duplicate member names, nesting deeper than 64 levels, an
+// exponent of more than 18 digits). It wraps ErrInvalidRequest; nothing was written.
+var ErrBodyNotJSON = vocab.ErrBodyNotJSON
+
+// Fingerprint returns the fingerprint an engine stores on a request's key, for a flow
+// whose phases.Flow.FingerprintMembers is members.
+//
+// With no members (nil or empty), it is version 2: 33 bytes, the version byte 0x02 and
+// the sha256 of the method, the route and the body. A body that is one valid JSON value
+// is hashed in an exact canonical form, so object key order, whitespace, string escapes
+// and number spelling (1, 1.0, 1e0, 10e-1) don't matter, while any two numbers of
+// different decimal value, however many digits they take, differ. Any other body,
+// including JSON with duplicate member names, invalid UTF-8, nesting deeper than 64
+// levels or an exponent of more than 18 digits, is hashed as its bytes. The two cases
+// are kept apart so that no raw body can collide with a JSON one. It never fails.
+//
+// With members (JSON pointers), it is version 3: 73 bytes, the version byte 0x03 and
+// hashes over the method, the route, the member list and the canonical form of the
+// members the pointers name, an absent member told apart from a null one, and over
+// the whole request, as version 2. Two requests are the same under the list when the
+// first 41 bytes of their fingerprints are equal; the last 32 tell whether they are
+// the same as a whole. It fails if the list is invalid (see
+// phases.Flow.FingerprintMembers) or with ErrBodyNotJSON.
+func Fingerprint(method, route string, body []byte, members []string) ([]byte, error) {
+	if len(members) == 0 {
+		return fingerprint.Whole(method, route, body), nil
+	}
+	ms, err := fingerprint.NewMembers(members)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: %w", err)
+	}
+	return fingerprint.Of(ms, method, route, body)
 }
