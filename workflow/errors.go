@@ -59,11 +59,6 @@ var (
 	ErrLeaseExpired = vocab.ErrLeaseExpired
 )
 
-// errNotFinal: a phase answered with a status that is not a final answer (1xx,
-// including 101 Switching Protocols). It is never stored or replayed; the attempt
-// fails like one without a response, and the key is released.
-var errNotFinal = vocab.ErrNotFinal
-
 // Errors of the database and of fencing. They are the key table's own values (the
 // internal package that runs the engine's SQL returns them, translated from pgx's
 // errors), so errors.Is matches them whichever layer wrapped them; this is their one
