@@ -37,7 +37,9 @@ type xfer struct {
 // phaseGate pauses a phase: entered is closed when it gets there, and it waits for let.
 type phaseGate struct{ entered, let chan struct{} }
 
-func newPhaseGate() *phaseGate { return &phaseGate{entered: make(chan struct{}), let: make(chan struct{})} }
+func newPhaseGate() *phaseGate {
+	return &phaseGate{entered: make(chan struct{}), let: make(chan struct{})}
+}
 
 func (g *phaseGate) pass() {
 	if g != nil {
