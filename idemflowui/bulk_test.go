@@ -60,7 +60,8 @@ func TestBulkPages(t *testing.T) {
 
 // TestCancelPage: the cancel form refuses a key whose call phase may have run,
 // naming its derived key and changing nothing, until the operator ticks the
-// reconciliation box; a 5xx is refused 400; the key page then shows the stored
+// reconciliation box; the form says what the cancel runs (here no compensation); a
+// 5xx is refused 400; the key page then shows the stored
 // response, which a retry gets byte for byte.
 func TestCancelPage(t *testing.T) {
 	t.Parallel()
@@ -75,6 +76,9 @@ func TestCancelPage(t *testing.T) {
 	formPage := f.get(t, c, "/key/cancel?scope=acct&key=dead")
 	require.Equal(t, http.StatusOK, formPage.status)
 	require.Contains(t, formPage.body, "never run again by a sweeper")
+	require.Contains(t, formPage.body, `<p id="effect"><strong>What the cancel runs:</strong> no compensation: flow &#34;`+info.Flow+`&#34; declares none`,
+		"the form says what the cancel runs before it acts")
+	require.NotContains(t, formPage.body, `id="c-skip"`, "nothing to skip")
 
 	body := `{"title":"cancelled <by> ops"}`
 	form := url.Values{"scope": {"acct"}, "key": {"dead"}, "status": {"409"}, "content_type": {"application/problem+json"}, "body": {body}}
