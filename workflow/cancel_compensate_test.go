@@ -321,6 +321,9 @@ func TestCancelRacesACommit(t *testing.T) {
 	x := newXfer(t, true)
 	x.sendGate = newPhaseGate()
 	hold := make(chan struct{})
+	let := sync.OnceFunc(func() { close(hold) })
+	letSend := sync.OnceFunc(func() { close(x.sendGate.let) })
+	t.Cleanup(func() { letSend(); let() }) // a failure below must leave nothing paused
 	x.undoHold, x.undoEntered = hold, make(chan int, 1)
 	held := make(chan error, 1)
 	go func() { _, err := x.b.engine.Do(ctx, xreq("k")); held <- err }()
@@ -328,9 +331,9 @@ func TestCancelRacesACommit(t *testing.T) {
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- x.b.engine.CancelKey(ctx, "s", "k", cancelAnswer) }()
 	<-x.undoEntered // the compensation deleted the debit, uncommitted
-	close(x.sendGate.let)
+	letSend()
 	require.NoError(t, <-held, "the holder's settle commits: the cancel has not written the key row yet")
-	close(hold)
+	let()
 	err := <-cancelled
 	require.ErrorIs(t, err, workflow.ErrWrongStatus, "read again, the key is finished")
 	require.Equal(t, [2]int{2, 0}, pair(x.rows(t, "k")), "the undo rolled back with the cancel's write: debit and settle stay")
@@ -354,12 +357,14 @@ func TestCancelCompensationCrash(t *testing.T) {
 	x.stuckAtDebit(t, "k")
 	before := keyRow(t, x.b.db, "s", "k")
 	hold := make(chan struct{})
+	let := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(let) // a failure below must not leave the compensation paused
 	x.undoHold, x.undoEntered = hold, make(chan int, 1)
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- e.CancelKey(ctx, "s", "k", cancelAnswer) }()
 	pid := <-x.undoEntered
 	terminate(t, x.b.db, pid)
-	close(hold)
+	let()
 	err := <-cancelled
 	require.Error(t, err)
 	require.ErrorIs(t, err, workflow.ErrCompensationFailed, "%v", err)
