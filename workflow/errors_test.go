@@ -83,11 +83,13 @@ var publicErrors = map[string]struct {
 
 	// The operator API's errors: no attempt returns them; its callers (cmd/idemflow,
 	// idemflowui) answer them.
-	"ErrUnknownStatus":  {workflow.ErrUnknownStatus, nil, workflow.ClassServerFault},
-	"ErrWrongStatus":    {workflow.ErrWrongStatus, nil, workflow.ClassServerFault},
-	"ErrInvalidCursor":  {workflow.ErrInvalidCursor, nil, workflow.ClassServerFault},
-	"ErrEmptyFilter":    {workflow.ErrEmptyFilter, nil, workflow.ClassServerFault},
-	"ErrCallMayHaveRun": {workflow.ErrCallMayHaveRun, nil, workflow.ClassServerFault},
+	"ErrUnknownStatus":       {workflow.ErrUnknownStatus, nil, workflow.ClassServerFault},
+	"ErrWrongStatus":         {workflow.ErrWrongStatus, nil, workflow.ClassServerFault},
+	"ErrInvalidCursor":       {workflow.ErrInvalidCursor, nil, workflow.ClassServerFault},
+	"ErrEmptyFilter":         {workflow.ErrEmptyFilter, nil, workflow.ClassServerFault},
+	"ErrCallMayHaveRun":      {workflow.ErrCallMayHaveRun, nil, workflow.ClassServerFault},
+	"ErrCompensationUnknown": {workflow.ErrCompensationUnknown, nil, workflow.ClassServerFault},
+	"ErrCompensationFailed":  {workflow.ErrCompensationFailed, nil, workflow.ClassServerFault},
 }
 
 // Every error an attempt can return is the vocabulary's value, so it has the class the
