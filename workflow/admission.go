@@ -280,6 +280,12 @@ func (a *admission) leave(x *exec) {
 	a.signal()
 }
 
+// Draining reports whether Drain was called: from then on the engine turns every new
+// attempt away before its claim (a *ShedError with ErrDraining), before it looks at
+// the request's body, so a caller may skip reading one; a readiness probe may answer
+// unready. It never turns false again.
+func (e *Engine) Draining() bool { return e.adm.isDraining() }
+
 // isDraining reports whether a drain began.
 func (a *admission) isDraining() bool {
 	a.mu.Lock()
