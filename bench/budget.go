@@ -161,6 +161,7 @@ func (r *report) checks() []check {
 		"losers", freshRollbacks(vIdemPipe), atMost(0.005)})
 	cs = append(cs, slowChecks(r.opts.slowLatency)...)
 	cs = append(cs, sweeperChecks(r.opts.sweepConc)...)
+	cs = append(cs, refusalChecks...)
 	return append(cs, partitionChecks...)
 }
 

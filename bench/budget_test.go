@@ -97,3 +97,23 @@ func TestBudgetVerdictFollowsTheFigure(t *testing.T) {
 		t.Errorf("2 lock-wait samples against 0: %+v", l)
 	}
 }
+
+// The refusal lines are judged on the refusals part's figures against 1.5× bare, and
+// read "not run" without them.
+func TestBudgetJudgesRefusals(t *testing.T) {
+	r := syntheticReport(1.1)
+	for _, prefix := range []string{"Refusal (a draining engine", "Refusal: server + client CPU"} {
+		if l := line(t, r, prefix); !l.NotRun || !strings.Contains(l.Measured, "not run in this run (part `refusals`)") {
+			t.Fatalf("%s without figures: %+v", prefix, l)
+		}
+	}
+	r.opts.phases["refusals"] = true
+	r.figs.set(figRefusalServer, 1.6, "1.6×")
+	r.figs.set(figRefusalTotal, 1.4, "1.4×")
+	if l := line(t, r, "Refusal (a draining engine"); l.NotRun || l.Met {
+		t.Fatalf("server CPU at 1.6× bare: %+v", l)
+	}
+	if l := line(t, r, "Refusal: server + client CPU"); l.NotRun || !l.Met {
+		t.Fatalf("server + client CPU at 1.4× bare: %+v", l)
+	}
+}

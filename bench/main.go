@@ -39,7 +39,10 @@
 // the next request on its connection, and fresh requests beside 8 and 16 losing copies
 // per key (losers.go); fresh and replay latency with -growth N retained finished keys
 // against an empty key table (growth.go); and the partitioned key table beside batched
-// deletes (partitions.go). Where idemflow's cost over recipe-fused goes comes from
+// deletes (partitions.go); and what a refused request costs: idemhttp.Handler on a
+// draining engine beside a bare net/http 503 with Retry-After, over loopback HTTP, the
+// server in a process of its own (refusals.go; -phases refusals runs it alone, quickly
+// with -refusal-n 2000 -rounds 3). Where idemflow's cost over recipe-fused goes comes from
 // pg_stat_statements, read around every cell of the rounds (stmts.go). The budget's
 // lines are declared in budget.go.
 //
@@ -66,7 +69,7 @@ import (
 // defaultPhases are the parts of the full run: every target of DESIGN.md's budget and of
 // the issues' benchmarks is measured by one of them (perf, the server's CPU profile per
 // variant, is a diagnostic: named with -phases, and needs Linux perf).
-const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partitions"
+const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partitions,refusals"
 
 // options are the command's flags.
 type options struct {
@@ -112,6 +115,10 @@ type options struct {
 	// partitionDayKeys: keys a simulated day of the partitions part's week of sizes
 	// (0: not run).
 	partitionDayKeys int
+	// refusalN and refusalConc: the refusals part's requests per side per round, and its
+	// closed loops (refusals.go).
+	refusalN    int
+	refusalConc int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -142,6 +149,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
 	fs.BoolVar(&o.partitionWeekSides, "partition-week-sides", true, "partitions part: the retained-keys cells also run week-partitioned sides")
 	fs.IntVar(&o.partitionDayKeys, "partition-day-keys", 0, "partitions part: simulate a week of this many keys a day, 2-day retention, and log table+index sizes, batched deletes vs partition drops (0: not run)")
+	fs.IntVar(&o.refusalN, "refusal-n", 20000, "refusals part: requests per side (idemhttp refusing, bare 503) per round")
+	fs.IntVar(&o.refusalConc, "refusal-conc", 8, "refusals part: closed loops sending the requests")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
@@ -178,9 +187,10 @@ func (o *options) smokeDefaults(set map[string]bool, phaseList *string) {
 		"backlog":     func() { o.backlog = 3000 },
 		"live-window": func() { o.liveWindow = 500 * time.Millisecond },
 		"docs":        func() { o.docs = "" },
-		"phases":      func() { *phaseList = "rounds,wal,slow,drain,retention,dups,growth" },
+		"phases":      func() { *phaseList = "rounds,wal,slow,drain,retention,dups,growth,refusals" },
 		"growth":      func() { o.growth = 10000 },
 		"dup-sleep":   func() { o.dupSleep = time.Second },
+		"refusal-n":   func() { o.refusalN = 500 },
 	}
 	for name, apply := range defaults {
 		if !set[name] {
@@ -204,13 +214,24 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth", "partitions":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth", "partitions", "refusals":
 			o.phases[p] = true
 		default:
 			return fmt.Errorf("-phases: unknown part %q", p)
 		}
 	}
 	return nil
+}
+
+// usesVariants reports whether a part that sends requests to the variants runs: every
+// part but refusals.
+func (o *options) usesVariants() bool {
+	for p := range o.phases {
+		if p != "refusals" {
+			return true
+		}
+	}
+	return false
 }
 
 // check refuses flag values that make no run.
@@ -226,6 +247,8 @@ func (o *options) check() error {
 		return errors.New("-backlog and -live-window must be positive")
 	case o.growth < 0:
 		return errors.New("-growth must not be negative")
+	case o.refusalN < 1 || o.refusalConc < 1:
+		return errors.New("-refusal-n and -refusal-conc must be positive")
 	case o.loserGap < time.Millisecond:
 		return errors.New("-loser-gap must be at least 1ms")
 	case o.dupSleep < 100*time.Millisecond:
@@ -239,6 +262,13 @@ func (o *options) check() error {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == refuserCommand {
+		if err := runRefuser(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "bench %s: %v\n", refuserCommand, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == childCommand {
 		if err := runChild(os.Args[2:]); err != nil {
 			fmt.Fprintf(os.Stderr, "bench %s: %v\n", childCommand, err)
@@ -349,9 +379,12 @@ func run(ctx context.Context, o *options) error {
 // loadPhases runs the phases that put load on the variants: the throughput rounds
 // (provider latency 0), the WAL and CPU profiles, and the slow-provider round.
 func (env *env) loadPhases(ctx context.Context, o *options, rep *report) error {
-	// Throughput rounds, provider latency 0.
-	if err := env.warmup(ctx, o.warmup); err != nil {
-		return err
+	// Throughput rounds, provider latency 0. A run of the refusals part alone warms
+	// nothing: it sends no request to the variants.
+	if o.usesVariants() {
+		if err := env.warmup(ctx, o.warmup); err != nil {
+			return err
+		}
 	}
 	if o.phases["rounds"] {
 		for r := 0; r < o.rounds; r++ {
@@ -427,6 +460,13 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 	}
 	if o.phases["partitions"] { // partitions.go: its budget figures go to env.figs
 		if err := env.partitionsRun(ctx); err != nil {
+			return err
+		}
+	}
+	// What a refused request costs beside a bare 503 (refusals.go: its budget figures
+	// go to env.figs).
+	if o.phases["refusals"] {
+		if err := env.refusals(ctx); err != nil {
 			return err
 		}
 	}

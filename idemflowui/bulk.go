@@ -130,6 +130,21 @@ type cancelData struct {
 	Refused             *workflow.CallMayHaveRunError
 	Message             string
 	Post, Back          string
+	// Preview is what the cancel will run (nil when it could not be read); Effect says
+	// it in a sentence, Skip whether the compensation is skipped (the form's choice).
+	Preview *workflow.CancelPreview
+	Effect  string
+	Skip    bool
+}
+
+// preview fills in what the cancel of d's key will run, as the engine reads it now.
+func (h *Handler) preview(r *http.Request, d *cancelData) error {
+	p, err := h.engine.PreviewCancel(r.Context(), d.Info.Scope, d.Info.Key)
+	if err != nil {
+		return err
+	}
+	d.Preview, d.Effect = p, p.Effect(d.Skip)
+	return nil
 }
 
 // cancelForm shows the form that cancels a key.
@@ -159,6 +174,10 @@ func (h *Handler) cancelForm(w http.ResponseWriter, r *http.Request) {
 	d := &cancelData{base: b, Info: info, Status: "409", ContentType: "application/problem+json",
 		Body: `{"type":"about:blank","title":"Cancelled by the operator","status":409}`,
 		Post: h.link("/key/cancel"), Back: h.keyLink(info.Scope, info.Key)}
+	if err := h.preview(r, d); err != nil {
+		h.failErr(w, r, err)
+		return
+	}
 	h.render(w, r, http.StatusOK, "cancel", d)
 }
 
@@ -178,7 +197,8 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope, key := v.Get("scope"), v.Get("key")
-	opts := workflow.CancelOptions{Status: status, Body: []byte(v.Get("body")), Force: v.Get("force") == "1"}
+	opts := workflow.CancelOptions{Status: status, Body: []byte(v.Get("body")), Force: v.Get("force") == "1",
+		SkipCompensation: v.Get("skip_compensation") == "1"}
 	if ct := v.Get("content_type"); ct != "" {
 		opts.Header = map[string][]string{"Content-Type": {ct}}
 	}
@@ -190,6 +210,7 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, h.keyLink(scope, key, "done", "cancelled"), http.StatusSeeOther)
 		return
 	case errors.As(err, &refused):
+	case errors.Is(err, workflow.ErrCompensationUnknown), errors.Is(err, workflow.ErrCompensationFailed):
 	case errors.Is(err, workflow.ErrInvalidRequest):
 		code = http.StatusBadRequest
 	default:
@@ -202,9 +223,14 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := &cancelData{base: h.base(r, "Cancel "+key), Info: info, Status: v.Get("status"), ContentType: v.Get("content_type"),
-		Body: v.Get("body"), Refused: refused, Post: h.link("/key/cancel"), Back: h.keyLink(scope, key)}
+		Body: v.Get("body"), Refused: refused, Post: h.link("/key/cancel"), Back: h.keyLink(scope, key),
+		Skip: opts.SkipCompensation}
 	if refused == nil {
 		d.Message = err.Error()
+	}
+	if err := h.preview(r, d); err != nil {
+		h.failErr(w, r, err)
+		return
 	}
 	h.render(w, r, code, "cancel", d)
 }

@@ -3,13 +3,16 @@ package idemflowui_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemflow/idemflow/idemflowui"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/testkit/uitest"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 // TestBulkPages: the dead list offers a bulk re-drive; its count page changes nothing
@@ -60,7 +63,8 @@ func TestBulkPages(t *testing.T) {
 
 // TestCancelPage: the cancel form refuses a key whose call phase may have run,
 // naming its derived key and changing nothing, until the operator ticks the
-// reconciliation box; a 5xx is refused 400; the key page then shows the stored
+// reconciliation box; the form says what the cancel runs (here no compensation); a
+// 5xx is refused 400; the key page then shows the stored
 // response, which a retry gets byte for byte.
 func TestCancelPage(t *testing.T) {
 	t.Parallel()
@@ -75,6 +79,9 @@ func TestCancelPage(t *testing.T) {
 	formPage := f.get(t, c, "/key/cancel?scope=acct&key=dead")
 	require.Equal(t, http.StatusOK, formPage.status)
 	require.Contains(t, formPage.body, "never run again by a sweeper")
+	require.Contains(t, formPage.body, `<p id="effect"><strong>What the cancel runs:</strong> no compensation: flow &#34;`+info.Flow+`&#34; declares none`,
+		"the form says what the cancel runs before it acts")
+	require.NotContains(t, formPage.body, `id="c-skip"`, "nothing to skip")
 
 	body := `{"title":"cancelled <by> ops"}`
 	form := url.Values{"scope": {"acct"}, "key": {"dead"}, "status": {"409"}, "content_type": {"application/problem+json"}, "body": {body}}
@@ -107,4 +114,40 @@ func TestCancelPage(t *testing.T) {
 	require.Equal(t, body, string(res.Response.Body))
 	require.Equal(t, 0, f.Sweep(t, 0).Finished+f.Sweep(t, 0).DeadLettered, "the sweeper leaves it alone")
 	require.Equal(t, http.StatusConflict, f.get(t, c, "/key/cancel?scope=acct&key=dead").status, "finished: nothing to cancel")
+}
+
+// TestCancelPageFlowUnknown: a page whose engine does not register the key's flow (as
+// the one `idemflow ui` serves) says it cannot tell whether the flow declares a
+// compensation, refuses a forced cancel saying so and changing nothing, and cancels
+// once *Skip the compensation* is ticked too.
+func TestCancelPageFlowUnknown(t *testing.T) {
+	t.Parallel()
+	served := setup(t, writable())
+	served.Dead(t, "acct", "dead")
+	row := testflow.KeyRow(t, served.DB.Pool, "acct", "dead")
+	bare, err := workflow.New(served.DB.Pool, nil)
+	require.NoError(t, err)
+	h, err := idemflowui.New(bare, writable())
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	f := &fixture{&uitest.Fixture{DB: served.DB, Provider: served.Provider, Engine: bare, Srv: srv}}
+	c := client(t)
+	csrf := f.login(t, c)
+
+	formPage := f.get(t, c, "/key/cancel?scope=acct&key=dead")
+	require.Equal(t, http.StatusOK, formPage.status)
+	require.Contains(t, formPage.body, `refused: flow &#34;`+testflow.Name+`&#34; is not registered here`)
+	require.Contains(t, formPage.body, `id="c-skip"`)
+
+	form := withCSRF(url.Values{"scope": {"acct"}, "key": {"dead"}, "status": {"409"}, "body": {"{}"}, "force": {"1"}}, csrf)
+	refused := f.post(t, c, "/key/cancel", form)
+	require.Equal(t, http.StatusConflict, refused.status)
+	require.Contains(t, refused.body, "whether the flow declares a compensation is unknown")
+	require.Equal(t, row, testflow.KeyRow(t, f.DB.Pool, "acct", "dead"), "refused: nothing changed")
+
+	form.Set("skip_compensation", "1")
+	done := f.post(t, c, "/key/cancel", form)
+	require.Equal(t, http.StatusSeeOther, done.status, done.body)
+	require.Equal(t, "finished", testflow.State(t, f.DB.Pool, "acct", "dead").Status)
 }

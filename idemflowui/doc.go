@@ -10,7 +10,9 @@
 // then confirmed: never more keys are acted on than the operator confirmed), and the
 // cancel of an unfinished key with a final answer the operator chooses (refused, until
 // the operator says the remote side is reconciled, when a call phase may have run; the
-// refusal shows the derived keys to reconcile with; see workflow.Engine.CancelKey). A
+// refusal shows the derived keys to reconcile with; the form says first what the
+// cancel runs, the flow's compensation or none, and offers to skip it; see
+// workflow.Engine.CancelKey and PreviewCancel). A
 // read-only page says how to enable writes. The pages are rendered on the
 // server with html/template; the style sheet is embedded; there is no JavaScript and
 // nothing is loaded from elsewhere, so it works on a closed network.

@@ -2,9 +2,11 @@ package idemhttp_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,4 +117,73 @@ func TestHandlerShedAnswers503(t *testing.T) {
 	close(release)
 	require.Equal(t, http.StatusCreated, <-held)
 	require.Equal(t, 1, countKeys(t, b.db))
+}
+
+// A draining engine refuses every attempt before its claim: the handler and both
+// middlewares answer 503 with Retry-After and the problem document without reading the
+// request's body, and the attempt is reported as ever (the hooks see it shed). A body of
+// unknown length is read as before (it could be over the limit), and one declared over
+// the limit is still answered 413.
+func TestHandlerDrainingRefusesWithoutReadingBody(t *testing.T) {
+	t.Parallel()
+	var shed atomic.Int64
+	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{AttemptEnd: func(_ context.Context, ev workflow.AttemptEvent) {
+		if ev.Outcome == workflow.OutcomeShed && errors.Is(ev.Err, workflow.ErrDraining) {
+			shed.Add(1)
+		}
+	}}}})
+	cfg := &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 64}
+	flow, err := idemhttp.Handler(b.engine, testflow.Name, cfg)
+	require.NoError(t, err)
+	mw, err := idemhttp.Middleware(b.engine, cfg)
+	require.NoError(t, err)
+	txmw, err := idemhttp.TxMiddleware(b.engine, cfg)
+	require.NoError(t, err)
+	var ran atomic.Int64
+	plain := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { ran.Add(1); w.WriteHeader(http.StatusCreated) })
+	require.False(t, b.engine.Draining())
+	require.NoError(t, b.engine.Drain(context.Background()))
+	require.True(t, b.engine.Draining())
+
+	var h http.Handler
+	send := func(body string, length int64) (*httptest.ResponseRecorder, *atomic.Int64) {
+		read := &atomic.Int64{}
+		req := httptest.NewRequest(http.MethodPost, "/charges", nil)
+		req.Body, req.ContentLength = countingBody{r: strings.NewReader(body), read: read}, length
+		req.Header.Set("Authorization", "Bearer acct")
+		req.Header.Set(idemhttp.KeyHeader, "k1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec, read
+	}
+	refused := func(rec *httptest.ResponseRecorder) {
+		t.Helper()
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		require.Equal(t, "1", rec.Header().Get("Retry-After"))
+		require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
+		require.Equal(t, "no-store", rec.Header().Get("Cache-Control"))
+		require.NotEmpty(t, rec.Header().Get(idemhttp.RetentionHeader))
+		require.JSONEq(t, `{"type":"about:blank","title":"Service Unavailable","status":503,
+			"detail":"The service is busy or restarting; nothing was done: retry after 1 s with the same key."}`, rec.Body.String())
+	}
+
+	for i, name := range []string{"Handler", "Middleware", "TxMiddleware"} {
+		h = map[string]http.Handler{"Handler": flow, "Middleware": mw(plain), "TxMiddleware": txmw(plain)}[name]
+		n := int64(2 * i)
+		rec, read := send(`{"amount":5}`, int64(len(`{"amount":5}`)))
+		refused(rec)
+		require.Zero(t, read.Load(), "%s: the refused request's body was read", name)
+		require.Equal(t, n+1, shed.Load(), "%s: the refusal was not reported to the hooks", name)
+
+		rec, read = send(`{"amount":5}`, -1) // length unknown: read, as before
+		refused(rec)
+		require.NotZero(t, read.Load(), name)
+		require.Equal(t, n+2, shed.Load(), name)
+
+		rec, _ = send(`{"amount":5}`, 65) // declared over the limit: 413, as before
+		require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, name)
+		require.Equal(t, n+2, shed.Load(), name)
+	}
+	require.Zero(t, ran.Load(), "a wrapped handler ran")
+	require.Equal(t, 0, countKeys(t, b.db))
 }

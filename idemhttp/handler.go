@@ -128,9 +128,10 @@ func defaultRoute(r *http.Request) string {
 // front is what Handler and the middlewares share: reading and checking a request,
 // and writing the engine's answer.
 type front struct {
-	e   *workflow.Engine
-	cfg *Config
-	log *slog.Logger
+	e    *workflow.Engine
+	cfg  *Config
+	log  *slog.Logger
+	shed *refusal // the answer to a refused attempt, rendered ahead (problem.go)
 }
 
 func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
@@ -141,7 +142,9 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &front{e: e, cfg: c, log: cmp.Or(c.Logger, e.Config().Logger)}, nil
+	f := &front{e: e, cfg: c, log: cmp.Or(c.Logger, e.Config().Logger)}
+	f.shed = f.newRefusal()
+	return f, nil
 }
 
 // Handler returns an http.Handler that runs the flow registered on engine under the
@@ -206,8 +209,9 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     database; nothing was stored and a retry resumes the work. Also the answer of
 //     an attempt turned away before its claim (a *workflow.ShedError: the engine is
 //     overloaded, workflow.Config.MaxInFlight and AdmitWait, or draining); nothing was
-//     written. A 5xx response of the
-//     flow is passed on as it is, with Retry-After added if it has none.
+//     written. While the engine drains (workflow.Engine.Draining), a body whose length
+//     is declared (Content-Length, at most the limit) is not read. A 5xx response of
+//     the flow is passed on as it is, with Retry-After added if it has none.
 //   - 500 server-error or response-too-large: anything else, such as a response too
 //     large to store (never truncated) or a statement the database refuses for good
 //     (workflow.ErrRefused: never a 503, since a retry would be refused the same way).
@@ -303,6 +307,13 @@ func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (r
 	case !present:
 		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is required.")
 		return workflow.Request{}, false, false
+	}
+	if f.e.Draining() && r.ContentLength >= 0 && r.ContentLength <= int64(f.cfg.MaxBodyBytes) {
+		// The engine refuses this attempt, before its claim and before the body counts
+		// for anything (its fingerprint, its size: one declared over the limit is
+		// answered 413 below, as before): the answer is the refusal, without reading
+		// the body (net/http discards what is left of it).
+		return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Wait: f.cfg.Wait}, true, true
 	}
 	body, status := readBody(w, r, f.cfg.MaxBodyBytes)
 	switch status {

@@ -32,7 +32,7 @@ const (
 // a list, has parameters, is any other kind of structured value, or the key is invalid.
 // A missing header is not an error: key is "" and present is false.
 func ParseKeyHeader(h http.Header) (key string, present bool, err error) {
-	values := h.Values(KeyHeader)
+	values := h[KeyHeader] // h.Values(KeyHeader) without canonicalizing the canonical name (every keyed request passes here)
 	switch len(values) {
 	case 0:
 		return "", false, nil

@@ -118,3 +118,16 @@ func FuzzParseKeyHeader(f *testing.F) {
 		require.Equal(t, key, again)
 	})
 }
+
+// ParseKeyHeader looks KeyHeader up in the header map as it is, without canonicalizing
+// it: it must be in canonical form, as net/http stores it.
+func TestKeyHeaderCanonical(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, http.CanonicalHeaderKey(idemhttp.KeyHeader), idemhttp.KeyHeader)
+	h := http.Header{}
+	h.Set("idempotency-key", "k1") // as a client sends it
+	key, present, err := idemhttp.ParseKeyHeader(h)
+	require.NoError(t, err)
+	require.True(t, present)
+	require.Equal(t, "k1", key)
+}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,4 +214,66 @@ func TestCapture(t *testing.T) {
 		_, _, err := rc.Hijack()
 		require.ErrorIs(t, err, http.ErrNotSupported, "hijacking would escape the capture")
 	})
+}
+
+// discardWriter is a ResponseWriter that keeps its header map and drops the rest.
+type discardWriter struct{ h http.Header }
+
+func (w discardWriter) Header() http.Header         { return w.h }
+func (w discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w discardWriter) WriteHeader(int)             {}
+
+// The answer to a refused attempt, rendered when the handler is made (front.refuse), is
+// the one answerAny renders for the same result: status, every header, the body byte
+// for byte, and the log line, whatever the configuration and log level. Writing it
+// allocates one object (the header values) when the log line is not taken: it costs
+// about what a bare 503 costs.
+func TestRefusalPrerendered(t *testing.T) { // not parallel: testing.AllocsPerRun
+	out := &workflow.Result{Outcome: workflow.OutcomeShed, RetryAfter: time.Second,
+		Err: &workflow.ShedError{RetryAfter: time.Second, Err: workflow.ErrDraining}}
+	req := workflow.Request{Flow: "create_charge", Method: http.MethodPost, Route: "/v1/charges", Scope: "acct", Key: "k1"}
+	configs := map[string]Config{
+		"defaults":            {},
+		"type base":           {ProblemTypeBase: "https://api.example.com/problems/"},
+		"no retention header": {Retention: -1},
+		"retention of 2 days": {Retention: 48 * time.Hour},
+	}
+	noTime := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}
+	for name, cfg := range configs {
+		for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+			newFront := func(log *strings.Builder) *front {
+				f := &front{cfg: cfg.WithDefaults(), log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: level, ReplaceAttr: noTime}))}
+				f.shed = f.newRefusal()
+				return f
+			}
+			var fastLog, anyLog strings.Builder
+			fast, rendered := httptest.NewRecorder(), httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/v1/charges", nil)
+			newFront(&fastLog).answer(fast, r, req, out)
+			newFront(&anyLog).answerAny(rendered, r, req, out)
+			require.Equal(t, http.StatusServiceUnavailable, fast.Code, name)
+			require.Equal(t, rendered.Code, fast.Code, name)
+			require.Equal(t, rendered.Header(), fast.Header(), name)
+			require.Equal(t, rendered.Body.String(), fast.Body.String(), name)
+			require.Equal(t, anyLog.String(), fastLog.String(), "%s at %s", name, level)
+			if level == slog.LevelDebug {
+				require.Contains(t, fastLog.String(), "status=503", name)
+			}
+		}
+	}
+
+	f := &front{cfg: (&Config{}).WithDefaults(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f.shed = f.newRefusal()
+	w := discardWriter{h: http.Header{}}
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", nil)
+	allocs := testing.AllocsPerRun(200, func() {
+		clear(w.h)
+		f.answer(w, r, req, out)
+	})
+	require.LessOrEqual(t, allocs, 1.0, "a refusal's answer allocates %.0f objects", allocs)
 }

@@ -48,8 +48,17 @@ type problem struct {
 // answer writes the result of an attempt: its response, or what its outcome means
 // over HTTP. Every answer carries RetentionHeader, since the request had a key.
 func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Request, out *workflow.Result) {
+	if out.Outcome == workflow.OutcomeShed && f.shed != nil && out.RetryAfter == f.shed.retryAfter {
+		f.refuse(w, r, req, out)
+		return
+	}
+	f.answerAny(w, r, req, out)
+}
+
+// answerAny is answer for any result, rendering its answer now.
+func (f *front) answerAny(w http.ResponseWriter, r *http.Request, req workflow.Request, out *workflow.Result) {
 	if f.cfg != nil && f.cfg.Retention > 0 {
-		w.Header().Set(RetentionHeader, strconv.FormatInt(int64(f.cfg.Retention/time.Second), 10))
+		w.Header().Set(RetentionHeader, f.retention())
 	}
 	a := answerOf(out)
 	if a.pass != nil {
@@ -61,18 +70,85 @@ func (f *front) answer(w http.ResponseWriter, r *http.Request, req workflow.Requ
 		if level == 0 {
 			level = slog.LevelError
 		}
-		if r.Context().Err() != nil { // the client went away: nothing to alarm anyone about
-			level = slog.LevelDebug
-		}
-		f.log.Log(r.Context(), level, "idemhttp: request failed",
-			slog.Int("status", a.status), slog.String("flow", req.Flow), slog.String("method", req.Method),
-			slog.String("route", req.Route), slog.String("scope", req.Scope), slog.String("key", req.Key),
-			slog.Any("err", a.err))
+		f.logFailure(r, req, level, a.status, a.err)
 	}
 	if a.retryAfter > 0 {
 		w.Header().Set("Retry-After", retryAfter(a.retryAfter))
 	}
 	f.problem(w, a.status, a.kind, a.detail)
+}
+
+// logFailure logs an attempt answered with status, at level (debug when the client
+// went away). The line is built only when the logger takes the level: under overload
+// every refusal passes here, logged at debug level.
+func (f *front) logFailure(r *http.Request, req workflow.Request, level slog.Level, status int, err error) {
+	ctx := r.Context()
+	if ctx.Err() != nil { // the client went away: nothing to alarm anyone about
+		level = slog.LevelDebug
+	}
+	if !f.log.Enabled(ctx, level) {
+		return
+	}
+	f.log.Log(ctx, level, "idemhttp: request failed",
+		slog.Int("status", status), slog.String("flow", req.Flow), slog.String("method", req.Method),
+		slog.String("route", req.Route), slog.String("scope", req.Scope), slog.String("key", req.Key),
+		slog.Any("err", err))
+}
+
+// retention is RetentionHeader's value: Config.Retention in seconds.
+func (f *front) retention() string {
+	return strconv.FormatInt(int64(f.cfg.Retention/time.Second), 10)
+}
+
+// refusal is the answer to an attempt turned away before its claim (OutcomeShed,
+// workflow.ShedError) with the engine's Retry-After, rendered once, when the handler
+// is made: under overload or during a drain nearly every answer is this one, and it
+// must cost about what a bare 503 costs. Its status, headers and body are those
+// answerAny renders for the same result (TestRefusalPrerendered).
+type refusal struct {
+	retryAfter time.Duration // the Result.RetryAfter it was rendered for
+	body       []byte
+	names      []string // canonical header names, and their values, in the same order
+	values     []string
+}
+
+// shedRetryAfter is the Retry-After the engine gives an attempt turned away before its
+// claim (workflow.ShedError: one second): the refusal rendered ahead is for it, any
+// other is rendered when it comes.
+const shedRetryAfter = time.Second
+
+// newRefusal renders the answer to a refused attempt for f's configuration.
+func (f *front) newRefusal() *refusal {
+	rf := &refusal{retryAfter: shedRetryAfter}
+	a := answerOf(&workflow.Result{Outcome: workflow.OutcomeShed, RetryAfter: shedRetryAfter})
+	rf.body = f.problemBody(a.status, a.kind, a.detail)
+	add := func(name, value string) {
+		rf.names = append(rf.names, http.CanonicalHeaderKey(name))
+		rf.values = append(rf.values, value)
+	}
+	if f.cfg.Retention > 0 {
+		add(RetentionHeader, f.retention())
+	}
+	add("Retry-After", retryAfter(a.retryAfter))
+	add("Content-Type", problemContentType)
+	add("Content-Length", strconv.Itoa(len(rf.body)))
+	add("Cache-Control", "no-store")
+	return rf
+}
+
+// refuse writes f.shed, the answer to out, a refused attempt, logged as answerAny
+// logs it (at debug level).
+func (f *front) refuse(w http.ResponseWriter, r *http.Request, req workflow.Request, out *workflow.Result) {
+	rf := f.shed
+	f.logFailure(r, req, slog.LevelDebug, http.StatusServiceUnavailable, out.Err)
+	h := w.Header()
+	vals := make([]string, len(rf.values)) // one allocation for every value, none shared between answers
+	copy(vals, rf.values)
+	for i, name := range rf.names {
+		h[name] = vals[i : i+1 : i+1]
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write(rf.body)
 }
 
 // httpAnswer is what the result of an attempt means over HTTP.
@@ -246,13 +322,19 @@ func writeResponse(w http.ResponseWriter, r *http.Request, resp *phases.Response
 
 // problem writes a problem document of kind. It is never stored.
 func (f *front) problem(w http.ResponseWriter, status int, kind, detail string) {
-	body, _ := json.Marshal(problem{Type: problemType(f.typeBase(), kind), Title: http.StatusText(status), Status: status, Detail: detail})
+	body := f.problemBody(status, kind, detail)
 	h := w.Header()
 	h.Set("Content-Type", problemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// problemBody is the problem document of kind.
+func (f *front) problemBody(status int, kind, detail string) []byte {
+	body, _ := json.Marshal(problem{Type: problemType(f.typeBase(), kind), Title: http.StatusText(status), Status: status, Detail: detail})
+	return body
 }
 
 func (f *front) typeBase() string {

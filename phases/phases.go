@@ -147,6 +147,9 @@ type Flow struct {
 	// Upgrades: an empty body is a value every release reads; a release before v0.4.0
 	// resumes such a key, on a retry too, with the empty body, as a sweeper does.
 	ForgetBody bool
+	// Compensation is what an operator's cancel of a key of the flow runs to undo its
+	// committed tx phases (see Compensation). Defaults to none: a cancel leaves them.
+	Compensation Compensation
 }
 
 // ErrInvalidFlow is returned by Validate for a flow that cannot be registered.
@@ -157,8 +160,8 @@ var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
 // Validate checks that the flow can be run: a valid name, at least one phase, unique
 // phase names that are not reserved, a function for every phase, and at least one tx
 // phase. A client-only flow (ClientOnly) instead has no function for any phase (its
-// attempts bring them) and needs no tx phase. The last phase is the one expected to
-// respond; a flow that runs past it without a response fails at run time with
+// attempts bring them) and needs no tx phase. A compensation, if any, needs a function
+// and a valid name no phase has. The last phase is the one expected to respond; a flow that runs past it without a response fails at run time with
 // ErrNoResponse.
 func (f Flow) Validate() error {
 	if !nameRE.MatchString(f.Name) {
@@ -201,7 +204,7 @@ func (f Flow) Validate() error {
 	if !hasTx && !f.ClientOnly {
 		return fmt.Errorf("%w: flow %q has no tx phase", ErrInvalidFlow, f.Name)
 	}
-	return nil
+	return f.Compensation.validate(f)
 }
 
 // Index returns the position of the named phase, -1 for Started, or an error for a name

@@ -27,6 +27,8 @@ func call(name string) phases.Phase {
 	return phases.Call(name, func(context.Context, *phases.Run) (*phases.Response, error) { return nil, nil })
 }
 
+func undo(context.Context, phases.DBTX, *phases.Run, string) error { return nil }
+
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -49,6 +51,11 @@ func TestValidate(t *testing.T) {
 		{"ClientOnlyTx", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{phases.Tx("a", nil), phases.Call("b", nil)}}, ""},
 		{"ClientOnlyWithFunction", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{call("a")}}, "has a function"},
 		{"ClientOnlyReserved", phases.Flow{Name: "f", ClientOnly: true, Phases: []phases.Phase{phases.Call(phases.Finished, nil)}}, "reserved"},
+		{"Compensation", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a")}, Compensation: phases.Compensate("undo", undo)}, ""},
+		{"CompensationBadName", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a")}, Compensation: phases.Compensate("Undo!", undo)}, "compensation name"},
+		{"CompensationReserved", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a")}, Compensation: phases.Compensate(phases.Started, undo)}, "compensation name"},
+		{"CompensationPhaseName", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a")}, Compensation: phases.Compensate("a", undo)}, "a phase's name"},
+		{"CompensationNoFunction", phases.Flow{Name: "f", Phases: []phases.Phase{tx("a")}, Compensation: phases.Compensate("undo", nil)}, "no function"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -278,6 +278,12 @@ func (a *admission) Leave(x *attempt.Exec) {
 	a.signal()
 }
 
+// Draining reports whether Drain was called: from then on the engine turns every new
+// attempt away before its claim (a *ShedError with ErrDraining), before it looks at
+// the request's body, so a caller may skip reading one; a readiness probe may answer
+// unready. It never turns false again.
+func (e *Engine) Draining() bool { return e.adm.Draining() }
+
 // Draining reports whether a drain began.
 func (a *admission) Draining() bool {
 	a.mu.Lock()

@@ -87,9 +87,11 @@
 // that end them, at no extra round trip or commit. One vocabulary, Outcome, names how
 // an attempt ended and every key event, history entry and metric.
 //
-// The operator's API, all on Engine and all in the admin*.go files: list (ListKeys),
-// show a key with its history (InspectKey), re-drive (Redrive), release (ReleaseKey),
-// cancel with an answer (CancelKey), purge (PurgeKey), bulk re-drive and release
+// The operator's API, all on Engine and in the admin*.go files and cancel.go: list
+// (ListKeys), show a key with its history (InspectKey), re-drive (Redrive), release
+// (ReleaseKey), cancel with an answer, running the flow's compensation
+// (phases.Flow.Compensation) in the cancel's transaction (CancelKey, and PreviewCancel
+// to say what it will run), purge (PurgeKey), bulk re-drive and release
 // (BulkKeys), erase a scope (EraseScope), and counts (CountKeys, GaugeKeys,
 // CountOutcomes). An action that refuses a key in the wrong status returns
 // ErrWrongStatus. cmd/idemflow, package idemflowui and docs/OPERATIONS.md are built on

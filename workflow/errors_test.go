@@ -78,13 +78,16 @@ var publicErrors = map[string]struct {
 	"ErrMisconfigured":        {workflow.ErrMisconfigured, vocab.ErrMisconfigured, workflow.ClassServerFault},
 	"ErrRefused":              {workflow.ErrRefused, vocab.ErrRefused, workflow.ClassServerFault},
 
-	// The operator API's errors: no attempt returns them; an operator's request that
-	// does not apply to the keys as they are is the caller's fault.
-	"ErrUnknownStatus":  {workflow.ErrUnknownStatus, vocab.ErrUnknownStatus, workflow.ClassClientFault},
-	"ErrWrongStatus":    {workflow.ErrWrongStatus, vocab.ErrWrongStatus, workflow.ClassClientFault},
-	"ErrInvalidCursor":  {workflow.ErrInvalidCursor, vocab.ErrInvalidCursor, workflow.ClassClientFault},
-	"ErrEmptyFilter":    {workflow.ErrEmptyFilter, vocab.ErrEmptyFilter, workflow.ClassClientFault},
-	"ErrCallMayHaveRun": {workflow.ErrCallMayHaveRun, vocab.ErrCallMayHaveRun, workflow.ClassClientFault},
+	// The operator API's errors: no attempt returns them. An operator's request that
+	// does not apply to the keys as they are, or here, is the caller's fault; a
+	// compensation that failed is the flow's.
+	"ErrUnknownStatus":       {workflow.ErrUnknownStatus, vocab.ErrUnknownStatus, workflow.ClassClientFault},
+	"ErrWrongStatus":         {workflow.ErrWrongStatus, vocab.ErrWrongStatus, workflow.ClassClientFault},
+	"ErrInvalidCursor":       {workflow.ErrInvalidCursor, vocab.ErrInvalidCursor, workflow.ClassClientFault},
+	"ErrEmptyFilter":         {workflow.ErrEmptyFilter, vocab.ErrEmptyFilter, workflow.ClassClientFault},
+	"ErrCallMayHaveRun":      {workflow.ErrCallMayHaveRun, vocab.ErrCallMayHaveRun, workflow.ClassClientFault},
+	"ErrCompensationUnknown": {workflow.ErrCompensationUnknown, vocab.ErrCompensationUnknown, workflow.ClassClientFault},
+	"ErrCompensationFailed":  {workflow.ErrCompensationFailed, vocab.ErrCompensationFailed, workflow.ClassServerFault},
 }
 
 // Every error an attempt can return is the vocabulary's value, so it has the class the

@@ -86,6 +86,8 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	body := fs.String("body", "", "the answer's body")
 	bodyFile := fs.String("body-file", "", "file holding the answer's body (instead of -body)")
 	force := fs.Bool("force", false, "cancel even when a call phase may have reached the remote side")
+	skip := fs.Bool("skip-compensation", false, "cancel without the flow's compensation: the committed phases' writes stay")
+	dryRun := fs.Bool("dry-run", false, "only print what the cancel would run, changing nothing")
 	header := map[string][]string{}
 	fs.Func("header", "a header of the answer, 'Name: value' (repeat)", func(v string) error {
 		name, val, ok := strings.Cut(v, ":")
@@ -113,13 +115,28 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 		}
 	}
 	scope, key := fs.Arg(0), fs.Arg(1)
-	err := c.engine.CancelKey(ctx, scope, key, workflow.CancelOptions{Status: *status, Header: header, Body: b, Force: *force})
+	p, err := c.engine.PreviewCancel(ctx, scope, key)
+	if err == nil {
+		// What will run, before anything does; on stderr with -json, whose stdout is
+		// the key.
+		w := c.out
+		if *asJSON {
+			w = c.errOut
+		}
+		fmt.Fprintf(w, "cancel key %q in scope %q, flow %q at recovery point %q: %s\n", key, scope, p.Flow, p.RecoveryPoint, p.Effect(*skip))
+		if *dryRun {
+			return nil
+		}
+		err = c.engine.CancelKey(ctx, scope, key, workflow.CancelOptions{Status: *status, Header: header, Body: b, Force: *force,
+			SkipCompensation: *skip})
+	}
 	switch {
 	case errors.Is(err, workflow.ErrNotFound):
 		return fmt.Errorf("no key %q in scope %q", key, scope)
 	case errors.Is(err, workflow.ErrInvalidRequest):
 		return badUsage("keys cancel: %v", err)
-	case errors.Is(err, workflow.ErrCallMayHaveRun), errors.Is(err, workflow.ErrWrongStatus):
+	case errors.Is(err, workflow.ErrCallMayHaveRun), errors.Is(err, workflow.ErrWrongStatus),
+		errors.Is(err, workflow.ErrCompensationUnknown), errors.Is(err, workflow.ErrCompensationFailed):
 		return fmt.Errorf("keys cancel: nothing changed: %w", err)
 	case err != nil:
 		return err

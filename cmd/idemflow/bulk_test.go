@@ -74,7 +74,9 @@ func TestKeysBulk(t *testing.T) {
 
 // TestCancelPausedHolder: `keys cancel` on a key whose holder is paused (SIGSTOP) in
 // its call phase is refused without -force, changing nothing, and names the derived
-// key to reconcile with; forced, the answer is stored, the holder, continued, cannot
+// key to reconcile with; forced, it says before it acts that it cannot run the flow's
+// compensation, and refuses until -skip-compensation (-dry-run only says so); then
+// the answer is stored, the holder, continued, cannot
 // commit (its call went out: the provider has it under the derived key), the answer is
 // replayed byte for byte, and the sweeper leaves the key alone. A 5xx is refused.
 func TestCancelPausedHolder(t *testing.T) {
@@ -101,7 +103,20 @@ func TestCancelPausedHolder(t *testing.T) {
 	require.Equal(t, 2, b.cli(t, "keys", "cancel", "acct", "paused").code, "-status is required")
 	require.Equal(t, row, testflow.KeyRow(t, b.db.Pool, "acct", "paused"), "refusals change nothing")
 
-	out := b.cli(t, append(args, "-force", "acct", "paused")...).ok(t).stdout
+	// The CLI registers no flow: it cannot run a compensation, nor tell whether the
+	// flow declares one, and says so before it refuses.
+	unknown := b.cli(t, append(args, "-force", "acct", "paused")...)
+	require.Equal(t, 1, unknown.code)
+	require.Contains(t, unknown.stdout, `cancel key "paused" in scope "acct", flow "charge3" at recovery point "reserve": refused: flow "charge3" is not registered here`)
+	require.Contains(t, unknown.stderr, "nothing changed")
+	require.Contains(t, unknown.stderr, "skip the compensation")
+	dry := b.cli(t, append(args, "-force", "-skip-compensation", "-dry-run", "acct", "paused")...).ok(t).stdout
+	require.Contains(t, dry, `: no compensation (skipped): the writes of the phases committed up to recovery point "reserve" stay`)
+	require.NotContains(t, dry, "cancelled key")
+	require.Equal(t, row, testflow.KeyRow(t, b.db.Pool, "acct", "paused"), "refusals and a dry run change nothing")
+
+	out := b.cli(t, append(args, "-force", "-skip-compensation", "acct", "paused")...).ok(t).stdout
+	require.Contains(t, out, "no compensation (skipped)")
 	require.Contains(t, out, `cancelled key "paused" in scope "acct": answers 409`)
 	require.Equal(t, st.LockVersion+1, testflow.State(t, b.db.Pool, "acct", "paused").LockVersion)
 

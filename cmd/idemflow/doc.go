@@ -12,7 +12,7 @@
 //	idemflow -database-url URL [-schema S] keys purge [-json] SCOPE KEY
 //	idemflow -database-url URL [-schema S] keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
 //	idemflow -database-url URL [-schema S] keys erase [-json] -scope S [-force] [-dry-run|-yes]
-//	idemflow -database-url URL [-schema S] keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
+//	idemflow -database-url URL [-schema S] keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] [-skip-compensation] [-dry-run] SCOPE KEY
 //	idemflow -database-url URL [-schema S] stats [-json]
 //	idemflow -database-url URL [-schema S] partitions [-json]
 //	idemflow -database-url URL [-schema S] migrate [-json] up|down|status
@@ -59,7 +59,13 @@
 // (workflow.Engine.CancelKey). The CLI's engine knows no flow, so it cannot tell
 // whether one of the key's call phases reached the remote side: it refuses, printing
 // the key's derived keys (ID:PHASE), until given -force, after the operator has
-// reconciled with the remote side.
+// reconciled with the remote side. Before it acts it prints what the cancel will run
+// ("cancel key ... : " and workflow.CancelPreview.Effect); -dry-run prints only that.
+// Nor can it run the flow's compensation (phases.Flow.Compensation), or tell whether
+// the flow declares one: it refuses (workflow.ErrCompensationUnknown) until given
+// -skip-compensation, which leaves the committed phases' writes as they are. To cancel
+// with the compensation, cancel where the flow is registered: the service's operator
+// page (idemflowui mounted in the service) or workflow.Engine.CancelKey.
 //
 // keys erase deletes every key of the scope -scope, with its request and answer, for a
 // data subject's request (workflow.Engine.EraseScope). Keys in progress are left and

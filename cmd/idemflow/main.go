@@ -49,7 +49,7 @@ commands:
   keys purge [-json] SCOPE KEY
   keys bulk [-json] [-flow F] [-scope S] [-recovery-point P] [-error TEXT] [-all] [-limit N] [-dry-run|-yes] redrive|release
   keys erase [-json] -scope S [-force] [-dry-run|-yes]
-  keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] SCOPE KEY
+  keys cancel [-json] -status N [-header 'Name: value']... [-body TEXT|-body-file FILE] [-force] [-skip-compensation] [-dry-run] SCOPE KEY
   stats [-json]
   partitions [-json]
   migrate [-json] up|down|status

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/idemflowtest"
+	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -108,11 +109,17 @@ func TestCallRunsAtLeastOnce(t *testing.T) {
 // setup is an engine with the flow, on a database of its own with a funded account.
 func setup(t *testing.T) (*workflow.Engine, *idemflowtest.DB, *idemflowtest.Remote) {
 	t.Helper()
+	return setupFlow(t, withdrawalFlow)
+}
+
+// setupFlow is setup with the flow flow builds.
+func setupFlow(t *testing.T, flow func(*bank) phases.Flow) (*workflow.Engine, *idemflowtest.DB, *idemflowtest.Remote) {
+	t.Helper()
 	db := idemflowtest.NewDB(t, Schema, `INSERT INTO accounts (id, balance) VALUES ('acct', 1000)`)
 	remote := idemflowtest.NewRemote(t, &idemflowtest.RemoteOpts{Decline: refuseClosed})
 	e, err := workflow.New(db.Pool, &workflow.Config{AdmitWait: -1})
 	require.NoError(t, err)
-	require.NoError(t, e.Register(withdrawalFlow(newBank(remote.URL))))
+	require.NoError(t, e.Register(flow(newBank(remote.URL))))
 	return e, db, remote
 }
 
@@ -169,41 +176,80 @@ func TestInsufficientFundsWritesNothing(t *testing.T) {
 	require.Zero(t, requests)
 }
 
-// TestCancelLeavesTheDebit is what a cancel does today: a key stuck after debit (the
-// bank is down) is refused a plain cancel, since the transfer may have been made; a
-// forced cancel finishes the key with the operator's answer and leaves the service's
-// committed rows (the debit, the pending withdrawal) as they are. Undoing them is the
-// service's: here undoWithdrawal, once the bank confirmed no transfer was made.
+// TestCancelLeavesTheDebit is what a cancel does to a key stuck after debit (the bank
+// is down), which it refuses without force since the transfer may have been made.
+// Without a compensation, a forced cancel finishes the key with the operator's answer
+// and leaves the service's committed rows (the debit, the pending withdrawal) as they
+// are: undoing them is then the operator's, in a transaction of their own. With the
+// flow's compensation (cancelWithdrawal), the cancel says what it will run and gives
+// the money back in its own transaction: nothing is left half-done, and nothing can be
+// undone twice.
 func TestCancelLeavesTheDebit(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	e, db, remote := setup(t)
-	remote.FailNext(1)
-	_, err := e.Do(ctx, withdrawal("stuck", `{"amount":200,"iban":"DE89370400440532013000"}`))
-	require.ErrorIs(t, err, workflow.ErrTransient)
-	idemflowtest.RequireInProgressAt(t, db.Pool, "acct", "stuck", phaseDebit)
-
 	answer := workflow.CancelOptions{Status: http.StatusConflict, Header: map[string][]string{"Content-Type": {"application/json"}},
 		Body: []byte(`{"error":"cancelled by support"}`)}
-	err = e.CancelKey(ctx, "acct", "stuck", answer)
-	require.ErrorIs(t, err, workflow.ErrCallMayHaveRun)
-	answer.Force = true
-	require.NoError(t, e.CancelKey(ctx, "acct", "stuck", answer))
-	idemflowtest.RequireFinished(t, db.Pool, "acct", "stuck")
-	require.Equal(t, int64(800), balance(t, db), "the cancel left the debit")
-	entries, _, status := moves(t, db, "acct", "stuck")
-	require.Equal(t, "pending", status)
-	require.Equal(t, []string{"debit -200"}, entries)
+	stuck := func(t *testing.T, e *workflow.Engine, db *idemflowtest.DB, remote *idemflowtest.Remote) {
+		remote.FailNext(1)
+		_, err := e.Do(context.Background(), withdrawal("stuck", `{"amount":200,"iban":"DE89370400440532013000"}`))
+		require.ErrorIs(t, err, workflow.ErrTransient)
+		idemflowtest.RequireInProgressAt(t, db.Pool, "acct", "stuck", phaseDebit)
+		require.ErrorIs(t, e.CancelKey(context.Background(), "acct", "stuck", answer), workflow.ErrCallMayHaveRun)
+	}
+	forced := answer
+	forced.Force = true
 
-	// The operator's undo, in a transaction of its own, once the bank has said that no
-	// transfer was made under the key's derived key.
-	var id string
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT id FROM withdrawals WHERE account_id = 'acct' AND idem_key = 'stuck'`).Scan(&id))
-	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return undoWithdrawal(ctx, tx, id, "cancelled by support")
-	}))
-	require.Equal(t, int64(1000), balance(t, db))
-	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return undoWithdrawal(ctx, tx, id, "twice") })
-	require.True(t, errors.Is(err, pgx.ErrNoRows), "a second undo is refused: %v", err)
-	require.Equal(t, int64(1000), balance(t, db))
+	t.Run("WithoutCompensation", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e, db, remote := setupFlow(t, func(b *bank) phases.Flow {
+			f := withdrawalFlow(b)
+			f.Compensation = phases.Compensation{}
+			return f
+		})
+		stuck(t, e, db, remote)
+		p, err := e.PreviewCancel(ctx, "acct", "stuck")
+		require.NoError(t, err)
+		require.Contains(t, p.Effect(false), "no compensation")
+		require.NoError(t, e.CancelKey(ctx, "acct", "stuck", forced))
+		idemflowtest.RequireFinished(t, db.Pool, "acct", "stuck")
+		require.Equal(t, int64(800), balance(t, db), "the cancel left the debit")
+		entries, _, status := moves(t, db, "acct", "stuck")
+		require.Equal(t, "pending", status)
+		require.Equal(t, []string{"debit -200"}, entries)
+
+		// The operator's undo, in a transaction of their own, once the bank has said
+		// that no transfer was made under the key's derived key.
+		var id string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT id FROM withdrawals WHERE account_id = 'acct' AND idem_key = 'stuck'`).Scan(&id))
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return undoWithdrawal(ctx, tx, id, "cancelled by support")
+		}))
+		require.Equal(t, int64(1000), balance(t, db))
+		err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return undoWithdrawal(ctx, tx, id, "twice") })
+		require.True(t, errors.Is(err, pgx.ErrNoRows), "a second undo is refused: %v", err)
+		require.Equal(t, int64(1000), balance(t, db))
+	})
+
+	t.Run("WithCompensation", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		e, db, remote := setup(t)
+		stuck(t, e, db, remote)
+		p, err := e.PreviewCancel(ctx, "acct", "stuck")
+		require.NoError(t, err)
+		require.Equal(t, `will run compensation "undo_withdrawal" of flow "withdraw" from recovery point "debit", in the cancel's transaction`, p.Effect(false))
+		require.NoError(t, e.CancelKey(ctx, "acct", "stuck", forced))
+		idemflowtest.RequireFinished(t, db.Pool, "acct", "stuck")
+		require.Equal(t, int64(1000), balance(t, db), "the compensation gave the money back")
+		entries, withdrawals, status := moves(t, db, "acct", "stuck")
+		require.Equal(t, 1, withdrawals)
+		require.Equal(t, "refused", status)
+		require.Equal(t, []string{"debit -200", "refund 200"}, entries)
+		res, err := e.Do(ctx, withdrawal("stuck", `{"amount":200,"iban":"DE89370400440532013000"}`))
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, http.StatusConflict, res.Response.Status)
+		require.ErrorIs(t, e.CancelKey(ctx, "acct", "stuck", forced), workflow.ErrWrongStatus)
+		require.Equal(t, int64(1000), balance(t, db), "undone once")
+	})
 }

@@ -43,6 +43,8 @@ const (
 	phaseDebit  = "debit"
 	phaseBank   = "bank_transfer"
 	phaseSettle = "settle"
+	// compUndo is the compensation an operator's cancel runs (cancelWithdrawal).
+	compUndo = "undo_withdrawal"
 )
 
 // Phase data: what one phase hands to the next, stored with the key's recovery point.
@@ -59,13 +61,14 @@ type withdrawalRequest struct {
 }
 
 // withdrawalFlow moves money out of an account: debit it (tx), ask the bank to
-// transfer (call), then record the outcome and answer (tx).
+// transfer (call), then record the outcome and answer (tx). An operator's cancel of a
+// key runs its compensation, which gives the money back.
 func withdrawalFlow(b *bank) phases.Flow {
 	return phases.Flow{Name: flowName, Phases: []phases.Phase{
 		phases.Tx(phaseDebit, debit),
 		phases.Call(phaseBank, b.transfer),
 		phases.Tx(phaseSettle, settle),
-	}}
+	}, Compensation: phases.Compensate(compUndo, cancelWithdrawal)}
 }
 
 // debit is a tx phase: its statements and the key's new recovery point commit
@@ -160,6 +163,22 @@ func undoWithdrawal(ctx context.Context, tx phases.DBTX, id, reason string) erro
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO ledger (withdrawal_id, amount, what) VALUES ($1, $2, 'refund')`, id, amount)
 	return err
+}
+
+// cancelWithdrawal is the flow's compensation: an operator's cancel of a key runs it
+// in the cancel's own transaction, fenced like a phase, with the recovery point the key
+// reached, so the money comes back exactly when the key is cancelled. Before debit
+// committed there is nothing to undo; after it, the withdrawal is still pending (settle
+// has not committed, or the key would be finished and not cancellable).
+func cancelWithdrawal(ctx context.Context, tx phases.DBTX, run *phases.Run, reached string) error {
+	if reached == phases.Started {
+		return nil
+	}
+	id, err := withdrawalID.Get(run)
+	if err != nil {
+		return err
+	}
+	return undoWithdrawal(ctx, tx, id, "cancelled by the operator")
 }
 
 // bank is the client of the bank's transfer API, which dedupes on the Idempotency-Key

@@ -204,7 +204,8 @@ func TestBrowserRedrive(t *testing.T) {
 
 // TestBrowserBulkAndCancel: from the dead list the operator counts the keys of a
 // scope (nothing changes), confirms, and they are re-driven; then cancels another
-// key: refused with its derived key shown until the reconciliation box is ticked,
+// key: the form says what the cancel runs (no compensation), refused with its derived
+// key shown until the reconciliation box is ticked,
 // after which the key page shows the stored response, which a retry gets.
 func TestBrowserBulkAndCancel(t *testing.T) {
 	t.Parallel()
@@ -235,8 +236,9 @@ func TestBrowserBulkAndCancel(t *testing.T) {
 		chromedp.Navigate(f.Srv.URL+"/key?scope=acct&key=dead"),
 		chromedp.Click(chromedp.CSS("#cancel-key")),
 		chromedp.WaitVisible(chromedp.CSS("#c-status")),
-		chromedp.Click(chromedp.CSS("#confirm")),
 	))
+	require.Contains(t, text(ctx, t, "#effect"), `no compensation: flow "`+info.Flow+`" declares none`, "what the cancel runs, before it acts")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#confirm"))))
 	require.Contains(t, text(ctx, t, "#refused"), info.ID+":pay")
 	require.Equal(t, "dead", testflow.State(t, f.DB.Pool, "acct", "dead").Status, "refused: nothing changed")
 	require.NoError(t, chromedp.Do(ctx,

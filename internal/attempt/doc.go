@@ -21,7 +21,8 @@
 // pipeline.go (a pipelined phase's body), tx.go and txpgx.go (the pgx.Tx a Go-code
 // phase gets), sqltext.go (the checks of a phase's statement texts), drain.go,
 // standby.go and history.go (what the drain, the standby wait and the key's history
-// need of an attempt).
+// need of an attempt), and compensate.go (a cancel's compensation, in the cancel's
+// own transaction).
 //
 // # Imports
 //

@@ -34,7 +34,7 @@ type adminStatements struct {
 	outcomes       string
 	release, purge string
 	// bulk.go's.
-	bulkScan, bulkRedrive, bulkRelease, cancel string
+	bulkScan, bulkRedrive, bulkRelease, cancel, cancelFenced string
 	// erase.go's.
 	eraseBatch, eraseCount   string
 	expireDead, expireParked string
@@ -46,7 +46,7 @@ func newAdminStatements(schema string) adminStatements {
 	a := adminStatements{
 		list: map[string][2]string{}, show: sqlShow, counts: sqlCounts, gauges: sqlGauges, outcomes: sqlOutcomes,
 		release: sqlOperatorRelease, purge: sqlPurge,
-		bulkScan: sqlBulkScan, bulkRedrive: sqlBulkRedrive, bulkRelease: sqlBulkRelease, cancel: sqlCancel,
+		bulkScan: sqlBulkScan, bulkRedrive: sqlBulkRedrive, bulkRelease: sqlBulkRelease, cancel: sqlCancel, cancelFenced: sqlCancelFenced,
 		eraseBatch: sqlEraseBatch, eraseCount: sqlEraseCount,
 		expireDead: sqlExpireDead, expireParked: sqlExpireParked,
 		scanDead: sqlScanDead, expireDeadKey: sqlExpireDeadKey, scanParked: sqlScanParked, expireParkedKey: sqlExpireParkedKey,
@@ -63,6 +63,7 @@ func newAdminStatements(schema string) adminStatements {
 	a.show, a.counts, a.gauges, a.outcomes = q(a.show), q(a.counts), q(a.gauges), q(a.outcomes)
 	a.release, a.purge = q(a.release), q(a.purge)
 	a.bulkScan, a.bulkRedrive, a.bulkRelease, a.cancel = q(a.bulkScan), q(a.bulkRedrive), q(a.bulkRelease), q(a.cancel)
+	a.cancelFenced = q(a.cancelFenced)
 	a.eraseBatch, a.eraseCount = q(a.eraseBatch), q(a.eraseCount)
 	a.expireDead, a.expireParked = q(a.expireDead), q(a.expireParked)
 	a.scanDead, a.expireDeadKey = q(a.scanDead), q(a.expireDeadKey)

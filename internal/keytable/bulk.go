@@ -90,14 +90,18 @@ type Cancel struct {
 // c describes (same id, lock version and recovery point, in progress or dead-lettered),
 // bumping its lock version. It returns ErrNotFound when it is not.
 func (s *Store) CancelKey(ctx context.Context, db DBTX, scope, key string, c Cancel) error {
+	return s.execOne(ctx, db, "cancel key", s.admin.cancel, c.args(scope, key))
+}
+
+// args are the arguments of the cancel's statements (sqlCancel, sqlCancelFenced).
+func (c *Cancel) args(scope, key string) []any {
 	e, keep := c.Response.History.args()
 	body := c.Response.Body
 	if body == nil {
 		body = []byte{}
 	}
-	args := []any{scope, key, c.ID, c.LockVersion, c.RecoveryPoint, c.Response.Status,
+	return []any{scope, key, c.ID, c.LockVersion, c.RecoveryPoint, c.Response.Status,
 		json.RawMessage(c.Response.Headers), body, e, keep, c.CreatedAt}
-	return s.execOne(ctx, db, "cancel key", s.admin.cancel, args)
 }
 
 // execOne runs a statement on one key: ErrNotFound unless it changed exactly one row.

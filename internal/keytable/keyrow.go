@@ -78,6 +78,11 @@ type KeyWrite struct {
 	// commit precedes a call phase, whose loss in a crash would let a retry claim a new
 	// key row and call again under another derived key.
 	Flushed bool
+	// Cancel, when set, makes the write an operator's cancel of the row it describes
+	// (CancelKey's write, in the transaction of a flow's compensation), fenced: it
+	// raises, aborting the transaction, unless it finished exactly that row. Every
+	// other field is then ignored.
+	Cancel *Cancel
 }
 
 // Queued reads the result of what QueueHead or QueueKeyWrite queued, from the results
@@ -132,6 +137,9 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 	q := Queued{s: s, flushed: w.Flushed}
 	c, f, resp := w.Claim, w.Fence, w.Response
 	switch {
+	case w.Cancel != nil:
+		q.kind = writeFenced
+		b.Queue(s.admin.cancelFenced, w.Cancel.args(f.Scope, f.Key)...)
 	case c != nil && !w.Held && resp != nil:
 		q.kind = writeClaim
 		e, _ := resp.History.args()

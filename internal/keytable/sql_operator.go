@@ -160,6 +160,15 @@ SET status = 'finished', recovery_point = 'finished', phase_data = '{}', request
 WHERE scope = $1 AND idempotency_key = $2 AND id = $3::uuid AND lock_version = $4
 	AND recovery_point = $5 AND status IN ('in_progress', 'dead') AND created_at = $11::timestamptz`
 
+// sqlCancelFenced is sqlCancel as the fenced write of a compensation's transaction
+// (KeyWrite.Cancel): it raises 22012, aborting the transaction and so the
+// compensation's writes, unless it finished exactly one row.
+var sqlCancelFenced = `WITH u AS (
+` + sqlCancel + `
+	RETURNING 1
+)
+SELECT 1/count(*)::int FROM u`
+
 // sqlEraseBatch deletes up to $3 keys of scope $1, unfinished ones ('in_progress')
 // only when $2. It returns, for each key deleted, whether it was leased beyond $4 (the
 // database's time just before): a live holder is fenced by the deletion (every

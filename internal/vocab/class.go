@@ -63,13 +63,13 @@ func (c Class) String() string {
 // The sentinels of each class, in the order Classify tries them.
 var (
 	serverFaults = []error{ErrResponseTooLarge, ErrNoResponse, ErrPhaseDataTooLarge, ErrUnstorable,
-		ErrRefused, ErrMisconfigured, ErrOpenSealed, ErrNeedsClient, ErrUnknownFlow}
+		ErrRefused, ErrMisconfigured, ErrOpenSealed, ErrNeedsClient, ErrUnknownFlow, ErrCompensationFailed}
 	retries = []error{ErrTransient, ErrInProgress, ErrNewerFormat, ErrUnknownRecoveryPoint, ErrLeaseLost,
 		ErrLeaseExpired, ErrUnavailable, ErrConflict, ErrClaimBusy, ErrClaimExists, ErrOverloaded, ErrDraining,
 		ErrStandbyBehind, context.Canceled, context.DeadlineExceeded}
 	clientFaults = []error{ErrInvalidKey, ErrInvalidScope, ErrControlCharacter, ErrInvalidRequest,
 		ErrBodyTooLarge, ErrMismatch, ErrNotFound, ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter,
-		ErrCallMayHaveRun}
+		ErrCallMayHaveRun, ErrCompensationUnknown}
 )
 
 // Classify returns the class of err, which may wrap any of the engine's errors. A
@@ -113,5 +113,6 @@ func Sentinels() []error {
 		ErrDeadLettered, ErrTransient, ErrResponseTooLarge, ErrPhaseDataTooLarge, ErrNoResponse, ErrNotFinal,
 		ErrLeaseExpired, ErrNeedsClient, ErrUnstorable, ErrOverloaded, ErrDraining, ErrOpenSealed, ErrStandbyBehind,
 		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused,
-		ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter, ErrCallMayHaveRun}
+		ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter, ErrCallMayHaveRun, ErrCompensationUnknown,
+		ErrCompensationFailed}
 }

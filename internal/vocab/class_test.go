@@ -53,11 +53,13 @@ var classOf = map[string]struct {
 	"ErrMisconfigured":        {ErrMisconfigured, ClassServerFault},
 	"ErrRefused":              {ErrRefused, ClassServerFault},
 	// The operator API's.
-	"ErrUnknownStatus":  {ErrUnknownStatus, ClassClientFault},
-	"ErrWrongStatus":    {ErrWrongStatus, ClassClientFault},
-	"ErrInvalidCursor":  {ErrInvalidCursor, ClassClientFault},
-	"ErrEmptyFilter":    {ErrEmptyFilter, ClassClientFault},
-	"ErrCallMayHaveRun": {ErrCallMayHaveRun, ClassClientFault},
+	"ErrUnknownStatus":       {ErrUnknownStatus, ClassClientFault},
+	"ErrWrongStatus":         {ErrWrongStatus, ClassClientFault},
+	"ErrInvalidCursor":       {ErrInvalidCursor, ClassClientFault},
+	"ErrEmptyFilter":         {ErrEmptyFilter, ClassClientFault},
+	"ErrCallMayHaveRun":      {ErrCallMayHaveRun, ClassClientFault},
+	"ErrCompensationUnknown": {ErrCompensationUnknown, ClassClientFault},
+	"ErrCompensationFailed":  {ErrCompensationFailed, ClassServerFault},
 }
 
 // sentinels returns the names of the package's exported error variables, read from

@@ -116,7 +116,15 @@ var (
 	// ErrCallMayHaveRun: a cancel was refused for a key one of whose call phases may
 	// already have reached the remote side.
 	ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")
+	// ErrCompensationUnknown: a cancel was refused for a key whose flow the engine does
+	// not register, so it can neither tell whether the flow declares a compensation
+	// nor run one.
+	ErrCompensationUnknown = errors.New("whether the flow declares a compensation is unknown")
 )
+
+// ErrCompensationFailed: the compensation a cancel ran returned an error or panicked:
+// the flow's fault, a server fault. Nothing was changed.
+var ErrCompensationFailed = errors.New("the compensation failed")
 
 // InProgressError is returned while another attempt holds a key's lease.
 type InProgressError struct {

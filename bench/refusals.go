@@ -1,0 +1,354 @@
+package main
+
+// The refusals part (issue 39 item 3): what a refused request costs. A refusal must
+// cost about what a bare 503 costs, or under a crowd the refusals themselves eat the
+// capacity. A server process of its own (the hidden subcommand refuserCommand, so that
+// its CPU is read apart from the client's) serves, on one loopback listener and one
+// http.Server, two routes:
+//
+//   - idemhttp: idemhttp.Handler on a real engine with the charges flow registered,
+//     drained (workflow.Engine.Drain) before the first request, so that it refuses
+//     every attempt before its claim: 503 unavailable, Retry-After, the problem
+//     document, the attempt hooks run. Drained is the cheapest honest refusing engine:
+//     nothing is in flight, no statement is sent, and every attempt takes the same path
+//     through admission as an overloaded engine's turned away at once.
+//   - bare: a plain net/http handler that answers 503 with Retry-After: 1, reading
+//     nothing. The floor.
+//
+// The bench's client sends the same keyed charge request (a new key each time) to each
+// in closed loops, in interleaved rounds (the side that goes first alternates), and
+// reads the server process's CPU (getrusage) and heap allocations
+// (runtime/metrics) from a third route before and after each side's round, and its own
+// CPU and allocations around it.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// refuserCommand is the hidden subcommand that runs the refusals part's server process.
+const refuserCommand = "__refuser"
+
+// The refuser's routes.
+const (
+	refusalIdemPath  = chargeRoute
+	refusalBarePath  = "/bare" + chargeRoute
+	refusalStatsPath = "/stats"
+	refusalScope     = "X-Account" // the header the handler's Scope reads
+)
+
+// The refusals part's figures, set by refusals.
+const (
+	// figRefusalServer: the server process's CPU per refused request, idemhttp ÷ bare,
+	// median over rounds of the per-round ratio.
+	figRefusalServer = "refusals.server"
+	// figRefusalTotal: the same for server + client CPU.
+	figRefusalTotal = "refusals.total"
+)
+
+// refusalChecks are issue 39's lines for refusals.
+var refusalChecks = []check{
+	{"issue 39", "Refusal (a draining engine, idemhttp.Handler, over loopback HTTP): server process CPU per refused request vs a bare net/http 503 with Retry-After",
+		"≤ 1.5× bare", "refusals", read(figRefusalServer), atMost(1.5)},
+	{"issue 39", "Refusal: server + client CPU per refused request vs the bare 503", "≤ 1.5× bare", "refusals", read(figRefusalTotal), atMost(1.5)},
+}
+
+// refuserStats is what the refuser's stats route answers: its own CPU and heap
+// allocations so far.
+type refuserStats struct {
+	CPU    time.Duration `json:"cpu_ns"`
+	Allocs uint64        `json:"allocs"`
+}
+
+// runRefuser is the refusals part's server process: it serves the routes on a loopback
+// port, prints the address, and serves until stdin closes.
+func runRefuser(args []string) error {
+	fs := flag.NewFlagSet(refuserCommand, flag.ContinueOnError)
+	serverURL := fs.String("url", "", "server URL")
+	database := fs.String("db", "", "database")
+	schema := fs.String("schema", "", "schema (when a schema stands in for a database)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	cfg, err := poolConfig(*serverURL, *database, *schema, appLive, 2)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	eng, err := workflow.New(pool, &workflow.Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		return err
+	}
+	// The provider is never called: every attempt is refused before its claim.
+	if err := eng.Register(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: "http://127.0.0.1:9", HTTP: http.DefaultClient})); err != nil {
+		return err
+	}
+	if err := eng.Drain(ctx); err != nil {
+		return err
+	}
+	h, err := idemhttp.Handler(eng, chargeflow.FlowName, &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
+		return r.Header.Get(refusalScope), nil
+	}})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST "+refusalIdemPath, h)
+	mux.HandleFunc("POST "+refusalBarePath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("GET "+refusalStatsPath, func(w http.ResponseWriter, _ *http.Request) {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		st := refuserStats{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Allocs: heapAllocs()}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	fmt.Println(ln.Addr().String())
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the bench closes it
+	return srv.Close()
+}
+
+// refusalSide is one side's figures in one round, per request.
+type refusalSide struct {
+	N            int
+	ServerUS     float64 // µs of the server process's CPU
+	ClientUS     float64 // µs of this process's CPU
+	ServerAllocs float64
+	ClientAllocs float64
+	Bytes        float64 // answer body bytes
+}
+
+// refusalRound is one interleaved round.
+type refusalRound struct {
+	Idem, Bare refusalSide
+}
+
+// refusals runs the refusals part and hands its figures to the budget.
+func (e *env) refusals(ctx context.Context) error {
+	o := e.o
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, exe, refuserCommand, "-url", e.db.serverURL, "-db", e.db.name, "-schema", e.db.schema)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the refusals server process: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	}()
+	out := bufio.NewScanner(stdout)
+	if !out.Scan() {
+		return errors.New("the refusals server process did not say its address")
+	}
+	base := "http://" + out.Text()
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: o.refusalConc, MaxConnsPerHost: o.refusalConc}}
+	defer client.CloseIdleConnections()
+
+	// Warm both sides (connections, code paths), then the rounds.
+	for _, path := range []string{refusalIdemPath, refusalBarePath} {
+		if _, err := e.refusalLoad(ctx, client, base, path, min(o.refusalN, 500)); err != nil {
+			return err
+		}
+	}
+	var rounds []refusalRound
+	for r := range o.rounds {
+		var rd refusalRound
+		sides := []struct {
+			path string
+			to   *refusalSide
+		}{{refusalIdemPath, &rd.Idem}, {refusalBarePath, &rd.Bare}}
+		if r%2 == 1 {
+			slices.Reverse(sides)
+		}
+		for _, s := range sides {
+			side, err := e.refusalLoad(ctx, client, base, s.path, o.refusalN)
+			if err != nil {
+				return err
+			}
+			*s.to = side
+		}
+		logf("refusals round %d: idemhttp %.1f µs server + %.1f µs client, %.1f + %.1f allocs; bare %.1f µs + %.1f µs, %.1f + %.1f allocs (per request, N=%d, concurrency %d)",
+			r+1, rd.Idem.ServerUS, rd.Idem.ClientUS, rd.Idem.ServerAllocs, rd.Idem.ClientAllocs,
+			rd.Bare.ServerUS, rd.Bare.ClientUS, rd.Bare.ServerAllocs, rd.Bare.ClientAllocs, o.refusalN, o.refusalConc)
+		rounds = append(rounds, rd)
+	}
+	e.setRefusalFigures(rounds)
+	return nil
+}
+
+// setRefusalFigures hands the rounds' ratios to the budget.
+func (e *env) setRefusalFigures(rounds []refusalRound) {
+	var srv, tot []float64
+	var idem, bare []refusalSide
+	for _, rd := range rounds {
+		srv = append(srv, rd.Idem.ServerUS/rd.Bare.ServerUS)
+		tot = append(tot, (rd.Idem.ServerUS+rd.Idem.ClientUS)/(rd.Bare.ServerUS+rd.Bare.ClientUS))
+		idem, bare = append(idem, rd.Idem), append(bare, rd.Bare)
+	}
+	med := func(sides []refusalSide, f func(refusalSide) float64) float64 {
+		var xs []float64
+		for _, s := range sides {
+			xs = append(xs, f(s))
+		}
+		return median(xs)
+	}
+	server := func(s refusalSide) float64 { return s.ServerUS }
+	cl := func(s refusalSide) float64 { return s.ClientUS }
+	sAllocs := func(s refusalSide) float64 { return s.ServerAllocs }
+	cAllocs := func(s refusalSide) float64 { return s.ClientAllocs }
+	ctx := fmt.Sprintf("%d interleaved rounds of %d requests per side at concurrency %d; load average %s",
+		len(rounds), e.o.refusalN, e.o.refusalConc, loadAverage())
+	e.figs.set(figRefusalServer, median(srv), fmt.Sprintf("%.1f µs vs %.1f µs = %.2f× (rounds: %.2f–%.2f×); server allocations %.1f vs %.1f per request; %s",
+		med(idem, server), med(bare, server), median(srv), slices.Min(srv), slices.Max(srv), med(idem, sAllocs), med(bare, sAllocs), ctx))
+	e.figs.set(figRefusalTotal, median(tot), fmt.Sprintf("%.1f + %.1f µs vs %.1f + %.1f µs = %.2f× (rounds: %.2f–%.2f×); client allocations %.1f vs %.1f per request",
+		med(idem, server), med(idem, cl), med(bare, server), med(bare, cl), median(tot), slices.Min(tot), slices.Max(tot), med(idem, cAllocs), med(bare, cAllocs)))
+}
+
+// loadAverage is /proc/loadavg's first three fields, or "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := bytes.Fields(b)
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return string(bytes.Join(f[:3], []byte(" ")))
+}
+
+// refusalLoad sends n keyed charge requests to path in refusalConc closed loops and
+// returns the costs per request. Every answer must be a 503 with Retry-After: 1.
+func (e *env) refusalLoad(ctx context.Context, client *http.Client, base, path string, n int) (refusalSide, error) {
+	before, err := refuserRead(ctx, client, base)
+	if err != nil {
+		return refusalSide{}, err
+	}
+	cpu0, allocs0 := cpumeter.Self(), heapAllocs()
+	var next, bodyBytes atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first == nil {
+			first = err
+		}
+	}
+	prefix := fmt.Sprintf("refusal-%s-%d-", e.runID, time.Now().UnixNano())
+	for range e.o.refusalConc {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(n) || ctx.Err() != nil {
+					return
+				}
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(chargeBody))
+				if err != nil {
+					fail(err)
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set(refusalScope, "acct_refusals")
+				req.Header.Set(idemhttp.KeyHeader, prefix+strconv.FormatInt(i, 10))
+				resp, err := client.Do(req)
+				if err != nil {
+					fail(err)
+					return
+				}
+				k, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				bodyBytes.Add(k)
+				if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+					fail(fmt.Errorf("refusals: %s answered %d with Retry-After %q (%v), want 503 with Retry-After 1",
+						path, resp.StatusCode, resp.Header.Get("Retry-After"), err))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	cpu1, allocs1 := cpumeter.Self(), heapAllocs()
+	after, err := refuserRead(ctx, client, base)
+	if err != nil {
+		return refusalSide{}, err
+	}
+	if first != nil {
+		return refusalSide{}, first
+	}
+	per := func(x float64) float64 { return x / float64(n) }
+	return refusalSide{N: n,
+		ServerUS:     per(float64(after.CPU-before.CPU) / float64(time.Microsecond)),
+		ClientUS:     per(float64(cpu1-cpu0) / float64(time.Microsecond)),
+		ServerAllocs: per(float64(after.Allocs - before.Allocs)),
+		ClientAllocs: per(float64(allocs1 - allocs0)),
+		Bytes:        per(float64(bodyBytes.Load())),
+	}, nil
+}
+
+// refuserRead reads the server process's CPU and allocations.
+func refuserRead(ctx context.Context, client *http.Client, base string) (refuserStats, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+refusalStatsPath, nil)
+	if err != nil {
+		return refuserStats{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return refuserStats{}, err
+	}
+	defer resp.Body.Close()
+	var st refuserStats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return refuserStats{}, fmt.Errorf("refusals: read the server process's stats: %w", err)
+	}
+	return st, nil
+}
