@@ -84,7 +84,7 @@ func New() *Store { return &Store{t: keytable.New()} }
 // schema. It fails on a name PostgreSQL cannot hold: longer than 63 bytes or with a
 // NUL byte.
 func NewInSchema(schema string) (*Store, error) {
-	t, err := keytable.NewInSchema(schema)
+	t, err := keytable.NewWith(keytable.Options{Schema: schema})
 	if err != nil {
 		return nil, err
 	}

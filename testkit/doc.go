@@ -13,6 +13,7 @@
 //   - tenants: two tenants on a pool of one connection (a transaction ends with its phase)
 //   - uitest: the fixture of the operator page's tests
 //   - retention: the engine's batched retention statement alone, for the benchmark
+//   - gosource: a package's own Go source, for tests that hold the code to a rule read from it
 //
 // The engine's own machinery stays in internal/. Packages of the other modules of the
 // repository (examples, bench, reliability) import these public packages, never the

@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // The operator's API: what an operator needs to see and settle keys by hand, all in
 // the admin*.go files: list (ListKeys), show with its history (InspectKey), re-drive
 // (Redrive), release (ReleaseKey), purge (PurgeKey), counts (CountKeys, GaugeKeys,
 // CountOutcomes) here; cancel (CancelKey) and the bulk actions (BulkKeys) in
-// admin_bulk.go; a scope's erasure (EraseScope) in admin_erase.go. It needs no flow
+// admin_bulk.go; a scope's erasure (EraseScope) at the end of this file. It needs no flow
 // registered (an engine made only for it, as cmd/idemflow's, works), reads across
 // scopes only to list and count, and changes one key at a time, each statement
 // filtered by the key's scope; a change that commits emits its key event (acted). A
@@ -43,15 +44,15 @@ const (
 var (
 	// ErrUnknownStatus: a list asked for a status other than those of KeyStatus.
 	// Nothing was read.
-	ErrUnknownStatus = keytable.ErrUnknownStatus
+	ErrUnknownStatus = vocab.ErrUnknownStatus
 	// ErrWrongStatus: an operator's action found the key in a status it does not apply
 	// to: ReleaseKey a finished or dead-lettered key (see Redrive), CancelKey a finished
 	// one, Redrive one not dead-lettered, PurgeKey one not finished. The message says
 	// which ("... is not in progress", "is not dead-lettered", "is not finished", "is
 	// finished"). Nothing was changed.
-	ErrWrongStatus = errors.New("wrong key status")
+	ErrWrongStatus = vocab.ErrWrongStatus
 	// ErrInvalidCursor: ListOptions.After is not a cursor of a page of the same status.
-	ErrInvalidCursor = errors.New("invalid list cursor")
+	ErrInvalidCursor = vocab.ErrInvalidCursor
 )
 
 // Limits of ListOptions.Limit.
@@ -494,4 +495,56 @@ func (e *Engine) GaugeKeys(ctx context.Context) ([]KeyGauge, error) {
 		out[i] = KeyGauge{Flow: r.Flow, InProgress: r.InProgress, Stuck: r.Stuck, Dead: r.Dead, OldestDue: r.OldestDue}
 	}
 	return out, nil
+}
+
+// The erasure of every key of a scope (EraseScope).
+
+// eraseBatch is how many keys one statement of EraseScope deletes.
+const eraseBatch = 500
+
+// EraseOptions say what EraseScope erases.
+type EraseOptions struct {
+	// Force erases the keys in progress too (unfinished, stuck or leased); without it
+	// they are left and counted in EraseResult.Left.
+	Force bool
+	// DryRun changes nothing: EraseResult counts what would be erased and left.
+	DryRun bool
+}
+
+// EraseResult is what EraseScope did (or, with DryRun, would do).
+type EraseResult struct {
+	// Erased counts the keys deleted.
+	Erased int64 `json:"erased"`
+	// Left counts the keys in progress left because EraseOptions.Force was not set
+	// (counted after the erasure: a key claimed meanwhile is among them).
+	Left int64 `json:"left"`
+	// Fenced counts the keys erased while an executor held a live lease on them: the
+	// holder can commit nothing more (every fenced statement it sends matches no row),
+	// but a call it had under way may still reach the remote side.
+	Fenced int64 `json:"fenced"`
+}
+
+// EraseScope deletes every key of scope, answers and request bodies with them, for a
+// data subject's request. It deletes a batch of keys at a time, each batch by one
+// statement, so that no transaction holds many rows.
+//
+// Finished and dead-lettered keys are always erased. Keys in progress are erased only
+// with opts.Force, leased or not: the deletion fences a live holder, which then fails
+// with ErrLeaseLost at its next commit, and the sweeper never takes the key again.
+// Erasing a key forgets it: a retry carrying the same key afterwards is a new request
+// and runs the flow again, so a payment may be made twice if a client still retries
+// (erase a scope whose clients are done). Without Force the keys in progress are left
+// alone and counted in Left: let them finish (or cancel them) and erase again.
+//
+// Errors: ErrInvalidScope (empty, longer than 255 bytes, not UTF-8 text or with a
+// NUL; nothing is read); ErrUnavailable when the database fails, with what was erased
+// so far.
+func (e *Engine) EraseScope(ctx context.Context, scope string, opts EraseOptions) (EraseResult, error) {
+	var res EraseResult
+	if scope == "" || len(scope) > 255 || !storableText(scope) {
+		return res, fmt.Errorf("workflow: erase scope: %w: want 1-255 bytes of UTF-8 text without NUL", ErrInvalidScope)
+	}
+	var err error
+	res.Erased, res.Fenced, res.Left, err = e.store.EraseScope(ctx, e.pool, scope, opts.Force, opts.DryRun, eraseBatch)
+	return res, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Operators' actions on many keys (BulkKeys); the cancel of one is cancel.go's.
@@ -32,7 +33,7 @@ const bulkBatch = 100
 
 // ErrEmptyFilter: a bulk action was given no filter and not BulkOptions.All. Nothing
 // was read or changed.
-var ErrEmptyFilter = errors.New("bulk action without a filter (set BulkOptions.All to act on every key)")
+var ErrEmptyFilter = vocab.ErrEmptyFilter
 
 // BulkOptions select the keys of BulkKeys and what is done to them. At least one of
 // Flow, Scope, RecoveryPoint and ErrorContains must be set, or All.

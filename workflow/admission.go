@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/attempt"
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/vocab"
 )
@@ -39,9 +40,6 @@ const (
 	overloadWait  = 10 * time.Millisecond
 )
 
-// shedRetryAfter is the Retry-After of an attempt turned away before its claim.
-const shedRetryAfter = time.Second
-
 var (
 	// ErrOverloaded: the attempt was turned away before its claim, because the engine
 	// had Config.MaxInFlight attempts in flight or no pool connection came within
@@ -62,7 +60,7 @@ var (
 // ErrOverloaded or ErrDraining (Unwrap).
 type ShedError = vocab.ShedError
 
-func shed(why error) *ShedError { return &ShedError{RetryAfter: shedRetryAfter, Err: why} }
+func shed(why error) *ShedError { return vocab.Shed(why) }
 
 // admission caps the attempts in flight (Do's), keeps the waiting ones newest first,
 // and knows the executors running, for a drain.
@@ -77,7 +75,7 @@ type admission struct {
 	waitAvg   time.Duration // moving average of the last waits for a place (1/8 the newest)
 	draining  bool          // no attempt is admitted
 	closed    bool          // the drain's deadline passed: no executor may start
-	running   map[*exec]struct{}
+	running   map[*attempt.Exec]struct{}
 	changed   chan struct{} // closed (and replaced) when used or running shrinks, once watched
 	watched   bool          // a drain took changed since it was made
 
@@ -121,7 +119,7 @@ type waiter struct {
 }
 
 func newAdmission(limit int) *admission {
-	return &admission{limit: max(limit, 0), overloadAfter: overloadAfter, running: map[*exec]struct{}{}, changed: make(chan struct{})}
+	return &admission{limit: max(limit, 0), overloadAfter: overloadAfter, running: map[*attempt.Exec]struct{}{}, changed: make(chan struct{})}
 }
 
 // inFlightLimit is the cap on attempts in flight for cfg.MaxInFlight on pool: 0 for
@@ -260,9 +258,9 @@ func isClosed(c chan struct{}) bool {
 	}
 }
 
-// enter registers an executor that is about to run phases; false once the drain's
+// Enter registers an executor that is about to run phases; false once the drain's
 // deadline passed (the executor must then release its key at once).
-func (a *admission) enter(x *exec) bool {
+func (a *admission) Enter(x *attempt.Exec) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -272,8 +270,8 @@ func (a *admission) enter(x *exec) bool {
 	return true
 }
 
-// leave unregisters an executor.
-func (a *admission) leave(x *exec) {
+// Leave unregisters an executor.
+func (a *admission) Leave(x *attempt.Exec) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.running, x)
@@ -284,10 +282,10 @@ func (a *admission) leave(x *exec) {
 // attempt away before its claim (a *ShedError with ErrDraining), before it looks at
 // the request's body, so a caller may skip reading one; a readiness probe may answer
 // unready. It never turns false again.
-func (e *Engine) Draining() bool { return e.adm.isDraining() }
+func (e *Engine) Draining() bool { return e.adm.Draining() }
 
-// isDraining reports whether a drain began.
-func (a *admission) isDraining() bool {
+// Draining reports whether a drain began.
+func (a *admission) Draining() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.draining

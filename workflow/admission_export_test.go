@@ -18,7 +18,7 @@ func SetOverloadAfter(e *Engine, d time.Duration) {
 }
 
 // Draining reports whether a drain began on e.
-func Draining(e *Engine) bool { return e.adm.isDraining() }
+func Draining(e *Engine) bool { return e.adm.Draining() }
 
 // SetWaitAvg sets how long e's last waiters for a place waited (see admission.admit).
 func SetWaitAvg(e *Engine, d time.Duration) {

@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"net/textproto"
-	"runtime/debug"
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/idemflow/idemflow/internal/attempt"
 	"github.com/idemflow/idemflow/internal/keytable"
-	"github.com/idemflow/idemflow/internal/runstate"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -23,7 +21,7 @@ import (
 
 // ErrCallMayHaveRun: CancelKey refused a key one of whose call phases may already
 // have reached the remote side (see CallMayHaveRunError). Nothing was changed.
-var ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")
+var ErrCallMayHaveRun = vocab.ErrCallMayHaveRun
 
 // CallMayHaveRunError is the error of a CancelKey refused without Force. It matches
 // ErrCallMayHaveRun.
@@ -243,12 +241,12 @@ func (e *Engine) mayHaveCalled(row *keytable.Row) *CallMayHaveRunError {
 // Nothing was changed. Cancel it where the flow is registered (the service's engine,
 // or its operator page), or with CancelOptions.SkipCompensation to leave the
 // committed phases' writes as they are.
-var ErrCompensationUnknown = errors.New("whether the flow declares a compensation is unknown")
+var ErrCompensationUnknown = vocab.ErrCompensationUnknown
 
 // ErrCompensationFailed: the compensation a cancel ran returned an error or panicked
 // (see CompensationError). Nothing was changed: its writes rolled back with the
 // cancel, and the key is as it was.
-var ErrCompensationFailed = errors.New("the compensation failed")
+var ErrCompensationFailed = vocab.ErrCompensationFailed
 
 // CompensationError is the error of a cancel whose compensation failed. It matches
 // ErrCompensationFailed and unwraps to the compensation's error (a *phases.PanicError
@@ -354,50 +352,10 @@ func (e *Engine) compensate(ctx context.Context, comp phases.Compensation, row *
 	if err != nil {
 		return err
 	}
-	run, err := newRun(runstate.Info{
-		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
-		Method: row.Method, Route: row.Route, Body: body, Attempt: row.Attempts,
-	}, row.PhaseData)
-	if err != nil {
-		return err
-	}
-	(*runstate.Run)(run).Enter(comp.Name)
-	ctx, cancel := e.bounded(ctx)
-	defer cancel()
-	pc, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", keytable.Classify(err))
-	}
-	tx := newPhaseTx(pc, e.store, pgx.ReadCommitted)
-	defer tx.done(ctx)
-	if row.Status == keytable.StatusInProgress {
-		tx.startWith(keytable.Head{Fence: row.Fence()})
-	}
-	v := verdict{kind: goOn}
-	if err := runCompensation(ctx, comp, tx, run, row.RecoveryPoint); err != nil {
-		v = verdict{kind: fail, err: err}
-	}
-	switch v = tx.end(v); {
-	case v.kind == goOn:
-	case errors.Is(v.err, keytable.ErrLeaseLost):
-		return v.err // the check refused: the row moved
-	default:
+	failed, err := attempt.Compensate(ctx, &e.env, comp, row, body, c)
+	if failed != nil {
 		return &CompensationError{Scope: row.Scope, Key: row.Key, Flow: row.Flow, Compensation: comp.Name,
-			RecoveryPoint: row.RecoveryPoint, Err: v.err}
+			RecoveryPoint: row.RecoveryPoint, Err: failed}
 	}
-	p := plan{write: keytable.KeyWrite{Fence: row.Fence(), Cancel: &c}}
-	if err := tx.send(ctx, &p); err != nil {
-		return fmt.Errorf("workflow: cancel key: %w", err)
-	}
-	return nil
-}
-
-// runCompensation calls a compensation's function, turning a panic into an error.
-func runCompensation(ctx context.Context, comp phases.Compensation, tx phases.DBTX, run *phases.Run, reached string) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &phases.PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return comp.Func(ctx, tx, run, reached)
+	return err
 }

@@ -105,13 +105,12 @@
 // SweeperConfig), its report a SweepStats; package sweeper documents what a pass does.
 // A pass runs the maintenance services of internal/maintenance.
 //
-// This package imports idemflow's phases and store packages, internal/maintenance (the
-// sweeper's services, handed values, never the Engine),
-// internal/runstate (the engine's side of a phases.Run, kept out of the API a phase
-// function sees), internal/vocab (the engine's vocabulary: outcomes, results, events,
-// errors and their classes, which this package re-exports as aliases), github.com/go-json-experiment/json/jsontext (the JSON tokenizer under
-// Fingerprint), and github.com/gowebpki/jcs (RFC 8785, only to compare fingerprints
-// stored before v2).
+// This package imports idemflow's phases and store packages, internal/attempt (the
+// executor of one attempt) and internal/maintenance (the sweeper's services), both
+// handed values, never the Engine, internal/keytable (the key table's driver),
+// internal/fingerprint (a request's fingerprint, under Fingerprint) and
+// internal/vocab (the engine's vocabulary: outcomes, results, events, errors and their
+// classes, which this package re-exports as aliases), and of other modules only pgx.
 // It does not import net/http (header names are canonicalised with net/textproto);
 // phases.Response.Header is an http.Header, so net/http is among its dependencies
 // through phases.

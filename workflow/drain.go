@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemflow/idemflow/internal/attempt"
 	"github.com/idemflow/idemflow/internal/keytable"
 )
 
@@ -61,7 +62,7 @@ func (e *Engine) abandon(ctx context.Context) error {
 	a := e.adm
 	a.mu.Lock()
 	a.closed = true
-	running := make([]*exec, 0, len(a.running))
+	running := make([]*attempt.Exec, 0, len(a.running))
 	for x := range a.running {
 		running = append(running, x)
 	}
@@ -71,20 +72,16 @@ func (e *Engine) abandon(ctx context.Context) error {
 	var errs []error
 	released := 0
 	for _, x := range running {
-		x.gate.Lock()
-		x.abandoned = true
-		durable := x.durable
-		x.gate.Unlock()
-		x.stop()
-		if !durable {
+		g := x.Abandon()
+		if !g.Durable {
 			continue
 		}
-		err := e.store.Abandon(rctx, e.pool, x.fence, "drain: the process stopped before the attempt ended",
-			e.entry(Attempt{Attempt: x.run.Attempt(), By: x.by, Outcome: OutcomeReleased, Error: "drained"}))
+		err := e.store.Abandon(rctx, e.pool, g.Fence, "drain: the process stopped before the attempt ended",
+			e.entry(Attempt{Attempt: g.Attempt, By: g.By, Outcome: OutcomeReleased, Error: "drained"}))
 		switch {
 		case err == nil:
 			released++
-			e.acted(rctx, KeyEvent{Kind: OutcomeReleased, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, Err: ErrDraining})
+			e.acted(rctx, KeyEvent{Kind: OutcomeReleased, Flow: g.Flow, Scope: g.Fence.Scope, Key: g.Fence.Key, Err: ErrDraining})
 		case errors.Is(err, keytable.ErrLeaseLost): // it released its key, or lost it, meanwhile
 		default:
 			errs = append(errs, err)
@@ -94,75 +91,12 @@ func (e *Engine) abandon(ctx context.Context) error {
 		len(running), released, errors.Join(append([]error{ctx.Err()}, errs...)...))
 }
 
-// enter registers x with the engine for its phases and returns their contexts: pre,
-// the caller's ctx, for the phases before the claim is durable; after, for the phases
-// after it: for a client's attempt (x.detach) detached from the caller, and for a
-// sweep still the caller's (a sweeper that stops cancels its runs); a drain's deadline
-// ends both. ok is false
-// when a drain's deadline passed: x must not run.
-func (x *exec) enter(ctx context.Context) (pre, after context.Context, release func(), ok bool) {
-	base := ctx
-	if x.detach {
-		base = context.WithoutCancel(ctx)
-	}
-	after, stop := context.WithCancel(base)
-	pre, cancelPre := context.WithCancel(ctx)
-	unhook := context.AfterFunc(after, cancelPre)
-	x.stop = stop
-	if !x.e.adm.enter(x) {
-		unhook()
-		cancelPre()
-		stop()
-		return nil, nil, nil, false
-	}
-	return pre, after, func() {
-		x.e.adm.leave(x)
-		unhook()
-		cancelPre()
-		stop()
-	}, true
-}
-
-// drained ends an attempt that may not run because a drain's deadline passed: a key
-// taken over is released at once; a new key was never written.
-func (x *exec) drained(ctx context.Context) step {
-	if x.claim != nil {
-		return stop(failure(shed(ErrDraining)))
-	}
-	return x.settle(ctx, x.rp, step{kind: stepTransient, err: fmt.Errorf("%w: the drain's deadline passed", ErrDraining)})
-}
-
-// claiming is called before the commit that makes a new key durable. It fails when the
-// caller gave up (nothing is durable yet, so the attempt ends) or a drain gave the
-// attempt up; otherwise it holds the gate until done and returns the context of the
-// commit: detached from the caller, bounded by the lease.
-func (x *exec) claiming(ctx context.Context) (context.Context, func(), error) {
-	x.gate.Lock()
-	if x.abandoned {
-		x.gate.Unlock()
-		return nil, nil, shed(ErrDraining)
-	}
-	if err := ctx.Err(); err != nil {
-		x.gate.Unlock()
-		if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) { // the phase outlived its lease
-			return nil, nil, fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
-		}
-		return nil, nil, fmt.Errorf("claim key: the caller gave up before the claim: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.e.cfg.Lease)
-	return cctx, func() {
-		cancel()
-		x.durable = x.claim == nil
-		x.gate.Unlock()
-	}, nil
-}
-
 // takeover takes an expired or released lease: the claim of a key whose row exists.
 // The caller's ctx is honoured until the statement is sent (and for the wait for a
 // connection, bounded by AdmitWait); the statement itself is detached, so that a
 // caller going away cannot leave a lease taken that nobody runs.
 func (e *Engine) takeover(ctx context.Context, row *keytable.Row) (*keytable.Row, error) {
-	if e.adm.isDraining() {
+	if e.adm.Draining() {
 		return nil, shed(ErrDraining)
 	}
 	pc, err := e.acquire(ctx)

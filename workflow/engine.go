@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -22,8 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemflow/idemflow/internal/attempt"
+	"github.com/idemflow/idemflow/internal/fingerprint"
 	"github.com/idemflow/idemflow/internal/keytable"
-	"github.com/idemflow/idemflow/internal/runstate"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -297,12 +298,12 @@ type Engine struct {
 	flows     map[string]phases.Flow
 	durations durations // how long new keys take, for Retry-After
 
-	adm      *admission            // attempts in flight, executors running, the drain
-	waits    waits                 // the keys this engine runs, and the attempts that wait
-	members  map[string]*memberSet // the flows' FingerprintMembers, validated
-	layout   layoutCheck           // the start-up check of the key table (partition.go)
-	sweeping sweeping              // the engine's sweeper (sweeper.go)
-	standby  atomic.Bool           // the standby wait warned that the role cannot read positions
+	adm      *admission                      // attempts in flight, executors running, the drain
+	waits    waits                           // the keys this engine runs, and the attempts that wait
+	members  map[string]*fingerprint.Members // the flows' FingerprintMembers, validated
+	layout   layoutCheck                     // the start-up check of the key table (partition.go)
+	sweeping sweeping                        // the engine's sweeper (sweeper.go)
+	env      attempt.Env                     // what the executor of an attempt reads (internal/attempt)
 }
 
 // New returns an engine on pool. The pool's schema must have been migrated
@@ -326,8 +327,18 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %w", err)
 	}
-	return &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
-		members: map[string]*memberSet{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}, nil
+	e := &Engine{pool: pool, store: st, cfg: c, stored: stored, flows: map[string]phases.Flow{},
+		members: map[string]*fingerprint.Members{}, adm: newAdmission(inFlightLimit(pool, c.MaxInFlight))}
+	e.env = attempt.Env{
+		Store: st, Pool: pool, Hooks: &c.Hooks, Admission: e.adm,
+		Acquire: e.acquire, Keeps: e.keeps, Seal: e.sealResponse,
+		Lease: c.Lease, TxRetries: c.txRetries(), HistoryKeep: c.historyKeep(),
+		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax,
+		MaxResponseBytes: c.MaxResponseBytes, MaxPhaseDataBytes: c.MaxPhaseDataBytes,
+		StandbyWait: c.StandbyWait, StandbyNames: c.StandbyNames,
+		ClaimWithFirstStatement: c.ClaimWithFirstStatement, Logger: c.Logger,
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration with defaults filled in.
@@ -341,7 +352,7 @@ func (e *Engine) Register(f phases.Flow) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("workflow: register: %w", err)
 	}
-	ms, err := newMemberSet(f.FingerprintMembers)
+	ms, err := fingerprint.NewMembers(f.FingerprintMembers)
 	if err != nil {
 		return fmt.Errorf("workflow: register: %w: flow %q: %w", phases.ErrInvalidFlow, f.Name, err)
 	}
@@ -603,7 +614,7 @@ func (e *Engine) Run(ctx context.Context, req Request) *Result {
 // another attempt's answer: a waiter runs nothing, so it gives its place back and
 // takes one again, bounded by AdmitWait, once there is something to run or replay.
 func (e *Engine) do(ctx context.Context, f phases.Flow, req Request, held *bool) answer {
-	fp, err := ruleFingerprint(e.memberSet(f.Name), req.Method, req.Route, req.Body)
+	fp, err := fingerprint.Of(e.memberSet(f.Name), req.Method, req.Route, req.Body)
 	if err != nil {
 		return ended(failure(err))
 	}
@@ -681,7 +692,7 @@ func (e *Engine) Resume(ctx context.Context, scope, key string) (*Result, error)
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
-	if e.adm.isDraining() {
+	if e.adm.Draining() {
 		return nil, shed(ErrDraining)
 	}
 	ev := AttemptEvent{Executor: ExecutorClient, Scope: scope, Key: key}
@@ -716,7 +727,7 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 	if err := e.checkRow(row); err != nil {
 		return ended(failure(err)) // a newer build's row: nothing final, nothing written
 	}
-	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !storedMatches(row.Fingerprint, fp, req, e.memberSet(req.Flow))) {
+	if req != nil && (row.Flow != req.Flow || row.Method != req.Method || row.Route != req.Route || !fingerprint.Matches(row.Fingerprint, fp, req.Method, req.Route, req.Body, e.memberSet(req.Flow))) {
 		return ended(noted(Result{Outcome: OutcomeMismatch, Err: ErrMismatch}, nil, true))
 	}
 	switch row.Status {
@@ -766,13 +777,11 @@ func (e *Engine) existingRow(ctx context.Context, row *keytable.Row, req *Reques
 	if req != nil && f.ForgetBody && len(taken.RequestBody) == 0 {
 		taken.RequestBody = req.Body // a retry brings the body that was not stored
 	}
-	x, err := e.newExec(f, taken, started)
+	x, err := attempt.Take(&e.env, f, taken, started, attempt.Taken{By: ExecutorClient, Detach: req != nil}) // detached: Do's attempt, not Resume's
 	if err != nil {
 		return ended(failure(err))
 	}
-	x.detach = req != nil // Do's attempt, not Resume's
-	out := x.drive(ctx, next+1).out
-	return ended(withKey(out, x.fence.ID, x.flow.Name, taken.Origin, x.rp, x.run.Attempt()))
+	return ended(x.Keyed(x.Drive(ctx, next+1).Out))
 }
 
 // claimRetryAfter is the Retry-After of an attempt that found its key being claimed by
@@ -794,71 +803,29 @@ func (e *Engine) fresh(ctx context.Context, f phases.Flow, req Request, fp []byt
 		return ended(failure(err))
 	}
 	defer e.waits.end(req.Scope, req.Key, e.waits.run(req.Scope, req.Key)) // wakes this engine's waiters
-	origin := e.cfg.Hooks.origin(ctx)
-	x := &exec{
-		e:      e,
-		flow:   f,
-		origin: origin,
-		fence:  keytable.Fence{Scope: req.Scope, Key: req.Key, ID: id, LockVersion: 1},
-		rp:     phases.Started,
-		// no row yet: stored is set by the first commit
-		claimRow: keytable.Claim{
-			Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-			Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
-			Lease: e.cfg.Lease, Origin: origin,
-		},
-		leaseEnd: time.Now().Add(e.cfg.Lease),
-		began:    time.Now(),
-		by:       ExecutorClient,
-		detach:   true,
-	}
-	x.claim = &x.claimRow
-	x.run, _ = newRun(runstate.Info{
+	origin := storedOrigin(ctx, &e.cfg.Hooks)
+	x := attempt.Fresh(&e.env, f, keytable.Claim{
 		Scope: req.Scope, Key: req.Key, ID: id, Flow: f.Name,
-		Method: req.Method, Route: req.Route, Body: req.Body, Attempt: 1,
-	}, nil)
-	if sealed {
-		x.state().SetValue(keytable.FormatMember, sealedMark) // phase data format 2: the body is sealed
-	}
+		Method: req.Method, Route: req.Route, Fingerprint: fp, Body: body,
+		Lease: e.cfg.Lease, Origin: origin,
+	}, req.Body, sealed)
 	started := time.Now()
-	st := x.drive(ctx, 0)
+	end := x.Drive(ctx, 0)
 	switch {
-	case st.kind == stepFinished:
+	case end.Finished:
 		e.durations.observe(f.Name, time.Since(started))
-	case st.kind == stepLost && st.lost == claimBusy:
+	case end.Lost && end.Busy:
 		// Another attempt is in the key's first transaction: nothing is durable yet, so
 		// there is nothing to replay or compare; the client retries.
 		out := inProgress(e.retryAfter(f.Name, claimRetryAfter, e.cfg.Lease), true)
 		out = standing(out, phases.Started)
 		return answer{out: out, claimLost: true}
-	case st.kind == stepLost && st.found != nil:
-		return answer{found: st.found}
-	case st.kind == stepLost:
+	case end.Lost && end.Found != nil:
+		return answer{found: end.Found}
+	case end.Lost:
 		return answer{again: true} // the row exists: look it up and answer it
 	}
-	return ended(withKey(st.out, x.fence.ID, f.Name, x.origin, x.rp, x.run.Attempt()))
-}
-
-func (e *Engine) newExec(f phases.Flow, row *keytable.Row, started time.Time) (*exec, error) {
-	run, err := newRun(runstate.Info{
-		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
-		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
-	}, row.PhaseData)
-	if err != nil {
-		return nil, err
-	}
-	return &exec{
-		e:        e,
-		flow:     f,
-		fence:    row.Fence(),
-		rp:       row.RecoveryPoint,
-		stored:   row.RecoveryPoint,
-		run:      run,
-		leaseEnd: started.Add(row.LeaseLeft()),
-		began:    started,
-		by:       ExecutorClient,
-		durable:  true, // taken over: the row exists with this fence
-	}, nil
+	return ended(x.Keyed(end.Out))
 }
 
 // bounded limits one of the engine's own statements to a lease, so that a connection
@@ -1008,4 +975,60 @@ func newUUID() (string, error) {
 	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32], nil
+}
+
+// representationHeaders describe a response body itself: what it is, how it is encoded
+// and which request headers chose it. The bytes mean nothing without them, so they are
+// stored and replayed with the body whatever Config.StoredHeaders lists (gzip bytes are
+// never replayed labelled application/json).
+var representationHeaders = map[string]bool{"Content-Type": true, "Content-Encoding": true, "Vary": true}
+
+// keeps reports whether the engine stores and replays the header of canonical name: it
+// is allow-listed (Config.StoredHeaders, less the names never stored) or describes the
+// body (representationHeaders).
+func (e *Engine) keeps(canonical string) bool {
+	return e.stored[canonical] || representationHeaders[canonical]
+}
+
+// memberSet is the member list of a registered flow, nil if it has none.
+func (e *Engine) memberSet(flow string) *fingerprint.Members {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.members[flow]
+}
+
+// ErrBodyNotJSON: the flow fingerprints chosen members (phases.Flow.FingerprintMembers)
+// and the request body is not one canonicalisable JSON value (see Fingerprint: not
+// JSON, invalid UTF-8, duplicate member names, nesting deeper than 64 levels, an
+// exponent of more than 18 digits). It wraps ErrInvalidRequest; nothing was written.
+var ErrBodyNotJSON = vocab.ErrBodyNotJSON
+
+// Fingerprint returns the fingerprint an engine stores on a request's key, for a flow
+// whose phases.Flow.FingerprintMembers is members.
+//
+// With no members (nil or empty), it is version 2: 33 bytes, the version byte 0x02 and
+// the sha256 of the method, the route and the body. A body that is one valid JSON value
+// is hashed in an exact canonical form, so object key order, whitespace, string escapes
+// and number spelling (1, 1.0, 1e0, 10e-1) don't matter, while any two numbers of
+// different decimal value, however many digits they take, differ. Any other body,
+// including JSON with duplicate member names, invalid UTF-8, nesting deeper than 64
+// levels or an exponent of more than 18 digits, is hashed as its bytes. The two cases
+// are kept apart so that no raw body can collide with a JSON one. It never fails.
+//
+// With members (JSON pointers), it is version 3: 73 bytes, the version byte 0x03 and
+// hashes over the method, the route, the member list and the canonical form of the
+// members the pointers name, an absent member told apart from a null one, and over
+// the whole request, as version 2. Two requests are the same under the list when the
+// first 41 bytes of their fingerprints are equal; the last 32 tell whether they are
+// the same as a whole. It fails if the list is invalid (see
+// phases.Flow.FingerprintMembers) or with ErrBodyNotJSON.
+func Fingerprint(method, route string, body []byte, members []string) ([]byte, error) {
+	if len(members) == 0 {
+		return fingerprint.Whole(method, route, body), nil
+	}
+	ms, err := fingerprint.NewMembers(members)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: %w", err)
+	}
+	return fingerprint.Of(ms, method, route, body)
 }

@@ -3,10 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
-	"go/ast"
-	"go/parser"
 	"go/token"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +14,7 @@ import (
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/gosource"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -43,8 +41,7 @@ func TestErrorsAreAliases(t *testing.T) {
 }
 
 // publicErrors is every exported error variable of package workflow: the value, the
-// vocabulary's value it must be (nil for the operator API's own errors, which no
-// attempt returns), and its class.
+// vocabulary's value it must be, and its class.
 var publicErrors = map[string]struct {
 	ours, vocab error
 	class       workflow.Class
@@ -81,15 +78,16 @@ var publicErrors = map[string]struct {
 	"ErrMisconfigured":        {workflow.ErrMisconfigured, vocab.ErrMisconfigured, workflow.ClassServerFault},
 	"ErrRefused":              {workflow.ErrRefused, vocab.ErrRefused, workflow.ClassServerFault},
 
-	// The operator API's errors: no attempt returns them; its callers (cmd/idemflow,
-	// idemflowui) answer them.
-	"ErrUnknownStatus":       {workflow.ErrUnknownStatus, nil, workflow.ClassServerFault},
-	"ErrWrongStatus":         {workflow.ErrWrongStatus, nil, workflow.ClassServerFault},
-	"ErrInvalidCursor":       {workflow.ErrInvalidCursor, nil, workflow.ClassServerFault},
-	"ErrEmptyFilter":         {workflow.ErrEmptyFilter, nil, workflow.ClassServerFault},
-	"ErrCallMayHaveRun":      {workflow.ErrCallMayHaveRun, nil, workflow.ClassServerFault},
-	"ErrCompensationUnknown": {workflow.ErrCompensationUnknown, nil, workflow.ClassServerFault},
-	"ErrCompensationFailed":  {workflow.ErrCompensationFailed, nil, workflow.ClassServerFault},
+	// The operator API's errors: no attempt returns them. An operator's request that
+	// does not apply to the keys as they are, or here, is the caller's fault; a
+	// compensation that failed is the flow's.
+	"ErrUnknownStatus":       {workflow.ErrUnknownStatus, vocab.ErrUnknownStatus, workflow.ClassClientFault},
+	"ErrWrongStatus":         {workflow.ErrWrongStatus, vocab.ErrWrongStatus, workflow.ClassClientFault},
+	"ErrInvalidCursor":       {workflow.ErrInvalidCursor, vocab.ErrInvalidCursor, workflow.ClassClientFault},
+	"ErrEmptyFilter":         {workflow.ErrEmptyFilter, vocab.ErrEmptyFilter, workflow.ClassClientFault},
+	"ErrCallMayHaveRun":      {workflow.ErrCallMayHaveRun, vocab.ErrCallMayHaveRun, workflow.ClassClientFault},
+	"ErrCompensationUnknown": {workflow.ErrCompensationUnknown, vocab.ErrCompensationUnknown, workflow.ClassClientFault},
+	"ErrCompensationFailed":  {workflow.ErrCompensationFailed, vocab.ErrCompensationFailed, workflow.ClassServerFault},
 }
 
 // Every error an attempt can return is the vocabulary's value, so it has the class the
@@ -97,20 +95,10 @@ var publicErrors = map[string]struct {
 // publicErrors fails here.
 func TestEveryErrorIsClassified(t *testing.T) {
 	t.Parallel()
-	fset := token.NewFileSet()
-	files := parseSource(t, fset)
 	var names []string
-	for _, f := range files {
-		for _, decl := range f.Decls {
-			if gen, ok := decl.(*ast.GenDecl); ok && gen.Tok == token.VAR {
-				for _, spec := range gen.Specs {
-					for _, name := range spec.(*ast.ValueSpec).Names {
-						if name.IsExported() && strings.HasPrefix(name.Name, "Err") {
-							names = append(names, name.Name)
-						}
-					}
-				}
-			}
+	for _, name := range gosource.ExportedVars(gosource.Files(t, token.NewFileSet(), ".")) {
+		if strings.HasPrefix(name, "Err") {
+			names = append(names, name)
 		}
 	}
 	for _, name := range names {
@@ -249,23 +237,4 @@ func TestLeaseLostIsNamedOnce(t *testing.T) {
 		require.ErrorIs(t, err, workflow.ErrLeaseLost)
 		require.Equal(t, 1, strings.Count(err.Error(), "lease lost"), err.Error())
 	})
-}
-
-// parseSource parses the package's own source files (not its tests) in the current
-// directory.
-func parseSource(t *testing.T, fset *token.FileSet) []*ast.File {
-	t.Helper()
-	entries, err := os.ReadDir(".")
-	require.NoError(t, err)
-	var files []*ast.File
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		require.NoError(t, err)
-		files = append(files, f)
-	}
-	return files
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/fingerprint"
 	"github.com/idemflow/idemflow/internal/keytable"
 )
 
@@ -13,13 +14,13 @@ import (
 var ClaimHash = keytable.ClaimHash
 
 // FingerprintV1 is the fingerprint that releases before v2 stored, to write such rows.
-var FingerprintV1 = fingerprintV1
+var FingerprintV1 = fingerprint.V1
 
 // WholeFingerprint is the version 2 fingerprint, Fingerprint's without members.
-var WholeFingerprint = wholeFingerprint
+var WholeFingerprint = fingerprint.Whole
 
 // MaxCanonicalDepth is the deepest nesting that Fingerprint canonicalises.
-const MaxCanonicalDepth = maxCanonicalDepth
+const MaxCanonicalDepth = fingerprint.MaxCanonicalDepth
 
 // StartUp runs e's start-up check (partition.go) now, on a connection of its pool, as
 // its first request would: a test that counts the statements of e's requests calls it
@@ -47,4 +48,4 @@ func ObserveWaits(e *Engine, f func(step string)) {
 }
 
 // FingerprintMatches is fingerprintMatches, for TestFingerprintMatches.
-var FingerprintMatches = fingerprintMatches
+var FingerprintMatches = fingerprint.MatchesWhole

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/fingerprint"
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/vocab"
 )
@@ -23,21 +24,6 @@ var ErrNewerFormat = vocab.ErrNewerFormat
 // NewerFormatRetryAfter is the Retry-After suggested for ErrNewerFormat: long enough
 // for a rolling deploy to move the request to a newer build, short enough for a client.
 const NewerFormatRetryAfter = 5 * time.Second
-
-// fingerprintFormat reports whether this build knows the version of a stored
-// fingerprint: v1 (32 bytes), v2 (the byte 0x02 and a sha256) or v3 (41 bytes from
-// 0x03). A later version starts with its own version byte and is never 32 bytes long.
-func fingerprintFormat(stored []byte) bool {
-	switch len(stored) {
-	case fingerprintV1Len:
-		return true
-	case fingerprintV2Len:
-		return stored[0] == fingerprintV2
-	case fingerprintV3Len:
-		return stored[0] == fingerprintV3
-	}
-	return false
-}
 
 // formatMember is keytable.FormatMember as bytes, made once: jsonFormat runs on every
 // look-up.
@@ -74,7 +60,7 @@ func checkFormat(row *keytable.Row) error {
 	if !keytable.KnownStatus(row.Status) {
 		return fmt.Errorf("%w: status %q", ErrNewerFormat, row.Status)
 	}
-	if !fingerprintFormat(row.Fingerprint) {
+	if !fingerprint.Known(row.Fingerprint) {
 		v := -1
 		if len(row.Fingerprint) > 0 {
 			v = int(row.Fingerprint[0])

@@ -3,17 +3,15 @@ package workflow_test
 import (
 	"context"
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/gosource"
 	"github.com/idemflow/idemflow/testkit/testflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -223,33 +221,28 @@ func TestOperatorKeyEvents(t *testing.T) {
 	}, got)
 }
 
-// TestOneKeyEventEmitter: the engine calls Hooks.Key in two places, attemptEvent (an
-// attempt's outcome, from report, and its milestones) and acted (what is done to a
-// key outside any attempt), and each of those is called from the places pinned here
+// TestOneKeyEventEmitter: the engine calls Hooks.Key in three places, attemptEvent (an
+// attempt's outcome, from report, and its milestones), the executor's keyEvent (the
+// milestone of a claim made durable) and acted (what is done to a key outside any
+// attempt), and each of those is called from the places pinned here
 // once each: a new place that emits key events fails this test.
 func TestOneKeyEventEmitter(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, map[string][]string{
-		"Hooks.Key":    {"acted", "attemptEvent"},
-		"attemptEvent": {"committed", "existingRow", "report", "wait"},
-		"acted":        {"CancelKey", "abandon", "bulkOne", "operate", "startupCheck", "takeoverService"}, // takeoverService: the takeover service's Event (swept, given back)
-	}, callSites(t, "Hooks.Key", "attemptEvent", "acted"))
+		"Hooks.Key":    {"acted", "attemptEvent", "keyEvent"},
+		"attemptEvent": {"existingRow", "report", "wait"},
+		// keyEvent: the executor's (internal/attempt), the claim made durable
+		"keyEvent": {"committed"},
+		"acted":    {"CancelKey", "abandon", "bulkOne", "operate", "startupCheck", "takeoverService"}, // takeoverService: the takeover service's Event (swept, given back)
+	}, callSites(t, "Hooks.Key", "attemptEvent", "keyEvent", "acted"))
 }
 
-// callSites returns, for each of the package's functions named in callees (a method
-// of a field Hooks as "Hooks.Key"), the names of the functions that call it, one entry
-// a call, sorted.
+// callSites returns, for each of the functions of the package and of its executor
+// (internal/attempt) named in callees (a method of a field Hooks as "Hooks.Key"), the
+// names of the functions that call it, one entry a call, sorted.
 func callSites(t *testing.T, callees ...string) map[string][]string {
-	fset := token.NewFileSet()
-	names, err := filepath.Glob("*.go")
-	require.NoError(t, err)
 	sites := map[string][]string{}
-	for _, name := range names {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		require.NoError(t, err)
+	for _, f := range gosource.Files(t, token.NewFileSet(), ".", "../internal/attempt") {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {

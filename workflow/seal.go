@@ -127,9 +127,6 @@ func bodySealed(row *keytable.Row) bool {
 	return v == keytable.PhaseDataSealed
 }
 
-// sealedMark is the phase data member that marks a sealed request body.
-var sealedMark = json.RawMessage(strconv.Itoa(keytable.PhaseDataSealed))
-
 // storedBody is the request body stored on a new key of f, and whether it is sealed:
 // none when f forgets it (phases.Flow.ForgetBody), sealed when the engine has a
 // Sealer, else the body as it came. A Sealer's failure is transient: nothing is

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemflow/idemflow/internal/attempt"
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/maintenance"
 	"github.com/idemflow/idemflow/phases"
@@ -145,20 +146,17 @@ func (e *Engine) runTaken(ctx context.Context, tk *maintenance.Takeover, t *main
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, opts.Attempts())
 	}
-	x, err := e.newExec(f, row, t.At)
+	x, err := attempt.Take(&e.env, f, row, t.At, attempt.Taken{By: ExecutorSweeper, MaxAttempts: opts.Attempts()})
 	if err != nil {
 		return e.settleUnrun(ctx, t, err, opts.Attempts())
 	}
-	x.maxAttempts = opts.Attempts()
-	x.by = ExecutorSweeper
-
-	out := x.drive(ctx, next+1).out
+	out := x.Drive(ctx, next+1).Out
 	if out.Outcome == OutcomeFailed || out.Outcome == OutcomeShed {
 		// Should drive ever return a failure without releasing the key, it is a failed
 		// attempt all the same: release it rather than leave it leased.
-		out = x.transient(ctx, x.rp, out.Err, nil)
+		out = x.Release(ctx, out.Err)
 	}
-	return withKey(out, t.ID, t.Flow, t.Row.Origin, x.rp, t.Attempts), nil
+	return withKey(out, t.ID, t.Flow, t.Row.Origin, x.RecoveryPoint(), t.Attempts), nil
 }
 
 // settleUnrun releases or dead-letters a taken key that was not run, recording cause.
@@ -217,15 +215,11 @@ func (e *Engine) deadLetter(ctx context.Context, t *maintenance.Taken, cause err
 // sweepEntry is the history entry of a sweep that did not run taken key t.
 func (e *Engine) sweepEntry(t *maintenance.Taken, outcome Outcome, cause error) keytable.History {
 	return e.entry(Attempt{Attempt: t.Attempts, By: ExecutorSweeper, From: t.RecoveryPoint, Outcome: outcome,
-		Error: cut(cause.Error(), maxHistoryError)})
+		Error: cause.Error()})
 }
 
 // backoff is how long a key released after its attempts-th attempt waits before it is
 // due again: BackoffBase doubled per attempt after the first, capped at BackoffMax.
 func (c *Config) backoff(attempts int) time.Duration {
-	d := c.BackoffBase
-	for i := 1; i < attempts && d < c.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, c.BackoffMax)
+	return attempt.Backoff(c.BackoffBase, c.BackoffMax, attempts)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Operators' reads and actions: lists, one key in full, counts, and the release and
@@ -17,13 +19,13 @@ import (
 const (
 	// StatusInProgress is every unfinished key that is not dead-lettered.
 	StatusInProgress = "in_progress"
-	// StatusStuck is a key in progress whose lease expired or was released and that is
+	// statusStuck is a key in progress whose lease expired or was released and that is
 	// due: what a sweeper would take now (grace aside).
-	StatusStuck = "stuck"
+	statusStuck = "stuck"
 )
 
 // adminStatements are the texts of the operators' statements and of the expiry of
-// unfinished keys (retention.go), built once by New or NewInSchema, qualified like
+// unfinished keys (retention.go), built once by New or NewWith, qualified like
 // statements (see qualify).
 type adminStatements struct {
 	list           map[string][2]string // by status: the first page, a later page
@@ -71,7 +73,7 @@ func newAdminStatements(schema string) adminStatements {
 
 // ListKeys selects the keys List returns.
 type ListKeys struct {
-	// Status is "" for every key, or StatusInProgress, StatusStuck, StatusDead or
+	// Status is "" for every key, or StatusInProgress, "stuck" (statusStuck), StatusDead or
 	// StatusFinished. Others are refused.
 	Status string
 	// Flow and Scope, when not empty, keep only keys of that flow and scope.
@@ -106,9 +108,6 @@ type KeySummary struct {
 	Order time.Time
 }
 
-// Cursor is the cursor of the page that follows k.
-func (k *KeySummary) Cursor() *Cursor { return &Cursor{At: k.Order, Scope: k.Scope, Key: k.Key} }
-
 // KeyDetail is one key in full.
 type KeyDetail struct {
 	KeySummary
@@ -130,15 +129,12 @@ type KeyDetail struct {
 	PhaseDataFormat string
 }
 
-// ErrUnknownStatus: a list asked for a status there is none of (workflow.ErrUnknownStatus).
-var ErrUnknownStatus = errors.New("unknown key status")
-
 // List returns up to q.Limit keys matching q, in the order of their status's index,
 // after q.After. It locks nothing.
 func (s *Store) List(ctx context.Context, db DBTX, q ListKeys) ([]KeySummary, error) {
 	texts, ok := s.admin.list[q.Status]
 	if !ok {
-		return nil, fmt.Errorf("list keys: %w: %q", ErrUnknownStatus, q.Status)
+		return nil, fmt.Errorf("list keys: %w: %q", vocab.ErrUnknownStatus, q.Status)
 	}
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list keys: limit %d is not positive", q.Limit)
@@ -191,10 +187,13 @@ func (s *Store) Show(ctx context.Context, db DBTX, scope, key string) (*KeyDetai
 	return d, nil
 }
 
-// Count is how many keys of a flow have a status (in_progress, stuck, dead, finished;
-// a stuck key is not counted as in_progress).
+// Count is how many keys of a flow have a status: of every key (Counts: in_progress,
+// stuck, dead, finished; a stuck key is not counted as in_progress), or of the keys
+// that ended in one status (finished or dead) in the bucket of time that starts at
+// Start (Outcomes).
 type Count struct {
 	Flow, Status string
+	Start        time.Time // zero for Counts
 	Keys         int64
 }
 
@@ -249,14 +248,6 @@ func (s *Store) Gauges(ctx context.Context, db DBTX) ([]Gauge, error) {
 	return out, nil
 }
 
-// Outcome is how many keys of a flow ended in one status (finished or dead) in the
-// bucket of time that starts at Start.
-type Outcome struct {
-	Flow, Status string
-	Start        time.Time
-	Keys         int64
-}
-
 // Outcomes counts the keys that finished or were dead-lettered in the last window (by
 // the database clock), by flow and by bucket of that width, buckets aligned on the Unix
 // epoch; status is "" for both, or StatusFinished or StatusDead for one. Finished keys
@@ -264,13 +255,13 @@ type Outcome struct {
 // theirs, which is ordered by creation, so that arm reads every dead key (at most
 // sweeper.Config.DeadRetention's worth) and keeps those that died in the window. Its
 // cost follows the keys that ended in the window plus the dead ones, never the table.
-func (s *Store) Outcomes(ctx context.Context, db DBTX, window, bucket time.Duration, status string) ([]Outcome, error) {
+func (s *Store) Outcomes(ctx context.Context, db DBTX, window, bucket time.Duration, status string) ([]Count, error) {
 	rows, err := db.Query(ctx, s.admin.outcomes, window.Milliseconds(), bucket.Milliseconds(), status)
 	if err != nil {
 		return nil, fmt.Errorf("count outcomes: %w", Classify(err))
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Outcome, error) {
-		var o Outcome
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Count, error) {
+		var o Count
 		err := r.Scan(&o.Flow, &o.Status, &o.Start, &o.Keys)
 		return o, err
 	})

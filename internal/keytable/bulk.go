@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // Operators' actions on many keys, and the cancel of one. A bulk action never changes
@@ -36,7 +38,7 @@ type BulkKey struct {
 // nothing.
 func (s *Store) BulkScan(ctx context.Context, db DBTX, status string, f Filter, after *BulkKey, limit int) ([]BulkKey, error) {
 	if status != StatusDead && status != StatusInProgress {
-		return nil, fmt.Errorf("scan keys: %w: %q", ErrUnknownStatus, status)
+		return nil, fmt.Errorf("scan keys: %w: %q", vocab.ErrUnknownStatus, status)
 	}
 	from := BulkKey{CreatedAt: time.Unix(0, 0).UTC()}
 	if after != nil {

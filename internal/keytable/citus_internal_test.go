@@ -160,7 +160,7 @@ func conditionals(sql string) []string {
 // multi-shard reads, which Citus runs as they are.
 func TestCitusRules(t *testing.T) {
 	t.Parallel()
-	inSchema, err := NewInSchema("tenant data")
+	inSchema, err := newInSchema("tenant data")
 	require.NoError(t, err)
 	all := texts(New())
 	for name, sql := range texts(inSchema) {

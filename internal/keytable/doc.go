@@ -33,7 +33,7 @@
 // lock version; the ones meant to be pipelined with COMMIT abort the transaction when
 // they match no row, so the COMMIT that follows cannot succeed. A new key's row is
 // written under its claim lock, a transaction-scoped advisory lock on a hash of the key
-// and the table (QueueClaimLock, QueueHead, QueueKeyWrite).
+// and the table (QueueClaimLook, QueueHead, QueueKeyWrite).
 //
 // The key row's part of a tx phase's transaction is queued with its reader attached:
 // QueueHead (the claim or the fence that opens it) and QueueKeyWrite (the one write of

@@ -5,6 +5,9 @@ package keytable
 var (
 	// ErrInvalid is errInvalid, which Classify wraps round a value the database refused.
 	ErrInvalid = errInvalid
+	// ErrScanSingleOnPartitioned is errScanSingleOnPartitioned: a Store made with
+	// ScanSingle was used on a partitioned key table.
+	ErrScanSingleOnPartitioned = errScanSingleOnPartitioned
 )
 
 // PartitionLockSalt is partitionLockSalt, for a test that holds the maintenance lock.

@@ -67,7 +67,7 @@ func checkIndexPlans(t *testing.T, conn *pgxpool.Conn, s *Store, partitioned boo
 		{"expireParked", "due", s.admin.expireParked, []any{0, 10, flows}},
 		{"scanParked", "due", s.admin.scanParked, []any{flows, 10, 0}},
 		{"list in_progress", "due", list(StatusInProgress), []any{"", "", 0, 10}},
-		{"list stuck", "due", list(StatusStuck), []any{"", "", 0, 10}},
+		{"list stuck", "due", list(statusStuck), []any{"", "", 0, 10}},
 		{"expire", "finished", s.sql.expire, []any{0, 10}},
 		{"scanFinished", "finished", s.sql.scanFinished, []any{0, 10}},
 		{"list finished", "finished", list(StatusFinished), []any{"", "", 0, 10}},

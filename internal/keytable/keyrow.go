@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// A tx phase's transaction, as the engine builds it (workflow's plan), is a head, the
+// A tx phase's transaction, as the engine builds it (internal/attempt's plan), is a head, the
 // phase's statements, one write of the key row and a tail: COMMIT, or the end of an
 // implicit transaction. This file queues the head and the write, each with its reader
 // attached where it is queued (Queued), so that a statement and the code that reads
@@ -54,7 +54,7 @@ type KeyWrite struct {
 	// Claim, when set, is a new key: its row is inserted, leased for Claim.Lease. Fence
 	// names the existing row otherwise. A held insert returns the row's created_at
 	// unless Fence.CreatedAt already holds it (the transaction's start, which the claim
-	// lock read: ReadClaimLockAt).
+	// lock read: ClaimLook.Read).
 	Claim *Claim
 	Fence Fence
 	// Held: the transaction already holds what the write would otherwise check: a new

@@ -48,9 +48,9 @@ var (
 	// ErrNotEmpty: SetupPartitioned found rows in the key table. A table with rows is
 	// moved by the procedure in docs/PARTITIONS.md.
 	ErrNotEmpty = errors.New("key table is not empty")
-	// ErrScanSingleOnPartitioned: a Store made with ScanSingle was used on a
+	// errScanSingleOnPartitioned: a Store made with ScanSingle was used on a
 	// partitioned key table, where ctid is unique only within a partition.
-	ErrScanSingleOnPartitioned = errors.New("scan single matches rows by ctid, which a partitioned key table does not allow")
+	errScanSingleOnPartitioned = errors.New("scan single matches rows by ctid, which a partitioned key table does not allow")
 	// ErrLiveKeysInDetached: a partition detached for removal held an unfinished or
 	// dead-lettered key after all; it was attached back, not dropped.
 	ErrLiveKeysInDetached = errors.New("detached partition holds unfinished or dead-lettered keys")

@@ -406,7 +406,7 @@ func TestPartitionedInSchema(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	st, err := keytable.NewInSchema(db.Schema)
+	st, err := keytable.NewWith(keytable.Options{Schema: db.Schema})
 	require.NoError(t, err)
 
 	require.NoError(t, st.SetupPartitioned(ctx, pool, keytable.PartitionMinute, 3*time.Minute))

@@ -29,7 +29,8 @@ const (
 
 // Options configure a Store made by NewWith.
 type Options struct {
-	// Schema names the key table's schema, as NewInSchema. Empty: the current schema.
+	// Schema names the key table's schema, quoted, whatever the connection's
+	// search_path (ValidateSchema says which names it refuses). Empty: the current schema.
 	Schema string
 	// Scan is how sweeps and expiries work. Defaults to ScanAuto.
 	Scan Scan
@@ -39,7 +40,7 @@ type Options struct {
 	SealedBodies bool
 }
 
-// NewWith returns a Store with opts. It fails on a schema NewInSchema refuses and on
+// NewWith returns a Store with opts. It fails on a schema ValidateSchema refuses and on
 // an unknown Scan.
 func NewWith(opts Options) (*Store, error) {
 	switch opts.Scan {
@@ -47,7 +48,7 @@ func NewWith(opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("unknown scan %q (want %q, %q or empty)", opts.Scan, ScanSingle, ScanPerKey)
 	}
-	s, err := NewInSchema(opts.Schema)
+	s, err := newInSchema(opts.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +86,7 @@ func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
 	case err != nil:
 		return false, err
 	case partitioned && s.scan == ScanSingle:
-		return false, ErrScanSingleOnPartitioned
+		return false, errScanSingleOnPartitioned
 	}
 	s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
 	perKey := (citus && s.scan == ScanAuto) || partitioned

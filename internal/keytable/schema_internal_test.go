@@ -38,7 +38,7 @@ func TestStatementsInSchema(t *testing.T) {
 	require.Equal(t, sqlLookup, def["lookup"], "the default store sends the texts of sql.go as they are")
 	require.Equal(t, sqlClaimLock, def["claimLock"])
 
-	st, err := NewInSchema(`my "odd" schema's`)
+	st, err := newInSchema(`my "odd" schema's`)
 	require.NoError(t, err)
 	const table = `"my ""odd"" schema's"."idemflow_keys"`
 	const lockTable = `'"my ""odd"" schema''s"."idemflow_keys"'::regclass`
@@ -56,7 +56,7 @@ func TestStatementsInSchema(t *testing.T) {
 	}
 
 	for _, bad := range []string{strings.Repeat("s", 64), "a\x00b"} {
-		_, err := NewInSchema(bad)
+		_, err := newInSchema(bad)
 		require.Error(t, err)
 	}
 }

@@ -11,7 +11,7 @@ package keytable
 // then the key is held by a transaction-scoped advisory lock on a 64-bit hash of (scope,
 // key), taken without waiting: a concurrent attempt is told the key is busy at once,
 // never queued behind the first. The claim runs before any of the phase's code (see
-// workflow's phaseTx.claim), and the lock is read in a statement of its own: a READ
+// internal/attempt's phaseTx.claim), and the lock is read in a statement of its own: a READ
 // COMMITTED statement reads a snapshot taken when it starts, so a claim that committed
 // (letting go of its lock) after the lock statement started is visible only to the next
 // statement, the look-up.
@@ -104,7 +104,7 @@ var sqlFinish = `WITH u AS (
 )
 SELECT 1/count(*)::int FROM u`
 
-// The statements of a pipelined tx phase (workflow's pipeline.go): its whole
+// The statements of a pipelined tx phase (internal/attempt's pipeline.go): its whole
 // transaction is sent at once, so whatever decides whether the phase may run goes
 // first and raises when it says no, and nothing queued after it runs. Only a loser
 // raises: the winning path's statements never fail, so pgx keeps their prepared
@@ -130,7 +130,7 @@ SELECT 1/count(*)::int FROM u`
 // remains for the end (Head.InsertFollows). A partitioned key table has no primary key
 // across partitions and keeps the check.
 //
-// Such a batch is also sent without BEGIN and COMMIT (workflow's phaseTx.send): the
+// Such a batch is also sent without BEGIN and COMMIT (internal/attempt's phaseTx.send): the
 // server runs what comes before the protocol's Sync (extended protocol) or in one
 // query string (simple protocol) as one implicit transaction, which any error rolls
 // back whole. That transaction runs at the session's default isolation level, while
@@ -190,7 +190,7 @@ var sqlPipeFence = `SELECT 1/count(*)::int, max(created_at) FROM (
 	WHERE ` + pipeRow + ` AND ` + readCommittedFilter + `
 	FOR NO KEY UPDATE NOWAIT) f`
 
-// sqlFenceCheck is the fence without the lock, for a Go-code tx phase (workflow's
+// sqlFenceCheck is the fence without the lock, for a Go-code tx phase (internal/attempt's
 // phaseTx): it raises 22012 when the row no longer has the executor's fence (its lease
 // was taken over, or the key finished or was dead-lettered by another), and locks
 // nothing, so a takeover while the phase's Go code runs never waits for it. That

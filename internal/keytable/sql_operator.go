@@ -10,7 +10,7 @@ import "strconv"
 // Each statement on one key filters by its scope; the lists, counts and scans read
 // across scopes without locking anything.
 
-// stuckCond matches the rows of StatusStuck.
+// stuckCond matches the rows of statusStuck.
 const stuckCond = `status = 'in_progress' AND next_attempt_at <= statement_timestamp()
 	AND (locked_until IS NULL OR locked_until <= statement_timestamp())`
 
@@ -19,7 +19,7 @@ const stuckCond = `status = 'in_progress' AND next_attempt_at <= statement_times
 var listStatus = map[string]struct{ where, order string }{
 	"":               {`true`, `created_at`},
 	StatusInProgress: {`status = 'in_progress'`, `next_attempt_at`}, // idemflow_keys_due_idx
-	StatusStuck:      {stuckCond, `next_attempt_at`},                // idemflow_keys_due_idx
+	statusStuck:      {stuckCond, `next_attempt_at`},                // idemflow_keys_due_idx
 	StatusDead:       {`status = 'dead'`, `created_at`},             // idemflow_keys_dead_idx
 	StatusFinished:   {`status = 'finished'`, `finished_at`},        // idemflow_keys_finished_idx
 }

@@ -75,7 +75,7 @@ type Fence struct {
 	ID          string
 	LockVersion int64
 	// CreatedAt is the row's created_at (Row.CreatedAt, or what the claim that
-	// inserted it read: ReadClaimLockAt, or the Read of a KeyWrite or Head). Every fenced statement
+	// inserted it read: the Read of a ClaimLook, a KeyWrite or a Head). Every fenced statement
 	// matches it: on a partitioned key table it prunes the statement to the row's
 	// partition.
 	CreatedAt time.Time
@@ -132,7 +132,7 @@ type Release struct {
 }
 
 // Store sends idemflow's statements on the key table. It holds their texts, built once
-// by New or NewInSchema, so that what varies between stores (the schema) is applied
+// by New or NewWith, so that what varies between stores (the schema) is applied
 // once rather than on every call. The zero Store is not usable.
 type Store struct {
 	sql    statements
@@ -150,10 +150,10 @@ func New() *Store {
 	return &Store{sql: newStatements(""), admin: newAdminStatements(""), part: newPartStatements(""), pipe: newPipeStatements("")}
 }
 
-// NewInSchema returns a Store whose statements name the key table in schema, quoted,
+// newInSchema returns a Store whose statements name the key table in schema, quoted,
 // whatever the connection's search_path. An empty schema is New's current schema. It
 // fails on a name PostgreSQL cannot hold: longer than 63 bytes or with a NUL byte.
-func NewInSchema(schema string) (*Store, error) {
+func newInSchema(schema string) (*Store, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
@@ -267,41 +267,32 @@ func claimHash(scope, key string) int64 {
 	return int64(h)
 }
 
-// QueueClaimLock adds to b the statement that takes a new key's claim lock if it is
-// free. Read its result with ReadClaimLock.
-func (s *Store) QueueClaimLock(b *pgx.Batch, c Claim) {
+// QueueClaimLook adds to b a new key's claim in its own round trip: the statement that
+// takes the key's claim lock if it is free, then the look-up of the key's row under
+// it. Read their results with the ClaimLook it returns.
+func (s *Store) QueueClaimLook(b *pgx.Batch, c Claim) ClaimLook {
 	b.Queue(s.sql.claimLock, claimHash(c.Scope, c.Key))
+	b.Queue(s.lookupSQL(), c.Scope, c.Key)
+	return ClaimLook{}
 }
 
-// ReadClaimLock reads the result of QueueClaimLock: whether the lock was taken.
-func (s *Store) ReadClaimLock(br pgx.BatchResults) (bool, error) {
-	locked, _, err := s.ReadClaimLockAt(br)
-	return locked, err
-}
+// ClaimLook reads the results of what QueueClaimLook queued.
+type ClaimLook struct{}
 
-// ReadClaimLockAt is ReadClaimLock that also returns the transaction's start: the
-// created_at of a key row the transaction inserts (Fence.CreatedAt).
-func (s *Store) ReadClaimLockAt(br pgx.BatchResults) (bool, time.Time, error) {
-	var locked bool
-	var at time.Time
+// Read reads whether the claim lock was taken, the transaction's start (the
+// created_at of a key row the transaction inserts, Fence.CreatedAt) and the key's
+// row, or ErrNotFound. The key is the claim's when the lock was taken and no row was
+// found; another attempt is claiming it when neither.
+func (ClaimLook) Read(br pgx.BatchResults) (locked bool, at time.Time, row *Row, err error) {
 	if err := br.QueryRow().Scan(&locked, &at); err != nil {
-		return false, time.Time{}, fmt.Errorf("claim key: %w", Classify(err))
+		return false, time.Time{}, nil, fmt.Errorf("claim key: %w", Classify(err))
 	}
-	return locked, at, nil
-}
-
-// QueueLookup adds the look-up of a key row to b. Read its result with ReadLookup.
-func (s *Store) QueueLookup(b *pgx.Batch, scope, key string) {
-	b.Queue(s.lookupSQL(), scope, key)
-}
-
-// ReadLookup reads the result of QueueLookup: the row, or ErrNotFound.
-func (s *Store) ReadLookup(br pgx.BatchResults) (*Row, error) {
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("look up key: %w", Classify(err))
+		return locked, at, nil, fmt.Errorf("look up key: %w", Classify(err))
 	}
-	return scanOne(rows, "look up key", errLookUpNone)
+	row, err = scanOne(rows, "look up key", errLookUpNone)
+	return locked, at, row, err
 }
 
 // Release releases a key after a transient failure: the lease is cleared, the recovery
@@ -388,6 +379,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
-
-// IsCommitted reports whether a batch ending in COMMIT committed, given its tag.
-func IsCommitted(tag pgconn.CommandTag) bool { return tag.String() == "COMMIT" }

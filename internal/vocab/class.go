@@ -24,7 +24,8 @@ const (
 	// point). Answer 409 or 503 with Retry-After; redeliver a message later.
 	ClassRetry
 	// ClassClientFault: the request is wrong (its key, scope, method, route or body,
-	// or a key reused for another request, or a key that does not exist), so no retry
+	// or a key reused for another request, or a key that does not exist, or an
+	// operator's action that does not apply to the keys as they are), so no retry
 	// of the same request can succeed; nothing was written. Answer 4xx, never logged
 	// as an error, since any client can cause it; terminate a message.
 	ClassClientFault
@@ -62,12 +63,13 @@ func (c Class) String() string {
 // The sentinels of each class, in the order Classify tries them.
 var (
 	serverFaults = []error{ErrResponseTooLarge, ErrNoResponse, ErrPhaseDataTooLarge, ErrUnstorable,
-		ErrRefused, ErrMisconfigured, ErrOpenSealed, ErrNeedsClient, ErrUnknownFlow}
+		ErrRefused, ErrMisconfigured, ErrOpenSealed, ErrNeedsClient, ErrUnknownFlow, ErrCompensationFailed}
 	retries = []error{ErrTransient, ErrInProgress, ErrNewerFormat, ErrUnknownRecoveryPoint, ErrLeaseLost,
 		ErrLeaseExpired, ErrUnavailable, ErrConflict, ErrClaimBusy, ErrClaimExists, ErrOverloaded, ErrDraining,
 		ErrStandbyBehind, context.Canceled, context.DeadlineExceeded}
 	clientFaults = []error{ErrInvalidKey, ErrInvalidScope, ErrControlCharacter, ErrInvalidRequest,
-		ErrBodyTooLarge, ErrMismatch, ErrNotFound}
+		ErrBodyTooLarge, ErrMismatch, ErrNotFound, ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter,
+		ErrCallMayHaveRun, ErrCompensationUnknown}
 )
 
 // Classify returns the class of err, which may wrap any of the engine's errors. A
@@ -110,5 +112,7 @@ func Sentinels() []error {
 		ErrUnknownFlow, ErrBodyTooLarge, ErrMismatch, ErrInProgress, ErrNewerFormat, ErrUnknownRecoveryPoint,
 		ErrDeadLettered, ErrTransient, ErrResponseTooLarge, ErrPhaseDataTooLarge, ErrNoResponse, ErrNotFinal,
 		ErrLeaseExpired, ErrNeedsClient, ErrUnstorable, ErrOverloaded, ErrDraining, ErrOpenSealed, ErrStandbyBehind,
-		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused}
+		ErrNotFound, ErrLeaseLost, ErrClaimBusy, ErrClaimExists, ErrConflict, ErrUnavailable, ErrMisconfigured, ErrRefused,
+		ErrUnknownStatus, ErrWrongStatus, ErrInvalidCursor, ErrEmptyFilter, ErrCallMayHaveRun, ErrCompensationUnknown,
+		ErrCompensationFailed}
 }

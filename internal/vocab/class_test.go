@@ -4,17 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go/ast"
-	"go/parser"
 	"go/token"
-	"os"
-	"sort"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
+	"github.com/idemflow/idemflow/testkit/gosource"
 )
 
 // classOf is every sentinel of the package with its class. A sentinel added to the
@@ -56,32 +52,21 @@ var classOf = map[string]struct {
 	"ErrOpenSealed":           {ErrOpenSealed, ClassServerFault},
 	"ErrMisconfigured":        {ErrMisconfigured, ClassServerFault},
 	"ErrRefused":              {ErrRefused, ClassServerFault},
+	// The operator API's.
+	"ErrUnknownStatus":       {ErrUnknownStatus, ClassClientFault},
+	"ErrWrongStatus":         {ErrWrongStatus, ClassClientFault},
+	"ErrInvalidCursor":       {ErrInvalidCursor, ClassClientFault},
+	"ErrEmptyFilter":         {ErrEmptyFilter, ClassClientFault},
+	"ErrCallMayHaveRun":      {ErrCallMayHaveRun, ClassClientFault},
+	"ErrCompensationUnknown": {ErrCompensationUnknown, ClassClientFault},
+	"ErrCompensationFailed":  {ErrCompensationFailed, ClassServerFault},
 }
 
 // sentinels returns the names of the package's exported error variables, read from
 // its source.
 func sentinels(t *testing.T) []string {
 	t.Helper()
-	fset := token.NewFileSet()
-	files := parseSource(t, fset)
-	var names []string
-	for _, f := range files {
-		for _, decl := range f.Decls {
-			gen, ok := decl.(*ast.GenDecl)
-			if !ok || gen.Tok != token.VAR {
-				continue
-			}
-			for _, spec := range gen.Specs {
-				for _, name := range spec.(*ast.ValueSpec).Names {
-					if name.IsExported() {
-						names = append(names, name.Name)
-					}
-				}
-			}
-		}
-	}
-	sort.Strings(names)
-	return names
+	return gosource.ExportedVars(gosource.Files(t, token.NewFileSet(), "."))
 }
 
 func TestEverySentinelHasAClass(t *testing.T) {
@@ -150,23 +135,4 @@ func TestClassString(t *testing.T) {
 		seen[s] = true
 	}
 	require.Equal(t, "Class(invalid)", (ClassServerFault + 1).String())
-}
-
-// parseSource parses the package's own source files (not its tests) in the current
-// directory.
-func parseSource(t *testing.T, fset *token.FileSet) []*ast.File {
-	t.Helper()
-	entries, err := os.ReadDir(".")
-	require.NoError(t, err)
-	var files []*ast.File
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		require.NoError(t, err)
-		files = append(files, f)
-	}
-	return files
 }

@@ -99,6 +99,33 @@ var (
 	ErrRefused = errors.New("statement refused by the database, permanently (a retry would be refused the same way)")
 )
 
+// The operator API's errors (workflow's ListKeys, ReleaseKey, Redrive, PurgeKey,
+// CancelKey, BulkKeys): no attempt returns them. Each is the operator's request being
+// wrong for the keys as they are, so a client fault: nothing was changed.
+var (
+	// ErrUnknownStatus: a list asked for a status there is none of.
+	ErrUnknownStatus = errors.New("unknown key status")
+	// ErrWrongStatus: an operator's action found the key in a status it does not
+	// apply to.
+	ErrWrongStatus = errors.New("wrong key status")
+	// ErrInvalidCursor: a list's cursor is not one of a page of the same status.
+	ErrInvalidCursor = errors.New("invalid list cursor")
+	// ErrEmptyFilter: a bulk action was given no filter and not asked to act on every
+	// key.
+	ErrEmptyFilter = errors.New("bulk action without a filter (set BulkOptions.All to act on every key)")
+	// ErrCallMayHaveRun: a cancel was refused for a key one of whose call phases may
+	// already have reached the remote side.
+	ErrCallMayHaveRun = errors.New("a call phase may have reached the remote side")
+	// ErrCompensationUnknown: a cancel was refused for a key whose flow the engine does
+	// not register, so it can neither tell whether the flow declares a compensation
+	// nor run one.
+	ErrCompensationUnknown = errors.New("whether the flow declares a compensation is unknown")
+)
+
+// ErrCompensationFailed: the compensation a cancel ran returned an error or panicked:
+// the flow's fault, a server fault. Nothing was changed.
+var ErrCompensationFailed = errors.New("the compensation failed")
+
 // InProgressError is returned while another attempt holds a key's lease.
 type InProgressError struct {
 	// RetryAfter is when the holder's answer is likely stored: by default the average
@@ -155,3 +182,7 @@ func (e *ShedError) Error() string {
 
 // Unwrap returns ErrOverloaded or ErrDraining.
 func (e *ShedError) Unwrap() error { return e.Err }
+
+// Shed is the error of an attempt turned away before its claim because of why
+// (ErrOverloaded or ErrDraining), to retry after a second.
+func Shed(why error) *ShedError { return &ShedError{RetryAfter: time.Second, Err: why} }

@@ -1,6 +1,10 @@
 package vocab
 
-import "github.com/idemflow/idemflow/phases"
+import (
+	"context"
+
+	"github.com/idemflow/idemflow/phases"
+)
 
 // Executor says who runs an attempt on a key.
 type Executor string
@@ -75,4 +79,48 @@ type KeyEvent struct {
 	// Err is the failure behind OutcomeReleased, OutcomeDeadLettered, OutcomeLeaseLost
 	// and OutcomeParked.
 	Err error
+}
+
+// Hooks observe the engine, for logging, metrics, tracing and tests' fault injection.
+// Every field is optional. Hooks run synchronously on the request's goroutine and must
+// be safe for concurrent use. Several observers combine with JoinHooks.
+//
+// The context a start hook returns is the one the engine passes on: AttemptStart's to
+// everything in the attempt (its phases, key events and AttemptEnd), PhaseStart's to
+// the phase's function and the phase's other hooks.
+type Hooks struct {
+	// ClaimHeld runs when a new key's claim is held in the transaction of its flow's
+	// first tx phase and before that phase's function runs: the claim lock is taken,
+	// nothing of the key is committed and nothing of the flow has run. It runs after
+	// PhaseStart, once per claim (again if the transaction is re-run after a conflict).
+	// It does not run for a key taken over, nor for a flow whose first phase is a call
+	// (its claim commits on its own, before PhaseStart of the call). With
+	// Config.ClaimWithFirstStatement the claim rides with the phase's first statement:
+	// ClaimHeld then runs inside that statement's call, once the claim came back and
+	// before the statement's result reaches the phase function (the statement ran,
+	// uncommitted), and not at all for a phase that sends no statement (its claim rides
+	// with its commit). Crash tests stop a process here (see package idemflowtest).
+	ClaimHeld func(ctx context.Context, ev PhaseEvent)
+	// AttemptStart runs when an attempt starts: at the start of Do (after its input was
+	// validated) and Resume, and of a sweeper's run of a key it took over.
+	AttemptStart func(ctx context.Context, ev AttemptEvent) context.Context
+	// AttemptEnd runs once when that attempt ends, with its outcome.
+	AttemptEnd func(ctx context.Context, ev AttemptEvent)
+	// PhaseStart runs before a phase: for a tx phase before its transaction begins, for
+	// a call phase before the call. The context it returns is used for the phase.
+	PhaseStart func(ctx context.Context, ev PhaseEvent) context.Context
+	// BeforeCommit runs after a tx phase's function returned successfully and before
+	// its COMMIT is sent.
+	BeforeCommit func(ctx context.Context, ev PhaseEvent)
+	// PhaseEnd runs after a phase: for a tx phase after its commit (err nil) or
+	// rollback, for a call phase after the call returned.
+	PhaseEnd func(ctx context.Context, ev PhaseEvent, err error)
+	// Key runs after lifecycle events of a key.
+	Key func(ctx context.Context, ev KeyEvent)
+	// Origin returns a short text that identifies the attempt that claims a new key,
+	// such as a W3C traceparent, to be stored with the key (in the write that creates
+	// its row) and handed to every later attempt as AttemptEvent.Origin. It runs once
+	// per new key, with AttemptStart's context. Texts over 512 bytes, or not UTF-8
+	// without NUL, are not stored.
+	Origin func(ctx context.Context) string
 }

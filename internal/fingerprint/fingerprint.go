@@ -1,9 +1,9 @@
-package workflow
+package fingerprint
 
-// A request's fingerprint, in the order Engine.Do needs it: computed before the
-// look-up (ruleFingerprint: Fingerprint, or a flow's member list), made of the body's
-// canonical form, then compared with a stored row's (storedMatches). A flow's member
-// list is validated when the flow is registered (the last part of this file).
+// A request's fingerprint, in the order workflow's Engine.Do needs it: computed before the
+// look-up (Of: the whole request, or a flow's member list), made of the body's
+// canonical form, then compared with a stored row's (Matches). A flow's member list is
+// validated when the flow is registered (the last part of this file).
 
 import (
 	"bytes"
@@ -29,13 +29,13 @@ import (
 // Stored fingerprints (the key row's bytea) come in three versions, told apart by
 // length and version byte:
 //
-//	v1: 32 bytes, sha256 over RFC 8785 canonical JSON (fingerprintV1). Written by
+//	v1: 32 bytes, sha256 over RFC 8785 canonical JSON (V1). Written by
 //	    releases before v2; numbers were compared as float64, so it is only read.
 //	v2: 33 bytes, the version byte 0x02 and then the sha256 over the exact canonical
-//	    form (Fingerprint). Written for every new key of a flow without
+//	    form (workflow.Fingerprint). Written for every new key of a flow without
 //	    phases.Flow.FingerprintMembers.
 //	v3: 73 bytes, the version byte 0x03, 8 bytes of the member list's hash, the
-//	    sha256 over the chosen members and the sha256 v2 has (Fingerprint with members).
+//	    sha256 over the chosen members and the sha256 v2 has (workflow.Fingerprint with members).
 //	    Written only for flows that set phases.Flow.FingerprintMembers.
 const (
 	fingerprintV1Len = sha256.Size
@@ -59,7 +59,7 @@ const (
 // (below). So two flows with different member lists never write equal fingerprints and
 // an absent member differs from a null one. A build whose flow has
 // the same list compares the first 41 bytes; one whose flow has another list, or none,
-// compares the whole request by the last 32 (see storedMatches): a finished row keeps
+// compares the whole request by the last 32 (see Matches): a finished row keeps
 // no body to compare under another rule.
 const (
 	fingerprintV3       = 0x03
@@ -76,59 +76,17 @@ const (
 	maxPointerBytes       = 1024
 )
 
-// ErrBodyNotJSON: the flow fingerprints chosen members (phases.Flow.FingerprintMembers)
-// and the request body is not one canonicalisable JSON value (see Fingerprint: not
-// JSON, invalid UTF-8, duplicate member names, nesting deeper than 64 levels, an
-// exponent of more than 18 digits). It wraps ErrInvalidRequest; nothing was written.
-var ErrBodyNotJSON = vocab.ErrBodyNotJSON
-
-// memberSet is the member list of a registered flow, nil if it has none.
-func (e *Engine) memberSet(flow string) *memberSet {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.members[flow]
-}
-
-// ruleFingerprint is the fingerprint of a request under a member list, or v2 for nil.
-func ruleFingerprint(ms *memberSet, method, route string, body []byte) ([]byte, error) {
+// Of is the fingerprint of a request under a flow's member list, or version 2 for nil
+// (see workflow.Fingerprint): it fails only with vocab.ErrBodyNotJSON.
+func Of(ms *Members, method, route string, body []byte) ([]byte, error) {
 	if ms == nil {
-		return wholeFingerprint(method, route, body), nil
+		return Whole(method, route, body), nil
 	}
 	return ms.fingerprint(method, route, body)
 }
 
-// Fingerprint returns the fingerprint an engine stores on a request's key, for a flow
-// whose phases.Flow.FingerprintMembers is members.
-//
-// With no members (nil or empty), it is version 2: 33 bytes, the version byte 0x02 and
-// the sha256 of the method, the route and the body. A body that is one valid JSON value
-// is hashed in an exact canonical form, so object key order, whitespace, string escapes
-// and number spelling (1, 1.0, 1e0, 10e-1) don't matter, while any two numbers of
-// different decimal value, however many digits they take, differ. Any other body,
-// including JSON with duplicate member names, invalid UTF-8, nesting deeper than 64
-// levels or an exponent of more than 18 digits, is hashed as its bytes. The two cases
-// are kept apart so that no raw body can collide with a JSON one. It never fails.
-//
-// With members (JSON pointers), it is version 3: 73 bytes, the version byte 0x03 and
-// hashes over the method, the route, the member list and the canonical form of the
-// members the pointers name, an absent member told apart from a null one, and over
-// the whole request, as version 2. Two requests are the same under the list when the
-// first 41 bytes of their fingerprints are equal; the last 32 tell whether they are
-// the same as a whole. It fails if the list is invalid (see
-// phases.Flow.FingerprintMembers) or with ErrBodyNotJSON.
-func Fingerprint(method, route string, body []byte, members []string) ([]byte, error) {
-	if len(members) == 0 {
-		return wholeFingerprint(method, route, body), nil
-	}
-	ms, err := newMemberSet(members)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: %w", err)
-	}
-	return ms.fingerprint(method, route, body)
-}
-
-// wholeFingerprint is the version 2 fingerprint (see Fingerprint).
-func wholeFingerprint(method, route string, body []byte) []byte {
+// Whole is the version 2 fingerprint (see workflow.Fingerprint).
+func Whole(method, route string, body []byte) []byte {
 	f := getFingerprinter()
 	defer f.release()
 	out := append(make([]byte, 0, fingerprintV2Len), fingerprintV2)
@@ -139,13 +97,13 @@ func wholeFingerprint(method, route string, body []byte) []byte {
 }
 
 // fingerprint is the v3 fingerprint of a request under the member list, or
-// ErrBodyNotJSON.
-func (ms *memberSet) fingerprint(method, route string, body []byte) ([]byte, error) {
+// vocab.ErrBodyNotJSON.
+func (ms *Members) fingerprint(method, route string, body []byte) ([]byte, error) {
 	f := getFingerprinter()
 	defer f.release()
 	canon, err := f.canonical(body)
 	if err != nil {
-		return nil, ErrBodyNotJSON
+		return nil, vocab.ErrBodyNotJSON
 	}
 	f.h.Reset()
 	f.writeLine(method, route)
@@ -255,15 +213,15 @@ func (f *fingerprinter) writeTag(b byte) {
 // is not exactly one valid JSON value (RFC 8259), when it holds invalid UTF-8 or an
 // unpaired surrogate escape, when an object has two members of the same decoded name
 // (a strict decoder refuses such a body and a lax one keeps either member, so it has no
-// single meaning to compare by), when it nests deeper than maxCanonicalDepth, or when a
+// single meaning to compare by), when it nests deeper than MaxCanonicalDepth, or when a
 // number's exponent is written with more than maxExponentDigits significant digits.
 // Raw bytes are never equal to a different body, so each of these cases is still exact;
 // only respellings of such a body stop being recognised as the same request.
 
-// maxCanonicalDepth bounds how deeply arrays and objects may nest in a canonicalisable
+// MaxCanonicalDepth bounds how deeply arrays and objects may nest in a canonicalisable
 // body. Reordering an object's members copies it once more for each enclosing object,
 // so the bound also bounds that work.
-const maxCanonicalDepth = 64
+const MaxCanonicalDepth = 64
 
 // maxExponentDigits bounds the significant digits of a number's written exponent, so
 // that the exponent and its adjustment for the digits' position fit an int64.
@@ -346,7 +304,7 @@ func (c *canonicaliser) next(d *jsontext.Decoder) error {
 		if _, err := d.ReadToken(); err != nil {
 			return err
 		}
-		if len(c.frames) == maxCanonicalDepth {
+		if len(c.frames) == MaxCanonicalDepth {
 			return errNotCanonical
 		}
 		object := kind == '{'
@@ -616,57 +574,72 @@ func canonicalEnd(c []byte, i int) int {
 	return i + 1 // 'n', 't', 'f'
 }
 
-// storedMatches reports whether stored, the fingerprint of a key row of req's flow,
-// method and route, was written for the same request as req, whose fingerprint under
-// the flow's member list ms (nil: none) is fp. A row fingerprinted under the same rule
+// Matches reports whether stored, the fingerprint of a key row of the request's flow,
+// method and route, was written for the same request (method, route, body), whose
+// fingerprint under the flow's member list ms (nil: none) is fp. A row fingerprinted under the same rule
 // (v2 without a list; v3 under the same list, by its first fingerprintV3Members bytes,
 // the chosen members) is compared by its fingerprint, a v1 row
 // by v1's rule. A row fingerprinted under another rule (the flow's member list was set,
 // changed or removed since it was written, or differs on another build of the fleet)
 // is compared by the whole request, exactly as v2 compares it: an identical request,
 // however respelled, matches, and any other does not.
-func storedMatches(stored, fp []byte, req *Request, ms *memberSet) bool {
+func Matches(stored, fp []byte, method, route string, body []byte, ms *Members) bool {
 	switch {
 	case bytes.Equal(stored, fp):
 		return true
 	case len(stored) == fingerprintV1Len:
-		return fingerprintMatches(stored, req.Method, req.Route, req.Body)
+		return MatchesWhole(stored, method, route, body)
 	case ms != nil && ms.sameList(stored):
 		return bytes.Equal(stored[:fingerprintV3Members], fp[:fingerprintV3Members])
-	case !fingerprintFormat(stored):
+	case !Known(stored):
 		return false
 	}
 	return bytes.Equal(stored[len(stored)-sha256.Size:], fp[len(fp)-sha256.Size:])
 }
 
-// fingerprintMatches reports whether stored, a fingerprint read from a key row, is the
+// Known reports whether this build knows the version of a stored
+// fingerprint: v1 (32 bytes), v2 (the byte 0x02 and a sha256) or v3 (41 bytes from
+// 0x03). A later version starts with its own version byte and is never 32 bytes long.
+func Known(stored []byte) bool {
+	switch len(stored) {
+	case fingerprintV1Len:
+		return true
+	case fingerprintV2Len:
+		return stored[0] == fingerprintV2
+	case fingerprintV3Len:
+		return stored[0] == fingerprintV3
+	}
+	return false
+}
+
+// MatchesWhole reports whether stored, a fingerprint read from a key row, is the
 // fingerprint of this request: a v2 fingerprint equal to Fingerprint's, or a v1
 // fingerprint (32 bytes, written by releases before v2) equal to the one they computed.
 // A stored value of any other length matches nothing, and so does a v3 fingerprint,
-// which only a flow's member list can compute (see Fingerprint). v1 compared numbers as float64,
+// which only a flow's member list can compute (see workflow.Fingerprint). v1 compared numbers as float64,
 // so a v1 row still matches a body whose numbers differ only beyond float64's
 // precision; such rows age out with retention.
-func fingerprintMatches(stored []byte, method, route string, body []byte) bool {
+func MatchesWhole(stored []byte, method, route string, body []byte) bool {
 	switch len(stored) {
 	case fingerprintV2Len:
-		return bytes.Equal(stored, wholeFingerprint(method, route, body))
+		return bytes.Equal(stored, Whole(method, route, body))
 	case fingerprintV1Len:
-		v1 := fingerprintV1(method, route, body)
+		v1 := V1(method, route, body)
 		return bytes.Equal(stored, v1[:])
 	}
 	return false
 }
 
 // sameList reports whether a v3 fingerprint was written under this member list.
-func (ms *memberSet) sameList(stored []byte) bool {
+func (ms *Members) sameList(stored []byte) bool {
 	return len(stored) == fingerprintV3Len && stored[0] == fingerprintV3 &&
 		bytes.Equal(stored[1:1+fingerprintV3Prefix], ms.hash[:fingerprintV3Prefix])
 }
 
-// fingerprintV1 is the v1 fingerprint, kept to compare key rows written before v2: the
+// V1 is the v1 fingerprint, kept to compare key rows written before v2: the
 // sha256 of method, route and the body in RFC 8785 canonical form if it is JSON, or
 // its bytes.
-func fingerprintV1(method, route string, body []byte) [32]byte {
+func V1(method, route string, body []byte) [32]byte {
 	h := sha256.New()
 	h.Write([]byte(method))
 	h.Write([]byte{0})
@@ -697,17 +670,17 @@ func canonicalJSONV1(body []byte) ([]byte, bool) {
 
 // Member lists, validated when a flow is registered.
 
-// memberSet is a validated, sorted member list and its hash.
-type memberSet struct {
+// Members is a validated, sorted member list and its hash.
+type Members struct {
 	pointers [][]string // the reference tokens of each pointer, unescaped, sorted by pointer
 	hash     [sha256.Size]byte
 }
 
-// newMemberSet validates a flow's member list: 1 to 64 distinct JSON pointers, each
+// NewMembers validates a flow's member list: 1 to 64 distinct JSON pointers, each
 // "" (the whole body) or "/" followed by reference tokens separated by "/", in which
 // "~" is only ever followed by "0" or "1", at most 1024 bytes of UTF-8. nil or empty
 // means no list (nil, nil).
-func newMemberSet(list []string) (*memberSet, error) {
+func NewMembers(list []string) (*Members, error) {
 	if len(list) == 0 {
 		return nil, nil
 	}
@@ -716,7 +689,7 @@ func newMemberSet(list []string) (*memberSet, error) {
 	}
 	sorted := slices.Clone(list)
 	slices.Sort(sorted)
-	ms := &memberSet{pointers: make([][]string, len(sorted))}
+	ms := &Members{pointers: make([][]string, len(sorted))}
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	for i, p := range sorted {

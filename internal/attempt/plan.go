@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/pgpipe"
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // A tx phase's transaction is a head, a body, one write of the key row and a tail:
@@ -27,7 +28,7 @@ import (
 //     the implicit transaction the server runs it as.
 //
 // The Go-code and pipelined phases differ only in the body. What goes in the round
-// trip that ends the transaction is a plan, built by one function (exec.plan) and
+// trip that ends the transaction is a plan, built by one function (Exec.plan) and
 // sent by one sender (phaseTx.send); a head that went before (with the Go-code
 // phase's first statement, or with a pipelined phase's statements whose results are
 // read before the commit) is phaseTx.head's.
@@ -77,10 +78,10 @@ type plan struct {
 // (Head.Flushed). Such a round trip goes as an implicit transaction, unless a
 // statement needs a transaction block (sqlShape.blockOnly) or the Store learnt the
 // session's isolation level is not READ COMMITTED (keytable.ErrNotReadCommitted).
-func (x *exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
+func (x *Exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
 	p := plan{body: one, write: keytable.KeyWrite{
 		Claim: x.claim, Fence: x.fence, Held: tx.held,
-		RecoveryPoint: w.target, Data: w.data, Lease: x.e.cfg.Lease, Response: w.resp,
+		RecoveryPoint: w.target, Data: w.data, Lease: x.env.Lease, Response: w.resp,
 		Flushed: w.beforeCall,
 	}}
 	if x.claim != nil {
@@ -97,11 +98,11 @@ func (x *exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
 	}
 	p.headed, p.write.Held = true, true
 	p.head = keytable.Head{Claim: x.claim, Fence: x.fence, Lock: true}
-	if x.claim != nil && x.e.store.KnownUnpartitioned() {
+	if x.claim != nil && x.env.Store.KnownUnpartitioned() {
 		p.head.InsertFollows, p.head.Flushed = true, w.beforeCall
 		p.write.Flushed = false
 	}
-	p.implicit = !one.explicit && !x.e.store.SendExplicit()
+	p.implicit = !one.explicit && !x.env.Store.SendExplicit()
 	return p
 }
 
@@ -117,7 +118,7 @@ func (x *exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
 // level is not READ COMMITTED raised before anything of it ran, and one with a
 // statement that needs a transaction block the check missed was refused whole by the
 // server (needsBlock): either is sent again with BEGIN.
-func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
+func (x *Exec) commit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipeline) error {
 	if x.claim != nil {
 		cctx, done, err := x.claiming(ctx)
 		if err != nil {
@@ -163,8 +164,8 @@ func (x *exec) commit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipelin
 // lease like a tx phase: BEGIN, the key row's write (the insert that claims, if the
 // claim is still pending) and COMMIT, in one round trip. Its connection is back in the
 // pool when it returns.
-func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
-	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.Lease)
+func (x *Exec) commitAlone(ctx context.Context, w keyWrite) error {
+	ctx, cancel := context.WithTimeout(ctx, x.env.Lease)
 	defer cancel()
 	tx, err := x.open(ctx, "")
 	if err != nil {
@@ -183,11 +184,11 @@ func (x *exec) commitAlone(ctx context.Context, w keyWrite) error {
 // Once the lease that bounds ctx ran out (ErrLeaseExpired as its cause) nothing is
 // sent, and a commit that fails after it ran out says so.
 func (t *phaseTx) send(ctx context.Context, p *plan) (err error) {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseExpired) {
+	if cause := context.Cause(ctx); errors.Is(cause, vocab.ErrLeaseExpired) {
 		return fmt.Errorf("commit: %w: %w", cause, keytable.ErrNotSent)
 	}
 	defer func() {
-		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrLeaseExpired) && !errors.Is(err, ErrLeaseExpired) {
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, vocab.ErrLeaseExpired) && !errors.Is(err, vocab.ErrLeaseExpired) {
 			err = fmt.Errorf("%w: %w", cause, err)
 		}
 	}()
@@ -241,7 +242,7 @@ func (t *phaseTx) send(ctx context.Context, p *plan) (err error) {
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("commit: %w", keytable.Classify(err))
 	}
-	if !keytable.IsCommitted(tag) {
+	if !isCommitted(tag) {
 		return fmt.Errorf("commit: server answered %q: %w", tag.String(), keytable.ErrConflict)
 	}
 	t.begun = false
@@ -288,7 +289,7 @@ func (t *phaseTx) keepCreated(at time.Time) {
 // (a partitioned key table, or a layout not learnt yet) raised, so the server skipped
 // the COMMIT, whose result is that error, and done rolls the transaction back.
 func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
-	if tag, err := br.Exec(); err == nil && keytable.IsCommitted(tag) {
+	if tag, err := br.Exec(); err == nil && isCommitted(tag) {
 		t.begun = false
 	}
 	return busy
@@ -325,6 +326,9 @@ func (t *phaseTx) implicitCommitted(br pgx.BatchResults) error {
 	return nil
 }
 
+// isCommitted reports whether a batch ending in COMMIT committed, given its tag.
+func isCommitted(tag pgconn.CommandTag) bool { return tag.String() == "COMMIT" }
+
 // needsBlock reports whether err is a statement's refusal to run outside a
 // transaction block (25P01: LOCK, DECLARE without HOLD), which an implicit transaction
 // is not: the server rolled the whole batch back, and it is sent again with BEGIN.
@@ -336,11 +340,11 @@ func needsBlock(err error) bool {
 // committed records that the key row's write up to target committed: the key stands
 // there now and, for the commit that carried a new key's claim, the claim is durable,
 // which is the key's OutcomeClaimed event.
-func (x *exec) committed(ctx context.Context, target string) {
+func (x *Exec) committed(ctx context.Context, target string) {
 	x.stored = target
 	if x.claim != nil {
 		x.claim = nil
-		x.e.attemptEvent(ctx, KeyEvent{Kind: OutcomeClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
+		x.env.keyEvent(ctx, vocab.KeyEvent{Kind: vocab.OutcomeClaimed, Flow: x.flow.Name, Scope: x.fence.Scope, Key: x.fence.Key, RecoveryPoint: target})
 	}
 }
 
@@ -351,12 +355,12 @@ func claimLost(err error) bool {
 }
 
 // unknownCommit resolves a commit whose outcome is unknown by reading the key row.
-func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
+func (x *Exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
 	committed, rerr := x.resolve(ctx, w.target, w.resp != nil)
 	if rerr != nil {
 		// Neither outcome can be ruled out, so nothing may be released or redone here:
 		// the lease runs out and the next attempt reads the truth.
-		return &TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
+		return &vocab.TransientError{Phase: w.target, RetryAfter: max(time.Until(x.leaseEnd), time.Second), Err: errors.Join(err, rerr)}
 	}
 	if committed {
 		x.stored = w.target
@@ -368,10 +372,10 @@ func (x *exec) unknownCommit(ctx context.Context, w keyWrite, err error) error {
 
 // resolve reads the key row to learn whether a commit with an unknown outcome took
 // effect.
-func (x *exec) resolve(ctx context.Context, target string, finish bool) (bool, error) {
+func (x *Exec) resolve(ctx context.Context, target string, finish bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	row, err := x.e.store.Lookup(ctx, x.e.pool, x.fence.Scope, x.fence.Key)
+	row, err := x.env.Store.Lookup(ctx, x.env.Pool, x.fence.Scope, x.fence.Key)
 	if errors.Is(err, keytable.ErrNotFound) {
 		return false, nil
 	}

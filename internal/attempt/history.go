@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"encoding/json"
@@ -6,61 +6,25 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
-
-// Attempt is one entry of a key's history (KeyInfo.History): an attempt on the key,
-// or an operator's action on it. Entries are written by the statement that ends the
-// attempt (the finish, the release, the dead-letter, the park), so they cost no round
-// trip and no commit of their own; an attempt that ended without one (its process
-// crashed or paused, its lease ran out) is recorded as abandoned by the takeover that
-// follows it. A key keeps the newest Config.History entries and loses them with the
-// key.
-//
-// Its JSON form is what the history column holds and what `idemflow keys show -json`
-// prints, field for field.
-type Attempt struct {
-	// Attempt is the key's attempt number (see AttemptEvent.Attempt).
-	Attempt int `json:"attempt"`
-	// By is who ran it; empty for an abandoned attempt (the takeover does not know).
-	By Executor `json:"by,omitempty"`
-	// From is the recovery point the attempt started at.
-	From string `json:"from,omitempty"`
-	// Phases are the phases the attempt completed, in order.
-	Phases []string `json:"phases,omitempty"`
-	// Outcome is how it ended.
-	Outcome Outcome `json:"outcome"`
-	// Phase is the phase it failed in (released, dead-lettered); Error the failure,
-	// cut to 500 bytes.
-	Phase string `json:"phase,omitempty"`
-	Error string `json:"error,omitempty"`
-	// Millis is how long the attempt took, as its executor measured it.
-	Millis int64 `json:"ms,omitempty"`
-	// Reached is the recovery point an abandoned attempt, or an attempt whose lease an
-	// operator released, had reached.
-	Reached string `json:"reached,omitempty"`
-	// LeaseLive is, for an operator's release, whether the lease taken away was live.
-	LeaseLive bool `json:"lease_live,omitempty"`
-	// At is when the entry was written, by the database clock: the end of the
-	// attempt, or when its abandonment was noticed.
-	At time.Time `json:"at,omitzero"`
-}
 
 // maxHistoryError is the most of an error an entry keeps.
 const maxHistoryError = 500
 
 // history is the entry of the attempt x runs, ending with outcome (in phase, with
 // cause); none when history is off.
-func (x *exec) history(outcome Outcome, phase string, cause error) keytable.History {
-	keep := x.e.cfg.historyKeep()
+func (x *Exec) history(outcome vocab.Outcome, phase string, cause error) keytable.History {
+	keep := x.env.HistoryKeep
 	if keep == 0 {
 		return keytable.History{}
 	}
 	done := x.done
-	if outcome == OutcomeFinished {
+	if outcome == vocab.OutcomeFinished {
 		done++ // the phase that answered
 	}
-	a := Attempt{
+	a := vocab.Attempt{
 		Attempt: x.run.Attempt(), By: x.by, From: startedAt(x), Outcome: outcome, Phase: phase,
 		Millis: time.Since(x.began).Milliseconds(),
 	}
@@ -71,26 +35,27 @@ func (x *exec) history(outcome Outcome, phase string, cause error) keytable.Hist
 		}
 	}
 	if cause != nil {
-		a.Error = cut(cause.Error(), maxHistoryError)
+		a.Error = cause.Error()
 	}
-	return x.e.entry(a)
+	return Entry(a, keep)
 }
 
 // startedAt is the recovery point x's attempt started at.
-func startedAt(x *exec) string {
+func startedAt(x *Exec) string {
 	if x.start == 0 {
 		return phases.Started
 	}
 	return x.flow.Phases[x.start-1].Name
 }
 
-// entry is a as a history entry; none when history is off.
-func (e *Engine) entry(a Attempt) keytable.History {
-	keep := e.cfg.historyKeep()
+// Entry is a as a history entry for a key that keeps keep entries (Config.History),
+// its Error cut to 500 bytes; none when keep is 0 (history is off).
+func Entry(a vocab.Attempt, keep int) keytable.History {
 	if keep == 0 {
 		return keytable.History{}
 	}
-	b, ok := a.appendJSON(append(make([]byte, 0, entryCap), '['))
+	a.Error = cut(a.Error, maxHistoryError)
+	b, ok := appendJSON(append(make([]byte, 0, entryCap), '['), &a)
 	if !ok { // an At json.Marshal refuses too (a year past 9999): no entry, as before
 		return keytable.History{}
 	}
@@ -105,7 +70,7 @@ const entryCap = 192
 // (fields in order, the same omissions and escapes), without its reflection: every
 // attempt that ends writes one, on the request's path (a test compares the two). It
 // reports false where json.Marshal fails: an At it cannot encode.
-func (a *Attempt) appendJSON(buf []byte) ([]byte, bool) {
+func appendJSON(buf []byte, a *vocab.Attempt) ([]byte, bool) {
 	buf = strconv.AppendInt(append(buf, `{"attempt":`...), int64(a.Attempt), 10)
 	buf = appendMember(buf, `,"by":`, string(a.By))
 	buf = appendMember(buf, `,"from":`, a.From)

@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"log/slog"

@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -7,12 +7,6 @@ import (
 
 	"github.com/idemflow/idemflow/internal/vocab"
 )
-
-// ErrStandbyBehind: a call phase did not start because no standby that counts
-// (Config.StandbyWait, StandbyNames) confirmed, within Config.StandbyWait, the commit
-// that precedes it. The key was released; a retry tries again. It comes inside a
-// *TransientError.
-var ErrStandbyBehind = vocab.ErrStandbyBehind
 
 const (
 	// standbyPoll is how often the standby wait reads pg_stat_replication.
@@ -31,21 +25,21 @@ const (
 // row whose id the call's derived key is built from). What it cannot learn (the
 // role cannot read the positions, no standby counts) fails closed: the call does not
 // start.
-func (x *exec) awaitStandby(ctx context.Context) error {
-	if x.e.cfg.StandbyWait <= 0 {
+func (x *Exec) awaitStandby(ctx context.Context) error {
+	if x.env.StandbyWait <= 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, x.e.cfg.StandbyWait)
+	ctx, cancel := context.WithTimeout(ctx, x.env.StandbyWait)
 	defer cancel()
-	pc, err := x.e.pool.Acquire(ctx)
+	pc, err := x.env.Pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: acquire connection: %w", ErrStandbyBehind, err)
+		return fmt.Errorf("%w: acquire connection: %w", vocab.ErrStandbyBehind, err)
 	}
 	defer pc.Release()
 	// Read after the commit before the call was answered: at or past its record's end.
-	lsn, async, err := x.e.store.WALTarget(ctx, pc)
+	lsn, async, err := x.env.Store.WALTarget(ctx, pc)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrStandbyBehind, err)
+		return fmt.Errorf("%w: %w", vocab.ErrStandbyBehind, err)
 	}
 	t := time.NewTicker(standbyPoll)
 	defer t.Stop()
@@ -55,7 +49,7 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 	}
 	unreadable := false // the last read said the role cannot read the positions
 	for {
-		st, err := x.e.store.ReadStandbyState(ctx, pc, lsn, x.e.cfg.StandbyNames)
+		st, err := x.env.Store.ReadStandbyState(ctx, pc, lsn, x.env.StandbyNames)
 		if err == nil {
 			unreadable = !st.CanRead
 		}
@@ -68,7 +62,7 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 			x.warnStandbyUnreadable(ctx)
 		case !st.LocalFlushed && !flushed && !time.Now().Before(flushAt):
 			flushed = true
-			if err := x.e.store.FlushWAL(ctx, pc); err != nil {
+			if err := x.env.Store.FlushWAL(ctx, pc); err != nil {
 				return x.standbyFailed(ctx, lsn, unreadable, err)
 			}
 		}
@@ -82,21 +76,21 @@ func (x *exec) awaitStandby(ctx context.Context) error {
 
 // standbyFailed is the error of a standby wait that failed with err or, once its bound
 // passed, ran out, saying what it last saw.
-func (x *exec) standbyFailed(ctx context.Context, lsn string, unreadable bool, err error) error {
+func (x *Exec) standbyFailed(ctx context.Context, lsn string, unreadable bool, err error) error {
 	if ctx.Err() == nil {
-		return fmt.Errorf("%w: WAL %s: %w", ErrStandbyBehind, lsn, err)
+		return fmt.Errorf("%w: WAL %s: %w", vocab.ErrStandbyBehind, lsn, err)
 	}
 	why := "not flushed by a standby that counts"
 	if unreadable {
 		why = "unknown: the role cannot read pg_stat_replication's positions (grant it pg_monitor)"
 	}
-	return fmt.Errorf("%w: WAL %s %s within %s", ErrStandbyBehind, lsn, why, x.e.cfg.StandbyWait)
+	return fmt.Errorf("%w: WAL %s %s within %s", vocab.ErrStandbyBehind, lsn, why, x.env.StandbyWait)
 }
 
 // warnStandbyUnreadable logs, once per engine, that the standby wait cannot pass
 // because the role cannot read the standbys' positions.
-func (x *exec) warnStandbyUnreadable(ctx context.Context) {
-	if x.e.standby.CompareAndSwap(false, true) {
-		x.e.cfg.Logger.WarnContext(ctx, "workflow: StandbyWait cannot read the standbys' WAL positions (pg_stat_replication): the role lacks pg_monitor; no call phase starts until it has it")
+func (x *Exec) warnStandbyUnreadable(ctx context.Context) {
+	if x.env.standbyWarned.CompareAndSwap(false, true) {
+		x.env.Logger.WarnContext(ctx, "workflow: StandbyWait cannot read the standbys' WAL positions (pg_stat_replication): the role lacks pg_monitor; no call phase starts until it has it")
 	}
 }

@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/idemflow/idemflow/phases"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // A pipelined phase's statement must be exactly one SQL statement that neither opens
@@ -169,7 +171,7 @@ func (e *statementError) Error() string {
 func (e *statementError) Unwrap() error { return e.err }
 
 // Is makes the refusal ErrRefused.
-func (e *statementError) Is(target error) bool { return target == ErrRefused }
+func (e *statementError) Is(target error) bool { return target == vocab.ErrRefused }
 
 // quoteEnd returns the index after the quoted string or identifier whose body starts
 // at i, quoted by q (a doubled q stands for itself). escapes: an E'…' string, where a

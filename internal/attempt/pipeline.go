@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/pgpipe"
 	"github.com/idemflow/idemflow/internal/pipestate"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
@@ -28,7 +29,7 @@ import (
 // A phase that goes in one round trip is sent without BEGIN and COMMIT, as one
 // implicit transaction (plan.implicit), and on a plain key table a new
 // key's row is inserted right after the claim lock, the insert's primary key doing
-// the claim's check (exec.plan): a fresh key's phase is then the claim lock, the
+// the claim's check (Exec.plan): a fresh key's phase is then the claim lock, the
 // insert and the phase's statements.
 
 // pipeline is one run of a pipelined phase's builder.
@@ -127,7 +128,7 @@ func (pl *pipeline) runThen(run *phases.Run) (v verdict) {
 // trip sends BEGIN, the claim or fence and the statements, and reads their results
 // through the callbacks (pipeStatements); then the phase's Then function decides its
 // answer. ok is false when the phase stops there; st then says why.
-func (x *exec) pipeBody(ctx context.Context, tx *phaseTx, pl *pipeline, v verdict, ev PhaseEvent) (_ verdict, one *pipeline, st step, ok bool) {
+func (x *Exec) pipeBody(ctx context.Context, tx *phaseTx, pl *pipeline, v verdict, ev vocab.PhaseEvent) (_ verdict, one *pipeline, st step, ok bool) {
 	if !pl.results {
 		return v, pl, step{}, true
 	}
@@ -151,7 +152,7 @@ func (f pipeFailure) Unwrap() error { return f.v.err }
 // claim or the locking fence (phaseTx.head) and the phase's statements, and reads
 // their results through the callbacks. It reports whether the phase may go on; if
 // not, the step says why.
-func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev PhaseEvent) (step, bool) {
+func (x *Exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev vocab.PhaseEvent) (step, bool) {
 	if x.claim != nil {
 		tx.startWith(keytable.Head{Claim: x.claim})
 	} else {
@@ -166,7 +167,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 		return x.headLost(err), false
 	}
 	if x.claim != nil { // the statements behind the claim are on their way (readHead)
-		x.e.cfg.Hooks.claimHeld(ctx, ev)
+		x.env.claimHeld(ctx, ev)
 	}
 	if v := pl.readStatements(br); v.kind != goOn {
 		return x.verdictStep(v), false
@@ -178,7 +179,7 @@ func (x *exec) pipeStatements(ctx context.Context, tx *phaseTx, pl *pipeline, ev
 }
 
 // headLost is the step of a claim or fence that refused this attempt.
-func (x *exec) headLost(err error) step {
+func (x *Exec) headLost(err error) step {
 	switch {
 	case errors.Is(err, keytable.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}

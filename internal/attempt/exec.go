@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"net/textproto"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,12 +17,13 @@ import (
 
 	"github.com/idemflow/idemflow/internal/keytable"
 	"github.com/idemflow/idemflow/internal/runstate"
+	"github.com/idemflow/idemflow/internal/vocab"
 	"github.com/idemflow/idemflow/phases"
 )
 
 // exec drives one key through its phases as the holder of its lease.
-type exec struct {
-	e     *Engine
+type Exec struct {
+	env   *Env
 	flow  phases.Flow
 	fence keytable.Fence
 	// rp is the recovery point as this executor knows it. After a call phase it is
@@ -44,7 +46,7 @@ type exec struct {
 	// For the attempt's history entry: who runs it and since when, the index of the
 	// phase it started at and how many phases it completed; and the origin stored
 	// with a new key.
-	by          Executor
+	by          vocab.Executor
 	began       time.Time
 	start, done int
 	origin      string
@@ -57,6 +59,109 @@ type exec struct {
 	gate      sync.Mutex
 	durable   bool
 	abandoned bool
+}
+
+// Fresh is the executor of a new key's first attempt, a client's: c is the key's row,
+// inserted by the attempt's first commit, and body the request body its phases read.
+// sealed marks the stored body as sealed in the phase data.
+func Fresh(env *Env, f phases.Flow, c keytable.Claim, body []byte, sealed bool) *Exec {
+	x := &Exec{
+		env:    env,
+		flow:   f,
+		origin: c.Origin,
+		fence:  keytable.Fence{Scope: c.Scope, Key: c.Key, ID: c.ID, LockVersion: 1},
+		rp:     phases.Started,
+		// no row yet: stored is set by the first commit
+		claimRow: c,
+		leaseEnd: time.Now().Add(env.Lease),
+		began:    time.Now(),
+		by:       vocab.ExecutorClient,
+		detach:   true,
+	}
+	x.claim = &x.claimRow
+	x.run, _ = newRun(runstate.Info{
+		Scope: c.Scope, Key: c.Key, ID: c.ID, Flow: f.Name,
+		Method: c.Method, Route: c.Route, Body: body, Attempt: 1,
+	}, nil)
+	if sealed {
+		x.state().SetValue(keytable.FormatMember, sealedMark) // phase data format 2: the body is sealed
+	}
+	return x
+}
+
+// sealedMark is the phase data member that marks a sealed request body.
+var sealedMark = json.RawMessage(strconv.Itoa(keytable.PhaseDataSealed))
+
+// Taken is how an executor runs a key whose lease it took over (Take).
+type Taken struct {
+	// By is who runs it.
+	By vocab.Executor
+	// MaxAttempts, when positive, dead-letters the key instead of releasing it after a
+	// failed attempt that was its MaxAttempts-th or later (sweeps set it).
+	MaxAttempts int
+	// Detach runs the phases after the takeover under a context detached from the
+	// caller's (a client's attempt, Do's).
+	Detach bool
+}
+
+// Take is the executor of an attempt on row, a key whose lease was taken over at
+// started.
+func Take(env *Env, f phases.Flow, row *keytable.Row, started time.Time, t Taken) (*Exec, error) {
+	run, err := newRun(runstate.Info{
+		Scope: row.Scope, Key: row.Key, ID: row.ID, Flow: row.Flow,
+		Method: row.Method, Route: row.Route, Body: row.RequestBody, Attempt: row.Attempts,
+	}, row.PhaseData)
+	if err != nil {
+		return nil, err
+	}
+	return &Exec{
+		env:         env,
+		flow:        f,
+		origin:      row.Origin,
+		fence:       row.Fence(),
+		rp:          row.RecoveryPoint,
+		stored:      row.RecoveryPoint,
+		run:         run,
+		leaseEnd:    started.Add(row.LeaseLeft()),
+		began:       started,
+		by:          t.By,
+		maxAttempts: t.MaxAttempts,
+		detach:      t.Detach,
+		durable:     true, // taken over: the row exists with this fence
+	}, nil
+}
+
+// End is how an attempt ended (Drive).
+type End struct {
+	// Out is the attempt's result, unless Lost.
+	Out vocab.Result
+	// Finished: the attempt stored the key's answer.
+	Finished bool
+	// Lost: a new key's claim did not give the attempt the key, and nothing of the
+	// flow ran. Busy: another attempt is claiming it; else its row exists, and Found
+	// is the row when the claim read it.
+	Lost, Busy bool
+	Found      *keytable.Row
+}
+
+// Drive runs the phases from index start on, and says how the attempt ended.
+func (x *Exec) Drive(ctx context.Context, start int) End {
+	st := x.drive(ctx, start)
+	return End{Out: st.out, Finished: st.kind == stepFinished, Lost: st.kind == stepLost, Busy: st.lost == claimBusy, Found: st.found}
+}
+
+// Keyed is r with what x learnt of its key, where r did not learn it itself.
+func (x *Exec) Keyed(r vocab.Result) vocab.Result {
+	return vocab.With(r, x.fence.ID, x.flow.Name, x.origin, x.rp, x.run.Attempt())
+}
+
+// RecoveryPoint is the key's recovery point as x knows it.
+func (x *Exec) RecoveryPoint() string { return x.rp }
+
+// Release releases the key after a failure (cause) at the recovery point, or
+// dead-letters it, as after a failed phase, and returns the attempt's result.
+func (x *Exec) Release(ctx context.Context, cause error) vocab.Result {
+	return x.transient(ctx, x.rp, cause, nil)
 }
 
 // stepKind is how one phase of an attempt ended. It is decided once, as a value, and
@@ -76,7 +181,7 @@ const (
 // step is the outcome of one phase.
 type step struct {
 	kind  stepKind
-	out   Result // stepFinished, stepStop: how the attempt ended
+	out   vocab.Result // stepFinished, stepStop: how the attempt ended
 	resp  *phases.Response
 	err   error
 	lost  claimed       // stepLost: claimBusy or claimExists
@@ -84,7 +189,7 @@ type step struct {
 }
 
 // stop is the step that ends the attempt with out.
-func stop(out Result) step { return step{kind: stepStop, out: out} }
+func stop(out vocab.Result) step { return step{kind: stepStop, out: out} }
 
 // error is the failure st reports to PhaseEnd: the attempt's for a step that ends it,
 // the claim's refusal for a lost claim.
@@ -101,19 +206,19 @@ func (st step) error() error {
 // attempt as they are (turned away by a drain, the lease was lost, or a commit whose
 // outcome is unknown left the key to its lease), a conflict that may be retried, or a
 // transient failure to settle.
-func (x *exec) failed(err error) step {
-	var te *TransientError
+func (x *Exec) failed(err error) step {
+	var te *vocab.TransientError
 	switch {
-	case errors.As(err, new(*ShedError)):
-		return stop(failure(err))
+	case errors.As(err, new(*vocab.ShedError)):
+		return stop(vocab.Failure(err))
 	case errors.Is(err, keytable.ErrClaimBusy):
 		return step{kind: stepLost, lost: claimBusy, err: err}
 	case errors.Is(err, keytable.ErrClaimExists):
 		return step{kind: stepLost, lost: claimExists, err: err}
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, vocab.ErrLeaseLost):
 		return stop(x.leaseLost(err))
 	case errors.As(err, &te):
-		return stop(Result{Outcome: OutcomeReleased, Phase: te.Phase, RetryAfter: te.RetryAfter, Err: err})
+		return stop(vocab.Result{Outcome: vocab.OutcomeReleased, Phase: te.Phase, RetryAfter: te.RetryAfter, Err: err})
 	case errors.Is(err, keytable.ErrConflict):
 		return step{kind: stepConflict, err: err}
 	}
@@ -122,8 +227,8 @@ func (x *exec) failed(err error) step {
 
 // leaseLost is the result of an attempt whose fenced statement found its lease gone:
 // recorded as such when a commit found it (the commit is what the lease fenced).
-func (x *exec) leaseLost(err error) Result {
-	return noted(Result{Outcome: OutcomeLeaseLost, RetryAfter: time.Second, Err: err}, err, x.lostAtCommit)
+func (x *Exec) leaseLost(err error) vocab.Result {
+	return vocab.Noted(vocab.Result{Outcome: vocab.OutcomeLeaseLost, RetryAfter: time.Second, Err: err}, err, x.lostAtCommit)
 }
 
 // verdictKind is what a phase function's return asks for.
@@ -165,8 +270,8 @@ func decideErr(err error) verdict {
 	return verdict{kind: fail, err: err}
 }
 
-func (x *exec) event(p phases.Phase) PhaseEvent {
-	return PhaseEvent{
+func (x *Exec) event(p phases.Phase) vocab.PhaseEvent {
+	return vocab.PhaseEvent{
 		Flow: x.flow.Name, Phase: p.Name, Kind: p.Kind,
 		Scope: x.fence.Scope, Key: x.fence.Key, ID: x.fence.ID,
 		LockVersion: x.fence.LockVersion, Attempt: x.run.Attempt(), Executor: x.by,
@@ -178,7 +283,7 @@ func (x *exec) event(p phases.Phase) PhaseEvent {
 //
 // Until the key's claim is durable the phases run under ctx, the caller's; after it,
 // under a context detached from the caller that only a drain's deadline ends.
-func (x *exec) drive(ctx context.Context, start int) step {
+func (x *Exec) drive(ctx context.Context, start int) step {
 	pre, after, release, ok := x.enter(ctx)
 	if !ok {
 		return x.drained(ctx)
@@ -204,14 +309,14 @@ func (x *exec) drive(ctx context.Context, start int) step {
 		}
 		x.done++
 	}
-	return stop(x.transient(ctx, last, ErrNoResponse, nil))
+	return stop(x.transient(ctx, last, vocab.ErrNoResponse, nil))
 }
 
 // settle acts on a step that needs more than the phase itself: a response stored on
 // its own, or the release after a transient failure (a conflict that is not retried is
 // one). It runs once the phase's connection is back in the pool, and leaves only
 // stepNext, stepFinished or stepStop.
-func (x *exec) settle(ctx context.Context, phase string, st step) step {
+func (x *Exec) settle(ctx context.Context, phase string, st step) step {
 	switch st.kind {
 	case stepAlone:
 		return x.finishAlone(ctx, st.resp)
@@ -223,12 +328,12 @@ func (x *exec) settle(ctx context.Context, phase string, st step) step {
 
 // txPhase runs a tx phase, re-running its whole transaction after a serialization
 // failure or deadlock.
-func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
+func (x *Exec) txPhase(ctx context.Context, p phases.Phase) step {
 	ev := x.event(p)
-	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
+	ctx = x.env.phaseStart(ctx, ev)
 	for try := 0; ; try++ {
 		st := x.txOnce(ctx, p, ev)
-		if st.kind == stepConflict && try < x.e.cfg.txRetries() && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
+		if st.kind == stepConflict && try < x.env.TxRetries && ctx.Err() == nil && wait(ctx, conflictDelay(try)) == nil {
 			continue
 		}
 		// A phase answered with phases.Fail had its transaction rolled back: its end is
@@ -239,7 +344,7 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 		if end == nil && alone {
 			end = rolledBack
 		}
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, end)
+		x.env.phaseEnd(ctx, ev, end)
 		return st
 	}
 }
@@ -250,11 +355,11 @@ func (x *exec) txPhase(ctx context.Context, p phases.Phase) step {
 // one opens the transaction, so that an attempt that may not run the phase runs none
 // of its statements. Its connection is back in the pool when it returns; what else its
 // step needs is for settle.
-func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st step) {
+func (x *Exec) txOnce(ctx context.Context, p phases.Phase, ev vocab.PhaseEvent) (st step) {
 	// The lease bounds the transaction: a connection that stops answering (half-open,
 	// blackholed) must not hold the executor, and past its lease its commit is likely
 	// fenced anyway.
-	ctx, cancel := context.WithTimeoutCause(ctx, x.e.cfg.Lease, ErrLeaseExpired)
+	ctx, cancel := context.WithTimeoutCause(ctx, x.env.Lease, vocab.ErrLeaseExpired)
 	defer cancel()
 	x.state().Enter(p.Name)
 	// Unless the phase's transaction committed, what the phase wrote to the phase data
@@ -298,7 +403,7 @@ func (x *exec) txOnce(ctx context.Context, p phases.Phase, ev PhaseEvent) (st st
 // fence before the phase's first statement (phaseTx.head): a refusal fails the phase
 // as a lost lease, with none of its statements run. ok is false when the attempt
 // stops before the phase function runs; st then says why.
-func (x *exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev PhaseEvent) (v verdict, st step, ok bool) {
+func (x *Exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev vocab.PhaseEvent) (v verdict, st step, ok bool) {
 	if x.claim != nil {
 		if st, owned := x.claimFirst(ctx, tx, ev); !owned {
 			return v, st, false
@@ -317,13 +422,13 @@ func (x *exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev Phase
 // and the key moves past it, or it answered, and the key finishes with the answer.
 // One, when set, is a pipelined phase whose whole transaction goes in the round trip
 // of the commit.
-func (x *exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev PhaseEvent, v verdict, one *pipeline) step {
+func (x *Exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev vocab.PhaseEvent, v verdict, one *pipeline) step {
 	w := keyWrite{target: phase}
 	var err error
 	if v.kind == respond {
 		var stored keytable.StoredResponse
 		stored, w.data, err = x.storable(ctx, v.resp)
-		stored.History = x.history(OutcomeFinished, "", nil)
+		stored.History = x.history(vocab.OutcomeFinished, "", nil)
 		w.target, w.resp = phases.Finished, &stored
 	} else {
 		w.data, err = x.data()
@@ -332,7 +437,7 @@ func (x *exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev Ph
 	if err != nil {
 		return x.failed(err)
 	}
-	x.e.cfg.Hooks.beforeCommit(ctx, ev)
+	x.env.beforeCommit(ctx, ev)
 	sent := time.Now()
 	if err := x.commit(ctx, tx, w, one); err != nil {
 		return x.commitFailed(err)
@@ -341,13 +446,13 @@ func (x *exec) commitPhase(ctx context.Context, tx *phaseTx, phase string, ev Ph
 		return step{kind: stepFinished, out: x.finished(v.resp)}
 	}
 	x.rp = phase
-	x.leaseEnd = sent.Add(x.e.cfg.Lease)
+	x.leaseEnd = sent.Add(x.env.Lease)
 	return step{kind: stepNext}
 }
 
 // commitFailed is the step of a commit that failed: a statement of a pipelined
 // phase's (pipeFailure) as that statement's failure, anything else as failed reads it.
-func (x *exec) commitFailed(err error) step {
+func (x *Exec) commitFailed(err error) step {
 	var pf pipeFailure
 	if errors.As(err, &pf) {
 		return x.verdictStep(pf.v)
@@ -356,7 +461,7 @@ func (x *exec) commitFailed(err error) step {
 }
 
 // verdictStep is the step of a phase that failed before anything of it could commit.
-func (x *exec) verdictStep(v verdict) step {
+func (x *Exec) verdictStep(v verdict) step {
 	if v.kind == respondAlone {
 		return step{kind: stepAlone, resp: v.resp, err: v.err}
 	}
@@ -372,8 +477,8 @@ func (x *exec) verdictStep(v verdict) step {
 // function runs, after the claim's commit, the standby wait and PhaseStart, so that a
 // drain that begins during any of them releases the key at the recovery point instead.
 // A drain that began before the claim's commit leaves a new key unwritten.
-func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
-	if x.e.adm.isDraining() {
+func (x *Exec) callPhase(ctx context.Context, p phases.Phase) step {
+	if x.env.Admission.Draining() {
 		return x.settle(ctx, p.Name, step{kind: stepTransient, err: errDrainBeforeCall})
 	}
 	if x.claim != nil {
@@ -385,32 +490,32 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 		if err != nil {
 			return x.settle(ctx, p.Name, x.failed(err))
 		}
-		x.leaseEnd = sent.Add(x.e.cfg.Lease)
+		x.leaseEnd = sent.Add(x.env.Lease)
 	}
 	if err := x.awaitStandby(ctx); err != nil {
 		return x.settle(ctx, p.Name, step{kind: stepTransient, err: err})
 	}
 	ev := x.event(p)
-	ctx = x.e.cfg.Hooks.phaseStart(ctx, ev)
+	ctx = x.env.phaseStart(ctx, ev)
 	x.state().Enter(p.Name)
-	deadline := x.leaseEnd.Add(-leaseMargin(x.e.cfg.Lease))
+	deadline := x.leaseEnd.Add(-leaseMargin(x.env.Lease))
 	var refused error
 	switch {
 	case !time.Now().Before(deadline):
 		refused = errors.New("too little of the lease is left to make the call")
-	case x.e.adm.isDraining(): // last: nothing may come between it and the call
+	case x.env.Admission.Draining(): // last: nothing may come between it and the call
 		refused = errDrainBeforeCall
 	}
 	if refused != nil {
 		st := x.settle(ctx, p.Name, step{kind: stepTransient, err: refused})
-		x.e.cfg.Hooks.phaseEnd(ctx, ev, st.error())
+		x.env.phaseEnd(ctx, ev, st.error())
 		return st
 	}
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	resp, err := runCall(callCtx, p, x.run)
 	cancel()
 	v := decide(resp, err)
-	x.e.cfg.Hooks.phaseEnd(ctx, ev, v.err) // nil only for success and a storable answer
+	x.env.phaseEnd(ctx, ev, v.err) // nil only for success and a storable answer
 	switch v.kind {
 	case goOn:
 		x.rp = p.Name
@@ -426,16 +531,16 @@ func (x *exec) callPhase(ctx context.Context, p phases.Phase) step {
 }
 
 // errDrainBeforeCall is why a call phase did not start: a drain began.
-var errDrainBeforeCall = fmt.Errorf("%w: no call phase starts once a drain began", ErrDraining)
+var errDrainBeforeCall = fmt.Errorf("%w: no call phase starts once a drain began", vocab.ErrDraining)
 
 // finishAlone stores resp in a transaction of its own: BEGIN, the claim with the
 // insert of a finished row if the claim is still pending, else the fenced finish, and
 // COMMIT, in one round trip. A failure other than a lost claim or lease is transient:
 // the key is released, never left leased.
-func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
+func (x *Exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 	stored, data, err := x.storable(ctx, resp)
 	if err == nil {
-		stored.History = x.history(OutcomeFinished, "", nil)
+		stored.History = x.history(vocab.OutcomeFinished, "", nil)
 		err = x.commitAlone(ctx, keyWrite{target: phases.Finished, data: data, resp: &stored})
 	}
 	if err == nil {
@@ -450,19 +555,19 @@ func (x *exec) finishAlone(ctx context.Context, resp *phases.Response) step {
 
 // open acquires a connection for one transaction; the transaction owns it until done.
 // Before the claim, the wait for the connection is bounded by Config.AdmitWait.
-func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
+func (x *Exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 	if x.claim != nil {
-		pc, err := x.e.acquire(ctx)
+		pc, err := x.env.Acquire(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return newPhaseTx(pc, x.e.store, iso), nil
+		return newPhaseTx(pc, x.env.Store, iso), nil
 	}
-	pc, err := x.e.pool.Acquire(ctx)
+	pc, err := x.env.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", keytable.Classify(err))
 	}
-	return newPhaseTx(pc, x.e.store, iso), nil
+	return newPhaseTx(pc, x.env.Store, iso), nil
 }
 
 // claimFirst starts tx, the transaction of a new key's first tx phase, with the key's
@@ -472,13 +577,13 @@ func (x *exec) open(ctx context.Context, iso pgx.TxIsoLevel) (*phaseTx, error) {
 // error (phaseTx.end), none of its statements run. Otherwise the claim takes its own
 // round trip now, before the phase function runs (claimKey). ClaimHeld runs once the
 // claim is held either way.
-func (x *exec) claimFirst(ctx context.Context, tx *phaseTx, ev PhaseEvent) (st step, owned bool) {
-	if x.e.cfg.ClaimWithFirstStatement && !tx.oneSnapshot {
-		tx.fold(x.claim, func() { x.e.cfg.Hooks.claimHeld(ctx, ev) })
+func (x *Exec) claimFirst(ctx context.Context, tx *phaseTx, ev vocab.PhaseEvent) (st step, owned bool) {
+	if x.env.ClaimWithFirstStatement && !tx.oneSnapshot {
+		tx.fold(x.claim, func() { x.env.claimHeld(ctx, ev) })
 		return step{}, true
 	}
 	if st, owned = x.claimKey(ctx, tx); owned {
-		x.e.cfg.Hooks.claimHeld(ctx, ev)
+		x.env.claimHeld(ctx, ev)
 	}
 	return st, owned
 }
@@ -486,7 +591,7 @@ func (x *exec) claimFirst(ctx context.Context, tx *phaseTx, ev PhaseEvent) (st s
 // claimKey claims the new key in tx, before anything of the flow runs, and reports
 // whether this attempt owns it; if not, the step says why (with the key row when the
 // claim found and read it).
-func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
+func (x *Exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 	got, row, err := tx.claim(ctx, x.claim)
 	switch {
 	case err != nil:
@@ -503,14 +608,14 @@ func (x *exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 }
 
 // finished is the result of the attempt that stored resp.
-func (x *exec) finished(resp *phases.Response) Result {
+func (x *Exec) finished(resp *phases.Response) vocab.Result {
 	x.claim = nil
 	x.rp = phases.Finished
-	return answered(resp, false)
+	return vocab.Answered(resp, false)
 }
 
 // callNext reports whether the phase after the one named phase is a call phase.
-func (x *exec) callNext(phase string) bool {
+func (x *Exec) callNext(phase string) bool {
 	ps := x.flow.Phases
 	for i := 0; i+1 < len(ps); i++ {
 		if ps[i].Name == phase {
@@ -526,7 +631,7 @@ func (x *exec) callNext(phase string) bool {
 // (ErrUnstorable) and the last attempt a sweep allows dead-letter a key whose row
 // exists instead. Released and dead-lettered are recorded (their key event is due)
 // only when the statement that says so committed.
-func (x *exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) Result {
+func (x *Exec) transient(ctx context.Context, phase string, cause error, resp *phases.Response) vocab.Result {
 	if errors.Is(cause, keytable.ErrLeaseLost) {
 		return x.leaseLost(cause)
 	}
@@ -538,33 +643,33 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 	if after <= 0 {
 		after = x.backoff()
 	}
-	out := noted(Result{Outcome: OutcomeReleased, Phase: phase}, cause, false)
+	out := vocab.Noted(vocab.Result{Outcome: vocab.OutcomeReleased, Phase: phase}, cause, false)
 	if x.claim == nil { // the key row exists: release it, or give up on it
-		dead := errors.Is(cause, ErrUnstorable) || errors.Is(cause, ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
+		dead := errors.Is(cause, vocab.ErrUnstorable) || errors.Is(cause, vocab.ErrRefused) || x.maxAttempts > 0 && x.run.Attempt() >= x.maxAttempts
 		derr := x.release(ctx, phase, cause, after, dead)
 		switch {
 		case errors.Is(derr, keytable.ErrLeaseLost):
 			return x.leaseLost(derr)
 		case derr != nil:
-			x.e.cfg.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
+			x.env.Logger.WarnContext(ctx, "workflow: release after transient failure failed; the lease will expire instead",
 				slogKey(x.fence), "phase", phase, "err", derr)
 		case dead:
-			out.Outcome = OutcomeDeadLettered
-			out = noted(out, cause, true)
+			out.Outcome = vocab.OutcomeDeadLettered
+			out = vocab.Noted(out, cause, true)
 		default:
-			out = noted(out, cause, true)
+			out = vocab.Noted(out, cause, true)
 		}
 	}
-	dead := out.Outcome == OutcomeDeadLettered
+	dead := out.Outcome == vocab.OutcomeDeadLettered
 	switch {
-	case errors.Is(cause, ErrRefused): // permanent: not a *TransientError, whatever became of the key
+	case errors.Is(cause, vocab.ErrRefused): // permanent: not a *vocab.TransientError, whatever became of the key
 		out.Phase, out.Err = "", cause
 		if !dead {
-			out.Outcome = OutcomeFailed
+			out.Outcome = vocab.OutcomeFailed
 		}
 		return out
-	case dead && errors.Is(cause, ErrUnstorable):
-		out.Phase, out.Err = "", fmt.Errorf("%w: %v", ErrDeadLettered, cause) // as every later attempt is answered
+	case dead && errors.Is(cause, vocab.ErrUnstorable):
+		out.Phase, out.Err = "", fmt.Errorf("%w: %v", vocab.ErrDeadLettered, cause) // as every later attempt is answered
 		return out
 	}
 	retry := time.Second
@@ -572,12 +677,12 @@ func (x *exec) transient(ctx context.Context, phase string, cause error, resp *p
 		retry = te.After
 	}
 	out.RetryAfter, out.Response = retry, resp
-	out.Err = &TransientError{Phase: phase, RetryAfter: retry, Response: resp, Err: cause}
+	out.Err = &vocab.TransientError{Phase: phase, RetryAfter: retry, Response: resp, Err: cause}
 	return out
 }
 
 // release releases the key, or dead-letters it, with the attempt's history entry.
-func (x *exec) release(ctx context.Context, phase string, cause error, after time.Duration, dead bool) error {
+func (x *Exec) release(ctx context.Context, phase string, cause error, after time.Duration, dead bool) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	data, err := x.state().Data()
@@ -585,54 +690,42 @@ func (x *exec) release(ctx context.Context, phase string, cause error, after tim
 	case err != nil:
 		return err
 	case dead:
-		return x.e.store.DeadLetter(rctx, x.e.pool, x.fence, keytable.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
-			History: x.history(OutcomeDeadLettered, phase, cause)})
+		return x.env.Store.DeadLetter(rctx, x.env.Pool, x.fence, keytable.DeadLetter{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(),
+			History: x.history(vocab.OutcomeDeadLettered, phase, cause)})
 	}
-	return x.e.store.Release(rctx, x.e.pool, x.fence, keytable.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
-		History: x.history(OutcomeReleased, phase, cause)})
+	return x.env.Store.Release(rctx, x.env.Pool, x.fence, keytable.Release{RecoveryPoint: x.rp, Stored: x.stored, Data: data, LastError: cause.Error(), RetryIn: after,
+		History: x.history(vocab.OutcomeReleased, phase, cause)})
 }
 
 // backoff is how long a released key waits before the sweeper may take it again.
-func (x *exec) backoff() time.Duration { return x.e.cfg.backoff(x.run.Attempt()) }
+func (x *Exec) backoff() time.Duration {
+	return Backoff(x.env.BackoffBase, x.env.BackoffMax, x.run.Attempt())
+}
 
 // data encodes the phase data, enforcing the size limit.
-func (x *exec) data() ([]byte, error) {
+func (x *Exec) data() ([]byte, error) {
 	data, err := x.state().Data()
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > x.e.cfg.MaxPhaseDataBytes {
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrPhaseDataTooLarge, len(data), x.e.cfg.MaxPhaseDataBytes)
+	if len(data) > x.env.MaxPhaseDataBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", vocab.ErrPhaseDataTooLarge, len(data), x.env.MaxPhaseDataBytes)
 	}
 	return data, nil
 }
 
 // storable returns the response as stored (allow-listed headers only) and the phase
 // data, or an error if either is too large. Nothing is ever truncated.
-func (x *exec) storable(ctx context.Context, resp *phases.Response) (keytable.StoredResponse, []byte, error) {
+func (x *Exec) storable(ctx context.Context, resp *phases.Response) (keytable.StoredResponse, []byte, error) {
 	if resp.Status < 200 || resp.Status > 499 { // 1xx is not a final answer
-		return keytable.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, errNotFinal)
+		return keytable.StoredResponse{}, nil, fmt.Errorf("workflow: status %d cannot be stored: %w", resp.Status, vocab.ErrNotFinal)
 	}
-	if len(resp.Body) > x.e.cfg.MaxResponseBytes {
-		return keytable.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrResponseTooLarge, len(resp.Body), x.e.cfg.MaxResponseBytes)
+	if len(resp.Body) > x.env.MaxResponseBytes {
+		return keytable.StoredResponse{}, nil, fmt.Errorf("%w: %d bytes, the limit is %d", vocab.ErrResponseTooLarge, len(resp.Body), x.env.MaxResponseBytes)
 	}
-	// Names that differ only in case are one header: their values are merged, in the
-	// order of the names as written, so that what is stored does not depend on map
-	// iteration.
-	names := make([]string, 0, 8) // on the stack for the usual few headers
-	for k := range resp.Header {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	kept := map[string][]string{}
-	for _, k := range names {
-		if ck := textproto.CanonicalMIMEHeaderKey(k); x.e.keeps(ck) {
-			kept[ck] = append(kept[ck], resp.Header[k]...)
-		}
-	}
-	headers, err := json.Marshal(kept)
+	headers, err := StoredHeaders(resp.Header, x.env.Keeps)
 	if err != nil {
-		return keytable.StoredResponse{}, nil, fmt.Errorf("encode headers: %w", err)
+		return keytable.StoredResponse{}, nil, err
 	}
 	data, err := x.data()
 	if err != nil {
@@ -642,8 +735,31 @@ func (x *exec) storable(ctx context.Context, resp *phases.Response) (keytable.St
 	if body == nil {
 		body = []byte{}
 	}
-	stored, err := x.e.sealResponse(ctx, x.fence.Scope, x.fence.Key, keytable.StoredResponse{Status: resp.Status, Headers: headers, Body: body})
+	stored, err := x.env.Seal(ctx, x.fence.Scope, x.fence.Key, keytable.StoredResponse{Status: resp.Status, Headers: headers, Body: body})
 	return stored, data, err
+}
+
+// StoredHeaders is h as a response stores it: the headers keeps keeps, JSON-encoded.
+// Names that differ only in case are one header: their values are merged, in the
+// order of the names as written, so that what is stored does not depend on map
+// iteration.
+func StoredHeaders(h map[string][]string, keeps func(canonical string) bool) ([]byte, error) {
+	names := make([]string, 0, 8) // on the stack for the usual few headers
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	kept := map[string][]string{}
+	for _, k := range names {
+		if ck := textproto.CanonicalMIMEHeaderKey(k); keeps(ck) {
+			kept[ck] = append(kept[ck], h[k]...)
+		}
+	}
+	headers, err := json.Marshal(kept)
+	if err != nil {
+		return nil, fmt.Errorf("encode headers: %w", err)
+	}
+	return headers, nil
 }
 
 // newRun returns the run a phase function gets, with the stored phase data (a JSON
@@ -654,7 +770,7 @@ func newRun(info runstate.Info, data []byte) (*phases.Run, error) {
 }
 
 // state is the run's state: the phase entered, the phase data and its saved copy.
-func (x *exec) state() *runstate.Run { return (*runstate.Run)(x.run) }
+func (x *Exec) state() *runstate.Run { return (*runstate.Run)(x.run) }
 
 // runTx calls a tx phase's function, turning a panic into a transient error.
 func runTx(ctx context.Context, p phases.Phase, tx phases.DBTX, run *phases.Run) (resp *phases.Response, err error) {

@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"encoding/json"
@@ -6,37 +6,38 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/vocab"
 )
 
 // An entry's JSON is json.Marshal's, byte for byte: the history column and `keys show
 // -json` hold the same form (TestInspectKeyHistory), whichever encoder wrote it.
 func TestAttemptJSON(t *testing.T) {
 	at := time.Date(2026, 12, 1, 23, 0, 0, 123456789, time.FixedZone("x", 3600))
-	cases := []Attempt{
+	cases := []vocab.Attempt{
 		{},
-		{Attempt: 1, By: ExecutorClient, From: "started", Phases: []string{"reserve", "pay"}, Outcome: OutcomeFinished, Millis: 3},
-		{Attempt: 2, By: ExecutorSweeper, From: "reserve", Phases: []string{}, Outcome: OutcomeReleased, Phase: "pay",
+		{Attempt: 1, By: vocab.ExecutorClient, From: "started", Phases: []string{"reserve", "pay"}, Outcome: vocab.OutcomeFinished, Millis: 3},
+		{Attempt: 2, By: vocab.ExecutorSweeper, From: "reserve", Phases: []string{}, Outcome: vocab.OutcomeReleased, Phase: "pay",
 			Error: `provider: 503 "busy" <retry> & \ later` + "\n\t\x00\x1f", Millis: -1},
-		{Attempt: 7, Outcome: OutcomeAbandoned, Reached: "reserve", LeaseLive: true, At: at},
-		{Attempt: -3, By: ExecutorOperator, Outcome: OutcomeRedriven, At: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC)},
+		{Attempt: 7, Outcome: vocab.OutcomeAbandoned, Reached: "reserve", LeaseLive: true, At: at},
+		{Attempt: -3, By: vocab.ExecutorOperator, Outcome: vocab.OutcomeRedriven, At: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC)},
 		{Outcome: "x", Error: "invalid \xff\xfe utf-8, \u2028 \u2029 é 世界 \U0001F600", Phases: []string{"\x7f", ""}},
 	}
 	for _, a := range cases {
 		want, err := json.Marshal(a)
 		require.NoError(t, err)
-		got, ok := a.appendJSON([]byte("prefix"))
+		got, ok := appendJSON([]byte("prefix"), &a)
 		require.True(t, ok)
 		require.Equal(t, "prefix"+string(want), string(got))
 	}
 	// An At json.Marshal refuses: no entry either way.
-	bad := Attempt{At: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
+	bad := vocab.Attempt{At: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
 	_, err := json.Marshal(bad)
 	require.Error(t, err)
-	_, ok := bad.appendJSON(nil)
+	_, ok := appendJSON(nil, &bad)
 	require.False(t, ok)
-	e := &Engine{cfg: &Config{History: 3}}
-	require.Empty(t, e.entry(bad).Entry)
-	h := e.entry(cases[1])
+	require.Empty(t, Entry(bad, 3).Entry)
+	h := Entry(cases[1], 3)
 	require.Equal(t, 3, h.Keep)
 	want, err := json.Marshal(cases[1])
 	require.NoError(t, err)
@@ -47,13 +48,13 @@ func FuzzAttemptJSON(f *testing.F) {
 	f.Add(1, "client", "started", "reserve", "finished", "", "", int64(3), "", false, int64(0))
 	f.Add(-2, "", "a\"b", "<p>", "x&y", "pay", "\xff\n\u2028", int64(-7), "r\\", true, int64(1764630000123456789))
 	f.Fuzz(func(t *testing.T, n int, by, from, phase1, outcome, phase, msg string, ms int64, reached string, live bool, nanos int64) {
-		a := Attempt{Attempt: n, By: Executor(by), From: from, Phases: []string{phase1, phase}, Outcome: Outcome(outcome),
+		a := vocab.Attempt{Attempt: n, By: vocab.Executor(by), From: from, Phases: []string{phase1, phase}, Outcome: vocab.Outcome(outcome),
 			Phase: phase, Error: msg, Millis: ms, Reached: reached, LeaseLive: live}
 		if nanos != 0 {
 			a.At = time.Unix(0, nanos).UTC()
 		}
 		want, err := json.Marshal(a)
-		got, ok := a.appendJSON(nil)
+		got, ok := appendJSON(nil, &a)
 		require.Equal(t, err == nil, ok)
 		if ok {
 			require.Equal(t, string(want), string(got))
@@ -64,12 +65,11 @@ func FuzzAttemptJSON(f *testing.F) {
 // BenchmarkHistoryEntry is the entry of a finish as the engine builds it: with the
 // appender, and with json.Marshal (before).
 func BenchmarkHistoryEntry(b *testing.B) {
-	e := &Engine{cfg: &Config{History: 10}}
-	a := Attempt{Attempt: 1, By: ExecutorClient, From: "started", Phases: []string{"reserve", "pay"}, Outcome: OutcomeFinished, Millis: 3}
+	a := vocab.Attempt{Attempt: 1, By: vocab.ExecutorClient, From: "started", Phases: []string{"reserve", "pay"}, Outcome: vocab.OutcomeFinished, Millis: 3}
 	b.Run("append", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if len(e.entry(a).Entry) == 0 {
+			if len(Entry(a, 10).Entry) == 0 {
 				b.Fatal("no entry")
 			}
 		}

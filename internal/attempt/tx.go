@@ -1,4 +1,4 @@
-package workflow
+package attempt
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type phaseTx struct {
 	begun bool // BEGIN was sent: the transaction must end with COMMIT or ROLLBACK
 	// held: the transaction holds the key: claim gave it the key, or its head came
 	// back with the claim or with the lock on the key row. The commit's write of the
-	// key row is then a plain insert or update (exec.plan).
+	// key row is then a plain insert or update (Exec.plan).
 	held bool
 	// insertedAtClaim: claim also inserted the key row; the commit updates it instead.
 	insertedAtClaim bool
@@ -228,11 +228,11 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 	b.Queue(t.begin)
 	t.begun = true
 	var insert keytable.Queued
+	var look keytable.ClaimLook
 	if t.oneSnapshot {
 		insert = t.store.QueueKeyWrite(b, keytable.KeyWrite{Claim: c, RecoveryPoint: phases.Started, Data: emptyData})
 	} else {
-		t.store.QueueClaimLock(b, *c)
-		t.store.QueueLookup(b, c.Scope, c.Key)
+		look = t.store.QueueClaimLook(b, *c)
 	}
 	br := pgpipe.Send(ctx, t.conn, b)
 	defer br.Close()
@@ -252,12 +252,8 @@ func (t *phaseTx) claim(ctx context.Context, c *keytable.Claim) (claimed, *keyta
 		t.held, t.insertedAtClaim, t.createdAt = true, true, at
 		return claimOwned, nil, br.Close()
 	}
-	locked, at, err := t.store.ReadClaimLockAt(br)
-	if err != nil {
-		return 0, nil, err
-	}
+	locked, at, row, err := look.Read(br)
 	t.createdAt = at
-	row, err := t.store.ReadLookup(br)
 	switch {
 	case errors.Is(err, keytable.ErrNotFound) && locked:
 		t.held = true
