@@ -259,6 +259,15 @@ func TestReadmeSnippets(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, strings.Count(string(readme), "\n"), readmeMaxLines,
 		"README.md is over %d lines: move a section to docs/", readmeMaxLines)
+	// The install line names the newest release of the changelog, in the first screen.
+	changelog, err := os.ReadFile("CHANGELOG.md")
+	require.NoError(t, err)
+	newest := regexp.MustCompile(`(?m)^## \[(\d+\.\d+\.\d+)\]`).FindSubmatch(changelog)
+	require.NotNil(t, newest, "CHANGELOG.md has no released version")
+	install := "`go get github.com/idemflow/idemflow@v" + string(newest[1]) + "`"
+	at := strings.Index(string(readme), install)
+	require.GreaterOrEqual(t, at, 0, "README.md does not install the newest release: %s", install)
+	require.Less(t, strings.Count(string(readme[:at]), "\n"), 40, "README.md's install line is not on its first screen")
 }
 
 // docBlocks returns the code blocks of a package's doc.go: runs of tab-indented comment
