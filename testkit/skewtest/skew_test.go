@@ -10,7 +10,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -333,7 +335,10 @@ func buildBoth(t *testing.T) (prev, cur build) {
 	src, err := os.ReadFile(filepath.Join(root, "testkit", "skewtest", "driver", "main.go"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "main.go"), src, 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go"), []byte(previousSweep), 0o644))
+	// From v0.4.0 the release carries the driver's sweep.go that fits its own API.
+	if _, err := os.Stat(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go")); errors.Is(err, fs.ErrNotExist) {
+		require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go"), []byte(previousSweep), 0o644))
+	}
 	prev = build{name: "previous", bin: filepath.Join(dir, "driver-previous")}
 	cur = build{name: "current", bin: filepath.Join(dir, "driver-current")}
 	goBuild(t, old, prev.bin)
@@ -342,8 +347,9 @@ func buildBoth(t *testing.T) (prev, cur build) {
 	return prev, cur
 }
 
-// previousSweep is the driver's sweep.go for the previous release, whose sweeper was
-// built with sweeper.New (from v0.4.0 the engine runs it: Engine.Sweep).
+// previousSweep is the driver's sweep.go for a previous release without one of its own
+// (v0.3.0), whose sweeper was built with sweeper.New (from v0.4.0 the engine runs it,
+// Engine.Sweep, and the release has the file).
 const previousSweep = `package main
 
 import (
