@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -241,6 +242,33 @@ func createDB(ctx context.Context, serverURL, name string, inSchema bool) (bench
 		return err
 	}
 	return db, nil
+}
+
+// childDB is a child process's bench database: the flags that name it (childArgs
+// passes them) and a pool on it.
+type childDB struct{ serverURL, database, schema *string }
+
+// childDBFlags registers the database flags on fs.
+func childDBFlags(fs *flag.FlagSet) childDB {
+	return childDB{
+		serverURL: fs.String("url", "", "server URL"),
+		database:  fs.String("db", "", "database"),
+		schema:    fs.String("schema", "", "schema (when a schema stands in for a database)"),
+	}
+}
+
+// childArgs are the flags that give a child process the bench database.
+func (db benchDB) childArgs() []string {
+	return []string{"-url", db.serverURL, "-db", db.name, "-schema", db.schema}
+}
+
+// pool connects, after the flags were parsed, a pool of at most maxConns on the database.
+func (d childDB) pool(ctx context.Context, appName string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(*d.serverURL, *d.database, *d.schema, appName, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // poolConfig returns a pool configuration on the bench database.

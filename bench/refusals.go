@@ -42,8 +42,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
 	"github.com/idemflow/idemflow/testkit/cpumeter"
@@ -88,18 +86,12 @@ type refuserStats struct {
 // port, prints the address, and serves until stdin closes.
 func runRefuser(args []string) error {
 	fs := flag.NewFlagSet(refuserCommand, flag.ContinueOnError)
-	serverURL := fs.String("url", "", "server URL")
-	database := fs.String("db", "", "database")
-	schema := fs.String("schema", "", "schema (when a schema stands in for a database)")
+	db := childDBFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ctx := context.Background()
-	cfg, err := poolConfig(*serverURL, *database, *schema, appLive, 2)
-	if err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := db.pool(ctx, appLive, 2)
 	if err != nil {
 		return err
 	}
@@ -167,7 +159,7 @@ func (e *env) refusals(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, exe, refuserCommand, "-url", e.db.serverURL, "-db", e.db.name, "-schema", e.db.schema)
+	cmd := exec.CommandContext(ctx, exe, append([]string{refuserCommand}, e.db.childArgs()...)...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

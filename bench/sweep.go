@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -64,9 +62,7 @@ func (r *childReport) add(o childReport) {
 // pass (mode cleanup, Engine.Sweep), and prints a childReport as JSON.
 func runChild(args []string) error {
 	fs := flag.NewFlagSet(childCommand, flag.ContinueOnError)
-	serverURL := fs.String("url", "", "server URL")
-	database := fs.String("db", "", "database")
-	schema := fs.String("schema", "", "schema (when a schema stands in for a database)")
+	db := childDBFlags(fs)
 	providerURL := fs.String("provider", "", "provider base URL")
 	mode := fs.String("mode", "drain", "drain or cleanup")
 	conc := fs.Int("concurrency", workflow.SweepConcurrencyDefault, "workflow.SweeperConfig.Concurrency")
@@ -77,11 +73,7 @@ func runChild(args []string) error {
 		return err
 	}
 	ctx := context.Background()
-	cfg, err := poolConfig(*serverURL, *database, *schema, appSweeper, int32(*conc+4))
-	if err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := db.pool(ctx, appSweeper, int32(*conc+4))
 	if err != nil {
 		return err
 	}
@@ -186,8 +178,7 @@ func (e *env) startChildren(ctx context.Context, n int, providerURL string, extr
 	}
 	var kids []*child
 	for range n {
-		args := append([]string{childCommand, "-url", e.db.serverURL, "-db", e.db.name, "-schema", e.db.schema,
-			"-provider", providerURL}, extra...)
+		args := append(append([]string{childCommand}, e.db.childArgs()...), append([]string{"-provider", providerURL}, extra...)...)
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
