@@ -31,7 +31,7 @@ type report struct {
 	perf      []perfProfile
 	fused     *fusedCheck
 	fusedSafe *fusedCheck
-	growth    *growthResult
+	growths   []*growthResult // one per server configuration, production-like first
 	dups      *dupResult
 	losers    *loserResult
 	stmtTexts map[int64]string // pg_stat_statements' texts, by queryid
