@@ -276,9 +276,17 @@ func (db benchDB) childArgs() []string {
 
 // pool connects, after the flags were parsed, a pool of at most maxConns on the database.
 func (d childDB) pool(ctx context.Context, appName string, maxConns int32) (*pgxpool.Pool, error) {
+	return d.tracedPool(ctx, appName, maxConns, nil)
+}
+
+// tracedPool is pool with tr (nil: none) counting what it sends.
+func (d childDB) tracedPool(ctx context.Context, appName string, maxConns int32, tr *tracer) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(*d.serverURL, *d.database, *d.schema, appName, maxConns)
 	if err != nil {
 		return nil, err
+	}
+	if tr != nil {
+		tr.install(cfg)
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }

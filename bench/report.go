@@ -299,12 +299,16 @@ func (r *report) mdDrain(b *strings.Builder) {
 	p := printer(b)
 	p("\n## Sweeper drain\n\n")
 	p("Stuck keys are made the way clients leave them: each charge runs through the engine with a provider that answers 503, so create_charge commits and the key is released at that recovery point. ")
-	p("The sweepers (separate processes of this binary, `Engine.Start`, Interval 10ms, no grace) take them over, call a healthy provider with the derived key and finalize. keys/s runs from the start signal until no key is left unfinished (polled every 20 ms).\n\n")
-	p("| sweeper processes | concurrency each | stuck keys | time | keys/s | passes | taken | finished | released | lease lost | one charge per key | provider requests / payments / keys called twice | lock versions |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("The sweepers (separate processes of this binary, `Engine.Start`, Interval 10ms, no grace) take them over, call a healthy provider with the derived key and finalize. keys/s runs, by the database clock, from just before the start signal to the last key's `finished_at` (the end is polled for every 20 ms once the provider has answered a call for every key, so that the polling scans do not load the server during the drain; CPU is counted until the poll sees it).\n\n")
+	p("Per key: the server's CPU (every process of it), the sweeper processes' own (getrusage) and this process's (the fake provider), and the round trips and statements the sweepers' pools sent (a pgx tracer in each).\n\n")
+	p("| sweeper processes | concurrency each | stuck keys | time | keys/s | CPU ms per key: server / sweepers / bench | round trips / statements per key | passes | taken | finished | released | lease lost | one charge per key | provider requests / payments / keys called twice | lock versions |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, d := range r.drains {
-		p("| %d | %d | %d | %s | %.0f | %d | %d | %d | %d | %d | %d rows, %d keys | %d / %d / %d | %s |\n",
-			d.Procs, d.Concurrency, d.Keys, d.Elapsed.Round(time.Millisecond), d.KeysPerSec, d.Child.Passes, d.Child.Taken,
+		n := float64(d.Keys)
+		p("| %d | %d | %d | %s | %.0f | %.3f / %.3f / %.3f | %.2f / %.2f | %d | %d | %d | %d | %d | %d rows, %d keys | %d / %d / %d | %s |\n",
+			d.Procs, d.Concurrency, d.Keys, d.Elapsed.Round(time.Millisecond), d.KeysPerSec,
+			d.ServerCPU, d.Child.CPUMs/n, d.BenchCPU, float64(d.Child.RoundTrips)/n, float64(d.Child.Statements)/n,
+			d.Child.Passes, d.Child.Taken,
 			d.Child.Finished, d.Child.Released, d.Child.LeaseLost, d.Charges, d.DistinctCharges,
 			d.ProviderRequests, d.ProviderPayments, d.ProviderKeysTwice, lockVersions(d.LockVersions))
 	}

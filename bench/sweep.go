@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -39,6 +41,20 @@ type childReport struct {
 	Errors       int     `json:"errors"`
 	LastError    string  `json:"last_error,omitempty"`
 	Seconds      float64 `json:"seconds"` // from "go" to done
+
+	// What the process spent from "go" to done (drain mode): its pool's statements,
+	// round trips and commits (the bench's tracer), its own CPU (getrusage), the passes
+	// that took some keys but fewer than a batch and those that took none (each
+	// followed by the loop's Interval), and the time its round trips took, by kind (the
+	// first words of each statement of the round trip).
+	Statements  int64              `json:"statements"`
+	RoundTrips  int64              `json:"round_trips"`
+	Commits     int64              `json:"commits"`
+	CPUMs       float64            `json:"cpu_ms"`
+	ShortPasses int                `json:"short_passes"`
+	EmptyPasses int                `json:"empty_passes"`
+	RTMs        map[string]float64 `json:"rt_ms,omitempty"`
+	RTCalls     map[string]int     `json:"rt_calls,omitempty"`
 }
 
 func (r *childReport) add(o childReport) {
@@ -51,6 +67,19 @@ func (r *childReport) add(o childReport) {
 	r.GivenBack += o.GivenBack
 	r.Expired += o.Expired
 	r.Errors += o.Errors
+	r.Statements += o.Statements
+	r.RoundTrips += o.RoundTrips
+	r.Commits += o.Commits
+	r.CPUMs += o.CPUMs
+	r.ShortPasses += o.ShortPasses
+	r.EmptyPasses += o.EmptyPasses
+	for k, v := range o.RTMs {
+		if r.RTMs == nil {
+			r.RTMs, r.RTCalls = map[string]float64{}, map[string]int{}
+		}
+		r.RTMs[k] += v
+		r.RTCalls[k] += o.RTCalls[k]
+	}
 	if o.LastError != "" {
 		r.LastError = o.LastError
 	}
@@ -73,7 +102,8 @@ func runChild(args []string) error {
 		return err
 	}
 	ctx := context.Background()
-	pool, err := db.pool(ctx, appSweeper, int32(*conc+4))
+	tr := &tracer{prof: &rtProfile{}}
+	pool, err := db.tracedPool(ctx, appSweeper, int32(*conc+4), tr)
 	if err != nil {
 		return err
 	}
@@ -97,6 +127,12 @@ func runChild(args []string) error {
 			mu.Lock()
 			defer mu.Unlock()
 			rep.addPass(st, err)
+			switch {
+			case st.Taken == 0:
+				rep.EmptyPasses++
+			case st.Taken < *batch:
+				rep.ShortPasses++
+			}
 		}},
 	}
 	if err := pool.Ping(ctx); err != nil {
@@ -107,12 +143,17 @@ func runChild(args []string) error {
 	if !in.Scan() {
 		return errors.New("stdin closed before go")
 	}
-	start := time.Now()
+	start, t0, cpu0 := time.Now(), tr.snapshot(), cpumeter.Self()
+	tr.prof.reset()
 	if err := runMode(ctx, *mode, eng, swCfg, in); err != nil {
 		return err
 	}
 	mu.Lock()
 	rep.Seconds = time.Since(start).Seconds()
+	rep.CPUMs = ms(cpumeter.Self() - cpu0)
+	d := tr.snapshot().sub(t0)
+	rep.Statements, rep.RoundTrips, rep.Commits = d.Statements, d.RoundTrips, d.Commits
+	rep.RTMs, rep.RTCalls = tr.prof.totals()
 	out, err := json.Marshal(rep)
 	mu.Unlock()
 	if err != nil {
@@ -243,6 +284,13 @@ type drainResult struct {
 	KeysPerSec  float64
 	Child       childReport // summed over the processes
 
+	// Cost per drained key over the drain: the server's CPU (every process of it; NaN
+	// when remote), this process's (the fake provider, the polling), and pg_stat_statements'
+	// advance (nil when not loaded).
+	ServerCPU, BenchCPU float64 // ms per key
+	Stmts               map[int64]stmtStat
+	texts               map[int64]string
+
 	// Verification.
 	FinishedKeys      int // keys finished with a 201
 	Charges           int // charge rows of the drained keys
@@ -287,7 +335,8 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 
 	// Drain them.
 	prov := chargeflow.NewProvider(0, 0)
-	provSrv := httptest.NewServer(prov.Handler())
+	var called atomic.Int64
+	provSrv := httptest.NewServer(countCalls(prov.Handler(), &called))
 	defer provSrv.Close()
 	kids, err := e.startChildren(ctx, procs, provSrv.URL, "-mode", "drain",
 		"-concurrency", strconv.Itoa(e.o.sweepConc))
@@ -296,6 +345,19 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 		return nil, err
 	}
 	logf("drain: %d stuck keys, %d sweeper process(es) x concurrency %d", res.Keys, procs, e.o.sweepConc)
+	var st0 map[int64]stmtStat
+	if e.pgss {
+		if st0, err = e.stmtSnapshot(ctx); err != nil {
+			return nil, err
+		}
+	}
+	// The drain's time runs, by the database clock, from just before the start signal to
+	// the last key's finish: the polling below, which notices the end later, adds nothing.
+	var dbStart time.Time
+	if err := e.check.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&dbStart); err != nil {
+		return nil, err
+	}
+	cpu0 := e.readCPU(false)
 	start := time.Now()
 	for _, k := range kids {
 		if err := k.send("go"); err != nil {
@@ -304,16 +366,41 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	}
 	limit := max(2*time.Minute, time.Duration(res.Keys)*20*time.Millisecond)
 	err = e.waitFor(ctx, limit, func() (bool, error) {
+		// The database is asked only once the provider has answered every key: the
+		// count is a scan whose server CPU would otherwise be the drain's.
+		if called.Load() < int64(res.Keys) {
+			return false, nil
+		}
 		var left int
 		err := e.check.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys
 			WHERE scope = ANY($1) AND status <> 'finished'`, sc).Scan(&left)
 		return left == 0, err
 	})
 	res.Elapsed = time.Since(start)
+	cpu1 := e.readCPU(true)
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
+	var last time.Time
+	if err := e.check.QueryRow(ctx, `SELECT max(finished_at) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&last); err != nil {
+		return nil, err
+	}
+	res.Elapsed = last.Sub(dbStart)
 	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
+	res.ServerCPU, res.BenchCPU = math.NaN(), ms(cpu1.Client-cpu0.Client)/float64(res.Keys)
+	if e.cpu.Local() {
+		res.ServerCPU = ms(cpu1.Server-cpu0.Server) / float64(res.Keys)
+	}
+	if e.pgss {
+		st1, err := e.stmtSnapshot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res.Stmts = stmtDelta(st0, st1)
+		if res.texts, err = e.stmtTexts(ctx); err != nil {
+			return nil, err
+		}
+	}
 	for _, k := range kids {
 		if err := k.send("stop"); err != nil {
 			return nil, err
@@ -327,7 +414,47 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 		res.Child.add(rep)
 	}
 	logf("drain: %d processes: %.0f keys/s (%s)", procs, res.KeysPerSec, res.Elapsed.Round(time.Millisecond))
+	res.logCost()
 	return res, e.verifyDrain(ctx, res, sc, provSrv)
+}
+
+// logCost logs where a drain's time went, per key: CPU of the server, the sweepers
+// and this process; the sweepers' round trips, statements and commits; the time their
+// round trips took by kind; the server's costliest statements.
+func (d *drainResult) logCost() {
+	n := float64(d.Keys)
+	c := d.Child
+	logf("drain: per key: CPU ms %.3f server, %.3f sweepers, %.3f bench (provider, polling); %.2f round trips, %.2f statements, %.2f commits; of %d passes %d short and %d empty (each then waits the interval)",
+		d.ServerCPU, c.CPUMs/n, d.BenchCPU, float64(c.RoundTrips)/n, float64(c.Statements)/n, float64(c.Commits)/n, c.Passes, c.ShortPasses, c.EmptyPasses)
+	type kind struct {
+		label string
+		ms    float64
+		calls int
+	}
+	var ks []kind
+	for l, v := range c.RTMs {
+		ks = append(ks, kind{l, v, c.RTCalls[l]})
+	}
+	slices.SortFunc(ks, func(a, b kind) int { return -cmpFloat(a.ms, b.ms) })
+	for _, k := range ks[:min(len(ks), 8)] {
+		logf("drain:   round trip %-60.60q %6.3f per key, %7.3f ms each (summed over the workers)", k.label, float64(k.calls)/n, k.ms/float64(k.calls))
+	}
+	var ss []stmtRow
+	for id, s := range d.Stmts {
+		ss = append(ss, stmtRow{ID: id, Text: d.texts[id], Calls: float64(s.Calls) / n, Exec: s.Exec / n, Plan: s.Plan / n})
+	}
+	slices.SortFunc(ss, func(a, b stmtRow) int { return -cmpFloat(a.total(), b.total()) })
+	for _, s := range ss[:min(len(ss), 8)] {
+		logf("drain:   statement %-60.60q %6.3f calls, %6.3f ms per key", s.Text, s.Calls, s.total())
+	}
+}
+
+// countCalls is h counting in n the requests it answered.
+func countCalls(h http.Handler, n *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		n.Add(1)
+	})
 }
 
 // makeStuckKeys makes keys stuck the way clients leave them: each charge runs through

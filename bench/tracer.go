@@ -325,6 +325,24 @@ func (p *rtProfile) add(label string, d time.Duration) {
 	k.max = max(k.max, d)
 }
 
+// reset forgets what p accumulated.
+func (p *rtProfile) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.kinds = nil
+}
+
+// totals is the time (ms) and count of each kind of round trip.
+func (p *rtProfile) totals() (map[string]float64, map[string]int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, n := map[string]float64{}, map[string]int{}
+	for label, k := range p.kinds {
+		t[label], n[label] = ms(k.total), k.n
+	}
+	return t, n
+}
+
 func shortSQL(sql string) string {
 	f := strings.Fields(sql)
 	if len(f) > 4 {

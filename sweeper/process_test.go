@@ -28,10 +28,14 @@ const (
 	envDBURL    = "IDEMFLOW_SWEEP_DB_URL"
 	envProvider = "IDEMFLOW_SWEEP_PROVIDER_URL"
 	envPoint    = "IDEMFLOW_SWEEP_CRASH_POINT"
+	envNth      = "IDEMFLOW_SWEEP_CRASH_NTH" // the time the crash point is reached that fires (default the first)
 	envKey      = "IDEMFLOW_SWEEP_KEY"
 )
 
 func init() { childproc.Register("sweeper", runChild) }
+
+// loopConcurrency is the Concurrency of a loop child's sweeper.
+const loopConcurrency = 4
 
 // childLine is a line a child prints: an event (ready, paused, stats) and its stats.
 type childLine struct {
@@ -42,8 +46,9 @@ type childLine struct {
 // runChild is a child process's work:
 //
 //   - crash: runs one charge and SIGKILLs itself at the crash point;
-//   - loop: starts the engine's sweeper (Engine.Start) and SIGKILLs itself at the
-//     crash point of a key the background loop runs;
+//   - loop: starts the engine's sweeper (Engine.Start, Concurrency 4) and SIGKILLs
+//     itself at the crash point (the nth time it is reached) of a key the background
+//     loop runs;
 //   - sweep: prints ready, waits for a line on stdin, runs passes (Engine.Sweep)
 //     until one takes nothing, prints the summed Stats;
 //   - zombie: runs one pass whose settle phase prints paused and SIGSTOPs the
@@ -58,7 +63,8 @@ func runChild() {
 	var hooks workflow.Hooks
 	switch mode {
 	case "crash", "loop":
-		hooks = childproc.NewPoints(os.Getenv(envPoint), 0, func(string) { childproc.Kill() }).Hooks(hooks)
+		nth, _ := strconv.Atoi(os.Getenv(envNth))
+		hooks = childproc.NewPoints(os.Getenv(envPoint), nth, func(string) { childproc.Kill() }).Hooks(hooks)
 	case "zombie":
 		hooks.PhaseStart = func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
 			if ev.Phase == testflow.Settle {
@@ -88,7 +94,7 @@ func runChild() {
 		_, err := e.Do(ctx, chargeReq(os.Getenv(envKey)))
 		childproc.Fail("the crash point never fired; Do returned", err)
 	case "loop":
-		if err := e.Start(ctx, &sweeper.Config{Grace: -1, Interval: time.Millisecond}); err != nil {
+		if err := e.Start(ctx, &sweeper.Config{Grace: -1, Interval: time.Millisecond, Concurrency: loopConcurrency}); err != nil {
 			childproc.Fail("start", err)
 		}
 		<-time.After(time.Minute) // a bound on a failure, not a wait for success

@@ -189,6 +189,15 @@ WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
 RETURNING ` + leasedColumns("3")
 
+// sqlTakeDuePlan sets, for the rest of its transaction, the planner settings the
+// takeover (sqlTakeDue) runs under: with them its candidates are read from
+// idemflow_keys_due_idx in next_attempt_at order, and the scan stops once $1 are
+// locked. Left to itself the planner, which expects few keys to be due, reads every
+// due key with a bitmap scan and sorts them: a cost that grows with the backlog and is
+// paid again by every batch, so that draining a backlog of n keys costs n²/batch.
+const sqlTakeDuePlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+	set_config('enable_sort', 'off', true)`
+
 // sqlGiveBack gives back a key taken over but never run: the lease is cleared and the
 // attempt the takeover counted is uncounted, once (a key without a lease is not
 // matched). next_attempt_at is unchanged, so the key stays due. The lock version stays

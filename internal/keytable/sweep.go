@@ -9,6 +9,7 @@ import (
 
 	"github.com/georgysavva/scany/v2/pgxscan"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TakeDue selects the keys a sweeper takes over.
@@ -57,8 +58,10 @@ type DeadLetter struct {
 	History History
 }
 
-// TakeDue takes over, in one short statement (with ScanPerKey: a scan and a statement
-// per key, in two round trips), up to q.Limit unfinished keys whose lease expired or
+// TakeDue takes over, in one short statement (in a transaction of its own under
+// sqlTakeDuePlan's planner settings, so that its cost grows with q.Limit and not with
+// the number of keys due; with ScanPerKey: a scan and a statement per key, in two round
+// trips), up to q.Limit unfinished keys whose lease expired or
 // was released, that are due (next_attempt_at) and older than q.Grace, of a flow in
 // q.Flows, oldest due first. Each is returned with its lock version and attempt count
 // bumped and a fresh lease. Keys locked by another transaction are skipped, not waited
@@ -78,15 +81,40 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if perKey {
 		return s.takeDuePerKey(ctx, db, q)
 	}
-	rows, err := db.Query(ctx, s.sql.takeDue, q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0), pointKeys(q.Points))
+	args := []any{q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0), pointKeys(q.Points)}
+	out := []*Row{}
+	switch db := db.(type) {
+	case *pgxpool.Pool: // a transaction of its own in one round trip
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(sqlTakeDuePlan)
+		b.Queue(s.sql.takeDue, args...).Query(func(rows pgx.Rows) error { return pgxscan.ScanAll(&out, rows) })
+		b.Queue("COMMIT")
+		err = db.SendBatch(ctx, b).Close()
+	case beginner: // a connection, or a transaction (then a savepoint)
+		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlTakeDuePlan); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, s.sql.takeDue, args...)
+			if err == nil {
+				err = pgxscan.ScanAll(&out, rows)
+			}
+			return err
+		})
+	default:
+		err = errors.New("the takeover needs a pool, a connection or a transaction")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: %w", Classify(err))
 	}
-	out := []*Row{}
-	if err := pgxscan.ScanAll(&out, rows); err != nil {
-		return nil, fmt.Errorf("take due keys: %w", Classify(err))
-	}
 	return out, nil
+}
+
+// beginner is a DBTX that can open a transaction (a pool, a connection, a
+// transaction: a savepoint).
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // scanSpread is how many candidates a per-key sweep scans for each key it may take.

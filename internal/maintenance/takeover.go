@@ -147,23 +147,61 @@ type TakeoverStats struct {
 }
 
 // RunOnce takes over up to Config.BatchSize due keys and runs them, Config.Concurrency
-// at a time. A key a worker gets to after stop (nil: never) or ctx ended, or with less
-// than half its lease left, is given back unrun. The error joins the failures: taking
-// keys, and recording a key's fate; a key's failed attempt is not one.
+// at a time. It takes them in chunks, each while the keys taken before it run, so
+// that the workers start after the first chunk's takeover rather than the whole
+// batch's: first Concurrency keys (one for each worker), then chunkGrowth times as
+// many as the chunk before, until BatchSize are taken, a chunk comes back short
+// (nothing more is due), stop (nil: never) is closed or ctx ended. A key a worker
+// gets to after stop or ctx ended, or with less than half its lease left, is given
+// back unrun. The error joins the failures: taking keys (the keys taken before are
+// run), and recording a key's fate; a key's failed attempt is not one.
 func (s *Takeover) RunOnce(ctx context.Context, stop <-chan struct{}) (TakeoverStats, error) {
 	var st TakeoverStats
 	if Stopped(ctx, stop) {
 		return st, nil
 	}
-	keys, err := s.TakeDue(ctx, cmp.Or(s.Config.BatchSize, BatchSizeDefault), s.Config.Grace)
+	limit := cmp.Or(s.Config.BatchSize, BatchSizeDefault)
+	workers := min(cmp.Or(s.Config.Concurrency, ConcurrencyDefault), limit)
+	first, err := s.TakeDue(ctx, workers, s.Config.Grace)
 	if err != nil {
-		err = fmt.Errorf("take due keys: %w", err)
+		return st, fmt.Errorf("take due keys: %w", err)
 	}
-	st.Taken = len(keys)
-	return st, errors.Join(append([]error{err}, s.runTaken(ctx, stop, keys, &st)...)...)
+	if len(first) == 0 {
+		return st, nil
+	}
+	queue := make(chan *Taken, limit)
+	for _, t := range first {
+		queue <- t
+	}
+	taken, more := len(first), len(first) == workers
+	var terr error
+	var taker sync.WaitGroup
+	taker.Go(func() {
+		defer close(queue)
+		for want := workers; more && taken < limit && !Stopped(ctx, stop); {
+			want = min(want*chunkGrowth, limit-taken)
+			keys, err := s.TakeDue(ctx, want, s.Config.Grace)
+			if err != nil {
+				terr = fmt.Errorf("take due keys: %w", err)
+				return
+			}
+			for _, t := range keys {
+				queue <- t
+			}
+			taken, more = taken+len(keys), len(keys) == want
+		}
+	})
+	errs := s.runTaken(ctx, stop, queue, min(workers, len(first)), &st)
+	taker.Wait()
+	st.Taken = taken
+	return st, errors.Join(append([]error{terr}, errs...)...)
 }
 
-// TakeDue takes over, in one short statement, up to limit keys that are in progress
+// chunkGrowth is how many times the keys of the chunk before a chunk of RunOnce takes
+// over: few statements for a batch, each taken while the keys before it still run.
+const chunkGrowth = 4
+
+// TakeDue takes over, in one short statement (keytable.Store.TakeDue), up to limit keys that are in progress
 // with an expired or released lease, due (their backoff has passed), claimed more than
 // grace ago (0: GraceDefault; -1: no grace), and of a flow Flows names, oldest due
 // first. Keys of other flows, and keys a newer build wrote, are left alone. Rows
@@ -198,20 +236,13 @@ func (s *Takeover) TakeDue(ctx context.Context, limit int, grace time.Duration) 
 	return out, nil
 }
 
-// runTaken runs keys, Config.Concurrency at a time, counting their fates in st.
-func (s *Takeover) runTaken(ctx context.Context, stop <-chan struct{}, keys []*Taken, st *TakeoverStats) []error {
-	if len(keys) == 0 {
-		return nil
-	}
-	queue := make(chan *Taken, len(keys))
-	for _, t := range keys {
-		queue <- t
-	}
-	close(queue)
+// runTaken runs the keys of queue until it is closed, in workers goroutines, counting
+// their fates in st.
+func (s *Takeover) runTaken(ctx context.Context, stop <-chan struct{}, queue <-chan *Taken, workers int, st *TakeoverStats) []error {
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
-	for range min(cmp.Or(s.Config.Concurrency, ConcurrencyDefault), len(keys)) {
+	for range workers {
 		wg.Go(func() {
 			for t := range queue {
 				if Stopped(ctx, stop) || t.LeaseLeft() < s.Config.Lease/2 {

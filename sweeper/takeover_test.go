@@ -1,0 +1,177 @@
+package sweeper_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/sweeper"
+	"github.com/idemflow/idemflow/testkit/childproc"
+	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/workflow"
+)
+
+// stuckKeys makes n keys stuck at the reserve recovery point (their pay phase failed),
+// due for a sweeper, and returns their names.
+func stuckKeys(t *testing.T, b *bundle, n int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("c-%03d", i)
+		b.stuck(t, chargeReq(keys[i]), testflow.Pay)
+	}
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idemflow_keys
+		SET created_at = statement_timestamp() - interval '1 hour', next_attempt_at = statement_timestamp() - interval '1 millisecond'`)
+	require.NoError(t, err)
+	return keys
+}
+
+// takenKeys counts the keys whose lock version moved past v (taken over since).
+func takenKeys(t *testing.T, b *bundle, v int64) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM idemflow_keys WHERE lock_version > $1`, v).Scan(&n))
+	return n
+}
+
+// A pass takes its batch in chunks while the first keys run: its workers start before
+// the batch's last keys are taken over, and it takes no more than BatchSize.
+func TestPassTakesInChunks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const conc, batch, keys = 2, 7, 25 // chunks of 2 and 5 (8 capped by BatchSize)
+	var armed atomic.Bool
+	running := make(chan struct{})
+	var runOnce sync.Once
+	var swept atomic.Int64
+	var waited atomic.Bool
+	hooks := workflow.Hooks{
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
+			if armed.Load() && ev.Executor == workflow.ExecutorSweeper {
+				runOnce.Do(func() { close(running) })
+			}
+			return ctx
+		},
+		Key: func(_ context.Context, ev workflow.KeyEvent) {
+			// The first key of the pass's second chunk is taken only once a worker runs
+			// a key of the first: a pass that took the whole batch in one statement
+			// before running any would wait here for ever.
+			if !armed.Load() || ev.Kind != workflow.OutcomeSwept || swept.Add(1) != conc+1 {
+				return
+			}
+			select {
+			case <-running:
+				waited.Store(true)
+			case <-time.After(time.Minute): // a bound on a failure, not a wait for success
+			}
+		},
+	}
+	b := setup(t, setupOpts{engine: &workflow.Config{Hooks: hooks}})
+	stuckKeys(t, b, keys)
+	armed.Store(true)
+
+	cfg := &sweeper.Config{Grace: -1, Concurrency: conc, BatchSize: batch}
+	st, err := b.engine.Sweep(ctx, cfg)
+	require.NoError(t, err)
+	require.True(t, waited.Load(), "the second chunk was taken before any key of the first ran")
+	require.Equal(t, sweeper.Stats{Taken: batch, Finished: batch}, st)
+	require.Equal(t, batch, takenKeys(t, b, 1), "one pass takes no more than BatchSize")
+
+	for range keys {
+		st, err := b.engine.Sweep(ctx, cfg)
+		require.NoError(t, err)
+		require.Equal(t, st.Taken, st.Finished, "%+v", st)
+		if st.Taken == 0 {
+			break
+		}
+	}
+	requireEachKeyOnce(t, b, keys)
+}
+
+// A sweeper process (Engine.Start) killed between the chunks of a pass, right after
+// taking over the second chunk (its first key's swept event), while keys of the first
+// chunk run, leaves what it took leased and the rest of the batch untaken: once the
+// leases end, another process's passes finish every key with one effect each.
+func TestSweeperKilledBetweenChunks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const keys = 40
+	b := setup(t, setupOpts{})
+	stuckKeys(t, b, keys)
+
+	ch := startChild(t, b, "loop", envPoint+"="+childproc.Swept, fmt.Sprintf("%s=%d", envNth, loopConcurrency+1))
+	killed, _ := ch.Killed(t)
+	require.True(t, killed, "not killed at the second chunk: %s", ch.Stderr())
+	taken := takenKeys(t, b, 1)
+	require.Greater(t, taken, loopConcurrency, "the second chunk was taken over")
+	require.Less(t, taken, keys, "the pass was cut before it took the whole batch")
+
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = timestamptz '2000-01-01 00:00:00+00'
+		WHERE locked_until IS NOT NULL`)
+	require.NoError(t, err)
+	var total sweeper.Stats
+	for range keys {
+		st, err := b.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
+		require.NoError(t, err)
+		require.Zero(t, st.LeaseLost+st.Released+st.DeadLettered+st.GivenBack, "%+v", st)
+		total.Taken += st.Taken
+		total.Finished += st.Finished
+		if st.Taken == 0 {
+			break
+		}
+	}
+	require.Equal(t, total.Taken, total.Finished)
+	requireEachKeyOnce(t, b, keys)
+}
+
+// A takeover whose backend is terminated inside its transaction (its planner settings
+// applied, its statement waiting for the table) takes nothing and the pass says so: the key keeps its lock
+// version and stays due without a lease, and the next pass finishes it with one effect.
+func TestTakeoverBackendTerminated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	b.stuck(t, chargeReq("k"), testflow.Pay)
+	makeDue(t, b.db, "k")
+	before := state(t, b.db, "k")
+
+	lock, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx) //nolint:errcheck
+	_, err = lock.Exec(ctx, `LOCK TABLE idemflow_keys IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
+		done <- err
+	}()
+	var pid int
+	require.Eventually(t, func() bool { // the takeover waits for the table, inside its transaction
+		err := b.db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%lock_version = lock_version + 1%' AND xact_start IS NOT NULL`).Scan(&pid)
+		return err == nil
+	}, time.Minute, 5*time.Millisecond)
+	_, err = b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	require.NoError(t, lock.Rollback(ctx))
+	require.Error(t, <-done, "the pass reports the takeover's failure")
+
+	after := state(t, b.db, "k")
+	require.Equal(t, before.LockVersion, after.LockVersion, "nothing was taken over")
+	require.False(t, after.Leased)
+	require.True(t, after.Due)
+	require.Zero(t, b.provider.Made(), "the key was not run")
+
+	st, err := b.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
+	require.NoError(t, err)
+	require.Equal(t, sweeper.Stats{Taken: 1, Finished: 1}, st)
+	requireOneEffect(t, b, "k", testflow.Pay)
+	require.Equal(t, 1, b.provider.Made())
+	require.Equal(t, before.LockVersion+1, state(t, b.db, "k").LockVersion, "taken over once")
+}
