@@ -142,6 +142,13 @@ func (r *report) checks() []check {
 		{"issue 26", at("Pipelined fresh throughput at concurrency %d vs bare"), "≥ 0.55× bare", "rounds", rpsVs(vIdemPipe, vBare, top), atLeast(0.55)},
 		{"issue 26", at("Pipelined fresh throughput at concurrency %d vs recipe-fused (stretch)"), "≥ 1.0× recipe-fused", "rounds",
 			rpsVs(vIdemPipe, vFused, top), atLeast(1)},
+		{"issue 39", "Go-code fresh charges request: round trips (claim known before user code, replay in one round trip)", "≤ 4", "rounds", roundTrips(vIdem), atMost(4.05)},
+		{"issue 39", "Go-code fresh request: server + client CPU vs recipe-fused-safe", "≤ 1.3× recipe-fused-safe's, at every concurrency", "rounds",
+			perReqVs(vIdem, vSafe, cpuTotal), atMost(1.3)},
+		{"issue 39", "Pipelined fresh request: server + client CPU vs recipe-fused-safe", "≤ 1.10× recipe-fused-safe's, at every concurrency", "rounds",
+			perReqVs(vIdemPipe, vSafe, cpuTotal), atMost(1.10)},
+		{"issue 39", "Pipelined fresh request: client allocations vs recipe-fused-safe", "≤ 1.5× recipe-fused-safe's, at every concurrency", "rounds",
+			perReqVs(vIdemPipe, vSafe, allocCount), atMost(1.5)},
 		{"issue 26", "Both shapes measured beside bare, recipe, recipe-fused and recipe-fused-safe", "concurrency 1, 8 and 32, ≥ 5 paired interleaved rounds, CPU (server and client) and allocations per request in every cell", "rounds",
 			coverage, atLeast(5)},
 		{"DESIGN.md", "Replay: round trips", "1", "rounds", roundTrips(vReplay), exactly(1)},
@@ -156,6 +163,10 @@ func (r *report) checks() []check {
 		{"standing", "recipe-fused: same effects", "one charge and one provider payment per key", "rounds", fusedEffects(vFused), atMost(0)},
 		{"standing", "recipe-fused-safe: same effects", "one charge and one provider payment per key", "rounds", fusedEffects(vSafe), atMost(0)},
 	}...)
+	for _, c := range r.opts.conc {
+		cs = append(cs, check{"issue 39", fmt.Sprintf("Pipelined fresh throughput at concurrency %d vs recipe-fused-safe", c), "≥ 0.95× recipe-fused-safe (stretch: ≥ 1.0×)",
+			"rounds", rpsVs(vIdemPipe, vSafe, c), atLeast(0.95)})
+	}
 	cs = append(cs, dupChecks...)
 	for _, v := range []string{vIdemPipe, vIdem, vSafe} {
 		for _, k := range loserCopies {
@@ -178,10 +189,11 @@ type perReqField struct {
 }
 
 var (
-	cpuServer = perReqField{"server CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU }}
-	cpuTotal  = perReqField{"server + client CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU + p.ClientCPU }}
-	walBytes  = perReqField{"WAL", "%.0f B", func(p perReq) float64 { return p.WAL }}
-	stmtCount = perReqField{"statements", "%.2f", func(p perReq) float64 { return p.Statements }}
+	cpuServer  = perReqField{"server CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU }}
+	cpuTotal   = perReqField{"server + client CPU", "%.2f ms", func(p perReq) float64 { return p.ServerCPU + p.ClientCPU }}
+	walBytes   = perReqField{"WAL", "%.0f B", func(p perReq) float64 { return p.WAL }}
+	stmtCount  = perReqField{"statements", "%.2f", func(p perReq) float64 { return p.Statements }}
+	allocCount = perReqField{"client allocations", "%.0f", func(p perReq) float64 { return p.Allocs }}
 )
 
 // rpsVs: the median over rounds of v's req/s ÷ ref's in the same round, at conc.

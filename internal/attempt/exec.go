@@ -1,6 +1,7 @@
 package attempt
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -742,25 +744,51 @@ func (x *Exec) storable(ctx context.Context, resp *phases.Response) (keytable.St
 // StoredHeaders is h as a response stores it: the headers keeps keeps, JSON-encoded.
 // Names that differ only in case are one header: their values are merged, in the
 // order of the names as written, so that what is stored does not depend on map
-// iteration.
+// iteration. The encoding is byte for byte json.Marshal's of the merged map (names
+// sorted, a name without values null), written without its reflection and map: every
+// fresh request that answers stores one (a test compares the two). It never fails;
+// the error is for the signature's callers.
 func StoredHeaders(h map[string][]string, keeps func(canonical string) bool) ([]byte, error) {
-	names := make([]string, 0, 8) // on the stack for the usual few headers
+	type kept struct{ canonical, name string }
+	ks := make([]kept, 0, 8) // on the stack for the usual few headers
 	for k := range h {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	kept := map[string][]string{}
-	for _, k := range names {
 		if ck := textproto.CanonicalMIMEHeaderKey(k); keeps(ck) {
-			kept[ck] = append(kept[ck], h[k]...)
+			ks = append(ks, kept{ck, k})
 		}
 	}
-	headers, err := json.Marshal(kept)
-	if err != nil {
-		return nil, fmt.Errorf("encode headers: %w", err)
+	slices.SortFunc(ks, func(a, b kept) int {
+		return cmp.Or(strings.Compare(a.canonical, b.canonical), strings.Compare(a.name, b.name))
+	})
+	buf := append(make([]byte, 0, storedHeadersCap), '{')
+	for i := 0; i < len(ks); {
+		j, values := i, 0
+		for ; j < len(ks) && ks[j].canonical == ks[i].canonical; j++ {
+			values += len(h[ks[j].name])
+		}
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(appendJSONString(buf, ks[i].canonical), ':')
+		if values == 0 { // json.Marshal's nil slice: no name had a value
+			buf = append(buf, "null"...)
+		} else {
+			sep := byte('[')
+			for _, k := range ks[i:j] {
+				for _, v := range h[k.name] {
+					buf = appendJSONString(append(buf, sep), v)
+					sep = ','
+				}
+			}
+			buf = append(buf, ']')
+		}
+		i = j
 	}
-	return headers, nil
+	return append(buf, '}'), nil
 }
+
+// storedHeadersCap is room for a usual answer's stored headers (a content type and a
+// location).
+const storedHeadersCap = 128
 
 // newRun returns the run a phase function gets, with the stored phase data (a JSON
 // object, or empty). A phases.Run is a runstate.Run: the engine keeps its state.
