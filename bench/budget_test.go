@@ -102,7 +102,7 @@ func TestBudgetVerdictFollowsTheFigure(t *testing.T) {
 // read "not run" without them.
 func TestBudgetJudgesRefusals(t *testing.T) {
 	r := syntheticReport(1.1)
-	for _, prefix := range []string{"Refusal (a draining engine", "Refusal: server + client CPU"} {
+	for _, prefix := range []string{"Refusal (a draining engine", "Refusal: server + client CPU", "Refusal (an overloaded engine", "Refusal (overloaded)"} {
 		if l := line(t, r, prefix); !l.NotRun || !strings.Contains(l.Measured, "not run in this run (part `refusals`)") {
 			t.Fatalf("%s without figures: %+v", prefix, l)
 		}
@@ -110,6 +110,17 @@ func TestBudgetJudgesRefusals(t *testing.T) {
 	r.opts.phases["refusals"] = true
 	r.figs.set(figRefusalServer, 1.6, "1.6×")
 	r.figs.set(figRefusalTotal, 1.4, "1.4×")
+	if l := line(t, r, "Refusal (an overloaded engine"); !l.NotRun {
+		t.Fatalf("the overloaded engine's line without its figure: %+v", l)
+	}
+	r.figs.set(figRefusalOverServer, 1.2, "1.2×")
+	r.figs.set(figRefusalOverTotal, 1.7, "1.7×")
+	if l := line(t, r, "Refusal (an overloaded engine"); l.NotRun || !l.Met {
+		t.Fatalf("overloaded server CPU at 1.2× bare: %+v", l)
+	}
+	if l := line(t, r, "Refusal (overloaded): server + client CPU"); l.NotRun || l.Met {
+		t.Fatalf("overloaded server + client CPU at 1.7× bare: %+v", l)
+	}
 	if l := line(t, r, "Refusal (a draining engine"); l.NotRun || l.Met {
 		t.Fatalf("server CPU at 1.6× bare: %+v", l)
 	}
