@@ -128,3 +128,22 @@ func TestBudgetJudgesRefusals(t *testing.T) {
 		t.Fatalf("server + client CPU at 1.4× bare: %+v", l)
 	}
 }
+
+// The crowd line is judged on the pinned runs' goodput against 0.5× the baseline, and
+// reads "not run" without the part.
+func TestBudgetJudgesCrowd(t *testing.T) {
+	r := syntheticReport(1.1)
+	const prefix = "Crowd 4× capacity"
+	if l := line(t, r, prefix); !l.NotRun || !strings.Contains(l.Measured, "not run in this run (part `crowd`)") {
+		t.Fatalf("without figures: %+v", l)
+	}
+	r.opts.phases["crowd"] = true
+	r.figs.set(figCrowdPinned, 0.45, "0.45×")
+	if l := line(t, r, prefix); l.NotRun || l.Met {
+		t.Fatalf("goodput at 0.45× the baseline: %+v", l)
+	}
+	r.figs.set(figCrowdPinned, 0.5, "0.50×")
+	if l := line(t, r, prefix); l.NotRun || !l.Met {
+		t.Fatalf("goodput at 0.5× the baseline: %+v", l)
+	}
+}
