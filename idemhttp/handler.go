@@ -279,9 +279,9 @@ func safeMethod(method string) bool {
 	return false
 }
 
-// read checks a request. A body of declared length within the limit is left unread
-// (req.Body nil) for run to read once the engine admits the attempt; any other is read
-// now. If the request's method is safe (its Idempotency-Key header, valid or not, is
+// read checks a request. A body of declared length within the limit is left unread,
+// for serve to read with late once the engine admits the attempt; any other is read
+// now (late nil). If the request's method is safe (its Idempotency-Key header, valid or not, is
 // not read), or it has no key and none is required, it returns keyed false without
 // resolving the scope or reading the body. If ok is false, the problem has been written.
 func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req workflow.Request, late *lateBody, keyed, ok bool) {
@@ -311,7 +311,7 @@ func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (r
 	}
 	req = workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Wait: f.cfg.Wait}
 	if r.ContentLength >= 0 && r.ContentLength <= int64(f.cfg.MaxBodyBytes) {
-		// Read once the engine admits the attempt (front.run), holding its place: a
+		// Read once the engine admits the attempt (front.serve), holding its place: a
 		// refusal (overloaded, draining) never reads it, and net/http discards it.
 		return req, &lateBody{f: f, w: w, r: r}, true, true
 	}

@@ -426,21 +426,6 @@ type Request struct {
 	Wait time.Duration
 }
 
-// readBody reads an admitted attempt's body with read (RunReading): ErrInvalidRequest
-// when read fails, ErrBodyTooLarge over Config.MaxBodyBytes.
-func (e *Engine) readBody(read func() ([]byte, error)) ([]byte, error) {
-	body, err := read()
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("%w: read the body: %w", ErrInvalidRequest, err)
-	case len(body) > e.cfg.MaxBodyBytes:
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(body), e.cfg.MaxBodyBytes)
-	case body == nil:
-		return []byte{}, nil
-	}
-	return body, nil
-}
-
 // ValidateKey reports whether key is a valid idempotency key: 1-255 bytes of printable
 // ASCII (space through tilde). The error wraps ErrInvalidKey, and also
 // ErrControlCharacter when the key holds a C0 or C1 control character or DEL. Do,
@@ -653,6 +638,21 @@ func (e *Engine) run(ctx context.Context, req Request, read func() ([]byte, erro
 		return e.do(ctx, f, req, &held).out, nil
 	})
 	return &out
+}
+
+// readBody reads an admitted attempt's body with read (RunReading): ErrInvalidRequest
+// when read fails, ErrBodyTooLarge over Config.MaxBodyBytes.
+func (e *Engine) readBody(read func() ([]byte, error)) ([]byte, error) {
+	body, err := read()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: read the body: %w", ErrInvalidRequest, err)
+	case len(body) > e.cfg.MaxBodyBytes:
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(body), e.cfg.MaxBodyBytes)
+	case body == nil:
+		return []byte{}, nil
+	}
+	return body, nil
 }
 
 // do answers req, holding a place under MaxInFlight (*held) except while it waits for
