@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,6 +56,12 @@ type machine struct {
 	citusNodes  int    // nodes of a -citus cluster (0: not started by the bench)
 }
 
+// benchServerSettings are the throwaway server's settings beyond pgtest's: every
+// variant of the rounds keeps a pool as large as the largest concurrency open for the
+// whole run (nine pools of 32 with the losing copies'), and the later parts open
+// their own beside them, more than pgtest's 300 connections.
+var benchServerSettings = []string{"max_connections=500"}
+
 // env is everything the rounds share.
 type env struct {
 	o       *options
@@ -81,6 +88,8 @@ type env struct {
 	seq      seqCounter
 
 	figs *figures // figures parts of the run hand the report's budget (partitionChecks)
+
+	onClose []func() // what variants hold for the whole run (held claim locks), let go first by close
 }
 
 func newEnv(ctx context.Context, o *options) (_ *env, err error) {
@@ -101,12 +110,12 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 	}
 	if serverURL == "" {
 		logf("starting a throwaway PostgreSQL server (set DATABASE_URL to use another)")
-		srv, err := pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: pgssSettings})
+		srv, err := pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: append(slices.Clone(pgssSettings), benchServerSettings...)})
 		if err != nil && !errors.Is(err, pgtest.ErrNoServer) {
 			// Most likely no pg_stat_statements library (a server without contrib):
 			// the run goes on without the statement breakdown.
 			logf("the server did not start with pg_stat_statements (%v); starting it without", err)
-			srv, err = pgtest.Start(ctx)
+			srv, err = pgtest.StartWith(ctx, &pgtest.StartOptions{Settings: benchServerSettings})
 		}
 		if err != nil {
 			return nil, err
@@ -161,6 +170,9 @@ func newEnv(ctx context.Context, o *options) (_ *env, err error) {
 }
 
 func (e *env) close(keep bool) {
+	for _, f := range e.onClose {
+		f()
+	}
 	if e.httpClient != nil {
 		e.httpClient.CloseIdleConnections()
 	}

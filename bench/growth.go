@@ -31,13 +31,14 @@ type growthDB struct {
 	db     benchDB
 	pool   *pgxpool.Pool
 	eng    *workflow.Engine
-	replay *keyRing
+	replay *recentRing // keys this side's live requests finished, with when
+	old    *keyRing    // the grown side: a sample of the bulk-loaded keys
 }
 
 // growthCell is one side in one mode at one concurrency in one round.
 type growthCell struct {
 	Side     string // "empty" or "grown"
-	Mode     string // "fresh" or "replay"
+	Mode     string // "fresh", "replay" (keys finished within the last minute) or "replay-old" (bulk-loaded keys, the grown side)
 	Conc     int
 	Round    int
 	N        int
@@ -47,6 +48,8 @@ type growthCell struct {
 
 // growthResult is the whole experiment.
 type growthResult struct {
+	Config     string   // "production" or "default": the server's configuration (growthConfigs)
+	Settings   []string // the settings of that configuration beyond pgtest's
 	Rows       int
 	Build      time.Duration // bulk insert, index builds, VACUUM ANALYZE
 	Insert     time.Duration // the bulk insert alone
@@ -72,9 +75,33 @@ func (e *env) growthConcs() []int {
 	return out
 }
 
-// growth runs the experiment with o.growth rows.
-func (e *env) growth(ctx context.Context) (*growthResult, error) {
-	res := &growthResult{Rows: e.o.growth, Concs: e.growthConcs(), Rounds: e.o.rounds}
+// growth runs the experiment with o.growth rows on each configuration of
+// o.growthConfigs, one after the other.
+func (e *env) growth(ctx context.Context) ([]*growthResult, error) {
+	configs, err := growthConfigsOf(e.o.growthConfigs, memTotalKB())
+	if err != nil {
+		return nil, err
+	}
+	var out []*growthResult
+	for _, c := range configs {
+		url, stop, err := e.growthServer(ctx, c)
+		if err != nil {
+			return out, err
+		}
+		logf("growth: the %s configuration %v", c.name, c.settings)
+		res, err := e.growthOn(ctx, url, c)
+		stop()
+		if err != nil {
+			return out, fmt.Errorf("growth (%s configuration): %w", c.name, err)
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// growthOn runs the experiment on the server at serverURL.
+func (e *env) growthOn(ctx context.Context, serverURL string, c growthConfig) (*growthResult, error) {
+	res := &growthResult{Config: c.name, Settings: c.settings, Rows: e.o.growth, Concs: e.growthConcs(), Rounds: e.o.rounds}
 	prov := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
 	defer prov.Close()
 	var sides []*growthDB
@@ -93,7 +120,7 @@ func (e *env) growth(ctx context.Context) (*growthResult, error) {
 		}
 	}()
 	for _, name := range []string{"empty", "grown"} {
-		s, err := e.newGrowthDB(ctx, name, prov.URL, slices.Max(res.Concs))
+		s, err := e.newGrowthDB(ctx, serverURL, name, prov.URL, slices.Max(res.Concs))
 		if s != nil {
 			sides = append(sides, s)
 		}
@@ -109,6 +136,9 @@ func (e *env) growth(ctx context.Context) (*growthResult, error) {
 		}
 	}
 	if err := e.bulkLoad(ctx, grown, res); err != nil {
+		return nil, err
+	}
+	if err := grown.sampleOld(ctx, res.Rows); err != nil {
 		return nil, err
 	}
 	for _, s := range sides {
@@ -164,7 +194,8 @@ func (e *env) growthCells(ctx context.Context, empty, grown *growthDB, res *grow
 		mode string
 		fn   doFunc
 	}
-	jobs := []job{{empty, "fresh", empty.fresh}, {grown, "fresh", grown.fresh}, {empty, "replay", empty.replayDo}, {grown, "replay", grown.replayDo}}
+	jobs := []job{{empty, "fresh", empty.fresh}, {grown, "fresh", grown.fresh}, {empty, "replay", empty.replayDo}, {grown, "replay", grown.replayDo},
+		{grown, "replay-old", grown.replayOld}}
 	for r := range e.o.rounds {
 		for ci, c := range res.Concs {
 			for _, j := range rotate(jobs, r+ci) {
@@ -187,12 +218,12 @@ func (e *env) growthCells(ctx context.Context, empty, grown *growthDB, res *grow
 
 // newGrowthDB creates one side: a database of its own, migrated, with a pool and an
 // engine on it.
-func (e *env) newGrowthDB(ctx context.Context, name, providerURL string, maxConns int) (*growthDB, error) {
-	db, err := createDB(ctx, e.db.serverURL, e.db.name+"_"+name, false)
+func (e *env) newGrowthDB(ctx context.Context, serverURL, name, providerURL string, maxConns int) (*growthDB, error) {
+	db, err := createDB(ctx, serverURL, e.db.name+"_"+name, false)
 	if err != nil {
 		return nil, err
 	}
-	s := &growthDB{name: name, db: db, replay: newKeyRing(50000)}
+	s := &growthDB{name: name, db: db, replay: newRecentRing(200000)}
 	cfg, err := poolConfig(db.serverURL, db.name, db.schema, appLive, int32(maxConns))
 	if err != nil {
 		return s, err
@@ -244,12 +275,26 @@ func (s *growthDB) fresh(ctx context.Context, w *worker) error {
 	return nil
 }
 
-// replayDo retries a key this side finished.
+// replayDo retries a key this side finished within the last minute.
 func (s *growthDB) replayDo(ctx context.Context, w *worker) error {
 	k, ok := s.replay.pick(w.rng)
 	if !ok {
-		return fmt.Errorf("growth %s: no finished key to replay", s.name)
+		return fmt.Errorf("growth %s: no key finished within %s to replay", s.name, recentWindow)
 	}
+	return s.retry(ctx, k)
+}
+
+// replayOld retries one of the grown side's bulk-loaded keys, finished hours ago.
+func (s *growthDB) replayOld(ctx context.Context, w *worker) error {
+	k, ok := s.old.pick(w.rng)
+	if !ok {
+		return fmt.Errorf("growth %s: no old key to replay", s.name)
+	}
+	return s.retry(ctx, k)
+}
+
+// retry sends a finished key again: it must be replayed.
+func (s *growthDB) retry(ctx context.Context, k [2]string) error {
 	res, err := s.eng.Do(ctx, growthRequest(k[0], k[1]))
 	if err != nil {
 		return err
@@ -413,12 +458,14 @@ func (g *growthResult) ratio(mode string, conc int) (med, lo, hi float64, ok boo
 	for r := range g.Rounds {
 		var e, gr time.Duration
 		for _, c := range g.Cells {
-			if c.Round == r && c.Mode == mode && c.Conc == conc {
-				if c.Side == "empty" {
-					e = c.P50
-				} else {
-					gr = c.P50
-				}
+			if c.Round != r || c.Conc != conc {
+				continue
+			}
+			switch {
+			case c.Side == "empty" && c.Mode == emptyMode(mode):
+				e = c.P50
+			case c.Side == "grown" && c.Mode == mode:
+				gr = c.P50
 			}
 		}
 		if e > 0 && gr > 0 {
@@ -429,6 +476,16 @@ func (g *growthResult) ratio(mode string, conc int) (med, lo, hi float64, ok boo
 		return 0, 0, 0, false
 	}
 	return median(ratios), slices.Min(ratios), slices.Max(ratios), true
+}
+
+// emptyMode is the empty side's mode that a grown side's mode is compared with: an
+// empty table has no old keys, so its replays of recent keys are every replay's
+// baseline.
+func emptyMode(mode string) string {
+	if mode == "replay-old" {
+		return "replay"
+	}
+	return mode
 }
 
 // medianP50 is a side's median p50 (ms) over rounds.
@@ -453,33 +510,40 @@ func (g *growthResult) median(side, mode string, conc int, f func(growthCell) fl
 }
 
 func (r *report) growthLines() []budgetLine {
-	g := r.growth
-	if g == nil {
+	if len(r.growths) == 0 {
 		return []budgetLine{{Line: "Growth: many retained finished keys", Target: "fresh p50 ≤ 1.2×, replay p50 ≤ 1.5× an empty table",
 			Measured: "not run in this run (`-growth N`, e.g. `-growth 10000000`)"}}
 	}
+	judged := r.growths[0].Config // the production-like one when it ran (it runs first)
 	var out []budgetLine
-	for _, m := range []struct {
-		mode  string
-		limit float64
-	}{{"fresh", 1.2}, {"replay", 1.5}} {
-		for _, c := range g.Concs {
-			med, lo, hi, ok := g.ratio(m.mode, c)
-			if !ok {
-				continue
+	for _, g := range r.growths {
+		for _, m := range []struct {
+			mode, what string
+			limit      float64
+		}{{"fresh", "fresh", 1.2}, {"replay", "replay of keys finished within the last minute", 1.5}, {"replay-old", "replay of keys finished hours ago", 1.5}} {
+			for _, c := range g.Concs {
+				med, lo, hi, ok := g.ratio(m.mode, c)
+				if !ok {
+					continue
+				}
+				l := budgetLine{
+					Line:   fmt.Sprintf("Growth (%s configuration): %s p50 at concurrency %d with %s retained finished keys", g.Config, m.what, c, fmtCount(g.Rows)),
+					Target: fmt.Sprintf("≤ %.1f× an empty table", m.limit),
+					Measured: fmt.Sprintf("%.2f× (%.2f vs %.2f ms; rounds: %.2f–%.2f×)", med, g.medianP50("grown", m.mode, c),
+						g.medianP50("empty", emptyMode(m.mode), c), lo, hi),
+					Met: med <= m.limit,
+				}
+				switch {
+				case g.Config != judged:
+					l.Source, l.Note = "issue 40", fmt.Sprintf("reported beside the %s configuration, which the target is judged on", judged)
+				case m.mode == "replay-old":
+					l.Source = "issue 40"
+				}
+				if g.Rows < 10000000 {
+					l.Note = strings.TrimPrefix(l.Note+"; DESIGN.md's line is for 10M keys", "; ")
+				}
+				out = append(out, l)
 			}
-			out = append(out, budgetLine{
-				Line:   fmt.Sprintf("Growth: %s p50 at concurrency %d with %s retained finished keys", m.mode, c, fmtCount(g.Rows)),
-				Target: fmt.Sprintf("≤ %.1f× an empty table", m.limit),
-				Measured: fmt.Sprintf("%.2f× (%.2f vs %.2f ms; rounds: %.2f–%.2f×)", med, g.medianP50("grown", m.mode, c),
-					g.medianP50("empty", m.mode, c), lo, hi),
-				Met: med <= m.limit,
-			})
-		}
-	}
-	if g.Rows < 10000000 {
-		for i := range out {
-			out[i].Note = "DESIGN.md's line is for 10M keys"
 		}
 	}
 	return out
@@ -497,28 +561,41 @@ func fmtCount(n int) string {
 
 // growthSection writes the experiment's section.
 func (r *report) growthSection(b *strings.Builder) {
-	g := r.growth
-	if g == nil {
+	if len(r.growths) == 0 {
 		return
 	}
+	g0 := r.growths[0]
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	p("\n## Growth: %s retained finished keys\n\n", fmtCount(g.Rows))
-	p("Two databases on the same server, each with its own pool and engine: one whose key table starts empty, one grown to %d finished rows. ", g.Rows)
+	p("\n## Growth: %s retained finished keys\n\n", fmtCount(g0.Rows))
+	p("Two databases on the same server, each with its own pool and engine: one whose key table starts empty, one grown to %d finished rows. ", g0.Rows)
 	p("The rows are copies of a real finished charges key made by the engine under test (every column as that key has it, so the same widths whatever the migrations), each with its own scope (16 scopes, as the live traffic), random UUID key, row id and finish time within the last 20 hours (inside the 24h retention); ")
-	p("they were inserted with INSERT … SELECT generate_series in chunks of %d with the key table's indexes dropped and rebuilt afterwards from their own definitions, then VACUUM ANALYZE: %s in all (the inserts %s). ",
-		growthChunk, g.Build.Round(time.Millisecond), g.Insert.Round(time.Millisecond))
-	p("Key table size (pg_total_relation_size): %s grown, %s empty. Live requests use random UUID keys on both sides; replays retry keys finished by the live requests on the same side. ", fmtBytes(g.GrownBytes), fmtBytes(g.EmptyBytes))
-	p("Cells of %s, interleaved (the order rotates), %d round(s); medians over rounds, ratios per round.\n\n", r.opts.cell, g.Rounds)
-	p("| mode | conc | empty req/s | grown req/s | empty p50 (ms) | grown p50 (ms) | grown ÷ empty p50 | empty p99 (ms) | grown p99 (ms) |\n|---|---|---|---|---|---|---|---|---|\n")
-	for _, mode := range []string{"fresh", "replay"} {
-		for _, c := range g.Concs {
-			med, _, _, _ := g.ratio(mode, c)
-			rps := func(x growthCell) float64 { return x.RPS }
-			p99 := func(x growthCell) float64 { return ms(x.P99) }
-			p("| %s | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", mode, c,
-				g.median("empty", mode, c, rps), g.median("grown", mode, c, rps),
-				g.medianP50("empty", mode, c), g.medianP50("grown", mode, c), med,
-				g.median("empty", mode, c, p99), g.median("grown", mode, c, p99))
+	p("they were inserted with INSERT … SELECT generate_series in chunks of %d with the key table's indexes dropped and rebuilt afterwards from their own definitions, then VACUUM ANALYZE. ", growthChunk)
+	p("Live requests use random UUID keys on both sides. *replay* retries a key finished by the live requests on the same side within the last minute (what a client's retry is); *replay-old* retries one of about %d bulk-loaded keys sampled over the whole grown table (TABLESAMPLE SYSTEM), finished hours ago, and is compared with the empty side's *replay* (an empty table has no old keys). ", oldSample)
+	p("Cells of %s, interleaved (the order rotates), %d round(s); medians over rounds, ratios per round. ", r.opts.cell, g0.Rounds)
+	p("The experiment runs once per server configuration: *production* is a throwaway server of its own sized to this machine (%s), *default* the bench's server at PostgreSQL's defaults (shared_buffers %s); the targets are judged on the first that ran.\n",
+		strings.Join(productionSettings(memTotalKB()), ", "), r.machine.sharedBufs)
+	for _, g := range r.growths {
+		p("\n### %s configuration\n\n", g.Config)
+		if len(g.Settings) > 0 {
+			p("Settings beyond pgtest's: `%s`. ", strings.Join(g.Settings, " "))
+		}
+		p("Built in %s (the inserts %s). Key table size (pg_total_relation_size): %s grown, %s empty.\n\n",
+			g.Build.Round(time.Millisecond), g.Insert.Round(time.Millisecond), fmtBytes(g.GrownBytes), fmtBytes(g.EmptyBytes))
+		p("| mode | conc | empty req/s | grown req/s | empty p50 (ms) | grown p50 (ms) | grown ÷ empty p50 | empty p99 (ms) | grown p99 (ms) |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, mode := range []string{"fresh", "replay", "replay-old"} {
+			em := emptyMode(mode)
+			for _, c := range g.Concs {
+				med, _, _, ok := g.ratio(mode, c)
+				if !ok {
+					continue
+				}
+				rps := func(x growthCell) float64 { return x.RPS }
+				p99 := func(x growthCell) float64 { return ms(x.P99) }
+				p("| %s | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", mode, c,
+					g.median("empty", em, c, rps), g.median("grown", mode, c, rps),
+					g.medianP50("empty", em, c), g.medianP50("grown", mode, c), med,
+					g.median("empty", em, c, p99), g.median("grown", mode, c, p99))
+			}
 		}
 	}
 }

@@ -73,30 +73,31 @@ const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partit
 
 // options are the command's flags.
 type options struct {
-	smoke       bool
-	rounds      int
-	cell        time.Duration
-	warmup      time.Duration
-	conc        []int
-	slowLatency time.Duration
-	drainKeys   int
-	sweepers    int
-	sweepConc   int
-	backlog     int
-	liveWindow  time.Duration
-	docs        string
-	cpuProfile  string
-	keep        bool
-	only        []string // variants to run in the rounds (all when empty)
-	rtProfile   bool
-	phases      map[string]bool
-	growth      int           // finished key rows of the growth experiment (0: not run)
-	dupSleep    time.Duration // the duplicates experiment's first phase
-	ops         bool          // also run idemflow-nohistory and idemflow-otel
-	db          string        // server to run on (else $DATABASE_URL, else a throwaway server)
-	distribute  string        // "auto", "on" or "off": distribute the key and charges tables on Citus
-	citus       bool          // start a throwaway Citus cluster and run on its coordinator
-	loserGap    time.Duration // losers part: the gap between bursts of copies
+	smoke         bool
+	rounds        int
+	cell          time.Duration
+	warmup        time.Duration
+	conc          []int
+	slowLatency   time.Duration
+	drainKeys     int
+	sweepers      int
+	sweepConc     int
+	backlog       int
+	liveWindow    time.Duration
+	docs          string
+	cpuProfile    string
+	keep          bool
+	only          []string // variants to run in the rounds (all when empty)
+	rtProfile     bool
+	phases        map[string]bool
+	growth        int           // finished key rows of the growth experiment (0: not run)
+	growthConfigs string        // the server configurations it runs on, comma-separated (growthconfig.go)
+	dupSleep      time.Duration // the duplicates experiment's first phase
+	ops           bool          // also run idemflow-nohistory and idemflow-otel
+	db            string        // server to run on (else $DATABASE_URL, else a throwaway server)
+	distribute    string        // "auto", "on" or "off": distribute the key and charges tables on Citus
+	citus         bool          // start a throwaway Citus cluster and run on its coordinator
+	loserGap      time.Duration // losers part: the gap between bursts of copies
 	// partitionKeys: keys of the partitioned key table's experiment (partitions.go).
 	partitionKeys int
 	// partitionBatchedKeys: keys of the cleanup experiment's batched-deletes side (0:
@@ -151,6 +152,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the bench database (and a throwaway server's data) at the end")
 	fs.BoolVar(&o.rtProfile, "rtprofile", false, "time each kind of round trip (from the client) and print the table at the end")
 	fs.IntVar(&o.growth, "growth", 10000000, "growth experiment: bulk-load this many finished keys and compare with an empty table (0: not run)")
+	fs.StringVar(&o.growthConfigs, "growth-configs", "production,default", "growth experiment: the server configurations it runs on, one after the other: production (a throwaway server sized to the machine: shared buffers a quarter of its memory) and default (the bench's server, PostgreSQL's defaults)")
 	fs.DurationVar(&o.dupSleep, "dup-sleep", 3*time.Second, "duplicates experiment: how long the first attempt's first tx phase takes")
 	fs.IntVar(&o.partitionKeys, "partition-keys", 1000000, "keys of the partitions part (-phases partitions: partitions.go)")
 	fs.IntVar(&o.partitionBatchedKeys, "partition-batched-keys", 0, "partitions part: keys of the cleanup's batched-deletes side (0: -partition-keys)")
@@ -199,17 +201,18 @@ func parseFlags(args []string) (*options, error) {
 // smokeDefaults sets -smoke's defaults for the flags not given explicitly (set).
 func (o *options) smokeDefaults(set map[string]bool, phaseList *string) {
 	defaults := map[string]func(){
-		"rounds":      func() { o.rounds = 1 },
-		"cell":        func() { o.cell = 300 * time.Millisecond },
-		"warmup":      func() { o.warmup = 200 * time.Millisecond },
-		"drain-keys":  func() { o.drainKeys = 200 },
-		"backlog":     func() { o.backlog = 3000 },
-		"live-window": func() { o.liveWindow = 500 * time.Millisecond },
-		"docs":        func() { o.docs = "" },
-		"phases":      func() { *phaseList = "rounds,wal,slow,drain,retention,dups,growth,refusals" },
-		"growth":      func() { o.growth = 10000 },
-		"dup-sleep":   func() { o.dupSleep = time.Second },
-		"refusal-n":   func() { o.refusalN = 500 },
+		"rounds":         func() { o.rounds = 1 },
+		"cell":           func() { o.cell = 300 * time.Millisecond },
+		"warmup":         func() { o.warmup = 200 * time.Millisecond },
+		"drain-keys":     func() { o.drainKeys = 200 },
+		"backlog":        func() { o.backlog = 3000 },
+		"live-window":    func() { o.liveWindow = 500 * time.Millisecond },
+		"docs":           func() { o.docs = "" },
+		"phases":         func() { *phaseList = "rounds,wal,slow,drain,retention,dups,growth,refusals" },
+		"growth":         func() { o.growth = 10000 },
+		"growth-configs": func() { o.growthConfigs = "default" },
+		"dup-sleep":      func() { o.dupSleep = time.Second },
+		"refusal-n":      func() { o.refusalN = 500 },
 	}
 	for name, apply := range defaults {
 		if !set[name] {
@@ -512,7 +515,7 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 		if err != nil {
 			return err
 		}
-		rep.growth = g
+		rep.growths = g
 	}
 	return nil
 }

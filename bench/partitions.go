@@ -66,7 +66,7 @@ func (e *env) partitionsRun(ctx context.Context) error {
 		}
 	}()
 	sideW := func(name string, w time.Duration) (*growthDB, error) {
-		s, err := e.newGrowthDB(ctx, name, prov.URL, conc+2)
+		s, err := e.newGrowthDB(ctx, e.db.serverURL, name, prov.URL, conc+2)
 		if s != nil && s.pool != nil {
 			sides = append(sides, s)
 		}
@@ -453,7 +453,7 @@ func (e *env) customPlanSide(ctx context.Context, s *growthDB, providerURL, name
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
-	c := &growthDB{name: name, db: benchDB{serverURL: s.db.serverURL, name: s.db.name, schema: s.db.schema}, replay: newKeyRing(50000)}
+	c := &growthDB{name: name, db: benchDB{serverURL: s.db.serverURL, name: s.db.name, schema: s.db.schema}, replay: newRecentRing(200000)}
 	if c.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}

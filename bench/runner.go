@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -274,6 +275,24 @@ func (e *env) pools() []*pgxpool.Pool {
 	return out
 }
 
+// openAll makes pool hold n open connections, acquiring them at once and giving them
+// back.
+func openAll(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	conns := make([]*pgxpool.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { conns[i], errs[i] = pool.Acquire(ctx) })
+	}
+	wg.Wait()
+	for _, c := range conns {
+		if c != nil {
+			c.Release()
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // warmup runs every variant for a while so that connections exist, statement caches
 // are warm and there are finished keys to replay; then flushes all statistics.
 func (e *env) warmup(ctx context.Context, dur time.Duration) error {
@@ -284,6 +303,13 @@ func (e *env) warmup(ctx context.Context, dur time.Duration) error {
 			continue
 		}
 		logf("warm-up: %s", v.name)
+		// The pool's connections are opened first, all at once, outside any engine: a
+		// burst of attempts on a cold pool waits for connections to be made, and on a
+		// loaded machine the engine's admission rightly turns the later ones away
+		// (Config.AdmitWait) before the warm-up has warmed anything.
+		if err := openAll(ctx, v.pool, conc); err != nil {
+			return fmt.Errorf("warm-up %s: %w", v.name, err)
+		}
 		// Every connection of the pool gets used: first one request per connection at
 		// once, then the closed loop.
 		if l := e.runLoad(ctx, v.fast, conc, 0, nil); l.errs > 0 {
