@@ -282,7 +282,7 @@ func TestAdmitRefusesHopelessConnectionWait(t *testing.T) {
 func TestRunReadingHoldsPlaceWhileReading(t *testing.T) {
 	t.Parallel()
 	g := newGate(testflow.Reserve)
-	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: time.Millisecond}, before: g.before})
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 100 * time.Millisecond}, before: g.before})
 	g.openAtEnd(t)
 	req := func(key string) workflow.Request { return chargeReq("acct", key, "") }
 	var reads int
@@ -333,4 +333,18 @@ func TestRunReadingHoldsPlaceWhileReading(t *testing.T) {
 	out = b.engine.RunReading(context.Background(), req("drained"), counted)
 	shedWith(t, out.Err, workflow.ErrDraining)
 	require.Equal(t, 1, reads)
+}
+
+// A read that panics (a caller's reader gone wrong) still gives the place back: the
+// next attempt is admitted.
+func TestRunReadingPanickingReadGivesPlaceBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 100 * time.Millisecond}})
+	require.PanicsWithValue(t, "reader broke", func() {
+		b.engine.RunReading(context.Background(), chargeReq("acct", "broken", ""), func() ([]byte, error) { panic("reader broke") })
+	})
+	out := b.engine.RunReading(context.Background(), chargeReq("acct", "k1", ""), func() ([]byte, error) { return []byte(`{"amount":5}`), nil })
+	require.NoError(t, out.Err)
+	require.Equal(t, 201, out.Response.Status)
+	require.Equal(t, 1, countKeys(t, b.db))
 }
