@@ -179,6 +179,7 @@ func (r *report) checks() []check {
 	cs = append(cs, slowChecks(r.opts.slowLatency)...)
 	cs = append(cs, sweeperChecks(r.opts.sweepConc)...)
 	cs = append(cs, refusalChecks...)
+	cs = append(cs, crowdChecks...)
 	return append(cs, partitionChecks...)
 }
 

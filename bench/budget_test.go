@@ -107,7 +107,7 @@ func TestBudgetVerdictFollowsTheFigure(t *testing.T) {
 // read "not run" without them.
 func TestBudgetJudgesRefusals(t *testing.T) {
 	r := syntheticReport(1.1)
-	for _, prefix := range []string{"Refusal (a draining engine", "Refusal: server + client CPU"} {
+	for _, prefix := range []string{"Refusal (a draining engine", "Refusal: server + client CPU", "Refusal (an overloaded engine", "Refusal (overloaded)"} {
 		if l := line(t, r, prefix); !l.NotRun || !strings.Contains(l.Measured, "not run in this run (part `refusals`)") {
 			t.Fatalf("%s without figures: %+v", prefix, l)
 		}
@@ -115,10 +115,40 @@ func TestBudgetJudgesRefusals(t *testing.T) {
 	r.opts.phases["refusals"] = true
 	r.figs.set(figRefusalServer, 1.6, "1.6×")
 	r.figs.set(figRefusalTotal, 1.4, "1.4×")
+	if l := line(t, r, "Refusal (an overloaded engine"); !l.NotRun {
+		t.Fatalf("the overloaded engine's line without its figure: %+v", l)
+	}
+	r.figs.set(figRefusalOverServer, 1.2, "1.2×")
+	r.figs.set(figRefusalOverTotal, 1.7, "1.7×")
+	if l := line(t, r, "Refusal (an overloaded engine"); l.NotRun || !l.Met {
+		t.Fatalf("overloaded server CPU at 1.2× bare: %+v", l)
+	}
+	if l := line(t, r, "Refusal (overloaded): server + client CPU"); l.NotRun || l.Met {
+		t.Fatalf("overloaded server + client CPU at 1.7× bare: %+v", l)
+	}
 	if l := line(t, r, "Refusal (a draining engine"); l.NotRun || l.Met {
 		t.Fatalf("server CPU at 1.6× bare: %+v", l)
 	}
 	if l := line(t, r, "Refusal: server + client CPU"); l.NotRun || !l.Met {
 		t.Fatalf("server + client CPU at 1.4× bare: %+v", l)
+	}
+}
+
+// The crowd line is judged on the pinned runs' goodput against 0.5× the baseline, and
+// reads "not run" without the part.
+func TestBudgetJudgesCrowd(t *testing.T) {
+	r := syntheticReport(1.1)
+	const prefix = "Crowd 4× capacity"
+	if l := line(t, r, prefix); !l.NotRun || !strings.Contains(l.Measured, "not run in this run (part `crowd`)") {
+		t.Fatalf("without figures: %+v", l)
+	}
+	r.opts.phases["crowd"] = true
+	r.figs.set(figCrowdPinned, 0.45, "0.45×")
+	if l := line(t, r, prefix); l.NotRun || l.Met {
+		t.Fatalf("goodput at 0.45× the baseline: %+v", l)
+	}
+	r.figs.set(figCrowdPinned, 0.5, "0.50×")
+	if l := line(t, r, prefix); l.NotRun || !l.Met {
+		t.Fatalf("goodput at 0.5× the baseline: %+v", l)
 	}
 }

@@ -120,6 +120,16 @@ type options struct {
 	// closed loops (refusals.go).
 	refusalN    int
 	refusalConc int
+	// The crowd part's settings (crowd.go).
+	crowdConc        int           // the baseline's closed loops
+	crowdBase        time.Duration // the baseline's window
+	crowdDur         time.Duration // the crowd's window
+	crowdTimeout     time.Duration // a crowd client gives up an attempt after this
+	crowdLive        int           // charges under way at most in the crowd
+	crowdCPU         int           // the CPU the pinned load generator runs on
+	crowdMaxInFlight int           // the server's workflow.Config.MaxInFlight
+	crowdAdmitWait   time.Duration // the server's workflow.Config.AdmitWait
+	crowdProfile     string        // where to write the server's CPU profile under the crowd
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -153,6 +163,15 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.partitionDayKeys, "partition-day-keys", 0, "partitions part: simulate a week of this many keys a day, 2-day retention, and log table+index sizes, batched deletes vs partition drops (0: not run)")
 	fs.IntVar(&o.refusalN, "refusal-n", 20000, "refusals part: requests per side (idemhttp refusing, bare 503) per round")
 	fs.IntVar(&o.refusalConc, "refusal-conc", 8, "refusals part: closed loops sending the requests")
+	fs.IntVar(&o.crowdConc, "crowd-conc", 32, "crowd part: closed loops of the no-crowd baseline")
+	fs.DurationVar(&o.crowdBase, "crowd-base", 5*time.Second, "crowd part: the baseline's measured window (after 1s of warm-up)")
+	fs.DurationVar(&o.crowdDur, "crowd-dur", 8*time.Second, "crowd part: the crowd's measured window")
+	fs.DurationVar(&o.crowdTimeout, "crowd-timeout", time.Second, "crowd part: a client gives up an attempt after this long and retries at once")
+	fs.IntVar(&o.crowdLive, "crowd-live", 4096, "crowd part: charges under way at most (arrivals beyond are dropped and counted)")
+	fs.IntVar(&o.crowdCPU, "crowd-cpu", 1, "crowd part: the CPU of the pinned load generator (the server gets the others)")
+	fs.IntVar(&o.crowdMaxInFlight, "crowd-max-in-flight", 0, "crowd part: the server's workflow.Config.MaxInFlight (0: the default)")
+	fs.DurationVar(&o.crowdAdmitWait, "crowd-admit-wait", 0, "crowd part: the server's workflow.Config.AdmitWait (0: the default)")
+	fs.StringVar(&o.crowdProfile, "crowd-profile", "", "crowd part: write the server's CPU profile under the crowd (round 1, unpinned) to this file")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")
@@ -217,7 +236,7 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth", "partitions", "refusals":
+		case "rounds", "wal", "perf", "slow", "drain", "retention", "dups", "losers", "growth", "partitions", "refusals", "crowd":
 			o.phases[p] = true
 		default:
 			return fmt.Errorf("-phases: unknown part %q", p)
@@ -227,10 +246,10 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 }
 
 // usesVariants reports whether a part that sends requests to the variants runs: every
-// part but refusals.
+// part but refusals and crowd.
 func (o *options) usesVariants() bool {
 	for p := range o.phases {
-		if p != "refusals" {
+		if p != "refusals" && p != "crowd" {
 			return true
 		}
 	}
@@ -252,6 +271,8 @@ func (o *options) check() error {
 		return errors.New("-growth must not be negative")
 	case o.refusalN < 1 || o.refusalConc < 1:
 		return errors.New("-refusal-n and -refusal-conc must be positive")
+	case o.crowdConc < 1 || o.crowdLive < 1 || o.crowdBase <= 0 || o.crowdDur <= 0 || o.crowdTimeout <= 0 || o.crowdCPU < 0:
+		return errors.New("-crowd-conc, -crowd-live, -crowd-base, -crowd-dur and -crowd-timeout must be positive, -crowd-cpu not negative")
 	case o.loserGap < time.Millisecond:
 		return errors.New("-loser-gap must be at least 1ms")
 	case o.dupSleep < 100*time.Millisecond:
@@ -271,6 +292,15 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	for name, sub := range map[string]func([]string) error{crowdServerCommand: runCrowdServer, crowdCommand: runCrowd} {
+		if len(os.Args) > 1 && os.Args[1] == name {
+			if err := sub(os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+				os.Exit(1)
+			}
+			return
+		}
 	}
 	if len(os.Args) > 1 && os.Args[1] == childCommand {
 		if err := runChild(os.Args[2:]); err != nil {
@@ -470,6 +500,12 @@ func (env *env) keyPhases(ctx context.Context, o *options, rep *report) error {
 	// go to env.figs).
 	if o.phases["refusals"] {
 		if err := env.refusals(ctx); err != nil {
+			return err
+		}
+	}
+	// Goodput under a crowd 4× the capacity (crowd.go: its figures go to env.figs).
+	if o.phases["crowd"] {
+		if err := env.crowdRounds(ctx); err != nil {
 			return err
 		}
 	}

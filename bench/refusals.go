@@ -12,6 +12,14 @@ package main
 //     document, the attempt hooks run. Drained is the cheapest honest refusing engine:
 //     nothing is in flight, no statement is sent, and every attempt takes the same path
 //     through admission as an overloaded engine's turned away at once.
+//   - overloaded: idemhttp.Handler on a second engine, overloaded: MaxInFlight 1, its
+//     one place held for the whole run by an attempt of a flow whose call phase never
+//     returns, AdmitWait 4ms. A refused request's body is not read (its length is
+//     declared). After the first waits (4 ms each, ended by AdmitWait) an arrival
+//     while another waits is turned away at once, as under a crowd (the queue is
+//     hopeless: the last waits took over a quarter of AdmitWait); one that finds
+//     nobody waiting waits its 4 ms. With closed loops, nearly every refusal is the
+//     one at once; the figure is their mix.
 //   - bare: a plain net/http handler that answers 503 with Retry-After: 1, reading
 //     nothing. The floor.
 //
@@ -42,8 +50,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/phases"
 	"github.com/idemflow/idemflow/testkit/cpumeter"
 	"github.com/idemflow/idemflow/workflow"
 )
@@ -54,6 +65,7 @@ const refuserCommand = "__refuser"
 // The refuser's routes.
 const (
 	refusalIdemPath  = chargeRoute
+	refusalOverPath  = "/overloaded" + chargeRoute
 	refusalBarePath  = "/bare" + chargeRoute
 	refusalStatsPath = "/stats"
 	refusalScope     = "X-Account" // the header the handler's Scope reads
@@ -66,6 +78,9 @@ const (
 	figRefusalServer = "refusals.server"
 	// figRefusalTotal: the same for server + client CPU.
 	figRefusalTotal = "refusals.total"
+	// figRefusalOverServer and figRefusalOverTotal: the same for the overloaded engine.
+	figRefusalOverServer = "refusals.over.server"
+	figRefusalOverTotal  = "refusals.over.total"
 )
 
 // refusalChecks are issue 39's lines for refusals.
@@ -73,6 +88,9 @@ var refusalChecks = []check{
 	{"issue 39", "Refusal (a draining engine, idemhttp.Handler, over loopback HTTP): server process CPU per refused request vs a bare net/http 503 with Retry-After",
 		"≤ 1.5× bare", "refusals", read(figRefusalServer), atMost(1.5)},
 	{"issue 39", "Refusal: server + client CPU per refused request vs the bare 503", "≤ 1.5× bare", "refusals", read(figRefusalTotal), atMost(1.5)},
+	{"issue 39", "Refusal (an overloaded engine: MaxInFlight taken, AdmitWait 4ms; idemhttp.Handler, over loopback HTTP): server process CPU per refused request vs the bare 503",
+		"≤ 1.5× bare", "refusals", read(figRefusalOverServer), atMost(1.5)},
+	{"issue 39", "Refusal (overloaded): server + client CPU per refused request vs the bare 503", "≤ 1.5× bare", "refusals", read(figRefusalOverTotal), atMost(1.5)},
 }
 
 // refuserStats is what the refuser's stats route answers: its own CPU and heap
@@ -107,14 +125,22 @@ func runRefuser(args []string) error {
 	if err := eng.Drain(ctx); err != nil {
 		return err
 	}
-	h, err := idemhttp.Handler(eng, chargeflow.FlowName, &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
-		return r.Header.Get(refusalScope), nil
-	}})
+	hcfg := &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get(refusalScope), nil }}
+	h, err := idemhttp.Handler(eng, chargeflow.FlowName, hcfg)
+	if err != nil {
+		return err
+	}
+	over, err := overloadedEngine(ctx, pool)
+	if err != nil {
+		return err
+	}
+	oh, err := idemhttp.Handler(over, chargeflow.FlowName, hcfg)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST "+refusalIdemPath, h)
+	mux.Handle("POST "+refusalOverPath, oh)
 	mux.HandleFunc("POST "+refusalBarePath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -137,6 +163,55 @@ func runRefuser(args []string) error {
 	return srv.Close()
 }
 
+// holdFlow is the flow whose one attempt holds the overloaded engine's only place:
+// its first phase, a call phase, returns when the process exits (a flow needs a tx
+// phase, so one follows, never reached; no transaction is held open).
+const holdFlow = "bench_hold"
+
+// overloadedEngine is an engine on pool whose only place in flight (MaxInFlight 1) is
+// held by an attempt that never ends, with AdmitWait 4ms: it refuses every other
+// attempt, for overload. The charges flow is registered on it.
+func overloadedEngine(ctx context.Context, pool *pgxpool.Pool) (*workflow.Engine, error) {
+	eng, err := workflow.New(pool, &workflow.Config{MaxInFlight: 1, AdmitWait: 4 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		return nil, err
+	}
+	if err := eng.Register(chargeflow.Flow(&chargeflow.ProviderClient{BaseURL: "http://127.0.0.1:9", HTTP: http.DefaultClient})); err != nil {
+		return nil, err
+	}
+	entered := make(chan struct{})
+	var once sync.Once
+	hold := phases.Flow{Name: holdFlow, Phases: []phases.Phase{phases.Call("hold", func(context.Context, *phases.Run) (*phases.Response, error) {
+		once.Do(func() { close(entered) })
+		select {} // until the process exits
+	}), phases.Tx("never", func(context.Context, phases.DBTX, *phases.Run) (*phases.Response, error) {
+		return nil, errors.New("unreachable: the call phase before never returns")
+	})}}
+	if err := eng.Register(hold); err != nil {
+		return nil, err
+	}
+	failed := make(chan error, 1)
+	go func() {
+		req := workflow.Request{Scope: "acct_refusals_hold", Key: "hold-" + randomHex(8), Flow: holdFlow, Method: http.MethodPost, Route: "/hold"}
+		for {
+			_, err := eng.Do(context.Background(), req)
+			if !errors.As(err, new(*workflow.ShedError)) { // the pool was slow to connect
+				failed <- fmt.Errorf("the attempt holding the overloaded engine's place ended: %v", err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-entered:
+		return eng, nil
+	case err := <-failed:
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // refusalSide is one side's figures in one round, per request.
 type refusalSide struct {
 	N            int
@@ -149,7 +224,7 @@ type refusalSide struct {
 
 // refusalRound is one interleaved round.
 type refusalRound struct {
-	Idem, Bare refusalSide
+	Idem, Over, Bare refusalSide
 }
 
 // refusals runs the refusals part and hands its figures to the budget.
@@ -185,7 +260,7 @@ func (e *env) refusals(ctx context.Context) error {
 	defer client.CloseIdleConnections()
 
 	// Warm both sides (connections, code paths), then the rounds.
-	for _, path := range []string{refusalIdemPath, refusalBarePath} {
+	for _, path := range []string{refusalIdemPath, refusalOverPath, refusalBarePath} {
 		if _, err := e.refusalLoad(ctx, client, base, path, min(o.refusalN, 500)); err != nil {
 			return err
 		}
@@ -196,9 +271,9 @@ func (e *env) refusals(ctx context.Context) error {
 		sides := []struct {
 			path string
 			to   *refusalSide
-		}{{refusalIdemPath, &rd.Idem}, {refusalBarePath, &rd.Bare}}
-		if r%2 == 1 {
-			slices.Reverse(sides)
+		}{{refusalIdemPath, &rd.Idem}, {refusalOverPath, &rd.Over}, {refusalBarePath, &rd.Bare}}
+		for range r % len(sides) { // each side goes first in turn
+			sides = append(sides[1:], sides[0])
 		}
 		for _, s := range sides {
 			side, err := e.refusalLoad(ctx, client, base, s.path, o.refusalN)
@@ -207,23 +282,34 @@ func (e *env) refusals(ctx context.Context) error {
 			}
 			*s.to = side
 		}
-		logf("refusals round %d: idemhttp %.1f µs server + %.1f µs client, %.1f + %.1f allocs; bare %.1f µs + %.1f µs, %.1f + %.1f allocs (per request, N=%d, concurrency %d)",
+		logf("refusals round %d: idemhttp draining %.1f µs server + %.1f µs client, %.1f + %.1f allocs; overloaded %.1f µs + %.1f µs, %.1f + %.1f allocs; bare %.1f µs + %.1f µs, %.1f + %.1f allocs (per request, N=%d, concurrency %d; load %s)",
 			r+1, rd.Idem.ServerUS, rd.Idem.ClientUS, rd.Idem.ServerAllocs, rd.Idem.ClientAllocs,
-			rd.Bare.ServerUS, rd.Bare.ClientUS, rd.Bare.ServerAllocs, rd.Bare.ClientAllocs, o.refusalN, o.refusalConc)
+			rd.Over.ServerUS, rd.Over.ClientUS, rd.Over.ServerAllocs, rd.Over.ClientAllocs,
+			rd.Bare.ServerUS, rd.Bare.ClientUS, rd.Bare.ServerAllocs, rd.Bare.ClientAllocs, o.refusalN, o.refusalConc, loadAverage())
 		rounds = append(rounds, rd)
 	}
 	e.setRefusalFigures(rounds)
 	return nil
 }
 
-// setRefusalFigures hands the rounds' ratios to the budget.
+// setRefusalFigures hands the rounds' ratios to the budget: the draining engine's and
+// the overloaded engine's, each against the bare 503 of the same round.
 func (e *env) setRefusalFigures(rounds []refusalRound) {
+	ctx := fmt.Sprintf("%d interleaved rounds of %d requests per side at concurrency %d; load average %s",
+		len(rounds), e.o.refusalN, e.o.refusalConc, loadAverage())
+	e.setRefusalSide(rounds, func(rd refusalRound) refusalSide { return rd.Idem }, figRefusalServer, figRefusalTotal, ctx)
+	e.setRefusalSide(rounds, func(rd refusalRound) refusalSide { return rd.Over }, figRefusalOverServer, figRefusalOverTotal, ctx)
+}
+
+// setRefusalSide sets the figures serverID and totalID of the side side picks.
+func (e *env) setRefusalSide(rounds []refusalRound, side func(refusalRound) refusalSide, serverID, totalID, ctx string) {
 	var srv, tot []float64
 	var idem, bare []refusalSide
 	for _, rd := range rounds {
-		srv = append(srv, rd.Idem.ServerUS/rd.Bare.ServerUS)
-		tot = append(tot, (rd.Idem.ServerUS+rd.Idem.ClientUS)/(rd.Bare.ServerUS+rd.Bare.ClientUS))
-		idem, bare = append(idem, rd.Idem), append(bare, rd.Bare)
+		s := side(rd)
+		srv = append(srv, s.ServerUS/rd.Bare.ServerUS)
+		tot = append(tot, (s.ServerUS+s.ClientUS)/(rd.Bare.ServerUS+rd.Bare.ClientUS))
+		idem, bare = append(idem, s), append(bare, rd.Bare)
 	}
 	med := func(sides []refusalSide, f func(refusalSide) float64) float64 {
 		var xs []float64
@@ -236,11 +322,9 @@ func (e *env) setRefusalFigures(rounds []refusalRound) {
 	cl := func(s refusalSide) float64 { return s.ClientUS }
 	sAllocs := func(s refusalSide) float64 { return s.ServerAllocs }
 	cAllocs := func(s refusalSide) float64 { return s.ClientAllocs }
-	ctx := fmt.Sprintf("%d interleaved rounds of %d requests per side at concurrency %d; load average %s",
-		len(rounds), e.o.refusalN, e.o.refusalConc, loadAverage())
-	e.figs.set(figRefusalServer, median(srv), fmt.Sprintf("%.1f µs vs %.1f µs = %.2f× (rounds: %.2f–%.2f×); server allocations %.1f vs %.1f per request; %s",
+	e.figs.set(serverID, median(srv), fmt.Sprintf("%.1f µs vs %.1f µs = %.2f× (rounds: %.2f–%.2f×); server allocations %.1f vs %.1f per request; %s",
 		med(idem, server), med(bare, server), median(srv), slices.Min(srv), slices.Max(srv), med(idem, sAllocs), med(bare, sAllocs), ctx))
-	e.figs.set(figRefusalTotal, median(tot), fmt.Sprintf("%.1f + %.1f µs vs %.1f + %.1f µs = %.2f× (rounds: %.2f–%.2f×); client allocations %.1f vs %.1f per request",
+	e.figs.set(totalID, median(tot), fmt.Sprintf("%.1f + %.1f µs vs %.1f + %.1f µs = %.2f× (rounds: %.2f–%.2f×); client allocations %.1f vs %.1f per request",
 		med(idem, server), med(idem, cl), med(bare, server), med(bare, cl), median(tot), slices.Min(tot), slices.Max(tot), med(idem, cAllocs), med(bare, cAllocs)))
 }
 

@@ -1,11 +1,16 @@
 package idemhttp_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -186,4 +191,119 @@ func TestHandlerDrainingRefusesWithoutReadingBody(t *testing.T) {
 	}
 	require.Zero(t, ran.Load(), "a wrapped handler ran")
 	require.Equal(t, 0, countKeys(t, b.db))
+}
+
+// notifyBody tells, on its first Read, that the handler began reading the body of the
+// request under key.
+type notifyBody struct {
+	io.ReadCloser
+	key     string
+	reading chan<- string
+	once    sync.Once
+}
+
+func (b *notifyBody) Read(p []byte) (int, error) {
+	b.once.Do(func() { b.reading <- b.key })
+	return b.ReadCloser.Read(p)
+}
+
+// An overloaded engine refuses an attempt before its body is read: the body of
+// declared length is read only once the engine admits the attempt, holding its place
+// while the body comes. With MaxInFlight 1 taken by a request whose body has not come
+// yet, the handler and both middlewares answer 503 with Retry-After without reading the
+// body (one of unknown length is read first, as before), the hooks see the refusal, and
+// nothing is written; the held request, once its body comes, is answered as ever
+// (201, one effect). A client that goes away while its body is awaited gives its place
+// back: the next request is admitted and runs.
+func TestHandlerOverloadRefusesBeforeReadingBody(t *testing.T) {
+	t.Parallel()
+	var overloaded atomic.Int64
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 100 * time.Millisecond,
+		Hooks: workflow.Hooks{AttemptEnd: func(_ context.Context, ev workflow.AttemptEvent) {
+			if ev.Outcome == workflow.OutcomeShed && errors.Is(ev.Err, workflow.ErrOverloaded) {
+				overloaded.Add(1)
+			}
+		}}}})
+	cfg := &idemhttp.Config{Scope: bearerScope, MaxBodyBytes: 64}
+	flow, err := idemhttp.Handler(b.engine, testflow.Name, cfg)
+	require.NoError(t, err)
+	mw, err := idemhttp.Middleware(b.engine, cfg)
+	require.NoError(t, err)
+	txmw, err := idemhttp.TxMiddleware(b.engine, cfg)
+	require.NoError(t, err)
+	var ran atomic.Int64
+	plain := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { ran.Add(1); w.WriteHeader(http.StatusCreated) })
+
+	reading := make(chan string, 2)
+	goneDone := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idemhttp.KeyHeader)
+		r.Body = &notifyBody{ReadCloser: r.Body, key: key, reading: reading}
+		flow.ServeHTTP(w, r)
+		if key == "gone" {
+			close(goneDone)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	const body = `{"amount":5}`
+	// hold sends a charge under key without its body: the handler is admitted and
+	// waits for the body, holding the engine's only place.
+	hold := func(key string) net.Conn {
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer acct\r\n"+
+			"Idempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", key, len(body))
+		require.NoError(t, err)
+		require.Equal(t, key, <-reading)
+		return conn
+	}
+	held := hold("held")
+	t.Cleanup(func() { held.Close() })
+
+	send := func(h http.Handler, length int64) (*httptest.ResponseRecorder, int64) {
+		read := &atomic.Int64{}
+		req := httptest.NewRequest(http.MethodPost, "/charges", nil)
+		req.Body, req.ContentLength = countingBody{r: strings.NewReader(body), read: read}, length
+		req.Header.Set("Authorization", "Bearer acct")
+		req.Header.Set(idemhttp.KeyHeader, "k2")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec, read.Load()
+	}
+	for i, name := range []string{"Handler", "Middleware", "TxMiddleware"} {
+		h := map[string]http.Handler{"Handler": flow, "Middleware": mw(plain), "TxMiddleware": txmw(plain)}[name]
+		rec, read := send(h, int64(len(body)))
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code, name)
+		require.Equal(t, "1", rec.Header().Get("Retry-After"), name)
+		require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"), name)
+		require.Zero(t, read, "%s: the refused request's body was read", name)
+		require.Equal(t, int64(2*i+1), overloaded.Load(), "%s: the refusal was not reported to the hooks", name)
+
+		rec, read = send(h, -1) // length unknown: read first, as before, then refused
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code, name)
+		require.NotZero(t, read, name)
+		require.Equal(t, int64(2*i+2), overloaded.Load(), name)
+	}
+	require.Zero(t, ran.Load(), "a wrapped handler ran")
+	require.Equal(t, 0, countKeys(t, b.db), "a refused request wrote a key")
+
+	// The held request's body comes: it runs as ever.
+	_, err = io.WriteString(held, body)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(held), nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	requireOneEffect(t, b, "acct", "held")
+
+	// A client gone while its body is awaited gives its place back.
+	gone := hold("gone")
+	require.NoError(t, gone.Close())
+	<-goneDone
+	resp, err = srv.Client().Do(keyedPost(context.Background(), t, srv.URL, "after"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the place of a client gone while its body was awaited was not given back")
+	require.Equal(t, 2, countKeys(t, b.db), "keys other than held and after")
+	requireOneEffect(t, b, "acct", "after")
 }

@@ -209,9 +209,11 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //     database; nothing was stored and a retry resumes the work. Also the answer of
 //     an attempt turned away before its claim (a *workflow.ShedError: the engine is
 //     overloaded, workflow.Config.MaxInFlight and AdmitWait, or draining); nothing was
-//     written. While the engine drains (workflow.Engine.Draining), a body whose length
-//     is declared (Content-Length, at most the limit) is not read. A 5xx response of
-//     the flow is passed on as it is, with Retry-After added if it has none.
+//     written, and a body whose length is declared (Content-Length, at most the limit)
+//     was not read: such a body is read only once the engine admits the attempt, which
+//     holds its place in flight while the body comes (bound the time a client may take
+//     with http.Server's ReadTimeout). A 5xx response of the flow is passed on as it
+//     is, with Retry-After added if it has none.
 //   - 500 server-error or response-too-large: anything else, such as a response too
 //     large to store (never truncated) or a statement the database refuses for good
 //     (workflow.ErrRefused: never a 503, since a retry would be refused the same way).
@@ -240,7 +242,7 @@ type flowHandler struct {
 }
 
 func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	req, keyed, ok := h.front.read(w, r, true)
+	req, late, keyed, ok := h.front.read(w, r, true)
 	if !ok {
 		return
 	}
@@ -250,9 +252,7 @@ func (h *flowHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Flow = h.flow
-	// The client's cancellation is honoured until the claim; after it the engine
-	// detaches the attempt, so that its answer is stored for the retry.
-	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
+	h.front.serve(w, r, req, late)
 }
 
 // allowed is the Allow header of a 405 to a safe method: the method of the route's
@@ -279,52 +279,99 @@ func safeMethod(method string) bool {
 	return false
 }
 
-// read checks a request and reads its body. If the request's method is safe (its
-// Idempotency-Key header, valid or not, is not read), or it has no key and none is
-// required, it returns keyed false without resolving the scope or reading the body.
-// If ok is false, the problem has been written.
-func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req workflow.Request, keyed, ok bool) {
+// read checks a request. A body of declared length within the limit is left unread,
+// for serve to read with late once the engine admits the attempt; any other is read
+// now (late nil). If the request's method is safe (its Idempotency-Key header, valid or not, is
+// not read), or it has no key and none is required, it returns keyed false without
+// resolving the scope or reading the body. If ok is false, the problem has been written.
+func (f *front) read(w http.ResponseWriter, r *http.Request, requireKey bool) (req workflow.Request, late *lateBody, keyed, ok bool) {
 	if safeMethod(r.Method) { // never keyed: a read runs no operation and stores nothing
-		return workflow.Request{}, false, true
+		return workflow.Request{}, nil, false, true
 	}
 	key, present, kerr := ParseKeyHeader(r.Header)
 	if !present && !requireKey {
-		return workflow.Request{}, false, true
+		return workflow.Request{}, nil, false, true
 	}
 	scope, err := f.cfg.Scope(r)
 	if err != nil || scope == "" {
 		f.problem(w, http.StatusUnauthorized, kindNoScope, noScopeDetail)
-		return workflow.Request{}, false, false
+		return workflow.Request{}, nil, false, false
 	}
 	if err := workflow.ValidateScope(scope); err != nil { // before the body is read
 		f.problem(w, http.StatusUnauthorized, kindInvalidScope, invalidScopeDetail)
-		return workflow.Request{}, false, false
+		return workflow.Request{}, nil, false, false
 	}
 	switch {
 	case kerr != nil:
 		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is invalid: "+kerr.Error()+".")
-		return workflow.Request{}, false, false
+		return workflow.Request{}, nil, false, false
 	case !present:
 		f.problem(w, http.StatusBadRequest, kindInvalidKey, "The "+KeyHeader+" header is required.")
-		return workflow.Request{}, false, false
+		return workflow.Request{}, nil, false, false
 	}
-	if f.e.Draining() && r.ContentLength >= 0 && r.ContentLength <= int64(f.cfg.MaxBodyBytes) {
-		// The engine refuses this attempt, before its claim and before the body counts
-		// for anything (its fingerprint, its size: one declared over the limit is
-		// answered 413 below, as before): the answer is the refusal, without reading
-		// the body (net/http discards what is left of it).
-		return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Wait: f.cfg.Wait}, true, true
+	req = workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Wait: f.cfg.Wait}
+	if r.ContentLength >= 0 && r.ContentLength <= int64(f.cfg.MaxBodyBytes) {
+		// Read once the engine admits the attempt (front.serve), holding its place: a
+		// refusal (overloaded, draining) never reads it, and net/http discards it.
+		return req, &lateBody{f: f, w: w, r: r}, true, true
 	}
+	// Of unknown length (it could be over the limit) or declared over it: read now, so
+	// that one over the limit is answered 413 whatever the engine's load.
 	body, status := readBody(w, r, f.cfg.MaxBodyBytes)
-	switch status {
-	case http.StatusRequestEntityTooLarge:
-		f.problem(w, status, kindBodyTooLarge, "The request body is over the limit of "+strconv.Itoa(f.cfg.MaxBodyBytes)+" bytes.")
-		return workflow.Request{}, false, false
-	case http.StatusBadRequest:
-		f.problem(w, status, kindInvalidRequest, "The request body could not be read.")
-		return workflow.Request{}, false, false
+	if status != 0 {
+		f.bodyProblem(w, status)
+		return workflow.Request{}, nil, false, false
 	}
-	return workflow.Request{Scope: scope, Key: key, Method: r.Method, Route: f.cfg.Route(r), Body: body, Wait: f.cfg.Wait}, true, true
+	req.Body = body
+	return req, nil, true, true
+}
+
+// bodyProblem answers a request whose body readBody could not read (its status).
+func (f *front) bodyProblem(w http.ResponseWriter, status int) {
+	if status == http.StatusRequestEntityTooLarge {
+		f.problem(w, status, kindBodyTooLarge, "The request body is over the limit of "+strconv.Itoa(f.cfg.MaxBodyBytes)+" bytes.")
+		return
+	}
+	f.problem(w, http.StatusBadRequest, kindInvalidRequest, "The request body could not be read.")
+}
+
+// lateBody is the body of a request that read left unread: run reads it once the
+// engine admits the attempt (workflow.Engine.RunReading).
+type lateBody struct {
+	f      *front
+	w      http.ResponseWriter
+	r      *http.Request
+	body   []byte
+	status int     // readBody's status when it could not read the body
+	to     *[]byte // where the body goes too, if set (a middleware's live request)
+}
+
+// errBodyUnread is what lateBody.read gives the engine when the body could not be
+// read; the answer is front.bodyProblem's, as for a body read before the engine.
+var errBodyUnread = errors.New("idemhttp: the request body could not be read")
+
+func (b *lateBody) read() ([]byte, error) {
+	b.body, b.status = readBody(b.w, b.r, b.f.cfg.MaxBodyBytes)
+	if b.status != 0 {
+		return nil, errBodyUnread
+	}
+	if b.to != nil {
+		*b.to = b.body
+	}
+	return b.body, nil
+}
+
+// serve runs req for r and writes its answer; late, if not nil, reads the body once
+// the engine admits the attempt.
+func (f *front) serve(w http.ResponseWriter, r *http.Request, req workflow.Request, late *lateBody) {
+	// The client's cancellation is honoured until the claim; after it the engine
+	// detaches the attempt, so that its answer is stored for the retry.
+	out := f.run(r.Context(), r, req, late)
+	if late != nil && late.status != 0 {
+		f.bodyProblem(w, late.status)
+		return
+	}
+	f.answer(w, r, req, out)
 }
 
 // readBody reads at most limit bytes of the body. The status is 0 on success, 413 for

@@ -163,7 +163,7 @@ type idempotent struct {
 type live struct {
 	r     *http.Request
 	w     http.ResponseWriter
-	body  []byte
+	body  []byte // set once read, when read late (lateBody)
 	next  http.Handler
 	limit int // the engine's workflow.Config.MaxResponseBytes
 }
@@ -177,7 +177,7 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.front.problem(w, http.StatusBadRequest, kindUpgrade, upgradeDetail)
 		return
 	}
-	req, keyed, ok := h.front.read(w, r, h.front.cfg.RequireKey)
+	req, late, keyed, ok := h.front.read(w, r, h.front.cfg.RequireKey)
 	if !ok {
 		return
 	}
@@ -187,12 +187,15 @@ func (h *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Flow = h.flow
 	l := &live{r: r, w: w, body: req.Body, next: h.next, limit: h.front.e.Config().MaxResponseBytes}
+	if late != nil {
+		late.to = &l.body
+	}
 	if h.tx {
 		req.ClientPhases = []phases.Phase{phases.Tx(middlewarePhase, l.runTx)}
 	} else {
 		req.ClientPhases = []phases.Phase{phases.Call(middlewarePhase, l.run)}
 	}
-	h.front.answer(w, r, req, h.front.run(r.Context(), r, req))
+	h.front.serve(w, r, req, late)
 }
 
 // kindUpgrade is the problem kind of a keyed upgrade request (400); the other kinds

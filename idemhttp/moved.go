@@ -24,8 +24,17 @@ const MovedKeyPrefix = "~moved~"
 // it was sent, the same operation: it is run under movedKey instead of being answered
 // 422, so that following the redirect, and every retry of the operation that follows
 // it again, gets one answer. Any other mismatch is answered 422 as before.
-func (f *front) run(ctx context.Context, r *http.Request, req workflow.Request) *workflow.Result {
-	out := f.e.Run(ctx, req)
+//
+// late, if not nil, reads the body once the engine admits the first attempt
+// (workflow.Engine.RunReading); the later ones have it.
+func (f *front) run(ctx context.Context, r *http.Request, req workflow.Request, late *lateBody) *workflow.Result {
+	var out *workflow.Result
+	if late != nil {
+		out = f.e.RunReading(ctx, req, late.read)
+		req.Body = late.body
+	} else {
+		out = f.e.Run(ctx, req)
+	}
 	if out.Outcome != workflow.OutcomeMismatch {
 		return out
 	}

@@ -273,3 +273,78 @@ func TestAdmitRefusesHopelessConnectionWait(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 }
+
+// RunReading reads the body only once the attempt holds its place: an attempt turned
+// away (overloaded, then draining) never calls read and writes nothing; one admitted
+// holds its place while read runs (a second attempt meanwhile is turned away), and a
+// read that fails ends the attempt as bad input, writes nothing and gives the place
+// back; one that succeeds runs the flow on the body read.
+func TestRunReadingHoldsPlaceWhileReading(t *testing.T) {
+	t.Parallel()
+	g := newGate(testflow.Reserve)
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 100 * time.Millisecond}, before: g.before})
+	g.openAtEnd(t)
+	req := func(key string) workflow.Request { return chargeReq("acct", key, "") }
+	var reads int
+	counted := func() ([]byte, error) { reads++; return []byte(`{"amount":5}`), nil }
+
+	// The place is held by an attempt in its first tx phase: refused, read never called.
+	done := make(chan error, 1)
+	go func() {
+		for {
+			_, err := b.engine.Do(context.Background(), chargeReq("acct", "held", `{"amount":5}`))
+			if !errors.As(err, new(*workflow.ShedError)) { // the pool was slow to connect
+				done <- err
+				return
+			}
+		}
+	}()
+	require.Equal(t, "held", <-g.entered)
+	out := b.engine.RunReading(context.Background(), req("refused"), counted)
+	require.Equal(t, workflow.OutcomeShed, out.Outcome)
+	shedWith(t, out.Err, workflow.ErrOverloaded)
+	require.Zero(t, reads, "a refused attempt read its body")
+	g.open()
+	require.NoError(t, <-done)
+
+	// While read runs the place is held: another attempt is refused meanwhile. The read
+	// fails: bad input, nothing written, and the place is given back.
+	var inner *workflow.Result
+	out = b.engine.RunReading(context.Background(), req("broken"), func() ([]byte, error) {
+		inner = b.engine.RunReading(context.Background(), req("meanwhile"), counted)
+		return nil, errors.New("connection reset")
+	})
+	require.Equal(t, workflow.OutcomeFailed, out.Outcome)
+	require.ErrorIs(t, out.Err, workflow.ErrInvalidRequest)
+	require.Equal(t, workflow.OutcomeShed, inner.Outcome, "an attempt was admitted while another held the only place and read its body")
+	require.Zero(t, reads)
+
+	// The place was given back: the next attempt is admitted, reads once and runs.
+	out = b.engine.RunReading(context.Background(), req("k1"), counted)
+	require.NoError(t, out.Err)
+	require.Equal(t, 201, out.Response.Status)
+	require.Equal(t, 1, reads)
+	require.Equal(t, 2, countKeys(t, b.db), "keys other than held and k1")
+	require.Equal(t, testflow.Effects{}, effects(t, b.db, "acct", "broken"))
+	requireOneEffect(t, b, "acct", "k1")
+
+	// Draining: refused, read never called.
+	require.NoError(t, b.engine.Drain(context.Background()))
+	out = b.engine.RunReading(context.Background(), req("drained"), counted)
+	shedWith(t, out.Err, workflow.ErrDraining)
+	require.Equal(t, 1, reads)
+}
+
+// A read that panics (a caller's reader gone wrong) still gives the place back: the
+// next attempt is admitted.
+func TestRunReadingPanickingReadGivesPlaceBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: &workflow.Config{MaxInFlight: 1, AdmitWait: 100 * time.Millisecond}})
+	require.PanicsWithValue(t, "reader broke", func() {
+		b.engine.RunReading(context.Background(), chargeReq("acct", "broken", ""), func() ([]byte, error) { panic("reader broke") })
+	})
+	out := b.engine.RunReading(context.Background(), chargeReq("acct", "k1", ""), func() ([]byte, error) { return []byte(`{"amount":5}`), nil })
+	require.NoError(t, out.Err)
+	require.Equal(t, 201, out.Response.Status)
+	require.Equal(t, 1, countKeys(t, b.db))
+}

@@ -590,6 +590,30 @@ func (e *Engine) Do(ctx context.Context, req Request) (*Result, error) {
 // Outcome OutcomeFinished or OutcomeReplayed and the Response, or another Outcome and
 // Err (the error Do returns). Bad input ends OutcomeFailed before any hook runs.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
+	return e.run(ctx, req, nil)
+}
+
+// RunReading runs one attempt of req, as Run does, with the body read by read once the
+// attempt is admitted (req.Body is ignored): under MaxInFlight, holding its place while
+// read runs, so that an attempt turned away (overloaded or draining) never reads its
+// body, and one admitted keeps its place until its answer. read is called at most once,
+// and not at all when the attempt is turned away or its other fields are bad input
+// (answered as Run answers them, before any hook). A body that read cannot give
+// (its error) or that is over Config.MaxBodyBytes ends the attempt OutcomeFailed,
+// after the hooks saw it start, with ErrInvalidRequest wrapping read's error or with
+// ErrBodyTooLarge; nothing is written and its place is given back. A caller such as
+// an HTTP handler uses it when reading the body is work a refusal should not pay for.
+func (e *Engine) RunReading(ctx context.Context, req Request, read func() ([]byte, error)) *Result {
+	if read == nil {
+		out := failure(fmt.Errorf("%w: RunReading needs a read function", ErrInvalidRequest))
+		return &out
+	}
+	req.Body = nil
+	return e.run(ctx, req, read)
+}
+
+// run is Run, with the body read by read once admitted when read is not nil.
+func (e *Engine) run(ctx context.Context, req Request, read func() ([]byte, error)) *Result {
 	f, err := e.validate(&req)
 	if err != nil {
 		out := failure(err)
@@ -601,13 +625,34 @@ func (e *Engine) Run(ctx context.Context, req Request) *Result {
 			return failure(err), nil
 		}
 		held := true
-		a := e.do(ctx, f, req, &held)
-		if held {
-			e.adm.done()
+		defer func() { // on every path, a panicking read included
+			if held {
+				e.adm.done()
+			}
+		}()
+		if read != nil {
+			if req.Body, err = e.readBody(read); err != nil {
+				return failure(err), nil
+			}
 		}
-		return a.out, nil
+		return e.do(ctx, f, req, &held).out, nil
 	})
 	return &out
+}
+
+// readBody reads an admitted attempt's body with read (RunReading): ErrInvalidRequest
+// when read fails, ErrBodyTooLarge over Config.MaxBodyBytes.
+func (e *Engine) readBody(read func() ([]byte, error)) ([]byte, error) {
+	body, err := read()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: read the body: %w", ErrInvalidRequest, err)
+	case len(body) > e.cfg.MaxBodyBytes:
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, len(body), e.cfg.MaxBodyBytes)
+	case body == nil:
+		return []byte{}, nil
+	}
+	return body, nil
 }
 
 // do answers req, holding a place under MaxInFlight (*held) except while it waits for
