@@ -69,7 +69,7 @@ import (
 // defaultPhases are the parts of the full run: every target of DESIGN.md's budget and of
 // the issues' benchmarks is measured by one of them (perf, the server's CPU profile per
 // variant, is a diagnostic: named with -phases, and needs Linux perf).
-const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partitions,refusals"
+const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partitions,refusals,crowd"
 
 // options are the command's flags.
 type options struct {
