@@ -558,20 +558,7 @@ func crowdProfile(ctx context.Context, base string, dur time.Duration, path stri
 
 // crowdServerRead reads the crowd server's stats.
 func crowdServerRead(ctx context.Context, client *http.Client, base string) (crowdServerStats, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+refusalStatsPath, nil)
-	if err != nil {
-		return crowdServerStats{}, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return crowdServerStats{}, err
-	}
-	defer resp.Body.Close()
-	var st crowdServerStats
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return crowdServerStats{}, fmt.Errorf("crowd: read the server's stats: %w", err)
-	}
-	return st, nil
+	return readChildStats[crowdServerStats](ctx, client, base, "crowd: read the server's stats")
 }
 
 // setCrowdFigures hands the median over rounds of goodput ÷ baseline, the generator

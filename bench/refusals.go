@@ -413,18 +413,24 @@ func (e *env) refusalLoad(ctx context.Context, client *http.Client, base, path s
 
 // refuserRead reads the server process's CPU and allocations.
 func refuserRead(ctx context.Context, client *http.Client, base string) (refuserStats, error) {
+	return readChildStats[refuserStats](ctx, client, base, "refusals: read the server process's stats")
+}
+
+// readChildStats reads the stats a server process of the bench's serves at
+// refusalStatsPath, as JSON into a T; what names the reading in an error.
+func readChildStats[T any](ctx context.Context, client *http.Client, base, what string) (T, error) {
+	var st T
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+refusalStatsPath, nil)
 	if err != nil {
-		return refuserStats{}, err
+		return st, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return refuserStats{}, err
+		return st, err
 	}
 	defer resp.Body.Close()
-	var st refuserStats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return refuserStats{}, fmt.Errorf("refusals: read the server process's stats: %w", err)
+		return st, fmt.Errorf("%s: %w", what, err)
 	}
 	return st, nil
 }
