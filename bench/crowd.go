@@ -90,6 +90,10 @@ type crowdServerStats struct {
 	// runnable, waiting for a CPU (schedstat).
 	Conns    int64         `json:"conns"`
 	RunDelay time.Duration `json:"run_delay_ns"`
+	// Sched is the counts of the Go runtime's histogram of goroutines' runnable
+	// waits so far (schedCounts); SchedWaits the phase's, from two of them.
+	Sched      []uint64   `json:"sched"`
+	SchedWaits schedWaits `json:"-"`
 }
 
 // crowdSlow is the handler time over which the crowd server counts a request slow: a
@@ -147,7 +151,7 @@ func runCrowdServer(args []string) error {
 		ps := pool.Stat()
 		st := crowdServerStats{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Allocs: heapAllocs(), Requests: requests.Load(),
 			NewConns: ps.NewConnsCount(), EmptyAcquires: ps.EmptyAcquireCount(), CanceledAcq: ps.CanceledAcquireCount(), AcquireWait: ps.AcquireDuration(),
-			Slow: slow.Load(), Gone: gone.Load(), Conns: conns.Load(), RunDelay: selfRunDelay()}
+			Slow: slow.Load(), Gone: gone.Load(), Conns: conns.Load(), RunDelay: selfRunDelay(), Sched: schedCounts()}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(st)
 	})
@@ -360,7 +364,7 @@ func (p *crowdPhase) setServer(before, after crowdServerStats) {
 	p.Pool = crowdServerStats{NewConns: after.NewConns - before.NewConns, EmptyAcquires: after.EmptyAcquires - before.EmptyAcquires,
 		CanceledAcq: after.CanceledAcq - before.CanceledAcq, AcquireWait: after.AcquireWait - before.AcquireWait,
 		Slow: after.Slow - before.Slow, Gone: after.Gone - before.Gone, Conns: after.Conns - before.Conns,
-		RunDelay: after.RunDelay - before.RunDelay, CPU: after.CPU - before.CPU}
+		RunDelay: after.RunDelay - before.RunDelay, CPU: after.CPU - before.CPU, SchedWaits: schedWaitsBetween(before.Sched, after.Sched)}
 }
 
 // logCrowdRun logs one run's figures.
@@ -375,13 +379,16 @@ func (e *env) logCrowdRun(round int, mode string, rate float64, run crowdRun) {
 		"%d of them took the handler over %s, %d were answered after their client had gone; "+
 		"its pool: %d new connections, %d acquires waited (%d cancelled), %s waiting in all; "+
 		"connections: %d accepted by the server, %d dialled by the generator in the window; "+
-		"CPU: server %.2f cores, generator %.2f cores (%.0f µs per attempt); waiting for a CPU: server %.2f, generator %.2f thread-seconds per second; %s",
+		"CPU: server %.2f cores, generator %.2f cores (%.0f µs per attempt); waiting for a CPU: server %.2f, generator %.2f thread-seconds per second; "+
+		"goroutines waiting for Go's scheduler over 100 ms: server %.1f%% of %d wake-ups (p99 %s), generator %.1f%% of %d (p99 %s); %s",
 		round+1, mode, rate, crowdMult, o.crowdTimeout, c.rate(), c.rate()/b.rate(),
 		c.RefusedRA, c.RefusedNoRA, c.InProgress, c.TimedOut, c.Errors, c.Other, c.Started, c.Dropped, o.crowdLive,
 		c.ServerUS, c.ServerAllocs, c.Requests, float64(c.Requests)/c.Seconds, c.Pool.Slow, crowdSlow, c.Pool.Gone,
 		c.Pool.NewConns, c.Pool.EmptyAcquires, c.Pool.CanceledAcq, c.Pool.AcquireWait.Round(time.Millisecond),
 		c.Pool.Conns, c.Dials, c.Pool.CPU.Seconds()/c.Seconds, c.CPU/1e6/c.Seconds, c.CPU/float64(max(c.attempts(), 1)),
-		c.Pool.RunDelay.Seconds()/c.Seconds, c.RunDelay/1e6/c.Seconds, c.Load)
+		c.Pool.RunDelay.Seconds()/c.Seconds, c.RunDelay/1e6/c.Seconds,
+		100*c.Pool.SchedWaits.Over, c.Pool.SchedWaits.Wakeups, c.Pool.SchedWaits.P99.Round(time.Microsecond),
+		100*c.Sched.Over, c.Sched.Wakeups, c.Sched.P99.Round(time.Microsecond), c.Load)
 }
 
 // attempts is the phase's attempts in the window that ended (answered, given up or

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,9 @@ type crowdCounts struct {
 	// CPU in the window (the kernel's schedstat), µs: a generator that waits for CPU
 	// reads its answers late.
 	RunDelay float64 `json:"run_delay_us"`
+	// Sched: how long the generator's goroutines waited, runnable, for the Go
+	// scheduler in the window.
+	Sched schedWaits `json:"sched"`
 }
 
 // crowdAttempter sends one attempt of a charge: the answer's status and whether it
@@ -161,7 +165,7 @@ func (g *crowdGen) charge(ctx context.Context, timeout time.Duration) {
 
 // window runs the measured window of length dur, from now, and returns the counts.
 func (g *crowdGen) window(dur time.Duration) crowdCounts {
-	cpu0, delay0 := selfCPU(), selfRunDelay()
+	cpu0, delay0, sched0 := selfCPU(), selfRunDelay(), schedCounts()
 	g.counting.Store(true)
 	start := time.Now()
 	<-time.After(dur)
@@ -171,7 +175,8 @@ func (g *crowdGen) window(dur time.Duration) crowdCounts {
 		RefusedRA: c.refusedRA.Load(), RefusedNoRA: c.refusedNoRA.Load(), InProgress: c.inProgress.Load(),
 		TimedOut: c.timedOut.Load(), Errors: c.errors.Load(), Other: c.other.Load(), Dials: c.dials.Load(),
 		CPU:      float64(selfCPU()-cpu0) / float64(time.Microsecond),
-		RunDelay: float64(selfRunDelay()-delay0) / float64(time.Microsecond)}
+		RunDelay: float64(selfRunDelay()-delay0) / float64(time.Microsecond),
+		Sched:    schedWaitsBetween(sched0, schedCounts())}
 }
 
 // baseline runs conc closed loops of patient clients: warm-up, then the window.
@@ -408,4 +413,65 @@ func selfRunDelay() time.Duration {
 		}
 	}
 	return sum
+}
+
+// schedLatencies is the Go runtime's histogram of the time goroutines spent runnable
+// before they ran (runtime/metrics /sched/latencies:seconds) so far.
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// schedWaits is, between two readings of schedLatencies, the goroutine wake-ups and
+// the fraction of them that waited over 100 ms before they ran, and the 99th
+// percentile of the waits (the lower bound of its bucket).
+type schedWaits struct {
+	Wakeups int64         `json:"wakeups"`
+	Over    float64       `json:"over_100ms"`
+	P99     time.Duration `json:"p99_ns"`
+}
+
+// schedWaitsBetween is the schedWaits between two readings a and b of the counts of
+// schedLatencies' buckets, in the same program (whose buckets this process's own
+// reading gives).
+func schedWaitsBetween(a, b []uint64) schedWaits {
+	h := schedLatencies()
+	if h == nil || len(a) != len(b) || len(b) != len(h.Counts) {
+		return schedWaits{}
+	}
+	counts := make([]uint64, len(b))
+	var total, over uint64
+	for i := range counts {
+		counts[i] = b[i] - a[i]
+		total += counts[i]
+		if h.Buckets[i] >= 0.1 {
+			over += counts[i]
+		}
+	}
+	w := schedWaits{Wakeups: int64(total)}
+	if total == 0 {
+		return w
+	}
+	w.Over = float64(over) / float64(total)
+	var seen uint64
+	for i, n := range counts {
+		seen += n
+		if float64(seen) >= 0.99*float64(total) {
+			w.P99 = time.Duration(max(h.Buckets[i], 0) * float64(time.Second))
+			break
+		}
+	}
+	return w
+}
+
+// schedCounts is the counts of schedLatencies' buckets so far.
+func schedCounts() []uint64 {
+	if h := schedLatencies(); h != nil {
+		return h.Counts
+	}
+	return nil
 }

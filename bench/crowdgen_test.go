@@ -89,3 +89,28 @@ func TestCrowdConns(t *testing.T) {
 		require.EqualValues(t, 2, s.accepted.Load())
 	})
 }
+
+func TestSchedWaitsBetween(t *testing.T) {
+	t.Parallel()
+	h := schedLatencies()
+	require.NotNil(t, h)
+	// The first bucket whose lower bound is at least 100 ms, and one below it.
+	slow := -1
+	for i, b := range h.Buckets[:len(h.Counts)] {
+		if b >= 0.1 {
+			slow = i
+			break
+		}
+	}
+	require.Positive(t, slow)
+	before := make([]uint64, len(h.Counts))
+	after := make([]uint64, len(h.Counts))
+	before[0], after[0] = 5, 5 // waits before the window are not counted
+	after[slow-1] = 90
+	after[slow] = 10
+	w := schedWaitsBetween(before, after)
+	require.EqualValues(t, 100, w.Wakeups)
+	require.InDelta(t, 0.10, w.Over, 1e-9)
+	require.Equal(t, time.Duration(h.Buckets[slow]*float64(time.Second)), w.P99)
+	require.Equal(t, schedWaits{}, schedWaitsBetween(before, after[:1]), "readings of different shapes give nothing")
+}
