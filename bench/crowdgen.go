@@ -264,12 +264,16 @@ func (cs *crowdConns) attempt(ctx context.Context, key string, timeout time.Dura
 	if err != nil {
 		return 0, false, isTimeout(err), err
 	}
-	status, ra, err := c.exchange(cs.addr, key, deadline)
+	status, ra, keep, err := c.exchange(cs.addr, key, deadline)
 	if err != nil {
 		c.Close()
 		return 0, false, isTimeout(err), err
 	}
-	cs.put(c)
+	if keep {
+		cs.put(c)
+	} else {
+		c.Close()
+	}
 	return status, ra, false, nil
 }
 
@@ -301,11 +305,10 @@ func (cs *crowdConns) put(c *crowdConn) {
 }
 
 // exchange writes the charge request under key and reads the whole answer, by
-// deadline. It fails when the server asked to close the connection, so that the
-// connection is not kept.
-func (c *crowdConn) exchange(host, key string, deadline time.Time) (int, bool, error) {
+// deadline; keep is false when the server asked to close the connection.
+func (c *crowdConn) exchange(host, key string, deadline time.Time) (status int, retryAfter, keep bool, err error) {
 	if err := c.SetDeadline(deadline); err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	req := make([]byte, 0, 256+len(chargeBody))
 	req = append(req, "POST "+chargeRoute+" HTTP/1.1\r\nHost: "+host+"\r\nContent-Type: application/json\r\n"+
@@ -316,18 +319,15 @@ func (c *crowdConn) exchange(host, key string, deadline time.Time) (int, bool, e
 	req = append(req, "\r\n\r\n"...)
 	req = append(req, chargeBody...)
 	if _, err := c.Write(req); err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	resp, err := http.ReadResponse(c.r, nil)
 	if err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if err == nil && resp.Close {
-		err = errors.New("the server closed the connection")
-	}
-	return resp.StatusCode, resp.Header.Get("Retry-After") != "", err
+	return resp.StatusCode, resp.Header.Get("Retry-After") != "", !resp.Close, err
 }
 
 // crowdTransport is net/http's client, the generator's before it held connections

@@ -32,6 +32,10 @@ func setupCrowdConns(t *testing.T) *crowdConnsSetup {
 		case key == "hold":
 			<-s.release
 			w.WriteHeader(http.StatusCreated)
+		case key == "close":
+			w.Header().Set("Connection", "close")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
 		case strings.HasPrefix(key, "refuse"):
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -71,6 +75,20 @@ func TestCrowdConns(t *testing.T) {
 		require.False(t, ra)
 		require.EqualValues(t, 1, s.dials.Load(), "the second attempt rides the first's connection")
 		require.EqualValues(t, 1, s.accepted.Load())
+	})
+
+	t.Run("CountsTheAnswerAndDropsTheConnectionTheServerCloses", func(t *testing.T) {
+		t.Parallel()
+		s := setupCrowdConns(t)
+		status, ra, timedOut, err := s.cs.attempt(ctx, "close", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, status)
+		require.True(t, ra)
+		require.False(t, timedOut)
+		status, _, _, err = s.cs.attempt(ctx, "new-3", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, status)
+		require.EqualValues(t, 2, s.dials.Load(), "a connection the server closed is not reused")
 	})
 
 	t.Run("GivesUpAtTheDeadlineAndRetriesOnANewConnection", func(t *testing.T) {
