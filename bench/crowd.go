@@ -6,8 +6,8 @@ package main
 // crowdServerCommand) serves the charges API as `charges serve` does (idemhttp.Handler,
 // the charges flow with Go-code phases, the fake provider in-process, a pool of 4, the
 // engine's admission at its defaults unless -crowd-max-in-flight or
-// -crowd-admit-wait say otherwise); and the load generator (crowdCommand), a process of
-// its own so that it can be pinned. In each round and each mode (pinned: the
+// -crowd-admit-wait say otherwise); and the load generator (crowdCommand, crowdgen.go),
+// a process of its own so that it can be pinned. In each round and each mode (pinned: the
 // generator on CPU -crowd-cpu and the server on the others, with taskset; unpinned:
 // neither), interleaved, a fresh server is started and measured twice:
 //
@@ -22,7 +22,9 @@ package main
 //
 // Goodput is the charges answered 201 per second of the crowd phase; the line is
 // goodput ≥ 0.5× the same mode's baseline. Postgres is not pinned (the machine's
-// server, or the bench's throwaway one).
+// server, or the bench's throwaway one). Each round also logs where the time can go:
+// connections accepted and dialled (a give-up closes its connection), and how long
+// both processes waited for a CPU (schedstat) and their goroutines for Go's scheduler.
 
 import (
 	"bufio"

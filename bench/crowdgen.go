@@ -10,8 +10,8 @@ package main
 // kept for new ones, as net/http's idle pool does.
 //
 // Why not net/http's client: the crowd simulates thousands of clients on one core, and
-// net/http's Transport spends three goroutines, a context timer and the pool's lock on
-// each attempt. Measured on this machine (docs/BENCHMARKS.md, "The crowd: where the time
+// net/http's Transport spends two goroutines per connection besides the caller's, a
+// context timer per attempt and the pool's lock. Measured on this machine (docs/BENCHMARKS.md, "The crowd: where the time
 // went"), the generator then left hundreds of the server's answers unread in its
 // sockets past their clients' deadline and counted them as time-outs: it measured its
 // own scheduling. -client transport keeps that client for comparison.
