@@ -158,6 +158,7 @@ func runCrowdServer(args []string) error {
 		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
