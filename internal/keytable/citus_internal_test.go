@@ -23,7 +23,7 @@ import (
 var crossScope = []string{
 	"counts", "gauges", "outcomes",
 	"takeDue", "expire", "expireDead", "expireParked",
-	"scanDue", "scanFinished", "scanDead", "scanParked", "bulkScan",
+	"scanDue", "scanFinished", "scanFinishedRemovable", "scanDead", "scanParked", "bulkScan",
 }
 
 // oneScope are the statements on every key of one scope (the erasure of a scope): they
