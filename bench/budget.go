@@ -531,6 +531,13 @@ func (fs *figures) set(id string, val float64, text string) {
 	fs.m[id] = figure{ok: true, val: val, lo: val, hi: val, text: text}
 }
 
+// text is how figure id reads ("" when it was not set).
+func (fs *figures) text(id string) string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.m[id].text
+}
+
 // read is the check's figure function for id.
 func read(id string) func(*report) figure {
 	return func(r *report) figure {
@@ -550,6 +557,12 @@ const (
 	figPartFresh = "partitions.retained.fresh"
 	// figPartReplay: the same for replays.
 	figPartReplay = "partitions.retained.replay"
+	// figChosenFresh: fresh p50 on the chosen partitioned layout (week partitions)
+	// holding the partitions part's keys over 30 days ÷ the plain table holding the
+	// same keys, the median of the rounds' ratios (issue 40 item 1).
+	figChosenFresh = "partitions.chosen.fresh"
+	// figChosenReplay: the same for replays of keys finished within the last minute.
+	figChosenReplay = "partitions.chosen.replay"
 	// figPartCleanupP99: live p99 while partitions are removed ÷ live p99 without.
 	figPartCleanupP99 = "partitions.cleanup.p99"
 	// figPartWALFactor: batched deletes' cleanup WAL per expired key ÷ partition
@@ -566,6 +579,8 @@ const (
 var partitionChecks = []check{
 	{"issue 28", "Partitioned key table, retained keys: fresh p50 vs an empty table", "≤ 1.2×", "partitions", read(figPartFresh), atMost(1.2)},
 	{"issue 28", "Partitioned key table, retained keys: replay p50 vs an empty table", "≤ 1.5×", "partitions", read(figPartReplay), atMost(1.5)},
+	{"issue 40", "Chosen partitioned layout (week partitions, 30-day retention): fresh p50 vs the plain table with the same keys", "≤ 1.15×", "partitions", read(figChosenFresh), atMost(1.15)},
+	{"issue 40", "Chosen partitioned layout (week partitions, 30-day retention): replay p50 vs the plain table with the same keys", "≤ 1.3×", "partitions", read(figChosenReplay), atMost(1.3)},
 	{"issue 28", "Partition removal running: live p99", "≤ 1.05× p99 without it", "partitions", read(figPartCleanupP99), atMost(1.05)},
 	{"issue 28", "Partition removal: cleanup WAL per expired key vs batched deletes", "≥ 100× below", "partitions", read(figPartWALFactor), atLeast(100)},
 	{"issue 28", "Partition creation: no live request waits on a lock", "0 samples with a live lock wait", "partitions", read(figPartLockWaitsCreate), atMost(0)},

@@ -112,8 +112,11 @@ type options struct {
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
-	// partitionWeekSides: the retained-keys cells also run week-partitioned sides.
-	partitionWeekSides bool
+	// partitionSides: the sides of the retained-keys cells (partitionSideNames).
+	partitionSides []string
+	// partitionConfigs: the server configurations the partitions part runs on
+	// (growthConfigsOf), one after the other; its budget figures come from the first.
+	partitionConfigs string
 	// partitionDayKeys: keys a simulated day of the partitions part's week of sizes
 	// (0: not run).
 	partitionDayKeys int
@@ -136,7 +139,7 @@ type options struct {
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	o := &options{}
-	var conc, only, phaseList string
+	var conc, only, phaseList, partSides string
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny run for CI: 1 round, short cells, small N, no docs written")
 	fs.IntVar(&o.rounds, "rounds", 5, "interleaved rounds at provider latency 0 (medians are over rounds)")
 	fs.DurationVar(&o.cell, "cell", 2500*time.Millisecond, "how long each (variant, concurrency) cell runs in a round")
@@ -161,7 +164,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.partitionRetained, "partition-retained", true, "partitions part: also run the retained-keys cells (false: only the cleanup, and the week of sizes if asked)")
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
-	fs.BoolVar(&o.partitionWeekSides, "partition-week-sides", true, "partitions part: the retained-keys cells also run week-partitioned sides")
+	fs.StringVar(&partSides, "partition-sides", strings.Join(partitionSideNames, ","), "partitions part: the sides of the retained-keys cells (empty is always run: the reference)")
+	fs.StringVar(&o.partitionConfigs, "partition-configs", "production,default", "partitions part: the server configurations it runs on, one after the other (as -growth-configs); budget lines from the first")
 	fs.IntVar(&o.partitionDayKeys, "partition-day-keys", 0, "partitions part: simulate a week of this many keys a day, 2-day retention, and log table+index sizes, batched deletes vs partition drops (0: not run)")
 	fs.IntVar(&o.refusalN, "refusal-n", 20000, "refusals part: requests per side (idemhttp refusing, bare 503) per round")
 	fs.IntVar(&o.refusalConc, "refusal-conc", 8, "refusals part: closed loops sending the requests")
@@ -194,6 +198,11 @@ func parseFlags(args []string) (*options, error) {
 	if err := o.parseLists(conc, only, phaseList); err != nil {
 		return nil, err
 	}
+	sides, err := partitionSidesOf(partSides)
+	if err != nil {
+		return nil, err
+	}
+	o.partitionSides = sides
 	if err := o.check(); err != nil {
 		return nil, err
 	}

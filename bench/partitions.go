@@ -48,8 +48,48 @@ type liveStats struct {
 	elapsed  time.Duration
 }
 
-// partitionsRun runs the experiment and logs its figures.
+// partitionsRun runs the experiment on each configuration of -partition-configs, one
+// after the other (issue 40 item 5: production-like beside the defaults); the budget
+// figures come from the first configuration, the others are logged.
 func (e *env) partitionsRun(ctx context.Context) error {
+	configs, err := growthConfigsOf(e.o.partitionConfigs, memTotalKB())
+	if err != nil {
+		return fmt.Errorf("-partition-configs: %w", err)
+	}
+	for i, c := range configs {
+		url, stop, err := e.growthServer(ctx, c)
+		if err != nil {
+			return err
+		}
+		logf("partitions: the %s configuration %v", c.name, c.settings)
+		err = e.partitionsOn(ctx, url, i == 0)
+		stop()
+		if err != nil {
+			return fmt.Errorf("partitions (%s configuration): %w", c.name, err)
+		}
+	}
+	return nil
+}
+
+// partitionsOn runs the experiment on the server at serverURL; its figures go to the
+// report when judged. The part's server-wide reads (pg_locks, the WAL position, the
+// backends' pids) go through e.check, which points at that server meanwhile.
+func (e *env) partitionsOn(ctx context.Context, serverURL string, judged bool) error {
+	if serverURL != e.db.serverURL {
+		check, err := pgxpool.New(ctx, serverURL)
+		if err != nil {
+			return err
+		}
+		defer check.Close()
+		prev := e.check
+		e.check = check
+		defer func() { e.check = prev }()
+	}
+	if !judged {
+		prev := e.figs
+		e.figs = &figures{}
+		defer func() { e.figs = prev }()
+	}
 	n := e.o.partitionKeys
 	prov := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
 	defer prov.Close()
@@ -66,7 +106,7 @@ func (e *env) partitionsRun(ctx context.Context) error {
 		}
 	}()
 	sideW := func(name string, w time.Duration) (*growthDB, error) {
-		s, err := e.newGrowthDB(ctx, e.db.serverURL, name, prov.URL, conc+2)
+		s, err := e.newGrowthDB(ctx, serverURL, name, prov.URL, conc+2)
 		if s != nil && s.pool != nil {
 			sides = append(sides, s)
 		}
@@ -94,22 +134,67 @@ func (e *env) partitionsRun(ctx context.Context) error {
 	if n <= 0 || !e.o.partitionRetained {
 		return nil
 	}
-	dbs := []*growthDB{}
-	for _, c := range []struct {
-		name string
-		w    time.Duration
-	}{{"pt_empty", 0}, {"pt_emptypart", store.PartitionDay}, {"pt_retained", store.PartitionDay},
-		{"pt_emptyweek", store.PartitionWeek}, {"pt_retainedweek", store.PartitionWeek}} {
-		if c.w == store.PartitionWeek && !e.o.partitionWeekSides {
-			break
+	var dbs []retainedSpec
+	for _, sp := range retainedSpecs {
+		if sp.name != "pt_empty" && !slices.Contains(e.o.partitionSides, sp.flag) {
+			continue
 		}
-		s, err := sideW(c.name, c.w)
+		s, err := sideW(sp.name, sp.width)
 		if err != nil {
 			return err
 		}
-		dbs = append(dbs, s)
+		sp.s = s
+		dbs = append(dbs, sp)
 	}
 	return e.retainedCells(ctx, prov.URL, dbs, n, conc)
+}
+
+// retainedSpec is one side of the retained-keys cells: a key table of the plain
+// layout (width 0) or partitioned by width, with the past 30 days' partitions
+// attached, holding the part's keys over those 30 days or none.
+type retainedSpec struct {
+	name, flag string // the side's name in the log; its name in -partition-sides
+	width      time.Duration
+	keys       bool
+	s          *growthDB
+}
+
+// retainedSpecs are the sides the retained-keys cells can run, pt_empty (the empty
+// plain table, every ratio's reference) first. The chosen layout for a 30-day
+// retention is week partitions (docs/PARTITIONS.md): pt_retainedweek is judged
+// against pt_retainedplain, the plain table holding the same keys.
+var retainedSpecs = []retainedSpec{
+	{name: "pt_empty", flag: "empty"},
+	{name: "pt_retainedplain", flag: "plain", keys: true},
+	{name: "pt_emptypart", flag: "emptyday", width: store.PartitionDay},
+	{name: "pt_retained", flag: "day", width: store.PartitionDay, keys: true},
+	{name: "pt_emptyweek", flag: "emptyweek", width: store.PartitionWeek},
+	{name: "pt_retainedweek", flag: "week", width: store.PartitionWeek, keys: true},
+}
+
+// partitionSideNames are the names -partition-sides takes.
+var partitionSideNames = func() []string {
+	var out []string
+	for _, sp := range retainedSpecs {
+		out = append(out, sp.flag)
+	}
+	return out
+}()
+
+// partitionSidesOf parses -partition-sides.
+func partitionSidesOf(list string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if !slices.Contains(partitionSideNames, n) {
+			return nil, fmt.Errorf("-partition-sides: %q: want some of %s", n, strings.Join(partitionSideNames, ","))
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // cleanupSides runs the interleaved cleanup experiment (partcleanup.go) on a plain side
@@ -486,50 +571,44 @@ func (e *env) sideCPU(ctx context.Context, r retainedSide) (time.Duration, error
 	return sum, nil
 }
 
-// retainedSides fills the sides of the retained-keys cells (dbs: empty plain, empty
-// day-partitioned, day-partitioned with n keys, empty week-partitioned,
-// week-partitioned with n keys) and returns them, with the custom-plan sides when
-// asked; closeAll closes their pools.
-func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []*growthDB, n, conc int) (sides []retainedSide, closeAll func(), err error) {
+// retainedSides fills the sides of the retained-keys cells (their past 30 days'
+// partitions attached, the part's n keys inserted where the spec says) and returns
+// them, with the custom-plan sides of the day-partitioned ones when asked; closeAll
+// closes their pools.
+func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []retainedSpec, n, conc int) (sides []retainedSide, closeAll func(), err error) {
 	closeAll = func() {}
-	emptyPart, grown := dbs[1], dbs[2]
-	for _, s := range []*growthDB{grown, emptyPart} {
-		if err := attachDays(ctx, s, 30, 0); err != nil {
+	parts := map[string]int{}
+	for _, sp := range dbs {
+		switch sp.width {
+		case store.PartitionDay:
+			err = attachDays(ctx, sp.s, 30, 0)
+		case store.PartitionWeek:
+			err = attachWeeks(ctx, sp.s, 30)
+		}
+		if err != nil {
 			return nil, closeAll, err
 		}
-	}
-	retained := []*growthDB{grown}
-	if len(dbs) == 5 { // the week sides
-		for _, s := range dbs[3:] {
-			if err := attachWeeks(ctx, s, 30); err != nil {
+		if sp.keys {
+			if err := insertKeys(ctx, sp.s, n, "30 days", "1 hour"); err != nil {
 				return nil, closeAll, err
 			}
 		}
-		retained = append(retained, dbs[4])
-	}
-	for _, s := range retained {
-		if err := insertKeys(ctx, s, n, "30 days", "1 hour"); err != nil {
-			return nil, closeAll, err
+		if sp.width > 0 {
+			var p int
+			if err := sp.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&p); err != nil {
+				return nil, closeAll, err
+			}
+			parts[sp.name] = p
 		}
-	}
-	parts := map[string]int{}
-	for _, s := range dbs[1:] {
-		var p int
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&p); err != nil {
-			return nil, closeAll, err
-		}
-		parts[s.name] = p
+		sides = append(sides, retainedSide{sp.name, appLive, sp.s})
 	}
 	logf("partitions: partitions of each side: %v", parts)
-	for _, s := range dbs {
-		sides = append(sides, retainedSide{s.name, appLive, s})
-	}
-	for _, base := range []*growthDB{emptyPart, grown} {
-		if !e.o.partitionCustom {
-			break
+	for _, sp := range dbs {
+		if !e.o.partitionCustom || sp.width != store.PartitionDay {
+			continue
 		}
-		name := base.name + "_custom"
-		c, err := e.customPlanSide(ctx, base, providerURL, name, conc)
+		name := sp.name + "_custom"
+		c, err := e.customPlanSide(ctx, sp.s, providerURL, name, conc)
 		if err != nil {
 			return nil, closeAll, err
 		}
@@ -543,8 +622,8 @@ func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []*grow
 // retainedCells compares fresh and replay latency, and the server CPU per request, on
 // the sides retainedSides fills (dbs[0], the empty plain table, is the reference), in
 // interleaved cells.
-func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []*growthDB, n, conc int) error {
-	empty := dbs[0]
+func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []retainedSpec, n, conc int) error {
+	empty := dbs[0].s
 	sides, closeSides, err := e.retainedSides(ctx, providerURL, dbs, n, conc)
 	defer closeSides()
 	if err != nil {
@@ -602,8 +681,36 @@ func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []*grow
 					float64(b)/float64(a), ms(b), ms(a), e.o.rounds, n))
 			}
 		}
+		e.chosenLayoutFigure(mode, p50, cpu, n)
 	}
 	return nil
+}
+
+// chosenLayoutFigure hands the report issue 40's line for mode: the chosen layout
+// (week partitions, for the 30-day retention) holding the part's keys against the
+// plain table holding the same keys, the median of the per-round ratios of p50, with
+// the rounds' range and the server CPU per request beside it.
+func (e *env) chosenLayoutFigure(mode string, p50, cpu map[string][]time.Duration, n int) {
+	week, plain := p50["pt_retainedweek "+mode], p50["pt_retainedplain "+mode]
+	if len(week) == 0 || len(week) != len(plain) {
+		return
+	}
+	var ratios []float64
+	for r := range week {
+		ratios = append(ratios, float64(week[r])/float64(plain[r]))
+	}
+	slices.Sort(ratios)
+	med := ratios[len(ratios)/2]
+	cw, cp := medianDur(cpu["pt_retainedweek "+mode]), medianDur(cpu["pt_retainedplain "+mode])
+	cpuRatio := 0.0
+	if cp > 0 {
+		cpuRatio = float64(cw) / float64(cp)
+	}
+	id := map[string]string{"fresh": figChosenFresh, "replay": figChosenReplay}[mode]
+	e.figs.set(id, med, fmt.Sprintf("%.2f× (rounds %.2f–%.2f; p50 %.2f vs %.2f ms; server CPU %.0f vs %.0f µs/req, %.2f×; %d keys over 30 days in week partitions against the plain table, %d rounds)",
+		med, ratios[0], ratios[len(ratios)-1], ms(medianDur(week)), ms(medianDur(plain)),
+		float64(cw)/float64(time.Microsecond), float64(cp)/float64(time.Microsecond), cpuRatio, n, len(ratios)))
+	logf("partitions retained %-6s chosen layout (week) ÷ plain, both holding %d keys: %s", mode, n, e.figs.text(id))
 }
 
 // medianDur is the median of durations (unsorted).
