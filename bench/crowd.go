@@ -6,8 +6,8 @@ package main
 // crowdServerCommand) serves the charges API as `charges serve` does (idemhttp.Handler,
 // the charges flow with Go-code phases, the fake provider in-process, a pool of 4, the
 // engine's admission at its defaults unless -crowd-max-in-flight or
-// -crowd-admit-wait say otherwise); and the load generator (crowdCommand), a process of
-// its own so that it can be pinned. In each round and each mode (pinned: the
+// -crowd-admit-wait say otherwise); and the load generator (crowdCommand, crowdgen.go),
+// a process of its own so that it can be pinned. In each round and each mode (pinned: the
 // generator on CPU -crowd-cpu and the server on the others, with taskset; unpinned:
 // neither), interleaved, a fresh server is started and measured twice:
 //
@@ -22,7 +22,9 @@ package main
 //
 // Goodput is the charges answered 201 per second of the crowd phase; the line is
 // goodput ≥ 0.5× the same mode's baseline. Postgres is not pinned (the machine's
-// server, or the bench's throwaway one).
+// server, or the bench's throwaway one). Each round also logs where the time can go:
+// connections accepted and dialled (a give-up closes its connection), and how long
+// both processes waited for a CPU (schedstat) and their goroutines for Go's scheduler.
 
 import (
 	"bufio"
@@ -43,7 +45,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -87,6 +88,14 @@ type crowdServerStats struct {
 	// returned), and Gone: those whose client had gone by then.
 	Slow int64 `json:"slow"`
 	Gone int64 `json:"gone"`
+	// Conns: connections accepted; RunDelay: the time the server's threads spent
+	// runnable, waiting for a CPU (schedstat).
+	Conns    int64         `json:"conns"`
+	RunDelay time.Duration `json:"run_delay_ns"`
+	// Sched is the counts of the Go runtime's histogram of goroutines' runnable
+	// waits so far (schedCounts); SchedWaits the phase's, from two of them.
+	Sched      []uint64   `json:"sched"`
+	SchedWaits schedWaits `json:"-"`
 }
 
 // crowdSlow is the handler time over which the crowd server counts a request slow: a
@@ -125,7 +134,7 @@ func runCrowdServer(args []string) error {
 	if err != nil {
 		return err
 	}
-	var requests, slow, gone atomic.Int64
+	var requests, slow, gone, conns atomic.Int64
 	mux := http.NewServeMux()
 	mux.Handle("POST "+chargeRoute, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -144,17 +153,23 @@ func runCrowdServer(args []string) error {
 		ps := pool.Stat()
 		st := crowdServerStats{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Allocs: heapAllocs(), Requests: requests.Load(),
 			NewConns: ps.NewConnsCount(), EmptyAcquires: ps.EmptyAcquireCount(), CanceledAcq: ps.CanceledAcquireCount(), AcquireWait: ps.AcquireDuration(),
-			Slow: slow.Load(), Gone: gone.Load()}
+			Slow: slow.Load(), Gone: gone.Load(), Conns: conns.Load(), RunDelay: selfRunDelay(), Sched: schedCounts()}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	// charges serve's timeouts (examples/charges newHTTPServer).
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		}}
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Println(ln.Addr().String())
 	_, _ = io.Copy(io.Discard, os.Stdin) // until the bench closes it
@@ -162,205 +177,6 @@ func runCrowdServer(args []string) error {
 	defer cancel()
 	_ = eng.Drain(sctx)
 	return srv.Close()
-}
-
-// crowdCounts is what the load generator counts in one phase.
-type crowdCounts struct {
-	Seconds     float64 `json:"seconds"`      // measured window
-	Charges     int64   `json:"charges"`      // 201 answers in the window
-	Started     int64   `json:"started"`      // charges begun in the window
-	Dropped     int64   `json:"dropped"`      // arrivals not begun: -live charges under way
-	RefusedRA   int64   `json:"refused_ra"`   // 503 with Retry-After
-	RefusedNoRA int64   `json:"refused_nora"` // 5xx without Retry-After
-	InProgress  int64   `json:"in_progress"`  // 409
-	TimedOut    int64   `json:"timed_out"`    // attempts given up after the timeout
-	Errors      int64   `json:"errors"`       // other transport errors (connection refused, reset)
-	Other       int64   `json:"other"`        // other final answers (4xx)
-	CPU         float64 `json:"cpu_us"`       // the generator's CPU in the window, µs
-}
-
-// runCrowd is the load generator: one phase, baseline (closed loops) or crowd (open
-// loop at -rate), printed as one JSON line of crowdCounts.
-func runCrowd(args []string) error {
-	fs := flag.NewFlagSet(crowdCommand, flag.ContinueOnError)
-	base := fs.String("url", "", "server base URL")
-	mode := fs.String("mode", "baseline", "baseline or crowd")
-	conc := fs.Int("conc", 32, "baseline: closed loops")
-	rate := fs.Float64("rate", 0, "crowd: new charges per second")
-	dur := fs.Duration("dur", 5*time.Second, "measured window")
-	warm := fs.Duration("warmup", time.Second, "baseline: warm-up before the window")
-	timeout := fs.Duration("timeout", time.Second, "crowd: an attempt is given up after this long")
-	live := fs.Int("live", 4096, "crowd: charges under way at most")
-	prefix := fs.String("prefix", "crowd", "key prefix")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	g := &crowdGen{base: *base, prefix: *prefix, client: &http.Client{Transport: &http.Transport{
-		MaxIdleConns: *live + *conc, MaxIdleConnsPerHost: *live + *conc, IdleConnTimeout: time.Minute,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-	}}}
-	var c crowdCounts
-	var err error
-	switch *mode {
-	case "baseline":
-		c, err = g.baseline(*conc, *warm, *dur)
-	case "crowd":
-		c, err = g.crowd(*rate, *dur, *timeout, *live)
-	default:
-		err = fmt.Errorf("-mode %q: want baseline or crowd", *mode)
-	}
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(os.Stdout).Encode(c)
-}
-
-// crowdGen sends the charges of one phase.
-type crowdGen struct {
-	base, prefix string
-	client       *http.Client
-	next         atomic.Int64
-	counting     atomic.Bool // inside the measured window
-	c            struct{ charges, started, dropped, refusedRA, refusedNoRA, inProgress, timedOut, errors, other atomic.Int64 }
-}
-
-// count adds 1 to n when inside the window.
-func (g *crowdGen) count(n *atomic.Int64) {
-	if g.counting.Load() {
-		n.Add(1)
-	}
-}
-
-// charge makes one charge under a new key: attempts until one is answered finally or
-// ctx ends, each bounded by timeout (0: none), retried at once after a refusal, a
-// time-out or a transport error.
-func (g *crowdGen) charge(ctx context.Context, timeout time.Duration) {
-	key := g.prefix + "-" + strconv.FormatInt(g.next.Add(1), 10)
-	g.count(&g.c.started)
-	for ctx.Err() == nil {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if timeout > 0 {
-			actx, cancel = context.WithTimeout(ctx, timeout)
-		}
-		status, ra, err := g.attempt(actx, key)
-		timedOut := actx.Err() != nil && ctx.Err() == nil
-		cancel()
-		switch {
-		case timedOut:
-			g.count(&g.c.timedOut)
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			g.count(&g.c.errors)
-		case status == http.StatusCreated:
-			g.count(&g.c.charges)
-			return
-		case status == http.StatusConflict:
-			g.count(&g.c.inProgress)
-		case status >= 500 && ra:
-			g.count(&g.c.refusedRA)
-		case status >= 500:
-			g.count(&g.c.refusedNoRA)
-		default:
-			g.count(&g.c.other)
-			return
-		}
-	}
-}
-
-// attempt sends one attempt of the charge under key.
-func (g *crowdGen) attempt(ctx context.Context, key string) (status int, retryAfter bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.base+chargeRoute, strings.NewReader(string(chargeBody)))
-	if err != nil {
-		return 0, false, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(refusalScope, "acct_crowd")
-	req.Header.Set(idemhttp.KeyHeader, key)
-	resp, err := g.client.Do(req)
-	if err != nil {
-		return 0, false, err
-	}
-	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get("Retry-After") != "", err
-}
-
-// window runs the measured window of length dur, from now, and returns the counts.
-func (g *crowdGen) window(dur time.Duration) crowdCounts {
-	cpu0 := selfCPU()
-	g.counting.Store(true)
-	start := time.Now()
-	<-time.After(dur)
-	g.counting.Store(false)
-	c := &g.c
-	return crowdCounts{Seconds: time.Since(start).Seconds(), Charges: c.charges.Load(), Started: c.started.Load(), Dropped: c.dropped.Load(),
-		RefusedRA: c.refusedRA.Load(), RefusedNoRA: c.refusedNoRA.Load(), InProgress: c.inProgress.Load(),
-		TimedOut: c.timedOut.Load(), Errors: c.errors.Load(), Other: c.other.Load(),
-		CPU: float64(selfCPU()-cpu0) / float64(time.Microsecond)}
-}
-
-// baseline runs conc closed loops of patient clients: warm-up, then the window.
-func (g *crowdGen) baseline(conc int, warm, dur time.Duration) (crowdCounts, error) {
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				g.charge(ctx, 0)
-			}
-		})
-	}
-	<-time.After(warm)
-	c := g.window(dur)
-	stop()
-	wg.Wait()
-	return c, nil
-}
-
-// crowd offers new charges open-loop at rate per second for dur, each attempt given
-// up after timeout; at most live charges under way.
-func (g *crowdGen) crowd(rate float64, dur, timeout time.Duration, live int) (crowdCounts, error) {
-	if rate <= 0 {
-		return crowdCounts{}, errors.New("-rate must be positive")
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var under atomic.Int64
-	done := make(chan crowdCounts, 1)
-	go func() { done <- g.window(dur) }()
-	start := time.Now()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	var begun int64
-	for range tick.C {
-		elapsed := time.Since(start)
-		if elapsed >= dur {
-			break
-		}
-		for due := int64(rate * elapsed.Seconds()); begun < due; begun++ {
-			if under.Load() >= int64(live) {
-				g.count(&g.c.dropped)
-				continue
-			}
-			under.Add(1)
-			wg.Go(func() {
-				defer under.Add(-1)
-				g.charge(ctx, timeout)
-			})
-		}
-	}
-	c := <-done
-	stop()
-	wg.Wait()
-	return c, nil
-}
-
-// selfCPU is this process's CPU time so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // crowdPhase is one phase's figures: the generator's counts and the server's CPU.
@@ -409,92 +225,26 @@ func (e *env) crowdRounds(ctx context.Context) error {
 	return nil
 }
 
+// crowdServer is a running crowd server process and how to reach it.
+type crowdServer struct {
+	base  string       // its URL
+	stats *http.Client // reads its stats
+	stop  func()       // closes its stdin and waits for it
+}
+
 // crowdRun starts a server and measures the baseline, then the crowd.
 func (e *env) crowdRun(ctx context.Context, round int, pinned bool) (crowdRun, error) {
 	o := e.o
 	run := crowdRun{Pinned: pinned}
-	exe, err := os.Executable()
+	srv, err := e.startCrowdServer(ctx, pinned)
 	if err != nil {
 		return run, err
 	}
-	genCPU := strconv.Itoa(o.crowdCPU)
-	var serverCPUs []string
-	for c := range runtime.NumCPU() {
-		if c != o.crowdCPU {
-			serverCPUs = append(serverCPUs, strconv.Itoa(c))
-		}
-	}
-	pin := func(cpus string, argv ...string) []string {
-		if !pinned {
-			return argv
-		}
-		return append([]string{"taskset", "-c", cpus}, argv...)
-	}
-	args := append([]string{exe, crowdServerCommand}, e.db.childArgs()...)
-	args = append(args, "-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String())
-	argv := pin(strings.Join(serverCPUs, ","), args...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return run, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return run, err
-	}
-	if err := cmd.Start(); err != nil {
-		return run, fmt.Errorf("start the crowd's server process: %w", err)
-	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	}()
-	out := bufio.NewScanner(stdout)
-	if !out.Scan() {
-		return run, errors.New("the crowd's server process did not say its address")
-	}
-	base := "http://" + out.Text()
-	stats := &http.Client{Timeout: 30 * time.Second}
-	defer stats.CloseIdleConnections()
+	defer srv.stop()
 	mode := map[bool]string{true: "pinned", false: "unpinned"}[pinned]
 	prefix := fmt.Sprintf("crowd-%s-%d-%s", e.runID, round, mode)
-
-	phase := func(genArgs ...string) (crowdPhase, error) {
-		before, err := crowdServerRead(ctx, stats, base)
-		if err != nil {
-			return crowdPhase{}, err
-		}
-		a := append([]string{exe, crowdCommand, "-url", base}, genArgs...)
-		a = pin(genCPU, a...)
-		gen := exec.CommandContext(ctx, a[0], a[1:]...)
-		gen.Stderr = os.Stderr
-		b, err := gen.Output()
-		if err != nil {
-			return crowdPhase{}, fmt.Errorf("crowd: the load generator: %w", err)
-		}
-		after, err := crowdServerRead(ctx, stats, base)
-		if err != nil {
-			return crowdPhase{}, err
-		}
-		var p crowdPhase
-		if err := json.Unmarshal(b, &p.crowdCounts); err != nil {
-			return crowdPhase{}, fmt.Errorf("crowd: the load generator's counts: %w", err)
-		}
-		// The server's figures span the generator's whole run (warm-up and the ends
-		// included): per request they do not depend on the window.
-		p.Requests = after.Requests - before.Requests
-		if p.Requests > 0 {
-			p.ServerUS = float64(after.CPU-before.CPU) / float64(time.Microsecond) / float64(p.Requests)
-			p.ServerAllocs = float64(after.Allocs-before.Allocs) / float64(p.Requests)
-		}
-		p.Load = uptime()
-		p.Pool = crowdServerStats{NewConns: after.NewConns - before.NewConns, EmptyAcquires: after.EmptyAcquires - before.EmptyAcquires,
-			CanceledAcq: after.CanceledAcq - before.CanceledAcq, AcquireWait: after.AcquireWait - before.AcquireWait,
-			Slow: after.Slow - before.Slow, Gone: after.Gone - before.Gone}
-		return p, nil
-	}
-	if run.Baseline, err = phase("-mode", "baseline", "-conc", strconv.Itoa(o.crowdConc), "-dur", o.crowdBase.String(), "-prefix", prefix+"-base"); err != nil {
+	if run.Baseline, err = e.crowdPhase(ctx, srv, pinned, "-mode", "baseline", "-conc", strconv.Itoa(o.crowdConc),
+		"-dur", o.crowdBase.String(), "-prefix", prefix+"-base"); err != nil {
 		return run, err
 	}
 	rate := crowdMult * run.Baseline.rate()
@@ -504,10 +254,11 @@ func (e *env) crowdRun(ctx context.Context, round int, pinned bool) (crowdRun, e
 	var profile chan error
 	if o.crowdProfile != "" && !pinned && round == 0 {
 		profile = make(chan error, 1)
-		go func() { profile <- crowdProfile(ctx, base, o.crowdDur, o.crowdProfile) }()
+		go func() { profile <- crowdProfile(ctx, srv.base, o.crowdDur, o.crowdProfile) }()
 	}
-	if run.Crowd, err = phase("-mode", "crowd", "-rate", strconv.FormatFloat(rate, 'f', 1, 64), "-dur", o.crowdDur.String(),
-		"-timeout", o.crowdTimeout.String(), "-live", strconv.Itoa(o.crowdLive), "-prefix", prefix+"-crowd"); err != nil {
+	if run.Crowd, err = e.crowdPhase(ctx, srv, pinned, "-mode", "crowd", "-rate", strconv.FormatFloat(rate, 'f', 1, 64),
+		"-dur", o.crowdDur.String(), "-timeout", o.crowdTimeout.String(), "-live", strconv.Itoa(o.crowdLive),
+		"-prefix", prefix+"-crowd"); err != nil {
 		return run, err
 	}
 	if profile != nil {
@@ -515,6 +266,113 @@ func (e *env) crowdRun(ctx context.Context, round int, pinned bool) (crowdRun, e
 			logf("crowd: the server's CPU profile: %v", err)
 		}
 	}
+	e.logCrowdRun(round, mode, rate, run)
+	return run, nil
+}
+
+// crowdPinArgs prefixes argv with taskset to the cpus when pinned.
+func crowdPinArgs(pinned bool, cpus string, argv ...string) []string {
+	if !pinned {
+		return argv
+	}
+	return append([]string{"taskset", "-c", cpus}, argv...)
+}
+
+// startCrowdServer starts a crowd server process (pinned: on every CPU but the
+// generator's) and reads its address.
+func (e *env) startCrowdServer(ctx context.Context, pinned bool) (*crowdServer, error) {
+	o := e.o
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var serverCPUs []string
+	for c := range runtime.NumCPU() {
+		if c != o.crowdCPU {
+			serverCPUs = append(serverCPUs, strconv.Itoa(c))
+		}
+	}
+	args := append([]string{exe, crowdServerCommand}, e.db.childArgs()...)
+	args = append(args, "-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String())
+	argv := crowdPinArgs(pinned, strings.Join(serverCPUs, ","), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the crowd's server process: %w", err)
+	}
+	stats := &http.Client{Timeout: 30 * time.Second}
+	srv := &crowdServer{stats: stats, stop: func() {
+		stats.CloseIdleConnections()
+		stdin.Close()
+		_ = cmd.Wait()
+	}}
+	out := bufio.NewScanner(stdout)
+	if !out.Scan() {
+		srv.stop()
+		return nil, errors.New("the crowd's server process did not say its address")
+	}
+	srv.base = "http://" + out.Text()
+	return srv, nil
+}
+
+// crowdPhase runs the load generator once (pinned: on its own CPU) with genArgs, and
+// reads its counts and the server's stats before and after.
+func (e *env) crowdPhase(ctx context.Context, srv *crowdServer, pinned bool, genArgs ...string) (crowdPhase, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return crowdPhase{}, err
+	}
+	before, err := crowdServerRead(ctx, srv.stats, srv.base)
+	if err != nil {
+		return crowdPhase{}, err
+	}
+	a := append([]string{exe, crowdCommand, "-url", srv.base, "-client", e.o.crowdClient}, genArgs...)
+	a = crowdPinArgs(pinned, strconv.Itoa(e.o.crowdCPU), a...)
+	gen := exec.CommandContext(ctx, a[0], a[1:]...)
+	gen.Stderr = os.Stderr
+	b, err := gen.Output()
+	if err != nil {
+		return crowdPhase{}, fmt.Errorf("crowd: the load generator: %w", err)
+	}
+	after, err := crowdServerRead(ctx, srv.stats, srv.base)
+	if err != nil {
+		return crowdPhase{}, err
+	}
+	var p crowdPhase
+	if err := json.Unmarshal(b, &p.crowdCounts); err != nil {
+		return crowdPhase{}, fmt.Errorf("crowd: the load generator's counts: %w", err)
+	}
+	p.setServer(before, after)
+	p.Load = uptime()
+	return p, nil
+}
+
+// setServer sets p's server figures from its stats before and after the phase. They
+// span the generator's whole run (warm-up and the ends included): per request they do
+// not depend on the window.
+func (p *crowdPhase) setServer(before, after crowdServerStats) {
+	p.Requests = after.Requests - before.Requests
+	if p.Requests > 0 {
+		p.ServerUS = float64(after.CPU-before.CPU) / float64(time.Microsecond) / float64(p.Requests)
+		p.ServerAllocs = float64(after.Allocs-before.Allocs) / float64(p.Requests)
+	}
+	p.Pool = crowdServerStats{NewConns: after.NewConns - before.NewConns, EmptyAcquires: after.EmptyAcquires - before.EmptyAcquires,
+		CanceledAcq: after.CanceledAcq - before.CanceledAcq, AcquireWait: after.AcquireWait - before.AcquireWait,
+		Slow: after.Slow - before.Slow, Gone: after.Gone - before.Gone, Conns: after.Conns - before.Conns,
+		RunDelay: after.RunDelay - before.RunDelay, CPU: after.CPU - before.CPU, SchedWaits: schedWaitsBetween(before.Sched, after.Sched)}
+}
+
+// logCrowdRun logs one run's figures.
+func (e *env) logCrowdRun(round int, mode string, rate float64, run crowdRun) {
+	o := e.o
 	b, c := run.Baseline, run.Crowd
 	logf("crowd round %d %s: baseline %.0f charges/s (%d closed loops; %d refusals with Retry-After; server %.0f µs CPU, %.0f allocations per request over %d requests; %d new pool connections; generator CPU %.2f cores; %s)",
 		round+1, mode, b.rate(), o.crowdConc, b.RefusedRA, b.ServerUS, b.ServerAllocs, b.Requests, b.Pool.NewConns, b.CPU/1e6/b.Seconds, b.Load)
@@ -522,12 +380,24 @@ func (e *env) crowdRun(ctx context.Context, round int, pinned bool) (crowdRun, e
 		"%d refusals with Retry-After, %d 5xx without, %d in progress (409), %d client time-outs, %d transport errors, %d other answers; "+
 		"%d charges begun, %d arrivals dropped (%d under way at most); server %.1f µs CPU, %.1f allocations per request over %d requests (%.0f requests/s), "+
 		"%d of them took the handler over %s, %d were answered after their client had gone; "+
-		"its pool: %d new connections, %d acquires waited (%d cancelled), %s waiting in all; generator CPU %.2f cores; %s",
+		"its pool: %d new connections, %d acquires waited (%d cancelled), %s waiting in all; "+
+		"connections: %d accepted by the server, %d dialled by the generator in the window; "+
+		"CPU: server %.2f cores, generator %.2f cores (%.0f µs per attempt); waiting for a CPU: server %.2f, generator %.2f thread-seconds per second; "+
+		"goroutines waiting for Go's scheduler over 100 ms: server %.1f%% of %d wake-ups (p99 %s), generator %.1f%% of %d (p99 %s); %s",
 		round+1, mode, rate, crowdMult, o.crowdTimeout, c.rate(), c.rate()/b.rate(),
 		c.RefusedRA, c.RefusedNoRA, c.InProgress, c.TimedOut, c.Errors, c.Other, c.Started, c.Dropped, o.crowdLive,
 		c.ServerUS, c.ServerAllocs, c.Requests, float64(c.Requests)/c.Seconds, c.Pool.Slow, crowdSlow, c.Pool.Gone,
-		c.Pool.NewConns, c.Pool.EmptyAcquires, c.Pool.CanceledAcq, c.Pool.AcquireWait.Round(time.Millisecond), c.CPU/1e6/c.Seconds, c.Load)
-	return run, nil
+		c.Pool.NewConns, c.Pool.EmptyAcquires, c.Pool.CanceledAcq, c.Pool.AcquireWait.Round(time.Millisecond),
+		c.Pool.Conns, c.Dials, c.Pool.CPU.Seconds()/c.Seconds, c.CPU/1e6/c.Seconds, c.CPU/float64(max(c.attempts(), 1)),
+		c.Pool.RunDelay.Seconds()/c.Seconds, c.RunDelay/1e6/c.Seconds,
+		100*c.Pool.SchedWaits.Over, c.Pool.SchedWaits.Wakeups, c.Pool.SchedWaits.P99.Round(time.Microsecond),
+		100*c.Sched.Over, c.Sched.Wakeups, c.Sched.P99.Round(time.Microsecond), c.Load)
+}
+
+// attempts is the phase's attempts in the window that ended (answered, given up or
+// failed).
+func (c crowdCounts) attempts() int64 {
+	return c.Charges + c.RefusedRA + c.RefusedNoRA + c.InProgress + c.TimedOut + c.Errors + c.Other
 }
 
 // crowdProfile writes a CPU profile of the server during the crowd phase (its length

@@ -134,6 +134,7 @@ type options struct {
 	crowdMaxInFlight int           // the server's workflow.Config.MaxInFlight
 	crowdAdmitWait   time.Duration // the server's workflow.Config.AdmitWait
 	crowdProfile     string        // where to write the server's CPU profile under the crowd
+	crowdClient      string        // the load generator's client: conn or transport
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -177,6 +178,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.crowdCPU, "crowd-cpu", 1, "crowd part: the CPU of the pinned load generator (the server gets the others)")
 	fs.IntVar(&o.crowdMaxInFlight, "crowd-max-in-flight", 0, "crowd part: the server's workflow.Config.MaxInFlight (0: the default)")
 	fs.DurationVar(&o.crowdAdmitWait, "crowd-admit-wait", 0, "crowd part: the server's workflow.Config.AdmitWait (0: the default)")
+	fs.StringVar(&o.crowdClient, "crowd-client", "conn", "crowd part: the load generator's client: conn (one connection per client, read with a socket deadline) or transport (net/http's client, to compare)")
 	fs.StringVar(&o.crowdProfile, "crowd-profile", "", "crowd part: write the server's CPU profile under the crowd (round 1, unpinned) to this file")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
@@ -282,6 +284,8 @@ func (o *options) check() error {
 		return errors.New("-growth must not be negative")
 	case o.refusalN < 1 || o.refusalConc < 1:
 		return errors.New("-refusal-n and -refusal-conc must be positive")
+	case o.crowdClient != "conn" && o.crowdClient != "transport":
+		return errors.New("-crowd-client must be conn or transport")
 	case o.crowdConc < 1 || o.crowdLive < 1 || o.crowdBase <= 0 || o.crowdDur <= 0 || o.crowdTimeout <= 0 || o.crowdCPU < 0:
 		return errors.New("-crowd-conc, -crowd-live, -crowd-base, -crowd-dur and -crowd-timeout must be positive, -crowd-cpu not negative")
 	case o.loserGap < time.Millisecond:

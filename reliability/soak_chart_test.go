@@ -50,7 +50,7 @@ func soakChartFile(samplesPath, killsPath string, cfg soakConfig) (string, error
 	if err != nil {
 		return "", err
 	}
-	return soakChart(samples, kills, fmt.Sprintf("idemflow soak: retention %s, a server SIGKILLed every %s (shaded)", cfg.retention, cfg.killEvery)), nil
+	return soakChart(samples, kills, fmt.Sprintf("idemflow soak: %s layout, retention %s, a server SIGKILLed every %s (shaded)", cfg.layoutName(), cfg.retention, cfg.killEvery)), nil
 }
 
 func soakChart(samples, kills *csvTable, title string) string {

@@ -197,21 +197,31 @@ func (s *soak) sample(since time.Duration) time.Duration {
 }
 
 // tableStats are the key table's row count, table and index bytes, live and dead
-// tuples and autovacuum and autoanalyze runs (NaN if the query failed).
+// tuples and autovacuum and autoanalyze runs (NaN if the query failed). On the
+// partitioned layout each is the sum over its partitions (the parent has no storage of
+// its own; pg_partition_tree lists no row for a plain table, which is its own only
+// leaf).
 func (s *soak) tableStats() []float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rows, table, index, live, dead, vac, ana int64
-	err := s.env.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idemflow_keys),
-			pg_table_size('idemflow_keys'), pg_indexes_size('idemflow_keys'),
-			n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count
-		FROM pg_stat_user_tables WHERE relid = 'idemflow_keys'::regclass`).Scan(&rows, &table, &index, &live, &dead, &vac, &ana)
+	err := s.env.db.Pool.QueryRow(ctx, sqlKeyTableStats).Scan(&rows, &table, &index, &live, &dead, &vac, &ana)
 	if err != nil {
 		nan := math.NaN()
 		return []float64{nan, nan, nan, nan, nan, nan, nan}
 	}
 	return []float64{float64(rows), float64(table), float64(index), float64(live), float64(dead), float64(vac), float64(ana)}
 }
+
+// sqlKeyTableStats reads tableStats. A partition dropped between the listing and the
+// size functions counts nothing (they return NULL for a relation that is gone).
+const sqlKeyTableStats = `SELECT (SELECT count(*) FROM idemflow_keys),
+	coalesce(sum(pg_table_size(p.relid)), 0)::bigint, coalesce(sum(pg_indexes_size(p.relid)), 0)::bigint,
+	coalesce(sum(st.n_live_tup), 0)::bigint, coalesce(sum(st.n_dead_tup), 0)::bigint,
+	coalesce(sum(st.autovacuum_count), 0)::bigint, coalesce(sum(st.autoanalyze_count), 0)::bigint
+FROM (SELECT relid FROM pg_partition_tree('idemflow_keys') WHERE isleaf
+	UNION SELECT oid FROM pg_class WHERE oid = 'idemflow_keys'::regclass AND relkind = 'r') p
+LEFT JOIN pg_stat_user_tables st ON st.relid = p.relid`
 
 func formatRow(row []float64) []string {
 	out := make([]string, len(row))

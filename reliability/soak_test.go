@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemflow/idemflow/testkit/pgtest"
 )
 
 // The soak: hours of steady traffic through two `charges serve` processes while two
@@ -28,8 +26,10 @@ import (
 // IDEMFLOW_SOAK=1 runs it for IDEMFLOW_SOAK_DURATION (default 1h) and enforces every
 // pass line; IDEMFLOW_SOAK_OUT names the directory of its files (default: a new
 // directory under the system's temporary directory, logged). Without IDEMFLOW_SOAK
-// the quick tier runs it for 90 s with two kills and asserts only what does not
-// depend on the machine's speed (see soakLines.enforce).
+// the quick tier runs it for 90 s with two kills (150 s on the partitioned layout) and
+// asserts only what does not depend on the machine's speed (see soakLines.enforce).
+// IDEMFLOW_SOAK_LAYOUT chooses the key table's layout (soakLayouts: plain, by default
+// in the full soak, or partitioned; the quick tier runs both unless told).
 const (
 	envSoak         = "IDEMFLOW_SOAK"
 	envSoakDuration = "IDEMFLOW_SOAK_DURATION"
@@ -51,16 +51,24 @@ type soakConfig struct {
 	window      time.Duration // the p99 line's first and last windows
 	warmup      time.Duration // before the p99 line's first window
 	slack       time.Duration // the row bound's allowance for cleanup lag and retries
+	layout      string        // layoutPlain or layoutPartitioned (IDEMFLOW_SOAK_LAYOUT)
+	width       time.Duration // the partitions' width; 0 on the plain layout
 	load        float64       // share of the measured capacity offered
 	out         string        // directory of the CSV files and the chart
 }
 
-func soakSettings(t testing.TB) soakConfig {
+func soakSettings(t testing.TB, layout string) soakConfig {
 	t.Helper()
 	c := soakConfig{
-		duration: 90 * time.Second, capacityFor: 5 * time.Second, retention: time.Minute,
+		layout: layout, duration: 90 * time.Second, capacityFor: 5 * time.Second, retention: time.Minute,
 		lease: 5 * time.Second, killEvery: 45 * time.Second, sampleEvery: 2 * time.Second,
 		window: 25 * time.Second, warmup: 20 * time.Second, slack: 20 * time.Second, load: 0.7,
+	}
+	if layout == layoutPartitioned {
+		// 150 s: the first partition (created at set-up) ends within a minute and is past
+		// the quick tier's retention a minute later, so at least one partition is
+		// removed, and its drop captured, during the run.
+		c.width, c.duration = soakPartitionWidth, 150*time.Second
 	}
 	if soakMode() {
 		c.full = true
@@ -75,6 +83,9 @@ func soakSettings(t testing.TB) soakConfig {
 		}
 	}
 	c.out = os.Getenv(envSoakOut)
+	if c.out != "" && len(soakLayouts(t)) > 1 {
+		c.out = filepath.Join(c.out, layout) // the quick tier soaks both layouts at once
+	}
 	if c.out == "" && c.full {
 		dir, err := os.MkdirTemp("", "idemflow-soak-")
 		require.NoError(t, err)
@@ -84,6 +95,15 @@ func soakSettings(t testing.TB) soakConfig {
 	}
 	require.NoError(t, os.MkdirAll(c.out, 0o755))
 	return c
+}
+
+// layoutName names the run's layout in its logs and chart: "plain", or "partitioned
+// (1m partitions)".
+func (c soakConfig) layoutName() string {
+	if c.layout == layoutPartitioned {
+		return fmt.Sprintf("%s (%s partitions)", c.layout, c.width)
+	}
+	return c.layout
 }
 
 // retiredSQL creates, in schema, rel_retired and the trigger that copies every deleted
@@ -100,6 +120,7 @@ CREATE TABLE %[1]s.rel_retired (
 	status          text        NOT NULL,
 	response_status int,
 	response_body   bytea,
+	how             text        NOT NULL DEFAULT 'delete', -- or 'drop': with its partition (retiredPartitionSQL)
 	deleted_at      timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE FUNCTION %[1]s.rel_retire_row() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -114,32 +135,51 @@ CREATE TRIGGER rel_retire AFTER DELETE ON %[1]s.idemflow_keys
 }
 
 // TestSoak runs the soak (see the constants above): the quick tier's 90 seconds, or
-// with IDEMFLOW_SOAK=1 an hour or more. Backs invariants 1, 3, 5 and 6 under hours of
-// cleanup and kills, and the pass lines of docs/RELIABILITY.md's soak section.
+// with IDEMFLOW_SOAK=1 an hour or more, on each layout of soakLayouts (a subtest per
+// layout). Backs invariants 1, 3, 5 and 6 under hours of cleanup and kills, and the
+// pass lines of docs/RELIABILITY.md's soak section.
 func TestSoak(t *testing.T) {
 	if !soakMode() {
 		t.Parallel()
 	}
-	cfg := soakSettings(t)
-	env := newEnv(t, pgtest.New(t))
-	_, err := env.db.Pool.Exec(context.Background(), retiredSQL(env.db.Schema))
-	require.NoError(t, err)
+	for _, layout := range soakLayouts(t) {
+		t.Run(layout, func(t *testing.T) {
+			if !soakMode() {
+				t.Parallel()
+			}
+			runSoak(t, soakSettings(t, layout))
+		})
+	}
+}
+
+// runSoak is one soak on cfg's layout.
+func runSoak(t *testing.T, cfg soakConfig) {
+	env, first := newSoakEnv(t, cfg)
 	s := newSoak(t, env, cfg)
 	s.startProcs()
 	capacity := s.measureCapacity()
 	rate := capacity * cfg.load
-	t.Logf("soak: capacity %.1f fresh req/s at concurrency 8 over %s; offering %.1f req/s (%.0f%%) for %s; retention %s; a kill every %s; files in %s",
-		capacity, cfg.capacityFor, rate, cfg.load*100, cfg.duration, cfg.retention, cfg.killEvery, cfg.out)
+	t.Logf("soak: capacity %.1f fresh req/s at concurrency 8 over %s; offering %.1f req/s (%.0f%%) for %s; retention %s; layout %s; a kill every %s; files in %s",
+		capacity, cfg.capacityFor, rate, cfg.load*100, cfg.duration, cfg.retention, cfg.layoutName(), cfg.killEvery, cfg.out)
 	s.run(rate)
 	s.stopProcs()
 	require.NoError(t, s.writeFiles())
 
 	r := env.check(t, checkOpts{keys: s.load.submittedKeys(), retired: true})
 	c := s.load.counts()
-	t.Logf("soak: %s kills=%d retired=%d receipts_mailed=%d", c, s.kills(), r.Retired, s.mails.Load())
+	ctx := context.Background()
+	deleted, dropped, parts := retiredCounts(ctx, t, env, cfg.layout)
+	t.Logf("soak: %s kills=%d retired=%d (deleted %d, dropped with their partition %d; partitions dropped %d) receipts_mailed=%d",
+		c, s.kills(), r.Retired, deleted, dropped, parts, s.mails.Load())
 	require.Zero(t, r.DuplicateEffects+r.DuplicatePayments, "duplicate effects")
 	require.Zero(t, r.Unfinished, "unfinished keys")
 	require.Positive(t, r.Retired, "the cleanup deleted finished keys during the run")
+	require.Equal(t, int64(r.Retired), deleted+dropped, "every retired row says how it went")
+	if cfg.layout == layoutPartitioned {
+		n := requirePartitionsCaptured(ctx, t, env, first, cfg.width)
+		require.Positive(t, n, "the workers removed partitions during the run")
+		t.Logf("soak: %d partitions removed since the first, each drop captured", n)
+	}
 	require.Positive(t, s.kills(), "a server was killed and restarted")
 	require.Positive(t, s.mails.Load(), "the workers mailed receipts (their River client works)")
 	c.require(t)

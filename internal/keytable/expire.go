@@ -17,13 +17,61 @@ import (
 // rows locked by anyone else. It returns how many it deleted; fewer than limit means
 // the backlog is (for now) cleared. Unfinished and dead-lettered keys are never
 // deleted.
+//
+// On a partitioned key table it deletes only the finished keys of partitions past
+// their removal (every row created more than olderThan ago: RemovePartitions' own
+// test), which a partition's unfinished or dead-lettered key keeps attached. The
+// others go with their partition, without a row's delete: deleting them here, as
+// they finish, would leave the partitions nearly empty by the time they are
+// dropped, and the layout's saving (no delete's WAL, no vacuum of the key table) would
+// never come (docs/PARTITIONS.md, "Removing, never losing").
 func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
 	ms := olderThan.Milliseconds()
 	x := expiry{what: "finished", single: s.sql.expire, scan: s.sql.scanFinished, del: s.sql.expireFinishedKey}
-	return s.expire(ctx, db, x, ms, []any{ms, limit}, []any{ms, limit})
+	scanArgs := []any{ms, limit}
+	w, err := s.partitionWidth(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("expire finished keys: %w", err)
+	}
+	if w > 0 {
+		// A row created more than olderThan + w ago is in a partition whose upper
+		// bound is more than olderThan ago, and every row of such a partition was.
+		x.scan = s.sql.scanFinishedRemovable
+		scanArgs = append(scanArgs, (olderThan + w).Milliseconds())
+	}
+	return s.expire(ctx, db, x, ms, []any{ms, limit}, scanArgs)
+}
+
+// partitionWidth is the width of the key table's partitions, or 0 when the table is
+// not partitioned (learnt once, as the scans learn it) or its partitions' width
+// cannot be read.
+func (s *Store) partitionWidth(ctx context.Context, db DBTX) (time.Duration, error) {
+	if s.learnt.partitioned.Load() == 0 {
+		_, partitioned, err := s.scanLayout(ctx, db)
+		if err != nil {
+			return 0, err
+		}
+		s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
+	}
+	if s.learnt.partitioned.Load() != 2 {
+		return 0, nil
+	}
+	if a := s.part.addr.Load(); a != nil {
+		return a.width, nil
+	}
+	l, err := s.layout(ctx, db) // on Citus, or before the Store addressed partitions
+	if err != nil {
+		return 0, err
+	}
+	if w, err := l.width(); err == nil {
+		return w, nil
+	}
+	// Partitions not made by SetupPartitioned (named otherwise, no bounds to read a
+	// width from): expired by finish, as the plain table.
+	return 0, nil
 }
 
 // ExpireDead deletes, in one short statement, up to limit dead-lettered keys that were

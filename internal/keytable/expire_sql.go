@@ -1,6 +1,9 @@
 package keytable
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // The expiries' statements, and only them: the end of finished keys after their
 // retention, of dead-lettered keys after theirs, and of parked keys whose client never
@@ -92,6 +95,13 @@ var (
 	sqlScanFinished, sqlExpireFinishedKey = expiryOf("finished", "finished_at", "finished_at")
 	sqlScanDead, sqlExpireDeadKey         = expiryOf("dead", "updated_at", "created_at")
 )
+
+// sqlScanFinishedRemovable is sqlScanFinished on a partitioned key table: only the
+// keys created more than $3 ms ago (the retention and a partition's width), which
+// are in partitions past their removal (ExpireFinished). A row's created_at never
+// changes, so the per-key delete need not check it again.
+var sqlScanFinishedRemovable = strings.Replace(sqlScanFinished, "\nORDER BY ",
+	"\n\tAND created_at < statement_timestamp() - $3::bigint * interval '1 millisecond'\nORDER BY ", 1)
 
 // parkedGuard matches a parked key claimed more than $3 ms ago.
 const parkedGuard = `status = 'in_progress'

@@ -591,6 +591,17 @@ FROM pg_index WHERE indrelid = to_regclass($1)`, old).Scan(&n, &probes))
 // if the removal returns before it waited so.
 func killRemoval(t *testing.T, db *pgtest.DB, st *keytable.Store, app string, patterns ...string) error {
 	t.Helper()
+	return killWaiting(t, db, app, func(maint *pgxpool.Pool) error {
+		_, err := st.RemovePartitions(context.Background(), maint, 10*time.Minute)
+		return err
+	}, patterns...)
+}
+
+// killWaiting runs run on a pool of its own, named by app and db's schema, terminates
+// its backend once it waits on a lock while running a statement LIKE one of patterns,
+// and returns run's error. It fails the test if run returns before it waited so.
+func killWaiting(t *testing.T, db *pgtest.DB, app string, run func(*pgxpool.Pool) error, patterns ...string) error {
+	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
@@ -600,16 +611,69 @@ func killRemoval(t *testing.T, db *pgtest.DB, st *keytable.Store, app string, pa
 	require.NoError(t, err)
 	defer maint.Close()
 	done := make(chan error, 1)
-	go func() {
-		_, err := st.RemovePartitions(ctx, maint, 10*time.Minute)
-		done <- err
-	}()
+	go func() { done <- run(maint) }()
 	var killed bool
-	for !killed && len(done) == 0 { // the removal returning first is a failure
+	for !killed && len(done) == 0 { // run returning first is a failure
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(a.pid)) > 0
 FROM pg_stat_activity a WHERE a.application_name = $1 AND a.wait_event_type = 'Lock'
 	AND a.query LIKE ANY($2)`, app, patterns).Scan(&killed))
 	}
-	require.True(t, killed, "the removal waited for a lock at %q", patterns)
+	require.True(t, killed, "%s waited for a lock at %q", app, patterns)
 	return <-done
+}
+
+// TestExpireFinishedPartitioned: on a partitioned key table the expiry of finished
+// keys deletes only the keys of partitions past their removal (one kept attached by a
+// live key); a key that finished long enough ago, in a partition not yet past its
+// removal, is left to go with its partition. Its backend terminated while its delete
+// waits for the old partition's lock (the candidates chosen), the expiry deletes
+// nothing; the next one deletes that key, once, and nothing else.
+func TestExpireFinishedPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+	now := dbNow(t, db).UTC()
+	from := now.Truncate(time.Minute).Add(-41 * time.Minute)
+	old := addPartition(t, db, from)
+	at := func(ts time.Time) string { return `'` + ts.Format(time.RFC3339Nano) + `'` }
+	insertRaw(t, db, "old-finished", "00000000-0000-4000-8000-000000000001", "f", at(from.Add(time.Second)),
+		finishedSet+`, finished_at = `+at(from.Add(time.Second)))
+	insertRaw(t, db, "old-live", "00000000-0000-4000-8000-000000000002", "f", at(from.Add(2*time.Second)), releasedSet)
+	// In the current partition, finished (as the expiry reads it) 30 minutes ago: past
+	// the 10 minutes' retention, its partition not.
+	insertRaw(t, db, "recent-finished", "00000000-0000-4000-8000-000000000003", "f", at(now.Truncate(time.Minute)),
+		finishedSet+`, finished_at = `+at(now.Add(-30*time.Minute)))
+	keys := func() []string {
+		rows, err := db.Pool.Query(ctx, `SELECT idempotency_key FROM idemflow_keys ORDER BY 1`)
+		require.NoError(t, err)
+		k, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return k
+	}
+
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `LOCK TABLE `+old+` IN SHARE MODE`) // lets the scan read, not the delete write
+	require.NoError(t, err)
+	err = killWaiting(t, db, "idemflow_expire", func(maint *pgxpool.Pool) error {
+		_, err := st.ExpireFinished(ctx, maint, 10*time.Minute, 100)
+		return err
+	}, "WITH c AS%")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the expiry's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	require.Equal(t, []string{"old-finished", "old-live", "recent-finished"}, keys(), "nothing deleted")
+
+	n, err := st.ExpireFinished(ctx, db.Pool, 10*time.Minute, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []string{"old-live", "recent-finished"}, keys(),
+		"the old partition's finished key deleted; the current partition's left for its removal")
+	n, err = st.ExpireFinished(ctx, db.Pool, 10*time.Minute, 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	r, err := st.Lookup(ctx, db.Pool, "s", "recent-finished")
+	require.NoError(t, err)
+	require.Equal(t, keytable.StatusFinished, r.Status, "a retry of it is still a replay")
 }

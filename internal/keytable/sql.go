@@ -34,6 +34,7 @@ type statements struct {
 	abandon                                              string
 	// ScanPerKey's (scan.go).
 	scanDue, takeKey, scanFinished, expireFinishedKey string
+	scanFinishedRemovable                             string
 }
 
 // newStatements returns the statements on the key table: idemflow_keys in the current
@@ -48,6 +49,7 @@ func newStatements(schema string) statements {
 		takeDue: q(sqlTakeDue), giveBack: q(sqlGiveBack), park: q(sqlPark), deadLetter: q(sqlDeadLetter),
 		redrive: q(sqlRedrive), expire: q(sqlExpireFinished), abandon: q(sqlAbandon),
 		scanDue: q(sqlScanDue), takeKey: q(sqlTakeKey), scanFinished: q(sqlScanFinished), expireFinishedKey: q(sqlExpireFinishedKey),
+		scanFinishedRemovable: q(sqlScanFinishedRemovable),
 	}
 }
 
