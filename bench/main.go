@@ -82,6 +82,7 @@ type options struct {
 	drainKeys     int
 	sweepers      int
 	sweepConc     int
+	drainSample   time.Duration
 	backlog       int
 	liveWindow    time.Duration
 	docs          string
@@ -149,6 +150,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.drainKeys, "drain-keys", 5000, "stuck keys per sweeper drain")
 	fs.IntVar(&o.sweepers, "sweepers", 4, "sweeper processes in the multi-process drain")
 	fs.IntVar(&o.sweepConc, "sweeper-concurrency", 8, "sweeper.Config.Concurrency of each sweeper process")
+	fs.DurationVar(&o.drainSample, "drain-sample", 0, "drain part: sample the sweepers' backends (state, wait event) in pg_stat_activity this often, and log what was seen (0: not sampled; the samples cost server CPU)")
 	fs.IntVar(&o.backlog, "backlog", 200000, "expired finished keys for the retention run")
 	fs.DurationVar(&o.liveWindow, "live-window", 8*time.Second, "length of the retention run's baseline window")
 	fs.StringVar(&o.docs, "docs", "docs", "directory for BENCHMARKS.md and benchmarks.svg (empty: write nothing)")

@@ -23,6 +23,8 @@ type stmtStat struct {
 	Calls int64
 	Exec  float64 // ms
 	Plan  float64 // ms
+	Rows  int64   // rows returned or affected
+	Blks  int64   // shared buffers hit or read
 }
 
 // enablePgss creates pg_stat_statements where the admin connection reads it (the
@@ -46,7 +48,8 @@ func (e *env) enablePgss(ctx context.Context) bool {
 
 // stmtSnapshot reads the bench database's statement counters, without their texts.
 func (e *env) stmtSnapshot(ctx context.Context) (map[int64]stmtStat, error) {
-	rows, err := e.admin.Query(ctx, `SELECT queryid, calls, total_exec_time, total_plan_time
+	rows, err := e.admin.Query(ctx, `SELECT queryid, calls, total_exec_time, total_plan_time, rows,
+			shared_blks_hit + shared_blks_read
 		FROM pg_stat_statements(false) WHERE dbid = $1 AND toplevel AND queryid IS NOT NULL`, e.dbOID)
 	if err != nil {
 		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
@@ -56,7 +59,7 @@ func (e *env) stmtSnapshot(ctx context.Context) (map[int64]stmtStat, error) {
 	for rows.Next() {
 		var id int64
 		var s stmtStat
-		if err := rows.Scan(&id, &s.Calls, &s.Exec, &s.Plan); err != nil {
+		if err := rows.Scan(&id, &s.Calls, &s.Exec, &s.Plan, &s.Rows, &s.Blks); err != nil {
 			return nil, err
 		}
 		out[id] = s
@@ -69,7 +72,7 @@ func stmtDelta(before, after map[int64]stmtStat) map[int64]stmtStat {
 	out := map[int64]stmtStat{}
 	for id, a := range after {
 		b := before[id]
-		if d := (stmtStat{a.Calls - b.Calls, a.Exec - b.Exec, a.Plan - b.Plan}); d.Calls > 0 {
+		if d := (stmtStat{a.Calls - b.Calls, a.Exec - b.Exec, a.Plan - b.Plan, a.Rows - b.Rows, a.Blks - b.Blks}); d.Calls > 0 {
 			out[id] = d
 		}
 	}
@@ -119,7 +122,7 @@ func stmtProfile(cells []cell, variant string, conc int, texts map[int64]string)
 		n += c.N
 		for id, s := range c.Stmts {
 			t := sum[id]
-			sum[id] = stmtStat{t.Calls + s.Calls, t.Exec + s.Exec, t.Plan + s.Plan}
+			sum[id] = stmtStat{t.Calls + s.Calls, t.Exec + s.Exec, t.Plan + s.Plan, t.Rows + s.Rows, t.Blks + s.Blks}
 		}
 	}
 	if n == 0 {

@@ -357,6 +357,11 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	if err := e.check.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&dbStart); err != nil {
 		return nil, err
 	}
+	ts0, err := e.keyTableStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	smp := e.startDrainSampler(ctx, e.o.drainSample)
 	cpu0 := e.readCPU(false)
 	start := time.Now()
 	for _, k := range kids {
@@ -378,9 +383,15 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	})
 	res.Elapsed = time.Since(start)
 	cpu1 := e.readCPU(true)
+	smp.finish()
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
+	ts1, err := e.keyTableStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	logTableStats(ts0, ts1, res.Keys)
 	var last time.Time
 	if err := e.check.QueryRow(ctx, `SELECT max(finished_at) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&last); err != nil {
 		return nil, err
@@ -445,7 +456,9 @@ func (d *drainResult) logCost() {
 	}
 	slices.SortFunc(ss, func(a, b stmtRow) int { return -cmpFloat(a.total(), b.total()) })
 	for _, s := range ss[:min(len(ss), 8)] {
-		logf("drain:   statement %-60.60q %6.3f calls, %6.3f ms per key", s.Text, s.Calls, s.total())
+		st := d.Stmts[s.ID]
+		logf("drain:   statement %-60.60q %6.3f calls, %6.3f ms per key; per call %.1f rows, %.1f buffers",
+			s.Text, s.Calls, s.total(), float64(st.Rows)/float64(st.Calls), float64(st.Blks)/float64(st.Calls))
 	}
 }
 

@@ -30,7 +30,12 @@
 // Each pass takes over, in short statements with FOR UPDATE SKIP LOCKED, up to
 // Config.BatchSize keys that are in progress with an expired or released lease, due
 // (their backoff has passed) and older than Config.Grace, bumping each one's lock
-// version so that whatever ran it before can no longer commit. It runs them,
+// version so that whatever ran it before can no longer commit. Each statement reads
+// the due keys in due order from a random point (a random fraction of the time from
+// the oldest unfinished key's due time to now) and wraps around to the oldest: a lone
+// sweeper reaches every due key, and sweepers taking at once, in one process or many,
+// lock different keys rather than all reach for the oldest (on Citus and a partitioned
+// key table, whose sweeps scan per key, they start at the oldest). It runs them,
 // Config.Concurrency at a time, through the engine's executor from their recovery
 // point: the same phase code a client's retry runs, with the request stored on the key. A failed
 // attempt releases the key with an exponential backoff (the engine's BackoffBase and

@@ -175,3 +175,70 @@ func TestTakeoverBackendTerminated(t *testing.T) {
 	require.Equal(t, 1, b.provider.Made())
 	require.Equal(t, before.LockVersion+1, state(t, b.db, "k").LockVersion, "taken over once")
 }
+
+// Takeovers start at a random point of the due order and wrap around to the oldest. A
+// sweeper process (Engine.Start) killed right after taking over its second chunk from
+// such a point leaves what it took leased; three sweeper processes then drain the rest
+// at once, each statement from its own random point, skipping the dead one's keys; once
+// those leases end, passes here finish them. Every key is taken by one live sweeper and
+// finished once, with one effect; the last keys left, wherever they are due, are taken.
+func TestSweepersFromRandomStartsOneKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const keys, procs = 150, 3
+	b := setup(t, setupOpts{})
+	stuckKeys(t, b, keys)
+	// Due one every 20 seconds over the last hour: start points fall among them.
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys AS k
+		SET next_attempt_at = statement_timestamp() - interval '1 hour' + n.i * interval '20 seconds'
+		FROM (SELECT id, row_number() OVER (ORDER BY idempotency_key) AS i FROM idemflow_keys) AS n
+		WHERE k.id = n.id`)
+	require.NoError(t, err)
+
+	dead := startChild(t, b, "loop", envPoint+"="+childproc.Swept, fmt.Sprintf("%s=%d", envNth, loopConcurrency+1))
+	killed, _ := dead.Killed(t)
+	require.True(t, killed, "not killed at its second chunk: %s", dead.Stderr())
+	held := takenKeys(t, b, 1)
+	require.Greater(t, held, loopConcurrency, "the dead process took its second chunk")
+	require.Less(t, held, keys)
+
+	children := make([]*childproc.Child, procs)
+	for i := range children {
+		children[i] = startChild(t, b, "sweep")
+	}
+	for _, c := range children {
+		event(t, c, "ready")
+	}
+	for _, c := range children {
+		c.Send(t, "go")
+	}
+	var total sweeper.Stats
+	for i, c := range children {
+		st := finalStats(t, c)
+		t.Logf("sweeper process %d: %+v", i, st)
+		require.Zero(t, st.LeaseLost+st.Released+st.DeadLettered+st.GivenBack+st.Parked, "process %d: %+v", i, st)
+		total.Taken += st.Taken
+		total.Finished += st.Finished
+	}
+	var leased int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys
+		WHERE status = 'in_progress' AND locked_until > statement_timestamp()`).Scan(&leased))
+	require.Equal(t, keys-total.Finished, leased, "the live sweepers left only the dead one's leased keys")
+
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = timestamptz '2000-01-01 00:00:00+00'
+		WHERE locked_until IS NOT NULL`)
+	require.NoError(t, err)
+	for range keys {
+		st, err := b.engine.Sweep(ctx, &sweeper.Config{Grace: -1})
+		require.NoError(t, err)
+		require.Zero(t, st.LeaseLost+st.Released+st.DeadLettered+st.GivenBack, "%+v", st)
+		total.Taken += st.Taken
+		total.Finished += st.Finished
+		if st.Taken == 0 {
+			break
+		}
+	}
+	require.Equal(t, keys, total.Taken, "every key taken once by a live sweeper")
+	require.Equal(t, keys, total.Finished)
+	requireEachKeyOnce(t, b, keys)
+}

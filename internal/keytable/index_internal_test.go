@@ -62,7 +62,8 @@ func checkIndexPlans(t *testing.T, conn *pgxpool.Conn, s *Store, partitioned boo
 		name, index, sql string
 		args             []any
 	}{
-		{"takeDue", "due", s.sql.takeDue, []any{10, 0, 60000, flows, 10, nil}},
+		{"takeDue", "due", s.sql.takeDue, []any{10, 0, 60000, flows, 10, nil, 0.0}},
+		{"takeDue from a later start", "due", s.sql.takeDue, []any{10, 0, 60000, flows, 10, nil, 0.5}},
 		{"scanDue", "due", s.sql.scanDue, []any{10, 0, flows, nil}},
 		{"expireParked", "due", s.admin.expireParked, []any{0, 10, flows}},
 		{"scanParked", "due", s.admin.scanParked, []any{flows, 10, 0}},

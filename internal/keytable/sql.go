@@ -169,15 +169,46 @@ RETURNING ` + leasedColumns("5")
 // records an expired lease's attempt as abandoned (history kept $5). Only keys at a
 // recovery point in $6 (knownPoint), with a fingerprint and phase data this release
 // reads (knownFormat), are taken: see format.go.
+//
+// The candidates are read in next_attempt_at order from a start point, $7 of the way
+// (a fraction in [0, 1)) from the oldest unfinished key's due time to now
+// (takeDueStart), and then, if fewer than $1 were found, from the oldest up to that
+// point: every due key is within reach of every statement, and with $7 = 0 the order
+// is the oldest due first. Sweepers that take at once from different start points
+// read and lock different rows, where from one start they would all read the same
+// oldest keys. The LIMIT over both parts stops the second part's scan before it reads
+// a row when the first found enough. (Each part is a subquery of its own: PostgreSQL
+// refuses FOR UPDATE in a part of a UNION.)
 var sqlTakeDue = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + historyAbandoned("5") + `,
 	locked_until = statement_timestamp() + $3::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
 WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
-		SELECT ctid
+		SELECT c.ctid FROM (
+			SELECT a.ctid FROM (` + takeDueCandidates(">=") + `) AS a
+			UNION ALL
+			SELECT b.ctid FROM (` + takeDueCandidates("<") + `) AS b
+		) AS c
+		LIMIT $1))
+	AND status = 'in_progress'
+	AND next_attempt_at <= statement_timestamp()
+	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
+RETURNING ` + leasedColumns("3")
+
+// takeDueStart is sqlTakeDue's start point: $7 of the way from the oldest unfinished
+// key's due time (the first entry of idemflow_keys_due_idx) to now; NULL when no key
+// is unfinished (then nothing is due either). An initplan: computed once a statement.
+const takeDueStart = `(SELECT o.next_attempt_at + (statement_timestamp() - o.next_attempt_at) * $7::float8
+	FROM idemflow_keys AS o WHERE o.status = 'in_progress' ORDER BY o.next_attempt_at LIMIT 1)`
+
+// takeDueCandidates is one part of sqlTakeDue's candidates: due keys whose
+// next_attempt_at is cmp (">=" or "<") the start point, oldest due first, locked.
+func takeDueCandidates(cmp string) string {
+	return `SELECT ctid
 		FROM idemflow_keys
 		WHERE status = 'in_progress'
 			AND next_attempt_at <= statement_timestamp()
+			AND next_attempt_at ` + cmp + ` ` + takeDueStart + `
 			AND (locked_until IS NULL OR locked_until <= statement_timestamp())
 			AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
 			AND flow = ANY($4::text[])
@@ -185,11 +216,8 @@ WHERE ` + ownTableRows + `ctid = ANY(ARRAY(
 			AND ` + knownFormat + `
 		ORDER BY next_attempt_at
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED))
-	AND status = 'in_progress'
-	AND next_attempt_at <= statement_timestamp()
-	AND (locked_until IS NULL OR locked_until <= statement_timestamp())
-RETURNING ` + leasedColumns("3")
+		FOR UPDATE SKIP LOCKED`
+}
 
 // sqlTakeDuePlan sets, for the rest of its transaction, the planner settings the
 // takeover (sqlTakeDue) runs under: with them its candidates are read from

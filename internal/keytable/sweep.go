@@ -30,6 +30,13 @@ type TakeDue struct {
 	// History is how many history entries a key keeps, for the abandoned attempt a
 	// takeover records (see Store.Takeover). 0: history is off.
 	History int
+	// From is where in the order of due keys the statement starts reading, as a
+	// fraction in [0, 1) of the time from the oldest unfinished key's due time to now;
+	// it then wraps around to the oldest, so every due key is within its reach. 0: the
+	// oldest due first. Sweepers that take at once from different points lock
+	// different keys rather than all reach for the oldest. The per-key scan
+	// (ScanPerKey: partitioned tables, Citus) always starts at the oldest.
+	From float64
 }
 
 // Park is what Park writes on a key row that only its client can finish.
@@ -63,13 +70,16 @@ type DeadLetter struct {
 // the number of keys due; with ScanPerKey: a scan and a statement per key, in two round
 // trips), up to q.Limit unfinished keys whose lease expired or
 // was released, that are due (next_attempt_at) and older than q.Grace, of a flow in
-// q.Flows, oldest due first. Each is returned with its lock version and attempt count
+// q.Flows, in due order from q.From (0: the oldest due first), wrapping around. Each is returned with its lock version and attempt count
 // bumped and a fresh lease. Keys locked by another transaction are skipped, not waited
 // for, so concurrent sweepers take disjoint sets and live traffic is never blocked. It
 // returns an empty slice when nothing is due.
 func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("take due keys: limit %d is not positive", q.Limit)
+	}
+	if !(q.From >= 0 && q.From < 1) {
+		return nil, fmt.Errorf("take due keys: start point %v is outside [0, 1)", q.From)
 	}
 	if len(q.Flows) == 0 {
 		return []*Row{}, nil
@@ -81,7 +91,7 @@ func (s *Store) TakeDue(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error)
 	if perKey {
 		return s.takeDuePerKey(ctx, db, q)
 	}
-	args := []any{q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0), pointKeys(q.Points)}
+	args := []any{q.Limit, q.Grace.Milliseconds(), q.Lease.Milliseconds(), q.Flows, max(q.History, 0), pointKeys(q.Points), q.From}
 	out := []*Row{}
 	switch db := db.(type) {
 	case *pgxpool.Pool: // a transaction of its own in one round trip

@@ -45,6 +45,17 @@ func TestTakeDueReadsWhatItTakes(t *testing.T) {
 		response_headers = '{}', response_body = '{}', finished_at = statement_timestamp() WHERE idempotency_key LIKE 'done%'`)
 	require.NoError(t, err)
 
+	for _, from := range []float64{0, 0.5, 0.999} { // the oldest first; from the middle and the end, wrapping around
+		checkTakeDuePlan(t, db, s, limit, from)
+	}
+}
+
+// checkTakeDuePlan runs EXPLAIN ANALYZE of the takeover of limit keys from start point
+// from, rolled back, and checks that it took limit keys and that no node of its plan
+// handled more.
+func checkTakeDuePlan(t *testing.T, db *pgtest.DB, s *Store, limit int, from float64) {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -52,12 +63,12 @@ func TestTakeDueReadsWhatItTakes(t *testing.T) {
 	require.NoError(t, err)
 	var out []byte
 	err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON, TIMING OFF, COSTS OFF) `+s.sql.takeDue,
-		limit, 0, 60000, []string{"f"}, 10, nil).Scan(&out)
+		limit, 0, 60000, []string{"f"}, 10, nil, from).Scan(&out)
 	require.NoError(t, err)
 	var plan []struct{ Plan planNode }
 	require.NoError(t, json.Unmarshal(out, &plan))
 	require.Len(t, plan, 1)
-	t.Logf("plan: %s", out)
+	t.Logf("plan from %v: %s", from, out)
 	most := 0
 	var walk func(n planNode)
 	walk = func(n planNode) {
@@ -67,8 +78,8 @@ func TestTakeDueReadsWhatItTakes(t *testing.T) {
 		}
 	}
 	walk(plan[0].Plan)
-	require.Equal(t, limit, plan[0].Plan.ActualRows, "the takeover took its limit")
-	require.LessOrEqual(t, most, limit, "a node of the takeover's plan handled more rows than it takes")
+	require.Equal(t, limit, plan[0].Plan.ActualRows, "the takeover from %v took its limit", from)
+	require.LessOrEqual(t, most, limit, "a node of the takeover's plan from %v handled more rows than it takes", from)
 }
 
 // planNode is what TestTakeDueReadsWhatItTakes reads of a node of EXPLAIN's JSON.

@@ -3,6 +3,7 @@ package keytable_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -112,6 +113,44 @@ func testTakeDueOrderAndLimit(t *testing.T, st *keytable.Store) {
 	taken, err = st.TakeDue(ctx, db.Pool, q)
 	require.NoError(t, err)
 	require.Equal(t, []string{"c"}, takenKeys(taken))
+}
+
+// A takeover starts at TakeDue.From of the way from the oldest unfinished key's due
+// time to now, takes in due order from there, and wraps around to the oldest: keys
+// before the start point are taken when those after it run out. A start point outside
+// [0, 1) is refused and takes nothing.
+func TestTakeDueFrom(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rows := map[string][]string{}
+	for i := range 10 { // k0 due 10 minutes ago, ..., k9 1 minute ago
+		rows[fmt.Sprintf("k%d", i)] = []string{fmt.Sprintf(`UPDATE idemflow_keys SET locked_until = NULL,
+			next_attempt_at = statement_timestamp() - interval '%d minutes' WHERE idempotency_key = $1`, 10-i)}
+	}
+	sweepRows(t, db, rows)
+	st := keytable.New()
+	take := func(from float64, limit int) []string {
+		t.Helper()
+		taken, err := st.TakeDue(ctx, db.Pool, keytable.TakeDue{Limit: limit, Lease: time.Minute, Flows: []string{"f"}, From: from})
+		require.NoError(t, err)
+		return takenKeys(taken)
+	}
+	for _, bad := range []float64{1, -0.1, math.NaN(), math.Inf(1)} {
+		_, err := st.TakeDue(ctx, db.Pool, keytable.TakeDue{Limit: 10, Lease: time.Minute, Flows: []string{"f"}, From: bad})
+		require.ErrorContains(t, err, "outside [0, 1)", "start point %v", bad)
+	}
+	var leased int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE locked_until IS NOT NULL`).Scan(&leased))
+	require.Zero(t, leased, "a refused start point took nothing")
+
+	// Start 4.5 of 10 minutes in: k5 is the first key due after it.
+	require.Equal(t, []string{"k5", "k6", "k7"}, take(0.45, 3), "in due order from the start point")
+	// Start just before now: no key is due after it, so the oldest are taken.
+	require.Equal(t, []string{"k0", "k1"}, take(0.99, 2), "wrapped around to the oldest")
+	// The rest after the start point, then the rest before it.
+	require.Equal(t, []string{"k2", "k3", "k4", "k8", "k9"}, take(0.45, 10), "every due key is within reach")
+	require.Empty(t, take(0, 10))
 }
 
 // A row someone holds locked is skipped, not waited for: another sweeper taking it, or

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -203,8 +204,11 @@ const chunkGrowth = 4
 
 // TakeDue takes over, in one short statement (keytable.Store.TakeDue), up to limit keys that are in progress
 // with an expired or released lease, due (their backoff has passed), claimed more than
-// grace ago (0: GraceDefault; -1: no grace), and of a flow Flows names, oldest due
-// first. Keys of other flows, and keys a newer build wrote, are left alone. Rows
+// grace ago (0: GraceDefault; -1: no grace), and of a flow Flows names, in due order
+// from a random point (keytable.TakeDue.From, a new one for each statement), wrapping
+// around to the oldest: sweepers taking at once, in one process or many, read and lock
+// different keys rather than all reach for the oldest, and a lone sweeper still reaches
+// every due key. Keys of other flows, and keys a newer build wrote, are left alone. Rows
 // locked by anyone else are skipped rather than waited for, so any number of sweepers
 // take disjoint sets. Each key taken is told to Event (EventSwept).
 //
@@ -220,7 +224,7 @@ func (s *Takeover) TakeDue(ctx context.Context, limit int, grace time.Duration) 
 	defer cancel()
 	rows, err := s.Env.Store.TakeDue(ctx, s.Env.Pool, keytable.TakeDue{
 		Limit: limit, Grace: max(cmp.Or(grace, GraceDefault), 0), Lease: s.Config.Lease, Flows: flows,
-		Points: points, History: s.Config.History,
+		Points: points, History: s.Config.History, From: rand.Float64(),
 	})
 	if err != nil {
 		return nil, err
