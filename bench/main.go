@@ -112,6 +112,9 @@ type options struct {
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
+	// partitionGeneric: the partitions part also runs its week-partitioned sides
+	// through pools whose connections force generic plans.
+	partitionGeneric bool
 	// partitionSides: the sides of the retained-keys cells (partitionSideNames).
 	partitionSides []string
 	// partitionConfigs: the server configurations the partitions part runs on
@@ -164,6 +167,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.partitionBatchedKeys, "partition-batched-keys", 0, "partitions part: keys of the cleanup's batched-deletes side (0: -partition-keys)")
 	fs.BoolVar(&o.partitionRetained, "partition-retained", true, "partitions part: also run the retained-keys cells (false: only the cleanup, and the week of sizes if asked)")
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
+	fs.BoolVar(&o.partitionGeneric, "partition-generic-plans", false, "partitions part: also run the week-partitioned sides with plan_cache_mode = force_generic_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
 	fs.StringVar(&partSides, "partition-sides", strings.Join(partitionSideNames, ","), "partitions part: the sides of the retained-keys cells (empty is always run: the reference)")
 	fs.StringVar(&o.partitionConfigs, "partition-configs", "production,default", "partitions part: the server configurations it runs on, one after the other (as -growth-configs); budget lines from the first")

@@ -530,14 +530,15 @@ type retainedSide struct {
 	s             *growthDB
 }
 
-// customPlanSide is another pool and engine on s's database whose connections plan
-// every statement for its parameters (plan_cache_mode = force_custom_plan).
-func (e *env) customPlanSide(ctx context.Context, s *growthDB, providerURL, name string, conc int) (*growthDB, error) {
+// planModeSide is another pool and engine on s's database whose connections plan
+// their statements as mode (plan_cache_mode: force_custom_plan plans every statement
+// for its parameters, force_generic_plan once for all).
+func (e *env) planModeSide(ctx context.Context, s *growthDB, providerURL, name, mode string, conc int) (*growthDB, error) {
 	cfg, err := poolConfig(s.db.serverURL, s.db.name, s.db.schema, "bench-"+name, int32(conc+2))
 	if err != nil {
 		return nil, err
 	}
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = mode
 	c := &growthDB{name: name, db: benchDB{serverURL: s.db.serverURL, name: s.db.name, schema: s.db.schema}, replay: newRecentRing(200000)}
 	if c.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
@@ -604,11 +605,16 @@ func (e *env) retainedSides(ctx context.Context, providerURL string, dbs []retai
 	}
 	logf("partitions: partitions of each side: %v", parts)
 	for _, sp := range dbs {
-		if !e.o.partitionCustom || sp.width != store.PartitionDay {
+		suffix, mode := "_custom", "force_custom_plan"
+		switch {
+		case e.o.partitionCustom && sp.width == store.PartitionDay:
+		case e.o.partitionGeneric && sp.width == store.PartitionWeek:
+			suffix, mode = "_generic", "force_generic_plan"
+		default:
 			continue
 		}
-		name := sp.name + "_custom"
-		c, err := e.customPlanSide(ctx, sp.s, providerURL, name, conc)
+		name := sp.name + suffix
+		c, err := e.planModeSide(ctx, sp.s, providerURL, name, mode, conc)
 		if err != nil {
 			return nil, closeAll, err
 		}
@@ -669,6 +675,7 @@ func (e *env) retainedCells(ctx context.Context, providerURL string, dbs []retai
 				float64(l.n)/l.elapsed.Seconds(), ms(quantile(l.lats, 0.5)), ms(quantile(l.lats, 0.99)), float64(perReq)/float64(time.Microsecond))
 		}
 	}
+	e.logSideStatements(ctx, sides)
 	for _, mode := range []string{"fresh", "replay"} {
 		a := medianDur(p50[empty.name+" "+mode])
 		for _, sd := range sides {
@@ -711,6 +718,38 @@ func (e *env) chosenLayoutFigure(mode string, p50, cpu map[string][]time.Duratio
 		med, ratios[0], ratios[len(ratios)-1], ms(medianDur(week)), ms(medianDur(plain)),
 		float64(cw)/float64(time.Microsecond), float64(cp)/float64(time.Microsecond), cpuRatio, n, len(ratios)))
 	logf("partitions retained %-6s chosen layout (week) ÷ plain, both holding %d keys: %s", mode, n, e.figs.text(id))
+}
+
+// logSideStatements logs, for each side, the statements its backends spent the most
+// time in over the cells (pg_stat_statements, where the server has it loaded:
+// the bench's own server; the production-like one does not load it), with their mean
+// execution and planning time and shared buffers read: where a side's extra cost is.
+func (e *env) logSideStatements(ctx context.Context, sides []retainedSide) {
+	if _, err := e.check.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		logf("partitions statements: not read (%v)", err)
+		return
+	}
+	for _, sd := range sides {
+		rows, err := e.check.Query(ctx, `SELECT calls, total_exec_time / calls, total_plan_time / calls,
+	(shared_blks_hit + shared_blks_read)::float8 / calls, left(regexp_replace(query, '\s+', ' ', 'g'), 110)
+FROM pg_stat_statements(true) s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = $1 AND calls > 100 ORDER BY total_exec_time + total_plan_time DESC LIMIT 8`, sd.s.db.name)
+		if err != nil {
+			logf("partitions statements %s: not read (%v)", sd.name, err)
+			return
+		}
+		for rows.Next() {
+			var calls int64
+			var exec, plan, blks float64
+			var q string
+			if err := rows.Scan(&calls, &exec, &plan, &blks, &q); err != nil {
+				rows.Close()
+				return
+			}
+			logf("partitions statements %-21s %8d calls exec %7.3f ms plan %6.3f ms %6.1f blocks  %s", sd.name, calls, exec, plan, blks, q)
+		}
+		rows.Close()
+	}
 }
 
 // medianDur is the median of durations (unsorted).
