@@ -32,8 +32,16 @@ type citusDistribution struct {
 // factor, whether that group is the default one (the lowest-numbered group of that
 // shard count, replication factor and column type outside a tenant schema, as Citus
 // picks it), and another table of its colocation group, if any.
-const sqlCitusDistribution = `SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey), c.shardcount, c.replicationfactor,
-	p.colocationid = (SELECT min(d.colocationid) FROM pg_dist_colocation d
+//
+// The colocation group's row can be missing (seen on Citus 12.1 when another schema's
+// set-up committed while this one waited for the set-up lock: the table still names
+// the group in pg_dist_partition): the shard count and replication factor are then
+// read from the table's own shards and placements, and the group taken as the default
+// one. Reading no row there would leave the new partitioned key table on the
+// coordinator alone, not distributed (TestPartitionedExportByEachTool on Citus found it).
+const sqlCitusDistribution = `SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey),
+	coalesce(c.shardcount, sh.shards), coalesce(c.replicationfactor, sh.placements / greatest(sh.shards, 1)),
+	c.colocationid IS NULL OR p.colocationid = (SELECT min(d.colocationid) FROM pg_dist_colocation d
 		WHERE (d.shardcount, d.replicationfactor, d.distributioncolumntype, d.distributioncolumncollation)
 				= (c.shardcount, c.replicationfactor, c.distributioncolumntype, c.distributioncolumncollation)
 			AND NOT EXISTS (SELECT 1 FROM pg_dist_schema s WHERE s.colocationid = d.colocationid)),
@@ -41,7 +49,10 @@ const sqlCitusDistribution = `SELECT pg_catalog.column_to_column_name(p.logicalr
 		WHERE o.colocationid = p.colocationid AND o.logicalrelid <> p.logicalrelid
 			AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = o.logicalrelid)
 		ORDER BY o.logicalrelid LIMIT 1), 'default')
-FROM pg_dist_partition p JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
+FROM pg_dist_partition p LEFT JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
+	CROSS JOIN LATERAL (SELECT count(DISTINCT s.shardid)::int AS shards, count(pl.placementid)::int AS placements
+		FROM pg_dist_shard s LEFT JOIN pg_dist_placement pl ON pl.shardid = s.shardid
+		WHERE s.logicalrelid = p.logicalrelid) sh
 WHERE p.logicalrelid = to_regclass($1) AND p.partmethod = 'h'`
 
 // readCitusDistribution returns how Citus distributes l's key table, or nil when
