@@ -199,7 +199,11 @@ FROM (SELECT date_trunc('minute', statement_timestamp()) + $3 * interval '1 minu
 	require.Positive(t, st.Partitions.Removal, "the removal's time")
 	require.Positive(t, st.Partitions.DropLock, "the drop's lock hold")
 	require.LessOrEqual(t, st.Partitions.DropLock, st.Partitions.Removal)
-	require.Zero(t, st.Partitions.Stall, "no plain detach off Citus")
+	if pgtest.CitusMode() {
+		require.Positive(t, st.Partitions.Stall, "Citus detaches plainly, under a bounded lock: its stall is reported")
+	} else {
+		require.Zero(t, st.Partitions.Stall, "no plain detach off Citus")
+	}
 	mu.Lock()
 	require.Contains(t, logs.String(), `msg="sweeper: removed key table partitions" removed=1 kept=1 took=`)
 	mu.Unlock()
