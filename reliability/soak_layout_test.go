@@ -65,7 +65,7 @@ func newSoakEnv(t testing.TB, cfg soakConfig) (*env, *store.Partition) {
 	var first *store.Partition
 	if cfg.layout == layoutPartitioned {
 		if pgtest.CitusMode() {
-			t.Skip("skipped: the partitioned layout is not distributed on Citus (docs/PARTITIONS.md)")
+			t.Skip("skipped on Citus: the capture of a dropped partition's rows for the checker (an event trigger on the coordinator) is not built for distributed partitions")
 		}
 		st, err := store.NewInSchema(db.Schema)
 		require.NoError(t, err)
