@@ -125,11 +125,17 @@ func testNetworkFault(t *testing.T, env *env, f networkFault) {
 // (SET LOCAL): set on the whole pool, it would also fire on any of the engine's own
 // statements that a busy machine slowed to 200 ms (a commit waiting for its fsync),
 // failing the first attempt's expected error or the count of timeouts.
+//
+// The lease is long for the same reason: it also bounds the phase's transaction (a
+// context deadline), so a lease of 2 s let a machine that stalled the transaction's
+// first round trips for 1.8 s cancel the sleep by the lease before the statement
+// timeout fired (a CI run at load failed so). No key waits for its lease here: the
+// first attempt releases its key, the retry and the sweeper take it over at once.
 func TestStatementTimeout(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, pgtest.New(t))
 	var timeouts atomic.Int64
-	cfg := &workflow.Config{Lease: 2 * time.Second, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+	cfg := &workflow.Config{Lease: time.Minute, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
 		Hooks: workflow.Hooks{PhaseEnd: func(ctx context.Context, ev workflow.PhaseEvent, err error) {
 			var pg *pgconn.PgError
 			if errors.As(err, &pg) && pg.Code == "57014" { // query_canceled: statement_timeout
@@ -151,6 +157,8 @@ func TestStatementTimeout(t *testing.T) {
 		res, err := en.Do(ctx, req)
 		env.answers.record("acct", key, fromDo(res, err, "engine"))
 		require.ErrorIs(t, err, workflow.ErrTransient, "the statement timeout fired and nothing was stored")
+		var pg *pgconn.PgError
+		require.True(t, errors.As(err, &pg) && pg.Code == "57014", "key %s: the first attempt failed by the statement timeout, not by %v", key, err)
 		a, err := env.retryUntilFinal(ctx, en, req, 5*time.Second)
 		require.NoError(t, err)
 		require.Equal(t, 201, a.Status)
