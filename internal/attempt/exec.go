@@ -414,6 +414,13 @@ func (x *Exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev vocab
 		tx.startWith(keytable.Head{Fence: x.fence})
 	}
 	v = tx.end(decide(runTx(ctx, p, tx, x.run)))
+	if v.kind == fail && !errors.Is(v.err, vocab.ErrLeaseExpired) {
+		// A statement of the phase's that the lease's end cancelled fails with pgx's
+		// "context deadline exceeded": name the lease, as a commit it stopped does.
+		if cause := context.Cause(ctx); errors.Is(cause, vocab.ErrLeaseExpired) {
+			v.err = fmt.Errorf("%w: %w", cause, v.err)
+		}
+	}
 	if v.kind == fail && errors.Is(v.err, keytable.ErrLeaseLost) {
 		x.lostAtCommit = true // the check is the commit's fence, sent first: reported as lost
 	}
