@@ -64,7 +64,8 @@ func checkIndexPlans(t *testing.T, conn *pgxpool.Conn, s *Store, partitioned boo
 	}{
 		{"takeDue", "due", s.sql.takeDue, []any{10, 0, 60000, flows, 10, nil, 0.0}},
 		{"takeDue from a later start", "due", s.sql.takeDue, []any{10, 0, 60000, flows, 10, nil, 0.5}},
-		{"scanDue", "due", s.sql.scanDue, []any{10, 0, flows, nil}},
+		{"scanDue", "due", s.sql.scanDue, []any{10, 0, flows, nil, 0.0}},
+		{"scanDue from a later start", "due", s.sql.scanDue, []any{10, 0, flows, nil, 0.5}},
 		{"expireParked", "due", s.admin.expireParked, []any{0, 10, flows}},
 		{"scanParked", "due", s.admin.scanParked, []any{flows, 10, 0}},
 		{"list in_progress", "due", list(StatusInProgress), []any{"", "", 0, 10}},

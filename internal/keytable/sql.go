@@ -198,8 +198,14 @@ RETURNING ` + leasedColumns("3")
 // takeDueStart is sqlTakeDue's start point: $7 of the way from the oldest unfinished
 // key's due time (the first entry of idemflow_keys_due_idx) to now; NULL when no key
 // is unfinished (then nothing is due either). An initplan: computed once a statement.
-const takeDueStart = `(SELECT o.next_attempt_at + (statement_timestamp() - o.next_attempt_at) * $7::float8
+var takeDueStart = dueStart("7")
+
+// dueStart is a start point $n of the way from the oldest unfinished key's due time to
+// now (takeDueStart, sqlScanDue's).
+func dueStart(n string) string {
+	return `(SELECT o.next_attempt_at + (statement_timestamp() - o.next_attempt_at) * $` + n + `::float8
 	FROM idemflow_keys AS o WHERE o.status = 'in_progress' ORDER BY o.next_attempt_at LIMIT 1)`
+}
 
 // takeDueCandidates is one part of sqlTakeDue's candidates: due keys whose
 // next_attempt_at is cmp (">=" or "<") the start point, oldest due first, locked.

@@ -19,16 +19,31 @@ const dueGuard = `status = 'in_progress'
 
 // sqlScanDue lists up to $1 due keys older than $2 ms, of a flow in $3, at a recovery
 // point in $4 (knownPoint), with a fingerprint and phase data this release reads
-// (knownFormat): scope, key, lock version, created_at.
-var sqlScanDue = `SELECT scope, idempotency_key, lock_version, created_at
-FROM idemflow_keys
-WHERE ` + dueGuard + `
-	AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
-	AND flow = ANY($3::text[])
-	AND ` + knownPoint("4") + `
-	AND ` + knownFormat + `
-ORDER BY next_attempt_at
+// (knownFormat): scope, key, lock version, created_at. Like sqlTakeDue it reads in
+// next_attempt_at order from a start point $5 of the way from the oldest unfinished
+// key's due time to now, then from the oldest up to that point, so that sweepers that
+// scan at once from different start points list different keys.
+var sqlScanDue = `SELECT c.scope, c.idempotency_key, c.lock_version, c.created_at FROM (
+	SELECT a.* FROM (` + scanDueCandidates(">=") + `) AS a
+	UNION ALL
+	SELECT b.* FROM (` + scanDueCandidates("<") + `) AS b
+) AS c
 LIMIT $1`
+
+// scanDueCandidates is one part of sqlScanDue: due keys whose next_attempt_at is cmp
+// (">=" or "<") the start point, oldest due first.
+func scanDueCandidates(cmp string) string {
+	return `SELECT scope, idempotency_key, lock_version, created_at
+		FROM idemflow_keys
+		WHERE ` + dueGuard + `
+			AND next_attempt_at ` + cmp + ` ` + dueStart("5") + `
+			AND created_at <= statement_timestamp() - $2::bigint * interval '1 millisecond'
+			AND flow = ANY($3::text[])
+			AND ` + knownPoint("4") + `
+			AND ` + knownFormat + `
+		ORDER BY next_attempt_at
+		LIMIT $1`
+}
 
 // sqlTakeKey takes over the due key $1, $2 created at $7 (its partition) if its lock
 // version is still $3, as sqlTakeDue does for a batch: a lease of $4 ms, history kept

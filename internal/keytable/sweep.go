@@ -128,19 +128,19 @@ type beginner interface {
 }
 
 // scanSpread is how many candidates a per-key sweep scans for each key it may take.
-// Sweepers that scan at once read the same oldest candidates; one that finds the first
-// ones taken by another goes on to the next, so that they share the work rather than
-// race for the same keys and come back empty.
+// Sweepers that scan at once from nearby start points read the same candidates; one
+// that finds the first ones taken by another goes on to the next, so that they share
+// the work rather than race for the same keys and come back empty.
 const scanSpread = 4
 
 // takeDuePerKey is TakeDue for ScanPerKey: a scan for up to scanSpread×q.Limit
-// candidates, oldest due first, then takeover statements for the first q.Limit of
+// candidates, in due order from q.From, then takeover statements for the first q.Limit of
 // them in one round trip, and again with the next ones for those that were not taken
 // (another sweeper took them, a request holds them, or they finished since the scan),
 // until q.Limit are taken or the candidates run out.
 func (s *Store) takeDuePerKey(ctx context.Context, db DBTX, q TakeDue) ([]*Row, error) {
 	points := pointKeys(q.Points)
-	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows, points)
+	cands, err := scanKeys(ctx, db, s.sql.scanDue, scanSpread*q.Limit, q.Grace.Milliseconds(), q.Flows, points, q.From)
 	if err != nil {
 		return nil, fmt.Errorf("take due keys: scan: %w", err)
 	}

@@ -119,7 +119,9 @@ func testTakeDueOrderAndLimit(t *testing.T, st *keytable.Store) {
 // time to now, takes in due order from there, and wraps around to the oldest: keys
 // before the start point are taken when those after it run out. A start point outside
 // [0, 1) is refused and takes nothing.
-func TestTakeDueFrom(t *testing.T) {
+func TestTakeDueFrom(t *testing.T) { forEachScan(t, testTakeDueFrom) }
+
+func testTakeDueFrom(t *testing.T, st *keytable.Store) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
@@ -129,7 +131,6 @@ func TestTakeDueFrom(t *testing.T) {
 			next_attempt_at = statement_timestamp() - interval '%d minutes' WHERE idempotency_key = $1`, 10-i)}
 	}
 	sweepRows(t, db, rows)
-	st := keytable.New()
 	take := func(from float64, limit int) []string {
 		t.Helper()
 		taken, err := st.TakeDue(ctx, db.Pool, keytable.TakeDue{Limit: limit, Lease: time.Minute, Flows: []string{"f"}, From: from})
