@@ -29,6 +29,8 @@ const (
 	envProvider = "IDEMFLOW_SWEEP_PROVIDER_URL"
 	envPoint    = "IDEMFLOW_SWEEP_CRASH_POINT"
 	envNth      = "IDEMFLOW_SWEEP_CRASH_NTH" // the time the crash point is reached that fires (default the first)
+	envScan     = "IDEMFLOW_SWEEP_SCAN"      // the engine's Config.Scan (default: the engine's choice)
+	envApp      = "IDEMFLOW_SWEEP_APP"       // the application_name of the child's sessions (default pgx's)
 	envKey      = "IDEMFLOW_SWEEP_KEY"
 )
 
@@ -56,7 +58,14 @@ type childLine struct {
 func runChild() {
 	mode := os.Getenv(envMode)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv(envDBURL))
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(envDBURL))
+	if err != nil {
+		childproc.Fail("connect", err)
+	}
+	if app := os.Getenv(envApp); app != "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		childproc.Fail("connect", err)
 	}
@@ -74,11 +83,13 @@ func runChild() {
 			return ctx
 		}
 	}
-	cfg := &workflow.Config{Hooks: hooks}
-	if mode == "sweep" {
+	cfg := &workflow.Config{Hooks: hooks, Scan: workflow.Scan(os.Getenv(envScan))}
+	if mode == "sweep" || mode == "loop" {
 		// A lease sized for a slow machine: a pass's workers reach the last keys it
 		// took long after it took them when the cores are busy, and a key with too
 		// little of its lease left is given back unrun, which the test counts as a fault.
+		// A killed loop's keys must stay leased until the test ends their leases by
+		// the database clock, however slowly the live sweepers around them run.
 		cfg.Lease = 10 * time.Minute
 	}
 	e, err := workflow.New(pool, cfg)
@@ -136,6 +147,29 @@ func startChild(t *testing.T, b *bundle, mode string, env ...string) *childproc.
 	t.Helper()
 	env = append(env, childproc.Program("sweeper"), envMode+"="+mode, envDBURL+"="+b.db.URL, envProvider+"="+b.provider.URL)
 	return childproc.Start(t, "^$", env...)
+}
+
+// waitSessionsGone waits until the server has ended every session named app: the
+// backends of a killed child finish the statement they were running (a COMMIT sent
+// before the kill still commits) and exit when they find its socket closed.
+func waitSessionsGone(t *testing.T, b *bundle, app string) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(time.Minute)
+	for {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		if n == 0 {
+			return
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("the sessions of %s did not end within a minute", app)
+		case <-tick.C:
+		}
+	}
 }
 
 // event reads the child's next line and requires it to be the event want.
