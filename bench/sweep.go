@@ -7,13 +7,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -204,36 +202,15 @@ func runMode(ctx context.Context, mode string, eng *workflow.Engine, cfg *workfl
 	return nil
 }
 
-// child is a running sweeper process.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
-}
-
 // startChildren starts n sweeper processes and waits until each is ready.
 func (e *env) startChildren(ctx context.Context, n int, providerURL string, extra ...string) ([]*child, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	var kids []*child
 	for range n {
-		args := append(append([]string{childCommand}, e.db.childArgs()...), append([]string{"-provider", providerURL}, extra...)...)
-		cmd := exec.CommandContext(ctx, exe, args...)
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
+		k, err := e.startChild(ctx, "sweeper process", nil, childCommand, append([]string{"-provider", providerURL}, extra...)...)
 		if err != nil {
 			return kids, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return kids, err
-		}
-		if err := cmd.Start(); err != nil {
-			return kids, fmt.Errorf("start sweeper process: %w", err)
-		}
-		kids = append(kids, &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)})
+		kids = append(kids, k)
 	}
 	for _, k := range kids {
 		if !k.out.Scan() || k.out.Text() != "ready" {
@@ -243,12 +220,7 @@ func (e *env) startChildren(ctx context.Context, n int, providerURL string, extr
 	return kids, nil
 }
 
-func (k *child) send(line string) error {
-	_, err := io.WriteString(k.stdin, line+"\n")
-	return err
-}
-
-// finish reads the child's report and waits for it to exit.
+// finish reads the sweeper process's report and waits for it to exit.
 func (k *child) finish() (childReport, error) {
 	var rep childReport
 	if !k.out.Scan() {
@@ -263,15 +235,6 @@ func (k *child) finish() (childReport, error) {
 		return rep, fmt.Errorf("sweeper process: %w", err)
 	}
 	return rep, nil
-}
-
-func killAll(kids []*child) {
-	for _, k := range kids {
-		if k.cmd.ProcessState == nil && k.cmd.Process != nil {
-			_ = k.cmd.Process.Kill()
-			_ = k.cmd.Wait()
-		}
-	}
 }
 
 // drainResult is one sweeper drain.
