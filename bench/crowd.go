@@ -27,7 +27,6 @@ package main
 // both processes waited for a CPU (schedstat) and their goroutines for Go's scheduler.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,11 +45,11 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 	"github.com/idemflow/idemflow/workflow"
 )
 
@@ -147,22 +146,14 @@ func runCrowdServer(args []string) error {
 			gone.Add(1)
 		}
 	}))
-	mux.HandleFunc("GET "+refusalStatsPath, func(w http.ResponseWriter, _ *http.Request) {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	handleChildStats(mux, func() crowdServerStats {
 		ps := pool.Stat()
-		st := crowdServerStats{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Allocs: heapAllocs(), Requests: requests.Load(),
+		return crowdServerStats{CPU: cpumeter.Self(), Allocs: heapAllocs(), Requests: requests.Load(),
 			NewConns: ps.NewConnsCount(), EmptyAcquires: ps.EmptyAcquireCount(), CanceledAcq: ps.CanceledAcquireCount(), AcquireWait: ps.AcquireDuration(),
 			Slow: slow.Load(), Gone: gone.Load(), Conns: conns.Load(), RunDelay: selfRunDelay(), Sched: schedCounts()}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
 	// charges serve's timeouts (examples/charges newHTTPServer).
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		ConnState: func(_ net.Conn, s http.ConnState) {
@@ -170,9 +161,9 @@ func runCrowdServer(args []string) error {
 				conns.Add(1)
 			}
 		}}
-	go func() { _ = srv.Serve(ln) }()
-	fmt.Println(ln.Addr().String())
-	_, _ = io.Copy(io.Discard, os.Stdin) // until the bench closes it
+	if err := serveChild(srv); err != nil {
+		return err
+	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = eng.Drain(sctx)
@@ -270,63 +261,47 @@ func (e *env) crowdRun(ctx context.Context, round int, pinned bool) (crowdRun, e
 	return run, nil
 }
 
-// crowdPinArgs prefixes argv with taskset to the cpus when pinned.
-func crowdPinArgs(pinned bool, cpus string, argv ...string) []string {
+// crowdPin is the command prefix that pins a process to the cpus (taskset) when
+// pinned, else nil.
+func crowdPin(pinned bool, cpus string) []string {
 	if !pinned {
-		return argv
+		return nil
 	}
-	return append([]string{"taskset", "-c", cpus}, argv...)
+	return []string{"taskset", "-c", cpus}
 }
 
 // startCrowdServer starts a crowd server process (pinned: on every CPU but the
 // generator's) and reads its address.
 func (e *env) startCrowdServer(ctx context.Context, pinned bool) (*crowdServer, error) {
 	o := e.o
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	var serverCPUs []string
 	for c := range runtime.NumCPU() {
 		if c != o.crowdCPU {
 			serverCPUs = append(serverCPUs, strconv.Itoa(c))
 		}
 	}
-	args := append([]string{exe, crowdServerCommand}, e.db.childArgs()...)
-	args = append(args, "-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String())
-	argv := crowdPinArgs(pinned, strings.Join(serverCPUs, ","), args...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	kid, err := e.startChild(ctx, "the crowd's server process", crowdPin(pinned, strings.Join(serverCPUs, ",")), crowdServerCommand,
+		"-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String())
 	if err != nil {
 		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the crowd's server process: %w", err)
 	}
 	stats := &http.Client{Timeout: 30 * time.Second}
 	srv := &crowdServer{stats: stats, stop: func() {
 		stats.CloseIdleConnections()
-		stdin.Close()
-		_ = cmd.Wait()
+		kid.stop()
 	}}
-	out := bufio.NewScanner(stdout)
-	if !out.Scan() {
+	if srv.base, err = kid.baseURL(); err != nil {
 		srv.stop()
-		return nil, errors.New("the crowd's server process did not say its address")
+		return nil, err
 	}
-	srv.base = "http://" + out.Text()
 	return srv, nil
 }
 
 // crowdPhase runs the load generator once (pinned: on its own CPU) with genArgs, and
 // reads its counts and the server's stats before and after.
 func (e *env) crowdPhase(ctx context.Context, srv *crowdServer, pinned bool, genArgs ...string) (crowdPhase, error) {
-	exe, err := os.Executable()
+	gen, err := selfCommand(ctx, crowdPin(pinned, strconv.Itoa(e.o.crowdCPU)), crowdCommand,
+		append([]string{"-url", srv.base, "-client", e.o.crowdClient}, genArgs...)...)
 	if err != nil {
 		return crowdPhase{}, err
 	}
@@ -334,10 +309,6 @@ func (e *env) crowdPhase(ctx context.Context, srv *crowdServer, pinned bool, gen
 	if err != nil {
 		return crowdPhase{}, err
 	}
-	a := append([]string{exe, crowdCommand, "-url", srv.base, "-client", e.o.crowdClient}, genArgs...)
-	a = crowdPinArgs(pinned, strconv.Itoa(e.o.crowdCPU), a...)
-	gen := exec.CommandContext(ctx, a[0], a[1:]...)
-	gen.Stderr = os.Stderr
 	b, err := gen.Output()
 	if err != nil {
 		return crowdPhase{}, fmt.Errorf("crowd: the load generator: %w", err)

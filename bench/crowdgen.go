@@ -33,10 +33,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/idemflow/idemflow/idemhttp"
+	"github.com/idemflow/idemflow/testkit/cpumeter"
 )
 
 // crowdCounts is what the load generator counts in one phase.
@@ -165,7 +165,7 @@ func (g *crowdGen) charge(ctx context.Context, timeout time.Duration) {
 
 // window runs the measured window of length dur, from now, and returns the counts.
 func (g *crowdGen) window(dur time.Duration) crowdCounts {
-	cpu0, delay0, sched0 := selfCPU(), selfRunDelay(), schedCounts()
+	cpu0, delay0, sched0 := cpumeter.Self(), selfRunDelay(), schedCounts()
 	g.counting.Store(true)
 	start := time.Now()
 	<-time.After(dur)
@@ -174,7 +174,7 @@ func (g *crowdGen) window(dur time.Duration) crowdCounts {
 	return crowdCounts{Seconds: time.Since(start).Seconds(), Charges: c.charges.Load(), Started: c.started.Load(), Dropped: c.dropped.Load(),
 		RefusedRA: c.refusedRA.Load(), RefusedNoRA: c.refusedNoRA.Load(), InProgress: c.inProgress.Load(),
 		TimedOut: c.timedOut.Load(), Errors: c.errors.Load(), Other: c.other.Load(), Dials: c.dials.Load(),
-		CPU:      float64(selfCPU()-cpu0) / float64(time.Microsecond),
+		CPU:      float64(cpumeter.Self()-cpu0) / float64(time.Microsecond),
 		RunDelay: float64(selfRunDelay()-delay0) / float64(time.Microsecond),
 		Sched:    schedWaitsBetween(sched0, schedCounts())}
 }
@@ -387,13 +387,6 @@ func cmpOr(d, def time.Duration) time.Duration {
 		return d
 	}
 	return def
-}
-
-// selfCPU is this process's CPU time so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // selfRunDelay is the time this process's threads have spent runnable, waiting for

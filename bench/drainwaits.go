@@ -21,10 +21,9 @@ WHERE datname = $1 AND application_name = $2 AND backend_type = 'client backend'
 
 // drainSampler samples the sweepers' backends until finish.
 type drainSampler struct {
-	stop, done chan struct{}
-	samples    int
-	seen       map[string]int // "state: wait type/event" -> backends seen so
-	err        error
+	loop    *sampleLoop
+	samples int
+	seen    map[string]int // "state: wait type/event" -> backends seen so
 }
 
 // startDrainSampler samples every interval on e.sampler's connection; nil when every is 0.
@@ -32,24 +31,8 @@ func (e *env) startDrainSampler(ctx context.Context, every time.Duration) *drain
 	if every <= 0 {
 		return nil
 	}
-	s := &drainSampler{stop: make(chan struct{}), done: make(chan struct{}), seen: map[string]int{}}
-	go func() {
-		defer close(s.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if s.err = s.sample(ctx, e); s.err != nil {
-				return
-			}
-		}
-	}()
+	s := &drainSampler{seen: map[string]int{}}
+	s.loop = startSampleLoop(ctx, every, func(ctx context.Context) error { return s.sample(ctx, e) })
 	return s
 }
 
@@ -79,10 +62,8 @@ func (s *drainSampler) finish() {
 	if s == nil {
 		return
 	}
-	close(s.stop)
-	<-s.done
-	if s.err != nil {
-		logf("drain: sampling pg_stat_activity failed: %v", s.err)
+	if err := s.loop.end(); err != nil {
+		logf("drain: sampling pg_stat_activity failed: %v", err)
 		return
 	}
 	keys := make([]string, 0, len(s.seen))

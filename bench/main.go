@@ -305,28 +305,14 @@ func (o *options) check() error {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == refuserCommand {
-		if err := runRefuser(os.Args[2:]); err != nil {
-			fmt.Fprintf(os.Stderr, "bench %s: %v\n", refuserCommand, err)
-			os.Exit(1)
-		}
-		return
-	}
-	for name, sub := range map[string]func([]string) error{crowdServerCommand: runCrowdServer, crowdCommand: runCrowd} {
-		if len(os.Args) > 1 && os.Args[1] == name {
+	if len(os.Args) > 1 {
+		if sub, ok := subcommands[os.Args[1]]; ok {
 			if err := sub(os.Args[2:]); err != nil {
-				fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+				fmt.Fprintf(os.Stderr, "bench %s: %v\n", os.Args[1], err)
 				os.Exit(1)
 			}
 			return
 		}
-	}
-	if len(os.Args) > 1 && os.Args[1] == childCommand {
-		if err := runChild(os.Args[2:]); err != nil {
-			fmt.Fprintf(os.Stderr, "bench %s: %v\n", childCommand, err)
-			os.Exit(1)
-		}
-		return
 	}
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {

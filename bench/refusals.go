@@ -30,24 +30,19 @@ package main
 // CPU and allocations around it.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,11 +59,10 @@ const refuserCommand = "__refuser"
 
 // The refuser's routes.
 const (
-	refusalIdemPath  = chargeRoute
-	refusalOverPath  = "/overloaded" + chargeRoute
-	refusalBarePath  = "/bare" + chargeRoute
-	refusalStatsPath = "/stats"
-	refusalScope     = "X-Account" // the header the handler's Scope reads
+	refusalIdemPath = chargeRoute
+	refusalOverPath = "/overloaded" + chargeRoute
+	refusalBarePath = "/bare" + chargeRoute
+	refusalScope    = "X-Account" // the header the handler's Scope reads
 )
 
 // The refusals part's figures, set by refusals.
@@ -145,21 +139,11 @@ func runRefuser(args []string) error {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	mux.HandleFunc("GET "+refusalStatsPath, func(w http.ResponseWriter, _ *http.Request) {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		st := refuserStats{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Allocs: heapAllocs()}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(st)
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	handleChildStats(mux, func() refuserStats { return refuserStats{CPU: cpumeter.Self(), Allocs: heapAllocs()} })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second}
+	if err := serveChild(srv); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	fmt.Println(ln.Addr().String())
-	_, _ = io.Copy(io.Discard, os.Stdin) // until the bench closes it
 	return srv.Close()
 }
 
@@ -230,32 +214,15 @@ type refusalRound struct {
 // refusals runs the refusals part and hands its figures to the budget.
 func (e *env) refusals(ctx context.Context) error {
 	o := e.o
-	exe, err := os.Executable()
+	kid, err := e.startChild(ctx, "the refusals server process", nil, refuserCommand)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, exe, append([]string{refuserCommand}, e.db.childArgs()...)...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	defer kid.stop()
+	base, err := kid.baseURL()
 	if err != nil {
 		return err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the refusals server process: %w", err)
-	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	}()
-	out := bufio.NewScanner(stdout)
-	if !out.Scan() {
-		return errors.New("the refusals server process did not say its address")
-	}
-	base := "http://" + out.Text()
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: o.refusalConc, MaxConnsPerHost: o.refusalConc}}
 	defer client.CloseIdleConnections()
 
@@ -414,23 +381,4 @@ func (e *env) refusalLoad(ctx context.Context, client *http.Client, base, path s
 // refuserRead reads the server process's CPU and allocations.
 func refuserRead(ctx context.Context, client *http.Client, base string) (refuserStats, error) {
 	return readChildStats[refuserStats](ctx, client, base, "refusals: read the server process's stats")
-}
-
-// readChildStats reads the stats a server process of the bench's serves at
-// refusalStatsPath, as JSON into a T; what names the reading in an error.
-func readChildStats[T any](ctx context.Context, client *http.Client, base, what string) (T, error) {
-	var st T
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+refusalStatsPath, nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("%s: %w", what, err)
-	}
-	return st, nil
 }

@@ -381,12 +381,48 @@ type activity struct {
 	Untracked   int
 }
 
+// sampleLoop calls a sample function every interval, on a goroutine of its own, until
+// stopped, ctx's end or the function's first error.
+type sampleLoop struct {
+	stop, done chan struct{}
+	err        error
+}
+
+// startSampleLoop starts calling sample every interval.
+func startSampleLoop(ctx context.Context, every time.Duration, sample func(context.Context) error) *sampleLoop {
+	l := &sampleLoop{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if l.err = sample(ctx); l.err != nil {
+				return
+			}
+		}
+	}()
+	return l
+}
+
+// end stops the loop and returns the error that ended it, if any. What the sample
+// function wrote may be read after end.
+func (l *sampleLoop) end() error {
+	close(l.stop)
+	<-l.done
+	return l.err
+}
+
 // sampler samples pg_stat_activity until stopped.
 type sampler struct {
-	stop chan struct{}
-	done chan struct{}
+	loop *sampleLoop
 	act  activity
-	err  error
 }
 
 const sqlActivity = `
@@ -397,25 +433,8 @@ WHERE datname = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid
 	AND (state LIKE 'idle in transaction%' OR wait_event_type = 'Lock')`
 
 func (e *env) startSampler(ctx context.Context, every time.Duration, k *tracker) *sampler {
-	s := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if err := s.sample(ctx, e, k); err != nil {
-				s.err = err
-				return
-			}
-		}
-	}()
+	s := &sampler{}
+	s.loop = startSampleLoop(ctx, every, func(ctx context.Context) error { return s.sample(ctx, e, k) })
 	return s
 }
 
@@ -456,9 +475,8 @@ func (s *sampler) sample(ctx context.Context, e *env, k *tracker) error {
 }
 
 func (s *sampler) finish() (activity, error) {
-	close(s.stop)
-	<-s.done
-	return s.act, s.err
+	err := s.loop.end()
+	return s.act, err
 }
 
 // slowRun runs every variant at every concurrency once with the slow provider, with

@@ -7,13 +7,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -204,36 +202,15 @@ func runMode(ctx context.Context, mode string, eng *workflow.Engine, cfg *workfl
 	return nil
 }
 
-// child is a running sweeper process.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
-}
-
 // startChildren starts n sweeper processes and waits until each is ready.
 func (e *env) startChildren(ctx context.Context, n int, providerURL string, extra ...string) ([]*child, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	var kids []*child
 	for range n {
-		args := append(append([]string{childCommand}, e.db.childArgs()...), append([]string{"-provider", providerURL}, extra...)...)
-		cmd := exec.CommandContext(ctx, exe, args...)
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
+		k, err := e.startChild(ctx, "sweeper process", nil, childCommand, append([]string{"-provider", providerURL}, extra...)...)
 		if err != nil {
 			return kids, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return kids, err
-		}
-		if err := cmd.Start(); err != nil {
-			return kids, fmt.Errorf("start sweeper process: %w", err)
-		}
-		kids = append(kids, &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)})
+		kids = append(kids, k)
 	}
 	for _, k := range kids {
 		if !k.out.Scan() || k.out.Text() != "ready" {
@@ -243,12 +220,7 @@ func (e *env) startChildren(ctx context.Context, n int, providerURL string, extr
 	return kids, nil
 }
 
-func (k *child) send(line string) error {
-	_, err := io.WriteString(k.stdin, line+"\n")
-	return err
-}
-
-// finish reads the child's report and waits for it to exit.
+// finish reads the sweeper process's report and waits for it to exit.
 func (k *child) finish() (childReport, error) {
 	var rep childReport
 	if !k.out.Scan() {
@@ -263,15 +235,6 @@ func (k *child) finish() (childReport, error) {
 		return rep, fmt.Errorf("sweeper process: %w", err)
 	}
 	return rep, nil
-}
-
-func killAll(kids []*child) {
-	for _, k := range kids {
-		if k.cmd.ProcessState == nil && k.cmd.Process != nil {
-			_ = k.cmd.Process.Kill()
-			_ = k.cmd.Wait()
-		}
-	}
 }
 
 // drainResult is one sweeper drain.
@@ -322,21 +285,16 @@ func scopes(prefix string) []string {
 // key, and finalize.
 func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 	res := &drainResult{Procs: procs, Concurrency: e.o.sweepConc, Keys: e.o.drainKeys}
-	prefix := fmt.Sprintf("drain%d_%s", procs, e.runID)
-	sc := scopes(prefix)
-	idem := e.variant(vIdem)
+	sc := scopes(fmt.Sprintf("drain%d_%s", procs, e.runID))
 
-	// Make the stuck keys.
 	setupStart := time.Now()
-	if err := e.makeStuckKeys(ctx, idem, sc, res.Keys); err != nil {
+	if err := e.makeStuckKeys(ctx, e.variant(vIdem), sc, res.Keys); err != nil {
 		return nil, err
 	}
 	res.Setup = time.Since(setupStart)
 
-	// Drain them.
-	prov := chargeflow.NewProvider(0, 0)
 	var called atomic.Int64
-	provSrv := httptest.NewServer(countCalls(prov.Handler(), &called))
+	provSrv := httptest.NewServer(countCalls(chargeflow.NewProvider(0, 0).Handler(), &called))
 	defer provSrv.Close()
 	kids, err := e.startChildren(ctx, procs, provSrv.URL, "-mode", "drain",
 		"-concurrency", strconv.Itoa(e.o.sweepConc))
@@ -345,28 +303,38 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 		return nil, err
 	}
 	logf("drain: %d stuck keys, %d sweeper process(es) x concurrency %d", res.Keys, procs, e.o.sweepConc)
-	var st0 map[int64]stmtStat
-	if e.pgss {
-		if st0, err = e.stmtSnapshot(ctx); err != nil {
-			return nil, err
-		}
-	}
-	// The drain's time runs, by the database clock, from just before the start signal to
-	// the last key's finish: the polling below, which notices the end later, adds nothing.
-	var dbStart time.Time
-	if err := e.check.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&dbStart); err != nil {
+	if err := e.runDrain(ctx, res, sc, kids, &called); err != nil {
 		return nil, err
 	}
-	ts0, err := e.keyTableStats(ctx)
+	if res.Child, err = stopSweepers(kids); err != nil {
+		return nil, err
+	}
+	logf("drain: %d processes: %.0f keys/s (%s)", procs, res.KeysPerSec, res.Elapsed.Round(time.Millisecond))
+	res.logCost()
+	return res, e.verifyDrain(ctx, res, sc, provSrv)
+}
+
+// drainMark is what a drain reads before the sweepers start, to measure it from.
+type drainMark struct {
+	stmts   map[int64]stmtStat // pg_stat_statements (nil when not loaded)
+	dbStart time.Time          // the database clock
+	table   tableStats
+	cpu     cpumeter.Times // read just before the start signal
+}
+
+// runDrain starts the ready sweepers kids and waits until they have finished every
+// key of the scopes sc (the provider has answered every key, called counting), and
+// sets res's time and cost figures.
+func (e *env) runDrain(ctx context.Context, res *drainResult, sc []string, kids []*child, called *atomic.Int64) error {
+	mark, err := e.markDrain(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	smp := e.startDrainSampler(ctx, e.o.drainSample)
-	cpu0 := e.readCPU(false)
-	start := time.Now()
+	mark.cpu = e.readCPU(false)
 	for _, k := range kids {
 		if err := k.send("go"); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	limit := max(2*time.Minute, time.Duration(res.Keys)*20*time.Millisecond)
@@ -381,52 +349,78 @@ func (e *env) drain(ctx context.Context, procs int) (*drainResult, error) {
 			WHERE scope = ANY($1) AND status <> 'finished'`, sc).Scan(&left)
 		return left == 0, err
 	})
-	res.Elapsed = time.Since(start)
-	cpu1 := e.readCPU(true)
+	cpu := e.readCPU(true)
 	smp.finish()
 	if err != nil {
-		return nil, fmt.Errorf("drain: %w", err)
+		return fmt.Errorf("drain: %w", err)
 	}
-	ts1, err := e.keyTableStats(ctx)
+	return e.measureDrain(ctx, res, sc, mark, cpu)
+}
+
+// markDrain reads the figures a drain is measured from.
+func (e *env) markDrain(ctx context.Context) (drainMark, error) {
+	var m drainMark
+	var err error
+	if e.pgss {
+		if m.stmts, err = e.stmtSnapshot(ctx); err != nil {
+			return m, err
+		}
+	}
+	// The drain's time runs, by the database clock, from just before the start signal to
+	// the last key's finish: the polling, which notices the end later, adds nothing.
+	if err := e.check.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&m.dbStart); err != nil {
+		return m, err
+	}
+	m.table, err = e.keyTableStats(ctx)
+	return m, err
+}
+
+// measureDrain sets res's time and cost figures of the drain of the scopes sc from
+// mark, cpu the CPU times read at its end.
+func (e *env) measureDrain(ctx context.Context, res *drainResult, sc []string, mark drainMark, cpu cpumeter.Times) error {
+	table, err := e.keyTableStats(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	logTableStats(ts0, ts1, res.Keys)
+	logTableStats(mark.table, table, res.Keys)
 	var last time.Time
 	if err := e.check.QueryRow(ctx, `SELECT max(finished_at) FROM idemflow_keys WHERE scope = ANY($1)`, sc).Scan(&last); err != nil {
-		return nil, err
+		return err
 	}
-	res.Elapsed = last.Sub(dbStart)
+	res.Elapsed = last.Sub(mark.dbStart)
 	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
-	res.ServerCPU, res.BenchCPU = math.NaN(), ms(cpu1.Client-cpu0.Client)/float64(res.Keys)
+	res.ServerCPU, res.BenchCPU = math.NaN(), ms(cpu.Client-mark.cpu.Client)/float64(res.Keys)
 	if e.cpu.Local() {
-		res.ServerCPU = ms(cpu1.Server-cpu0.Server) / float64(res.Keys)
+		res.ServerCPU = ms(cpu.Server-mark.cpu.Server) / float64(res.Keys)
 	}
-	if e.pgss {
-		st1, err := e.stmtSnapshot(ctx)
-		if err != nil {
-			return nil, err
-		}
-		res.Stmts = stmtDelta(st0, st1)
-		if res.texts, err = e.stmtTexts(ctx); err != nil {
-			return nil, err
-		}
+	if !e.pgss {
+		return nil
 	}
+	stmts, err := e.stmtSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	res.Stmts = stmtDelta(mark.stmts, stmts)
+	res.texts, err = e.stmtTexts(ctx)
+	return err
+}
+
+// stopSweepers tells the sweepers kids to stop and sums their reports.
+func stopSweepers(kids []*child) (childReport, error) {
 	for _, k := range kids {
 		if err := k.send("stop"); err != nil {
-			return nil, err
+			return childReport{}, err
 		}
 	}
+	var sum childReport
 	for _, k := range kids {
 		rep, err := k.finish()
 		if err != nil {
-			return nil, err
+			return childReport{}, err
 		}
-		res.Child.add(rep)
+		sum.add(rep)
 	}
-	logf("drain: %d processes: %.0f keys/s (%s)", procs, res.KeysPerSec, res.Elapsed.Round(time.Millisecond))
-	res.logCost()
-	return res, e.verifyDrain(ctx, res, sc, provSrv)
+	return sum, nil
 }
 
 // logCost logs where a drain's time went, per key: CPU of the server, the sweepers
