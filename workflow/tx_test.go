@@ -294,60 +294,50 @@ const (
 )
 
 // TestTxPhaseOutlivesLease: a tx phase still running when the attempt's lease runs out
-// fails with ErrLeaseExpired (inside a *TransientError), and nothing it wrote commits.
+// fails with ErrLeaseExpired (inside a *TransientError), and nothing it wrote commits:
+// whether its Go code is still running (hung until the lease ends) or one of its
+// statements is (cancelled by the lease's end: the error keeps pgx's own beside the
+// lease's).
 func TestTxPhaseOutlivesLease(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
-	require.NoError(t, err)
-	e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
-	require.NoError(t, err)
-	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
-		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			if err := note(ctx, tx, run.Scope()); err != nil {
-				return nil, err
+	for name, hang := range map[string]func(ctx context.Context, tx phases.DBTX) error{
+		"GoCode": func(ctx context.Context, tx phases.DBTX) error {
+			<-ctx.Done()
+			return nil
+		},
+		"Statement": func(ctx context.Context, tx phases.DBTX) error {
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(3600)`)
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
+			require.NoError(t, err)
+			e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
+			require.NoError(t, err)
+			require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
+				phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+					if err := note(ctx, tx, run.Scope()); err != nil {
+						return nil, err
+					}
+					if err := hang(ctx, tx); err != nil {
+						return nil, err
+					}
+					return tenants.Created(ctx, tx)
+				}),
+			}}))
+			_, err = e.Do(ctx, tenants.Req("a"))
+			require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+			require.ErrorIs(t, err, workflow.ErrTransient)
+			if name == "Statement" {
+				require.ErrorIs(t, err, context.DeadlineExceeded, "the statement's own error is kept")
 			}
-			<-ctx.Done() // hung until the lease ends
-			return tenants.Created(ctx, tx)
-		}),
-	}}))
-	_, err = e.Do(ctx, tenants.Req("a"))
-	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
-	require.ErrorIs(t, err, workflow.ErrTransient)
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM notes`).Scan(&n))
-	require.Zero(t, n, "nothing of the phase committed")
-}
-
-// TestTxStatementOutlivesLease: a statement of a tx phase's that is still running when
-// the attempt's lease runs out is cancelled, and the attempt's error names the lease
-// (ErrLeaseExpired, inside a *TransientError), not only pgx's deadline; nothing the
-// phase wrote commits.
-func TestTxStatementOutlivesLease(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
-	require.NoError(t, err)
-	e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
-	require.NoError(t, err)
-	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
-		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			if err := note(ctx, tx, run.Scope()); err != nil {
-				return nil, err
-			}
-			if _, err := tx.Exec(ctx, `SELECT pg_sleep(3600)`); err != nil { // ended by the lease
-				return nil, err
-			}
-			return tenants.Created(ctx, tx)
-		}),
-	}}))
-	_, err = e.Do(ctx, tenants.Req("a"))
-	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
-	require.ErrorIs(t, err, workflow.ErrTransient)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "the statement's own error is kept")
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM notes`).Scan(&n))
-	require.Zero(t, n, "nothing of the phase committed")
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM notes`).Scan(&n))
+			require.Zero(t, n, "nothing of the phase committed")
+		})
+	}
 }
