@@ -35,7 +35,7 @@
 // the oldest unfinished key's due time to now) and wraps around to the oldest: a lone
 // sweeper reaches every due key, and sweepers taking at once, in one process or many,
 // lock different keys rather than all reach for the oldest (on Citus and a partitioned
-// key table, whose sweeps scan per key, they start at the oldest). It runs them,
+// key table, whose sweeps scan per key, each scan lists its candidates so). It runs them,
 // Config.Concurrency at a time, through the engine's executor from their recovery
 // point: the same phase code a client's retry runs, with the request stored on the key. A failed
 // attempt releases the key with an exponential backoff (the engine's BackoffBase and

@@ -341,3 +341,41 @@ func TestTxPhaseOutlivesLease(t *testing.T) {
 		})
 	}
 }
+
+// TestTxClaimOutlivesLease: a new key's claim that is still running when the lease
+// runs out (its own round trip before the phase's function, as at REPEATABLE READ;
+// a trigger holds its insert) is cancelled, and the attempt's error names the lease as
+// a phase's statement does. The phase's function never runs; nothing is written.
+func TestTxClaimOutlivesLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql
+		AS $$ BEGIN PERFORM pg_sleep(3600); RETURN NEW; END $$`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CREATE TRIGGER hold_claim BEFORE INSERT ON idemflow_keys
+		FOR EACH ROW EXECUTE FUNCTION hold_claim()`) // ended by the lease
+	require.NoError(t, err)
+	e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
+	require.NoError(t, err)
+	ran := make(chan struct{}, 1)
+	write := phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+		ran <- struct{}{}
+		if err := note(ctx, tx, run.Scope()); err != nil {
+			return nil, err
+		}
+		return tenants.Created(ctx, tx)
+	})
+	write.IsoLevel = pgx.RepeatableRead
+	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{write}}))
+	_, err = e.Do(ctx, tenants.Req("a"))
+	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the claim's own error is kept")
+	require.Empty(t, ran, "the phase's function did not run")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
+	require.Zero(t, n, "nothing written")
+}

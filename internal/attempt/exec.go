@@ -414,17 +414,27 @@ func (x *Exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev vocab
 		tx.startWith(keytable.Head{Fence: x.fence})
 	}
 	v = tx.end(decide(runTx(ctx, p, tx, x.run)))
-	if v.kind == fail && !errors.Is(v.err, vocab.ErrLeaseExpired) {
-		// A statement of the phase's that the lease's end cancelled fails with pgx's
-		// "context deadline exceeded": name the lease, as a commit it stopped does.
-		if cause := context.Cause(ctx); errors.Is(cause, vocab.ErrLeaseExpired) {
-			v.err = fmt.Errorf("%w: %w", cause, v.err)
-		}
+	if v.kind == fail {
+		v.err = leaseNamed(ctx, v.err)
 	}
 	if v.kind == fail && errors.Is(v.err, keytable.ErrLeaseLost) {
 		x.lostAtCommit = true // the check is the commit's fence, sent first: reported as lost
 	}
 	return v, step{}, true
+}
+
+// leaseNamed is err naming the lease when the lease that bounds ctx (txOnce's) ended
+// and err does not name it yet: a statement the lease's end cancelled (a phase's, or
+// a new key's claim before it) fails with pgx's "context deadline exceeded" alone.
+// Named, as a commit it stopped is.
+func leaseNamed(ctx context.Context, err error) error {
+	if err == nil || errors.Is(err, vocab.ErrLeaseExpired) {
+		return err
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, vocab.ErrLeaseExpired) {
+		return fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
 }
 
 // commitPhase writes the key row as v asks and commits (commit): the phase went on,
@@ -604,7 +614,7 @@ func (x *Exec) claimKey(ctx context.Context, tx *phaseTx) (step, bool) {
 	got, row, err := tx.claim(ctx, x.claim)
 	switch {
 	case err != nil:
-		return x.failed(err), false
+		return x.failed(leaseNamed(ctx, err)), false
 	case got == claimOwned:
 		return step{}, true
 	}

@@ -644,6 +644,13 @@ func TestExpireFinishedPartitioned(t *testing.T) {
 	// the 10 minutes' retention, its partition not.
 	insertRaw(t, db, "recent-finished", "00000000-0000-4000-8000-000000000003", "f", at(now.Truncate(time.Minute)),
 		finishedSet+`, finished_at = `+at(now.Add(-30*time.Minute)))
+	// Created more than the retention ago but less than the retention and a width (a
+	// minute) ago, half a width's margin either side: its partition may not be past its
+	// removal yet, so it is left too.
+	within := now.Add(-10*time.Minute - 30*time.Second)
+	addPartition(t, db, within.Truncate(time.Minute))
+	insertRaw(t, db, "within-width", "00000000-0000-4000-8000-000000000004", "f", at(within),
+		finishedSet+`, finished_at = `+at(within))
 	keys := func() []string {
 		rows, err := db.Pool.Query(ctx, `SELECT idempotency_key FROM idemflow_keys ORDER BY 1`)
 		require.NoError(t, err)
@@ -663,13 +670,13 @@ func TestExpireFinishedPartitioned(t *testing.T) {
 	}, "WITH c AS%")
 	require.ErrorIs(t, err, keytable.ErrUnavailable, "the expiry's backend was terminated")
 	require.NoError(t, holder.Rollback(ctx))
-	require.Equal(t, []string{"old-finished", "old-live", "recent-finished"}, keys(), "nothing deleted")
+	require.Equal(t, []string{"old-finished", "old-live", "recent-finished", "within-width"}, keys(), "nothing deleted")
 
 	n, err := st.ExpireFinished(ctx, db.Pool, 10*time.Minute, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	require.Equal(t, []string{"old-live", "recent-finished"}, keys(),
-		"the old partition's finished key deleted; the current partition's left for its removal")
+	require.Equal(t, []string{"old-live", "recent-finished", "within-width"}, keys(),
+		"the old partition's finished key deleted; the current partition's, and one created within a width of the retention, left for their removal")
 	n, err = st.ExpireFinished(ctx, db.Pool, 10*time.Minute, 100)
 	require.NoError(t, err)
 	require.Zero(t, n)

@@ -35,7 +35,7 @@ type TakeDue struct {
 	// it then wraps around to the oldest, so every due key is within its reach. 0: the
 	// oldest due first. Sweepers that take at once from different points lock
 	// different keys rather than all reach for the oldest. The per-key scan
-	// (ScanPerKey: partitioned tables, Citus) always starts at the oldest.
+	// (ScanPerKey: partitioned tables, Citus) lists its candidates from it too.
 	From float64
 }
 
