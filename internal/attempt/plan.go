@@ -77,7 +77,8 @@ type plan struct {
 // the row exists; the lock then carries the durable commit before a call phase
 // (Head.Flushed). Such a round trip goes as an implicit transaction, unless a
 // statement needs a transaction block (sqlShape.blockOnly) or the Store learnt the
-// session's isolation level is not READ COMMITTED (keytable.ErrNotReadCommitted).
+// session's isolation level is not READ COMMITTED (keytable.ErrNotReadCommitted) or
+// has not learnt that the database lacks Citus (keytable.Store.SendExplicit).
 func (x *Exec) plan(tx *phaseTx, w keyWrite, one *pipeline) plan {
 	p := plan{body: one, write: keytable.KeyWrite{
 		Claim: x.claim, Fence: x.fence, Held: tx.held,

@@ -349,7 +349,8 @@ func insertErr(err error) error {
 // statements.
 type pipeStatements struct {
 	// explicit: a batch found the session's default isolation level is not READ
-	// COMMITTED, so every pipelined transaction begins with BEGIN from then on.
+	// COMMITTED, so every pipelined transaction begins with BEGIN from then on (as it
+	// does on Citus: SendExplicit).
 	explicit *atomic.Bool
 
 	claimLock, claimLockFlushed, claimAbsent, fence string
@@ -375,8 +376,13 @@ var ErrNotReadCommitted = errors.New("implicit transaction is not read committed
 
 // SendExplicit reports whether pipelined transactions must begin with BEGIN: a batch
 // found the session's default isolation level is not READ COMMITTED (a head's Read
-// returned ErrNotReadCommitted). It stays so for the Store's life.
-func (s *Store) SendExplicit() bool { return s.pipe.explicit.Load() }
+// returned ErrNotReadCommitted; it stays so for the Store's life), or s has not learnt
+// that the database lacks the citus extension (CheckPartitions, or a sweep, learns
+// it). On Citus a pipeline without BEGIN is no transaction across nodes: the
+// coordinator's implicit transaction is not a transaction block to Citus, so each
+// statement it routes to a worker commits there on its own, and a later statement's
+// error rolls back only the coordinator's part. Until learnt, the strictest case.
+func (s *Store) SendExplicit() bool { return s.pipe.explicit.Load() || s.learnt.citus.Load() != 1 }
 
 // guardErr translates err, and notes that pipelined transactions must begin with
 // BEGIN when it is readCommittedGuard's.

@@ -170,7 +170,11 @@ const partitionPrefix = keyTable + "_p"
 // caller holds the maintenance lock).
 func (s *Store) layout(ctx context.Context, db DBTX) (*partitionLayout, error) {
 	l := &partitionLayout{}
-	err := queryRow(ctx, db, []any{&l.schema, &l.partitioned, &l.now}, sqlPartitionTable, s.tableName())
+	var citus bool
+	err := queryRow(ctx, db, []any{&l.schema, &l.partitioned, &l.now, &citus}, sqlPartitionTable, s.tableName())
+	if err == nil {
+		s.learnt.citus.Store(map[bool]int32{false: 1, true: 2}[citus])
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s does not exist (run the migrations first)", ErrNotPartitioned, s.tableName())
 	}

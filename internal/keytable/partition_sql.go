@@ -14,9 +14,11 @@ import (
 // ident); nothing else is spliced into it. The per-key statements a partitioned key
 // table adds to the key row's are in partition.go beside the addressing they need.
 
-// The catalog look-ups. $1 is the key table's name as to_regclass reads it.
+// The catalog look-ups. $1 is the key table's name as to_regclass reads it. The first
+// also asks whether the database has the citus extension (SendExplicit).
 const (
-	sqlPartitionTable = `SELECT n.nspname, c.relkind = 'p', statement_timestamp()
+	sqlPartitionTable = `SELECT n.nspname, c.relkind = 'p', statement_timestamp(),
+	EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 	sqlPartitions = `SELECT c.relname,

@@ -287,45 +287,73 @@ func TestPartitionMissing(t *testing.T) {
 // taken before another claim of the same key committed. On the default layout the
 // primary key refuses its insert (ErrClaimExists); on the partitioned layout, with no
 // unique index across partitions, its insert is refused outright (ErrRefused) instead
-// of making a second row for the key.
+// of making a second row for the key. Either way the key keeps one row.
+//
+// The snapshot is taken by reading the key table ("KeyTable") or by a statement that
+// reads no table ("Session"). On plain PostgreSQL both take the transaction's one
+// snapshot. On Citus only the first reaches the key's shard: a worker's transaction,
+// and its snapshot, begin with the first statement the coordinator routes to it, so
+// after "Session" that is the claim's look-up, under the claim lock, which finds the
+// other row (ErrClaimExists) as a claim at READ COMMITTED would.
 func TestPartitionedRepeatableReadClaim(t *testing.T) {
 	t.Parallel()
-	for name, partitioned := range map[string]bool{"Default": false, "Partitioned": true} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			var db *pgtest.DB
-			if partitioned {
-				db = setupPartitioned(t)
-			} else {
-				db = pgtest.New(t)
-			}
-			st := keytable.New()
-			late, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-			require.NoError(t, err)
-			defer late.Rollback(ctx)
-			_, err = late.Exec(ctx, `SELECT 1`) // the snapshot, before the other claim commits
-			require.NoError(t, err)
-			claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
-
-			b := &pgx.Batch{}
-			c := claim("s", "k", "00000000-0000-4000-8000-000000000002")
-			q := st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
-			br := late.SendBatch(ctx, b)
-			_, err = q.Read(br)
-			_ = br.Close() // the error is err's
-			if partitioned {
-				require.ErrorIs(t, err, keytable.ErrRefused)
-				require.ErrorContains(t, err, "READ COMMITTED only")
-			} else {
-				require.ErrorIs(t, err, keytable.ErrClaimExists)
-			}
-			require.NoError(t, late.Rollback(ctx))
-			var n int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key = 'k'`).Scan(&n))
-			require.Equal(t, 1, n, "one row for the key")
-		})
+	for _, layout := range []string{"Default", "Partitioned"} {
+		for _, snapshot := range []string{"KeyTable", "Session"} {
+			t.Run(layout+"/"+snapshot, func(t *testing.T) {
+				t.Parallel()
+				partitioned, onShard := layout == "Partitioned", snapshot == "KeyTable" || !pgtest.CitusMode()
+				err := repeatableReadClaimAfter(t, partitioned, snapshot == "KeyTable")
+				if partitioned && onShard {
+					require.ErrorIs(t, err, keytable.ErrRefused)
+					require.ErrorContains(t, err, "READ COMMITTED only")
+				} else {
+					require.ErrorIs(t, err, keytable.ErrClaimExists)
+				}
+			})
+		}
 	}
+}
+
+// repeatableReadClaimAfter claims the key (s, k) at REPEATABLE READ in a transaction
+// whose first statement (reading the key table if readKeys) ran before another claim
+// of the key committed, then commits, and returns the claim's error, having checked
+// that the key has one row.
+func repeatableReadClaimAfter(t *testing.T, partitioned, readKeys bool) error {
+	t.Helper()
+	ctx := context.Background()
+	var db *pgtest.DB
+	if partitioned {
+		db = setupPartitioned(t)
+	} else {
+		db = pgtest.New(t)
+	}
+	const count = `SELECT count(*) FROM idemflow_keys WHERE scope = 's' AND idempotency_key = 'k'`
+	first := `SELECT 1`
+	if readKeys {
+		first = count
+	}
+	late, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer late.Rollback(ctx) //nolint:errcheck
+	_, err = late.Exec(ctx, first)
+	require.NoError(t, err)
+	claimNow(t, db, claim("s", "k", "00000000-0000-4000-8000-000000000001"))
+	var n int
+	if readKeys {
+		require.NoError(t, late.QueryRow(ctx, count).Scan(&n))
+		require.Zero(t, n, "the snapshot predates the other claim")
+	}
+
+	b := &pgx.Batch{}
+	c := claim("s", "k", "00000000-0000-4000-8000-000000000002")
+	q := keytable.New().QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, RecoveryPoint: "started", Data: []byte(`{}`)})
+	br := late.SendBatch(ctx, b)
+	_, claimErr := q.Read(br)
+	_ = br.Close()       // the error is claimErr's
+	_ = late.Commit(ctx) // a claim that did not fail would commit a second row
+	require.NoError(t, db.Pool.QueryRow(ctx, count).Scan(&n))
+	require.Equal(t, 1, n, "one row for the key")
+	return claimErr
 }
 
 // TestRemovePartitionsConcurrent: two removals race over the same partitions past

@@ -2,8 +2,10 @@ package keytable_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -67,7 +69,8 @@ func TestPipeClaimInsert(t *testing.T) {
 	require.EqualValues(t, 1, witness())
 	require.ErrorIs(t, pipeClaim(t, db, st, claim("s", "k", pipeID()), ""), keytable.ErrClaimExists)
 	require.EqualValues(t, 1, witness(), "the loser ran nothing after its insert")
-	require.False(t, st.SendExplicit())
+	learnLayout(t, db, st)
+	require.Equal(t, pgtest.CitusMode(), st.SendExplicit())
 
 	for _, iso := range []string{"REPEATABLE READ", "SERIALIZABLE"} {
 		st := keytable.New()
@@ -78,7 +81,52 @@ func TestPipeClaimInsert(t *testing.T) {
 	}
 	st = keytable.New()
 	require.NoError(t, pipeClaim(t, db, st, claim("s", "rc", pipeID()), "BEGIN ISOLATION LEVEL READ COMMITTED"))
-	require.False(t, st.SendExplicit())
+	learnLayout(t, db, st)
+	require.Equal(t, pgtest.CitusMode(), st.SendExplicit())
+}
+
+// learnLayout has st learn the key table's layout, as an engine does on its first
+// connection.
+func learnLayout(t *testing.T, db *pgtest.DB, st *keytable.Store) {
+	t.Helper()
+	_, err := st.CheckPartitions(context.Background(), db.Pool)
+	if !errors.Is(err, keytable.ErrNotPartitioned) {
+		require.NoError(t, err)
+	}
+}
+
+// TestSendExplicitCitus: a Store sends pipelined transactions with BEGIN until it has
+// learnt that the database has no citus extension (on Citus a pipeline without BEGIN
+// is no transaction across nodes: a worker commits each statement routed to it on its
+// own), by the engine's start-up check or by a sweep; on Citus, always. The second
+// part shows why, on Citus: a worker's insert in a pipeline without BEGIN outlives the
+// error of a later statement.
+func TestSendExplicitCitus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	st := keytable.New()
+	require.True(t, st.SendExplicit(), "unknown: the strictest case")
+	learnLayout(t, db, st)
+	require.Equal(t, pgtest.CitusMode(), st.SendExplicit(), "learnt by the start-up check")
+	st = keytable.New()
+	_, err := st.TakeDue(ctx, db.Pool, keytable.TakeDue{Limit: 1, Lease: time.Minute, Flows: []string{"f"}})
+	require.NoError(t, err)
+	require.Equal(t, pgtest.CitusMode(), st.SendExplicit(), "learnt by a sweep")
+
+	c := claim("s", "k", pipeID())
+	b := &pgx.Batch{}
+	st.QueueHead(b, keytable.Head{Claim: &c, InsertFollows: true}) // a plain key table's, as the engine sends it
+	st.QueueKeyWrite(b, keytable.KeyWrite{Claim: &c, Held: true, RecoveryPoint: "first", Data: []byte(`{}`)})
+	b.Queue(`SELECT 1/0`) // the phase's statement fails
+	require.Error(t, db.Pool.SendBatch(ctx, b).Close())
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key = 'k'`).Scan(&n))
+	want := 0
+	if pgtest.CitusMode() {
+		want = 1 // what SendExplicit prevents
+	}
+	require.Equal(t, want, n, "the key row after the implicit transaction failed")
 }
 
 // pipeID is a new key row id.

@@ -64,6 +64,8 @@ type scanState struct {
 	perKey atomic.Int32
 	// partitioned: 0 not asked yet, 1 no, 2 yes (MaintainPartitions, partition.go).
 	partitioned atomic.Int32
+	// citus: whether the database has the citus extension, as partitioned (SendExplicit).
+	citus atomic.Int32
 }
 
 // ScanPerKey's statements are in sql_scan.go.
@@ -89,6 +91,7 @@ func (s *Store) perKey(ctx context.Context, db DBTX) (bool, error) {
 		return false, errScanSingleOnPartitioned
 	}
 	s.learnt.partitioned.Store(map[bool]int32{false: 1, true: 2}[partitioned])
+	s.learnt.citus.Store(map[bool]int32{false: 1, true: 2}[citus])
 	perKey := (citus && s.scan == ScanAuto) || partitioned
 	s.learnt.perKey.Store(map[bool]int32{false: 1, true: 2}[perKey])
 	return perKey, nil
