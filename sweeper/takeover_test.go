@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/sweeper"
@@ -204,12 +205,23 @@ func testSweepersFromRandomStartsOneKilled(t *testing.T, scan workflow.Scan) {
 	b := setup(t, setupOpts{engine: &workflow.Config{Scan: scan}})
 	withScan := envScan + "=" + string(scan)
 	stuckKeys(t, b, keys)
-	// Due one every 20 seconds over the last hour: start points fall among them.
-	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys AS k
-		SET next_attempt_at = statement_timestamp() - interval '1 hour' + n.i * interval '20 seconds'
-		FROM (SELECT id, row_number() OVER (ORDER BY idempotency_key) AS i FROM idemflow_keys) AS n
-		WHERE k.id = n.id`)
+	// Due one every 20 seconds over the last hour, by the database clock: start points
+	// fall among them. One statement per key, by scope and key, with the hour's start
+	// read first: Citus runs neither a join across shards in an UPDATE nor a clock
+	// read beside a column in one.
+	var hourAgo time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp() - interval '1 hour'`).Scan(&hourAgo))
+	rows, err := b.db.Pool.Query(ctx, `SELECT scope, idempotency_key FROM idemflow_keys ORDER BY idempotency_key`)
 	require.NoError(t, err)
+	type keyName struct{ Scope, Key string }
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyName])
+	require.NoError(t, err)
+	batch := &pgx.Batch{}
+	for i, k := range names {
+		batch.Queue(`UPDATE idemflow_keys SET next_attempt_at = $3::timestamptz + $4::int * interval '20 seconds'
+			WHERE scope = $1 AND idempotency_key = $2`, k.Scope, k.Key, hourAgo, i+1)
+	}
+	require.NoError(t, b.db.Pool.SendBatch(ctx, batch).Close())
 
 	deadApp := "dead_" + b.db.Schema
 	dead := startChild(t, b, "loop", envPoint+"="+childproc.Swept, fmt.Sprintf("%s=%d", envNth, loopConcurrency+1), withScan, envApp+"="+deadApp)
