@@ -40,7 +40,7 @@ func TestMiddlewareLayoutUnknownRunsOnce(t *testing.T) {
 			return true, nil
 		}
 		var gone bool // pg_terminate_backend waits, up to its timeout, for the backend to exit
-		err := b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 60000)`, c.PgConn().PID()).Scan(&gone)
+		err := b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1::int, 60000::bigint)`, c.PgConn().PID()).Scan(&gone)
 		if err == nil && !gone {
 			err = fmt.Errorf("backend %d did not exit", c.PgConn().PID())
 		}

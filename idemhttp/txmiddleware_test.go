@@ -408,7 +408,7 @@ func TestTxMiddlewareHungHolderTerminated(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, pids, 1, "the runbook's query finds the hung holder")
 	var ended bool
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ended))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1::int)`, pids[0]).Scan(&ended))
 	require.True(t, ended)
 	// pg_terminate_backend only signals: wait until the server shows the backend gone.
 	require.Eventually(t, func() bool {

@@ -260,7 +260,7 @@ func cutHeldClaim(t *testing.T, env *env, en *workflow.Engine, gate *claimGate, 
 	holders := env.claimLockHolders(t, env.appName)
 	require.Len(t, holders, 1, "%s: the held attempt holds the claim lock\n%s", key, sessions(t, env))
 	var ok bool
-	require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, holders[0]).Scan(&ok))
+	require.NoError(t, env.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1::int)`, holders[0]).Scan(&ok))
 	require.True(t, ok, key)
 	waitUntil(t, 30*time.Second, key+": the terminated backend is gone", func() bool {
 		var n int

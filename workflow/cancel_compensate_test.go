@@ -386,7 +386,7 @@ func TestCancelCompensationCrash(t *testing.T) {
 func terminate(t *testing.T, db *pgtest.DB, pid int) {
 	t.Helper()
 	var gone bool
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT pg_terminate_backend($1, 60000)`, pid).Scan(&gone))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT pg_terminate_backend($1::int, 60000::bigint)`, pid).Scan(&gone))
 	require.True(t, gone)
 }
 

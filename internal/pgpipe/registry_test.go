@@ -192,7 +192,7 @@ func TestBrokenConnection(t *testing.T) {
 	ctx := context.Background()
 	_, err := one(ctx, b.conn, `SELECT $1::int`, 1)
 	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1, 60000)`, b.conn.PgConn().PID()) // returns once it exited
+	_, err = b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int, 60000::bigint)`, b.conn.PgConn().PID()) // returns once it exited
 	require.NoError(t, err)
 	_, err = one(ctx, b.conn, `SELECT $1::int`, 1)
 	require.Error(t, err)

@@ -346,7 +346,7 @@ func (c *cutFirst) cut(ctx context.Context, conn *pgx.Conn) {
 	pid := conn.PgConn().PID()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guard)
 	defer cancel()
-	if _, err := c.admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+	if _, err := c.admin.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
 		panic(fmt.Sprintf("terminate the start-up check's backend: %v", err))
 	}
 	for gone := false; !gone; {
