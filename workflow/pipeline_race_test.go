@@ -109,7 +109,7 @@ func TestPipelinedFenceHeldLock(t *testing.T) {
 	holder, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM idemflow_keys WHERE idempotency_key = 'held' FOR UPDATE`)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = 'held' FOR UPDATE`)
 	require.NoError(t, err)
 
 	st := keytable.New()
