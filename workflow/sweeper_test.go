@@ -41,18 +41,24 @@ func sweptState(t *testing.T, b *bundle, key string) (leased, due bool) {
 }
 
 // TestStopFinishesInFlightGivesBackTheRest: Stop lets the key being run finish and
-// gives back, at once, the keys taken but not started.
+// gives back, at once, the keys taken but not started. Stop is called once the pass
+// took all three keys (its second chunk is taken while the first key runs; stopped
+// before, the pass would take no more, as on Citus's slower takeover it did).
 func TestStopFinishesInFlightGivesBackTheRest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	entered := make(chan string, 1)
 	unblock := make(chan struct{})
+	allTaken := make(chan struct{})
 	var armed, blocked, failPay atomic.Bool
-	var givenBack atomic.Int64
+	var givenBack, swept atomic.Int64
 	b := setup(t, setupOpts{cfg: &workflow.Config{Hooks: workflow.Hooks{
 		Key: func(_ context.Context, e workflow.KeyEvent) {
 			if e.Kind == workflow.OutcomeGivenBack {
 				givenBack.Add(1)
+			}
+			if e.Kind == workflow.OutcomeSwept && armed.Load() && swept.Add(1) == 3 {
+				close(allTaken)
 			}
 		},
 		PhaseStart: func(ctx context.Context, e workflow.PhaseEvent) context.Context {
@@ -87,6 +93,11 @@ func TestStopFinishesInFlightGivesBackTheRest(t *testing.T) {
 		},
 	}}))
 	running := <-entered
+	select {
+	case <-allTaken:
+	case <-time.After(time.Minute):
+		t.Fatalf("the pass took %d of the 3 keys within a minute", swept.Load())
+	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.engine.Stop(ctx) }()
 	<-stopping
