@@ -320,6 +320,10 @@ func TestTxMiddlewareTxEndsWithHandler(t *testing.T) {
 // TestTxMiddlewareHandlerOutlivesLease: a handler that goes on past its lease (it
 // ignores its context) is answered 503 lease-expired, which says so, instead of
 // "unavailable"; nothing it wrote commits, and the retry runs it within its lease.
+//
+// The retry goes through an engine with a long lease: with the hung attempt's lease of
+// a second it had to claim, run and commit within a second, which a stalled machine
+// does not (shown by a temporary 1.1 s sleep before the claim: the retry got a 503).
 func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
 	t.Parallel()
 	b := setupOrders(t)
@@ -347,7 +351,9 @@ func TestTxMiddlewareHandlerOutlivesLease(t *testing.T) {
 	require.Zero(t, rowsFor(t, b.db, "acct_hung", "hung-k"))
 
 	hang.Store(false)
-	r = mustSend(t, srv, "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
+	patient, err := workflow.New(b.db.Pool, &workflow.Config{Lease: time.Minute})
+	require.NoError(t, err)
+	r = mustSend(t, txMiddlewareServer(t, patient, h), "POST", "/v1/orders", keyed("acct_hung", "hung-k"), `{}`)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	require.Equal(t, 1, ordersFor(t, b.db, "hung-k"))
 }

@@ -28,13 +28,21 @@ import (
 // no other key is swept. Invariant 6 (liveness). The bound is checked on the deadlines
 // of the pass's waits on the database (at most a lease or the engine's clean-up bound
 // away), not on the clock; stuckLimit only ends a pass blocked for good.
+//
+// The lease is what ends the half-open COMMIT, so the pass waits it out; it is long
+// because it also bounds every step before the fault: no call starts with less than a
+// tenth of it left, and it is the deadline of each tx phase's transaction. A lease of
+// 2 s let a machine that stalled the sweep 1.8 s before its call refuse the call (or
+// a stall inside finalize's transaction cancel its statements), so finalize never
+// reached its COMMIT and the fault never fired (shown by a temporary 1.9 s sleep
+// before the call's lease check).
 func TestSweeperPassBoundedOnHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEnv(t, pgtest.New(t))
 	proxy := env.proxy()
 	var cut atomic.Bool
-	cfg := &workflow.Config{Lease: 2 * time.Second, Hooks: workflow.Hooks{
+	cfg := &workflow.Config{Lease: settleBound, Hooks: workflow.Hooks{
 		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
 			if ev.Phase == chargeflow.PhaseFinalize && cut.CompareAndSwap(false, true) {
 				proxy.HalfOpen() // the COMMIT about to be sent will never be answered
@@ -77,12 +85,16 @@ func TestSweeperPassBoundedOnHalfOpenConnection(t *testing.T) {
 // never gets its 503. Invariant 6. As above, the bound is checked on the deadlines of
 // the request's waits on the database, and stuckLimit only ends a request blocked for
 // good.
+//
+// The lease is long for the reason given above: a lease of 2 s let a stall of 2 s in
+// create's transaction cancel its statements before its COMMIT, so the fault never
+// fired (shown by a temporary 2.1 s sleep before the phase's function).
 func TestHandlerBoundedOnHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, pgtest.New(t))
 	proxy := env.proxy()
 	var cut atomic.Bool
-	cfg := &workflow.Config{Lease: 2 * time.Second, Hooks: workflow.Hooks{
+	cfg := &workflow.Config{Lease: settleBound, Hooks: workflow.Hooks{
 		BeforeCommit: func(ctx context.Context, ev workflow.PhaseEvent) {
 			if ev.Phase == chargeflow.PhaseCreate && cut.CompareAndSwap(false, true) {
 				proxy.HalfOpen()

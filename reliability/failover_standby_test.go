@@ -88,13 +88,14 @@ func poolWith(ctx context.Context, t *testing.T, url, sc string) *pgxpool.Pool {
 
 // crashAtCall runs one charge on the primary that crashes the primary as its call
 // starts, promotes standby, retries there and checks the key: one row, its derived
-// key the first attempt's, one payment.
+// key the first attempt's, one payment. The standby wait's bound is long: the call
+// must start, and a shorter bound could pass before a stalled standby confirmed.
 func crashAtCall(ctx context.Context, t *testing.T, primary, standby *pgtest.Dedicated, ppool *pgxpool.Pool) {
 	t.Helper()
 	remote := idemflowtest.NewRemote(t, nil)
 	var derived string
 	var crashed error
-	e := testflow.Engine(t, ppool, &workflow.Config{StandbyWait: 5 * time.Second}, remote, func(_ context.Context, tx phases.DBTX, run *phases.Run) error {
+	e := testflow.Engine(t, ppool, &workflow.Config{StandbyWait: time.Minute}, remote, func(_ context.Context, tx phases.DBTX, run *phases.Run) error {
 		if tx == nil && derived == "" {
 			derived = run.DerivedKey() // the call started: the standby wait let it
 			crashed = primary.Crash()
@@ -133,6 +134,15 @@ func crashAtCall(ctx context.Context, t *testing.T, primary, standby *pgtest.Ded
 // the provider is not called, whether StandbyNames is empty or names the standby that
 // is down. A WAL archiver (pg_receivewal --synchronous, physical and flushing, but
 // replaying nothing: no server to promote) does not count either.
+//
+// Where a standby confirms, the wait's bound is long (confirmWait): a bound of 2 s (and
+// of 0.5 s once pg_monitor is granted) let a machine that stalled the wait, or the
+// standby, pass it before the confirmation and answer 503. Where none can confirm, the
+// wait runs to its bound, which is still long enough (behindWait) that the reads it
+// makes first (a connection, the commit's position, the walsenders) come before it:
+// the cause asserted (pg_monitor, "not flushed by a standby that counts") is the last
+// read's, and a bound that passed before any read says only "context deadline
+// exceeded" (a temporary 2.1 s sleep at the wait's start failed every subtest).
 func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang bound for the whole test: it took 217 s under the stress run
@@ -148,8 +158,8 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 	require.NoError(t, testflow.CreateTables(ctx, ppool))
 	waitCaughtUp(ctx, t, ppool)
 	remote := idemflowtest.NewRemote(t, nil)
-	const wait = 2 * time.Second
-	serve := func(names []string, key string) *http.Response {
+	const confirmWait, behindWait = time.Minute, 5 * time.Second
+	serve := func(wait time.Duration, names []string, key string) *http.Response {
 		e := testflow.Engine(t, ppool, &workflow.Config{StandbyWait: wait, StandbyNames: names}, remote, nil)
 		h, err := idemhttp.Handler(e, testflow.Name, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "acct", nil }})
 		require.NoError(t, err)
@@ -160,8 +170,8 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 		return rec.Result()
 	}
 	t.Run("StandbyStreaming", func(t *testing.T) {
-		require.Equal(t, http.StatusCreated, serve(nil, "streaming").StatusCode)
-		require.Equal(t, http.StatusCreated, serve([]string{"walreceiver"}, "named").StatusCode)
+		require.Equal(t, http.StatusCreated, serve(confirmWait, nil, "streaming").StatusCode)
+		require.Equal(t, http.StatusCreated, serve(confirmWait, []string{"walreceiver"}, "named").StatusCode)
 		require.Equal(t, 2, remote.Made())
 	})
 	t.Run("RoleWithoutMonitor", func(t *testing.T) {
@@ -173,7 +183,7 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 		require.NoError(t, err)
 		defer apool.Close()
 		var logs lockedBuffer
-		e := testflow.Engine(t, apool, &workflow.Config{StandbyWait: wait / 4,
+		e := testflow.Engine(t, apool, &workflow.Config{StandbyWait: behindWait,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))}, remote, nil)
 		made := remote.Made()
 		for _, key := range []string{"nomonitor-1", "nomonitor-2"} {
@@ -184,7 +194,7 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 		require.Equal(t, made, remote.Made(), "the provider was called")
 		_, err = ppool.Exec(ctx, `GRANT pg_monitor TO app`)
 		require.NoError(t, err)
-		res, err := e.Do(ctx, chargeReq("monitor"))
+		res, err := testflow.Engine(t, apool, &workflow.Config{StandbyWait: confirmWait}, remote, nil).Do(ctx, chargeReq("monitor"))
 		require.NoError(t, err, "with pg_monitor")
 		require.Equal(t, http.StatusCreated, res.Response.Status)
 		require.Equal(t, 1, strings.Count(logs.String(), "level=WARN msg=\"workflow: StandbyWait cannot read"), "warnings:\n%s", logs.String())
@@ -211,7 +221,7 @@ func TestStandbyWaitCountsOnlyPhysical(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "down-" + tc.name
 			made := remote.Made()
-			res := serve(tc.names, key)
+			res := serve(behindWait, tc.names, key)
 			require.Equal(t, http.StatusServiceUnavailable, res.StatusCode, "the call started with no physical standby streaming")
 			require.NotEmpty(t, res.Header.Get("Retry-After"))
 			require.Equal(t, made, remote.Made(), "the provider was called")

@@ -233,17 +233,24 @@ func TestRunOnceSkipsKeyFinishedBetweenReadAndUpdate(t *testing.T) {
 	require.JSONEq(t, `{"late":true}`, string(res.Response.Body), "the request's own answer stands")
 }
 
+// TestBackoffDeadLetterRedrive: each release backs a key off BackoffBase·2^(attempts−1),
+// the sweeper dead-letters it after MaxAttempts, and a re-drive brings it back. The
+// backoff is a minute: a key is made due by the database clock (makeDue), never by
+// waiting, and with a backoff of a second a machine that stalled two seconds between a
+// release and the look at the key found it due already (shown by a temporary 2.1 s
+// sleep there).
 func TestBackoffDeadLetterRedrive(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var ev events
-	b := setup(t, setupOpts{engine: &workflow.Config{BackoffBase: time.Second, BackoffMax: time.Minute, Hooks: workflow.Hooks{Key: ev.hook}}})
+	b := setup(t, setupOpts{engine: &workflow.Config{BackoffBase: time.Minute, BackoffMax: time.Hour, Hooks: workflow.Hooks{Key: ev.hook}}})
 	b.provider.FailNext(1 << 20)
 	_, err := b.engine.Do(ctx, chargeReq("k"))
 	require.ErrorIs(t, err, workflow.ErrTransient)
 	st := state(t, b.db, "k")
 	require.Equal(t, 1, st.Attempts)
-	require.InDelta(t, 1000, st.BackoffMillis, 100, "first backoff is BackoffBase")
+	require.False(t, st.Due)
+	require.InDelta(t, time.Minute.Milliseconds(), st.BackoffMillis, 100, "first backoff is BackoffBase")
 
 	const maxAttempts = 4
 	s := b.newSweeper(t, &sweeper.Config{MaxAttempts: maxAttempts})
@@ -259,7 +266,7 @@ func TestBackoffDeadLetterRedrive(t *testing.T) {
 		require.False(t, st.Due)
 		require.Equal(t, testflow.Reserve, st.RecoveryPoint)
 		require.Contains(t, st.LastError, "503")
-		want := int64(1000) << (attempt - 1)
+		want := time.Minute.Milliseconds() << (attempt - 1)
 		require.InDelta(t, want, st.BackoffMillis, 100, "attempt %d backs off BackoffBase*2^(attempts-1)", attempt)
 	}
 

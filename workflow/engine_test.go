@@ -411,6 +411,15 @@ func TestSerializationFailureRetriesThePhase(t *testing.T) {
 	})
 }
 
+// TestZombieCannotCommit: an executor paused inside its last tx phase while its lease
+// is taken over (by the database clock) cannot commit when it resumes.
+//
+// The lease is long: it also bounds the executor's call (no call starts with less than
+// a tenth of it left) and its phase's transaction (a context deadline), so a lease of
+// 2 s let a machine that stalled the executor 1.8 s between its first commit and its
+// call refuse the call, release the key and never reach the pause (the test hung);
+// a stall in the paused phase would let the lease's end, not the fence, stop the
+// commit. Nothing waits for this lease: expireLease moves it by the database clock.
 func TestZombieCannotCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -419,7 +428,7 @@ func TestZombieCannotCommit(t *testing.T) {
 	var zombie atomic.Bool
 	zombie.Store(true)
 	b := setup(t, setupOpts{
-		cfg: &workflow.Config{Lease: 2 * time.Second},
+		cfg: &workflow.Config{Lease: time.Minute},
 		before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 			if run.Phase() == testflow.Settle && zombie.CompareAndSwap(true, false) {
 				close(paused)
@@ -433,7 +442,11 @@ func TestZombieCannotCommit(t *testing.T) {
 		_, err := b.engine.Do(ctx, chargeReq("acct", "k", `{"amount":9}`))
 		zombieErr <- err
 	}()
-	<-paused
+	select {
+	case <-paused:
+	case err := <-zombieErr:
+		t.Fatalf("the executor ended before it reached the settle phase: %v", err)
+	}
 	expireLease(t, b.db, "acct", "k")
 
 	other := b.newEngine(t, setupOpts{pool: b.db.NewPool(t)})

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemflow/idemflow/phases"
@@ -378,4 +380,51 @@ func TestTxClaimOutlivesLease(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
 	require.Zero(t, n, "nothing written")
+}
+
+// TestTxConnectionWaitOutlivesLease: a lease that runs out while its first phase still
+// waits for its connection (a pool that hands it out late; in the wild, an exhausted
+// pool or a stalled machine) fails the attempt with ErrLeaseExpired, inside a
+// *TransientError, beside the wait's own deadline error; nothing is claimed and the
+// phase never runs.
+func TestTxConnectionWaitOutlivesLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	var armed atomic.Bool
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		if armed.CompareAndSwap(true, false) { // the first phase's connection
+			<-ctx.Done() // not handed out before the lease ends
+			return true, ctx.Err()
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e, err := workflow.New(pool, &workflow.Config{Lease: time.Second, AdmitWait: -1, Hooks: workflow.Hooks{
+		PhaseStart: func(ctx context.Context, ev workflow.PhaseEvent) context.Context {
+			armed.Store(true)
+			return ctx
+		},
+	}})
+	require.NoError(t, err)
+	ran := make(chan struct{}, 1)
+	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
+		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			ran <- struct{}{}
+			return tenants.Created(ctx, tx)
+		}),
+	}}))
+	_, err = e.Do(ctx, tenants.Req("a"))
+	require.False(t, armed.Load(), "the first phase asked for its connection")
+	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the wait's own error is kept")
+	require.Empty(t, ran, "the phase's function did not run")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys`).Scan(&n))
+	require.Zero(t, n, "nothing was claimed")
 }

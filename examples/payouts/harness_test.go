@@ -120,12 +120,19 @@ type consumerProc struct {
 // consume starts a consumer on the rig's stream with the given fault environment and
 // extra flags, and waits until it consumes (or, with a crash point, until it is ready
 // or dead).
+//
+// The broker's ack wait is a minute unless a test that wants a redelivery (a withheld
+// ack, a consumer killed mid-delivery) passes a short one: with 2 s, a consumer that
+// a loaded machine stalled 2 s between storing an answer and acking it got the message
+// again, and its replay was one more than the tests count (shown by a temporary 2.1 s
+// sleep before the first ack: TestDuplicatesAreOnePayout and
+// TestAnyPayoutIDIsPaidOnce each counted one replay too many).
 func (r *rig) consume(env []string, extra ...string) *consumerProc {
 	r.t.Helper()
 	args := append([]string{"consume",
 		"-database-url", r.db.URL, "-bank-url", r.bankURL, "-nats-url", natsURL(),
 		"-stream", r.stream, "-subject", r.subject, "-consumer", r.durable, "-create-stream=false",
-		"-ack-wait", "2s", "-lease", "2s", "-sweep-interval", "100ms", "-sweep-grace", "1ms",
+		"-ack-wait", "1m", "-lease", "2s", "-sweep-interval", "100ms", "-sweep-grace", "1ms",
 	}, extra...)
 	p := &consumerProc{cmd: exec.Command(binary, args...), done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)

@@ -129,7 +129,7 @@ func TestConsumerKilledAtEachBoundary(t *testing.T) {
 		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, 0)
-			doomed := r.consume([]string{envCrashAt + "=" + point}, "-workers", "1")
+			doomed := r.consume([]string{envCrashAt + "=" + point}, "-workers", "1", "-ack-wait", "1s") // its deliveries come again
 			const n = 3
 			for i := range n {
 				r.publish(fmt.Sprintf("msg-%d", i), payoutN(i))

@@ -381,7 +381,7 @@ func (x *Exec) txOnce(ctx context.Context, p phases.Phase, ev vocab.PhaseEvent) 
 	}
 	tx, err := x.open(ctx, p.IsoLevel)
 	if err != nil {
-		return x.failed(err)
+		return x.failed(leaseNamed(ctx, err))
 	}
 	defer tx.done(ctx)
 	var one *pipeline
@@ -425,8 +425,8 @@ func (x *Exec) goBody(ctx context.Context, tx *phaseTx, p phases.Phase, ev vocab
 
 // leaseNamed is err naming the lease when the lease that bounds ctx (txOnce's) ended
 // and err does not name it yet: a statement the lease's end cancelled (a phase's, or
-// a new key's claim before it) fails with pgx's "context deadline exceeded" alone.
-// Named, as a commit it stopped is.
+// a new key's claim before it), or the wait for the phase's connection, fails with
+// "context deadline exceeded" alone. Named, as a commit it stopped is.
 func leaseNamed(ctx context.Context, err error) error {
 	if err == nil || errors.Is(err, vocab.ErrLeaseExpired) {
 		return err
