@@ -45,6 +45,22 @@ type childLine struct {
 	Stats sweeper.Stats
 }
 
+// childPool is a child's pool on envDBURL, its sessions named envApp when set.
+func childPool(ctx context.Context) *pgxpool.Pool {
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(envDBURL))
+	if err != nil {
+		childproc.Fail("connect", err)
+	}
+	if app := os.Getenv(envApp); app != "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		childproc.Fail("connect", err)
+	}
+	return pool
+}
+
 // runChild is a child process's work:
 //
 //   - crash: runs one charge and SIGKILLs itself at the crash point;
@@ -58,17 +74,7 @@ type childLine struct {
 func runChild() {
 	mode := os.Getenv(envMode)
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(os.Getenv(envDBURL))
-	if err != nil {
-		childproc.Fail("connect", err)
-	}
-	if app := os.Getenv(envApp); app != "" {
-		pcfg.ConnConfig.RuntimeParams["application_name"] = app
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		childproc.Fail("connect", err)
-	}
+	pool := childPool(ctx)
 	var hooks workflow.Hooks
 	switch mode {
 	case "crash", "loop":

@@ -181,6 +181,28 @@ func TestTakeoverBackendTerminated(t *testing.T) {
 	require.Equal(t, before.LockVersion+1, state(t, b.db, "k").LockVersion, "taken over once")
 }
 
+// spreadDue makes the stuck keys due one every 20 seconds over the last hour, by the
+// database clock, in key order: start points fall among them. One statement per key,
+// by scope and key, with the hour's start read first: Citus runs neither a join across
+// shards in an UPDATE nor a clock read beside a column in one.
+func spreadDue(t *testing.T, b *bundle) {
+	t.Helper()
+	ctx := context.Background()
+	var hourAgo time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp() - interval '1 hour'`).Scan(&hourAgo))
+	rows, err := b.db.Pool.Query(ctx, `SELECT scope, idempotency_key FROM idemflow_keys ORDER BY idempotency_key`)
+	require.NoError(t, err)
+	type keyName struct{ Scope, Key string }
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyName])
+	require.NoError(t, err)
+	batch := &pgx.Batch{}
+	for i, k := range names {
+		batch.Queue(`UPDATE idemflow_keys SET next_attempt_at = $3::timestamptz + $4::int * interval '20 seconds'
+			WHERE scope = $1 AND idempotency_key = $2`, k.Scope, k.Key, hourAgo, i+1)
+	}
+	require.NoError(t, b.db.Pool.SendBatch(ctx, batch).Close())
+}
+
 // Takeovers start at a random point of the due order and wrap around to the oldest. A
 // sweeper process (Engine.Start) killed right after taking over its second chunk from
 // such a point leaves what it took leased; three sweeper processes then drain the rest
@@ -208,23 +230,7 @@ func testSweepersFromRandomStartsOneKilled(t *testing.T, scan workflow.Scan) {
 	b := setup(t, setupOpts{engine: &workflow.Config{Scan: scan}})
 	withScan := envScan + "=" + string(scan)
 	stuckKeys(t, b, keys)
-	// Due one every 20 seconds over the last hour, by the database clock: start points
-	// fall among them. One statement per key, by scope and key, with the hour's start
-	// read first: Citus runs neither a join across shards in an UPDATE nor a clock
-	// read beside a column in one.
-	var hourAgo time.Time
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp() - interval '1 hour'`).Scan(&hourAgo))
-	rows, err := b.db.Pool.Query(ctx, `SELECT scope, idempotency_key FROM idemflow_keys ORDER BY idempotency_key`)
-	require.NoError(t, err)
-	type keyName struct{ Scope, Key string }
-	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyName])
-	require.NoError(t, err)
-	batch := &pgx.Batch{}
-	for i, k := range names {
-		batch.Queue(`UPDATE idemflow_keys SET next_attempt_at = $3::timestamptz + $4::int * interval '20 seconds'
-			WHERE scope = $1 AND idempotency_key = $2`, k.Scope, k.Key, hourAgo, i+1)
-	}
-	require.NoError(t, b.db.Pool.SendBatch(ctx, batch).Close())
+	spreadDue(t, b)
 
 	deadApp := "dead_" + b.db.Schema
 	dead := startChild(t, b, "loop", envPoint+"="+childproc.Swept, fmt.Sprintf("%s=%d", envNth, loopConcurrency+1), withScan, envApp+"="+deadApp)
@@ -268,7 +274,7 @@ func testSweepersFromRandomStartsOneKilled(t *testing.T, scan workflow.Scan) {
 	require.Equal(t, keys-deadFinished-deadLeased, total.Finished, "the live sweepers finished every key the dead one did not take")
 	require.Equal(t, deadLeased, leased, "the live sweepers left only the dead one's leased keys")
 
-	_, err = b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = timestamptz '2000-01-01 00:00:00+00'
+	_, err := b.db.Pool.Exec(ctx, `UPDATE idemflow_keys SET locked_until = timestamptz '2000-01-01 00:00:00+00'
 		WHERE locked_until IS NOT NULL`)
 	require.NoError(t, err)
 	for range keys {
