@@ -385,6 +385,48 @@ func TestTxClaimOutlivesLease(t *testing.T) {
 	require.Zero(t, n, "nothing written")
 }
 
+// TestTxFirstCommitOutlivesLease: a new key's first commit (the key row's insert, with
+// the phase's writes) that waits past its lease fails the attempt with ErrLeaseExpired,
+// inside a *TransientError, beside the commit's own deadline error, as a phase's
+// statement or claim cut by the lease does; nothing is written.
+func TestTxFirstCommitOutlivesLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
+	require.NoError(t, err)
+	// The key table held in SHARE mode: the READ COMMITTED claim (its lock and look-up)
+	// and the phase's own write pass, the commit's insert of the key row waits.
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `LOCK TABLE idemflow_keys IN SHARE MODE`)
+	require.NoError(t, err)
+	// The phase must return within its own lease for the commit to be sent at all; 3 s
+	// leaves a loaded machine room for that.
+	e, err := workflow.New(db.Pool, &workflow.Config{Lease: 3 * time.Second})
+	require.NoError(t, err)
+	ran := make(chan struct{}, 1)
+	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
+		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+			ran <- struct{}{}
+			if err := note(ctx, tx, run.Scope()); err != nil {
+				return nil, err
+			}
+			return tenants.Created(ctx, tx)
+		}),
+	}}))
+	_, err = e.Do(ctx, tenants.Req("a"))
+	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+	require.ErrorIs(t, err, workflow.ErrTransient)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the commit was sent, and its own error is kept")
+	require.Len(t, ran, 1, "the phase's function ran once")
+	require.NoError(t, holder.Rollback(ctx))
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
+	require.Zero(t, n, "nothing written")
+}
+
 // TestTxConnectionWaitOutlivesLease: a lease that runs out while its first phase still
 // waits for its connection (a pool that hands it out late; in the wild, an exhausted
 // pool or a stalled machine) fails the attempt with ErrLeaseExpired, inside a

@@ -50,7 +50,8 @@ func (x *Exec) drained(ctx context.Context) step {
 // claiming is called before the commit that makes a new key durable. It fails when the
 // caller gave up (nothing is durable yet, so the attempt ends) or a drain gave the
 // attempt up; otherwise it holds the gate until done and returns the context of the
-// commit: detached from the caller, bounded by the lease.
+// commit: detached from the caller, bounded by the lease, whose end is its cause (so
+// that a commit the lease cut names ErrLeaseExpired, as a phase's does).
 func (x *Exec) claiming(ctx context.Context) (context.Context, func(), error) {
 	x.gate.Lock()
 	if x.abandoned {
@@ -64,7 +65,7 @@ func (x *Exec) claiming(ctx context.Context) (context.Context, func(), error) {
 		}
 		return nil, nil, fmt.Errorf("claim key: the caller gave up before the claim: %w", err)
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.env.Lease)
+	cctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), x.env.Lease, vocab.ErrLeaseExpired)
 	return cctx, func() {
 		cancel()
 		x.durable = x.claim == nil

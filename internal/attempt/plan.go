@@ -166,11 +166,11 @@ func (x *Exec) commit(ctx context.Context, tx *phaseTx, w keyWrite, one *pipelin
 // claim is still pending) and COMMIT, in one round trip. Its connection is back in the
 // pool when it returns.
 func (x *Exec) commitAlone(ctx context.Context, w keyWrite) error {
-	ctx, cancel := context.WithTimeout(ctx, x.env.Lease)
+	ctx, cancel := context.WithTimeoutCause(ctx, x.env.Lease, vocab.ErrLeaseExpired)
 	defer cancel()
 	tx, err := x.open(ctx, "")
 	if err != nil {
-		return err
+		return leaseNamed(ctx, err)
 	}
 	defer tx.done(ctx)
 	return x.commit(ctx, tx, w, nil)
