@@ -82,7 +82,7 @@ func deleteOfScope(guard string) string {
 	return `WITH c AS (
 	SELECT idempotency_key FROM idemflow_keys
 	WHERE scope = $1 AND idempotency_key = ANY($2::text[]) AND created_at BETWEEN $4::timestamptz AND $5::timestamptz
-		AND ` + guard + `
+		AND ` + byKey(guard) + `
 	FOR UPDATE SKIP LOCKED
 )
 DELETE FROM idemflow_keys k USING c

@@ -268,3 +268,88 @@ func newID(t *testing.T, pool *pgxpool.Pool) string {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT gen_random_uuid()::text`).Scan(&id))
 	return id
 }
+
+// TestPerKeyPlans: every statement on one key row (or on some keys of one scope) that
+// names an unfinished status reads its rows by the primary key, never through the due
+// index, even when the table's statistics say no key is unfinished while thousands
+// are: the statistics of a table whose keys mostly finished (the steady state), met by
+// a backlog after an outage. Written as `status = 'in_progress'`, the planner found
+// the due index's predicate implied, took the index for empty and read every
+// unfinished key for each statement (rowStatus).
+func TestPerKeyPlans(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped: a distributed statement's plan is the coordinator's (the shards' indexes are the same)")
+	}
+	for _, layout := range []string{"Plain", "Partitioned"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			s := New()
+			if layout == "Partitioned" {
+				require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionDay, 0))
+				_, err := s.CheckPartitions(ctx, db.Pool)
+				require.NoError(t, err)
+			}
+			// Statistics that see finished keys only, then a backlog they do not see (below
+			// autovacuum's analyze threshold: 50 and a tenth of the rows).
+			_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
+	request_body, status, recovery_point, response_status, response_headers, response_body, finished_at, locked_until)
+SELECT 's' || (i % 8), 'done' || i, gen_random_uuid(), 'f', 'POST', '/r', sha256(i::text::bytea), '', 'finished', 'finished',
+	201, '{}', 'x', statement_timestamp(), NULL FROM generate_series(1, 20000) i`)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `ANALYZE idemflow_keys`)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
+	request_body, locked_until, next_attempt_at)
+SELECT 'b' || (i % 8), 'stuck' || i, gen_random_uuid(), 'f', 'POST', '/r', sha256(i::text::bytea), '{}',
+	statement_timestamp() - interval '1 minute', statement_timestamp() - interval '1 minute' FROM generate_series(1, 1500) i`)
+			require.NoError(t, err)
+			row, err := s.Lookup(ctx, db.Pool, "b7", "stuck7")
+			require.NoError(t, err)
+			f, at, lv := row.Fence(), row.CreatedAt, row.LockVersion
+			conn, err := db.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+				_, err = conn.Exec(ctx, `SET plan_cache_mode = `+mode)
+				require.NoError(t, err)
+				checkPerKeyPlans(t, conn, s, f, at, lv, mode)
+			}
+		})
+	}
+}
+
+// checkPerKeyPlans is TestPerKeyPlans in one plan cache mode, for the key of fence f.
+func checkPerKeyPlans(t *testing.T, conn *pgxpool.Conn, s *Store, f Fence, at time.Time, lv int64, mode string) {
+	t.Helper()
+	sc, k, id := f.Scope, f.Key, f.ID
+	cases := map[string]struct {
+		sql  string
+		args []any
+	}{
+		"advance":         {s.sql.advance, []any{sc, k, id, lv, "one", "{}", 60000, at}},
+		"finish":          {s.sql.finish, []any{sc, k, id, lv, 201, "{}", "ok", `[{"a":1}]`, 10, at}},
+		"release":         {s.sql.release, []any{sc, k, id, lv, "one", "{}", "boom", 0, "started", `[{"a":1}]`, 10, at}},
+		"takeover":        {s.sql.takeover, []any{sc, k, id, lv, 60000, 10, at}},
+		"giveBack":        {s.sql.giveBack, []any{sc, k, id, lv, at}},
+		"abandon":         {s.sql.abandon, []any{sc, k, id, lv, "why", `[{"a":1}]`, 10, at}},
+		"park":            {s.sql.park, []any{sc, k, id, lv, "why", 1000, `[{"a":1}]`, 10, at}},
+		"dead":            {s.sql.deadLetter, []any{sc, k, id, lv, "started", "{}", "why", "started", `[{"a":1}]`, 10, at}},
+		"pipeFence":       {s.pipe.fence, []any{sc, k, id, lv, at}},
+		"check":           {s.pipe.check, []any{sc, k, id, lv, at}},
+		"pipeAdvance":     {s.pipe.advance, []any{sc, k, id, lv, at, "one", "{}", 60000}},
+		"pipeFinish":      {s.pipe.finish, []any{sc, k, id, lv, at, 201, "{}", "ok", `[{"a":1}]`, 10}},
+		"takeKey":         {s.sql.takeKey, []any{sc, k, lv, 60000, 10, nil, at}},
+		"operatorRelease": {s.admin.release, []any{sc, k, 10}},
+		"bulkRelease":     {s.admin.bulkRelease, []any{sc, k, 10, "", "", "", ""}},
+		"expireParkedKey": {s.admin.expireParkedKey, []any{sc, []string{k}, 0, at, at}},
+	}
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		c := cases[name]
+		plan := explainPlan(t, conn, name, s.onPartition(c.sql, at), c.args)
+		require.Regexp(t, `(?m)Index (Only )?Scan using \S*pkey`, plan, "%s (%s) reads its row by the primary key:\n%s", name, mode, plan)
+		require.NotRegexp(t, `(?m)(due|next_attempt_at)_idx`, plan, "%s (%s) does not read the due index:\n%s", name, mode, plan)
+	}
+}

@@ -274,5 +274,5 @@ WHERE ` + fence("11") + ` AND recovery_point = $8`
 var sqlRedrive = `UPDATE idemflow_keys
 SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
 	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead'
+WHERE scope = $1 AND idempotency_key = $2 AND ` + rowStatus("dead") + `
 RETURNING ` + releasedColumns

@@ -107,7 +107,7 @@ var sqlOperatorRelease = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
 	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
 	history = ` + operatorReleased + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
+WHERE scope = $1 AND idempotency_key = $2 AND ` + rowStatus("in_progress") + `
 RETURNING lock_version`
 
 // sqlBulkRelease is sqlOperatorRelease for one key of a bulk action: it also
@@ -116,11 +116,11 @@ var sqlBulkRelease = `UPDATE idemflow_keys
 SET lock_version = lock_version + 1, locked_until = NULL,
 	next_attempt_at = statement_timestamp(), updated_at = statement_timestamp(),
 	history = ` + operatorReleased + `
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress' AND ` + bulkFilter(4)
+WHERE scope = $1 AND idempotency_key = $2 AND ` + rowStatus("in_progress") + ` AND ` + bulkFilter(4)
 
 // sqlPurge deletes the finished key $1, $2.
-const sqlPurge = `DELETE FROM idemflow_keys
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'finished'`
+var sqlPurge = `DELETE FROM idemflow_keys
+WHERE scope = $1 AND idempotency_key = $2 AND ` + rowStatus("finished")
 
 // bulkFilter is the condition of Filter on arguments $n to $n+3.
 func bulkFilter(n int) string {
@@ -144,7 +144,7 @@ LIMIT $9`
 var sqlBulkRedrive = `UPDATE idemflow_keys
 SET status = 'in_progress', attempts = 0, lock_version = lock_version + 1, history = ` + historyAppend("3", "4") + `,
 	locked_until = NULL, next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE scope = $1 AND idempotency_key = $2 AND status = 'dead' AND ` + bulkFilter(5)
+WHERE scope = $1 AND idempotency_key = $2 AND ` + rowStatus("dead") + ` AND ` + bulkFilter(5)
 
 // sqlCancel finishes an unfinished key with an operator's response ($6-$8), as a
 // finish does, and bumps the lock version so that no executor that held it can commit

@@ -54,7 +54,7 @@ SET lock_version = lock_version + 1, attempts = attempts + 1, history = ` + hist
 	locked_until = statement_timestamp() + $4::bigint * interval '1 millisecond',
 	updated_at = statement_timestamp()
 WHERE scope = $1 AND idempotency_key = $2 AND lock_version = $3 AND created_at = $7::timestamptz
-	AND ` + dueGuard + `
+	AND ` + byKey(dueGuard) + `
 	AND ` + knownPoint("6") + `
 	AND ` + knownFormat + `
 	AND ` + lockedByNoOne + `
