@@ -394,3 +394,79 @@ func TestPartitionedFutureRowFound(t *testing.T) {
 		})
 	}
 }
+
+// TestPartitionedFirstCommitTerminated: a new key's first commit on a partitioned key
+// table is the key row's insert, sent to the current partition by name, and COMMIT. Its
+// backend terminated while that insert waits (for the partition, held in SHARE mode)
+// leaves nothing: the attempt answers a retryable failure, no key row, no ledger row,
+// no payment; the retry charges once, with one key row, in the current partition.
+func TestPartitionedFirstCommitTerminated(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: the Store does not address partitions by name there, which is the statement this pauses")
+	}
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	require.NoError(t, store.New().SetupPartitioned(ctx, b.db.Pool, store.PartitionDay, 0))
+	e, err := workflow.New(b.db.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(testflow.Flow(testflow.Options{ProviderURL: b.provider.URL})))
+	require.NoError(t, workflow.StartUp(ctx, e))
+	require.True(t, workflow.LayoutLearnt(e))
+	var part string
+	require.NoError(t, b.db.Pool.QueryRow(ctx,
+		`SELECT 'idemflow_keys_p' || to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYYMMDD')`).Scan(&part))
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `LOCK TABLE `+part+` IN SHARE MODE`)
+	require.NoError(t, err)
+
+	req := chargeReq("acct", "terminated", `{"amount":40}`)
+	type answer struct {
+		res *workflow.Result
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := e.Do(ctx, req)
+		done <- answer{res, err}
+	}()
+	var pid int
+	var query string
+	require.Eventually(t, func() bool {
+		select {
+		case a := <-done:
+			require.FailNow(t, "the attempt ended before its insert waited", "%+v %v", a.res, a.err)
+		default:
+		}
+		// Not on holder: a transaction reads pg_stat_activity once.
+		err := b.db.Pool.QueryRow(ctx, `SELECT l.pid, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+WHERE NOT l.granted AND l.relation = $1::regclass`, part).Scan(&pid, &query)
+		return err == nil
+	}, lockWait, lockTick)
+	require.Contains(t, query, `INSERT INTO "`+part+`" (`, "the key row's insert waits, sent to the partition by name")
+	var gone bool
+	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_terminate_backend($1::int, 60000::bigint)`, pid).Scan(&gone))
+	require.True(t, gone)
+	a := <-done
+	require.ErrorIs(t, a.err, workflow.ErrTransient, "%v", a.err)
+	require.NoError(t, holder.Rollback(ctx))
+	require.Zero(t, countKeys(t, b.db), "no key row")
+	eff, err := testflow.CountEffects(ctx, b.db.Pool, req.Scope, req.Key)
+	require.NoError(t, err)
+	require.Equal(t, testflow.Effects{}, eff, "nothing of the phase committed")
+	require.Zero(t, b.provider.Made(), "no payment")
+
+	res, err := e.Do(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+	eff, err = testflow.CountEffects(ctx, b.db.Pool, req.Scope, req.Key)
+	require.NoError(t, err)
+	require.Equal(t, testflow.Effects{Ledger: 1, Settled: 1, Settlements: 1}, eff)
+	require.Equal(t, 1, b.provider.Made(), "one payment")
+	var in string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM idemflow_keys WHERE scope = $1 AND idempotency_key = $2`,
+		req.Scope, req.Key).Scan(&in))
+	require.Equal(t, part, in, "one key row, in the current partition")
+}

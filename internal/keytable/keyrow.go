@@ -162,11 +162,11 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 	case c != nil && resp != nil:
 		q.kind = writeInsertFinished
 		e, _ := resp.History.args()
-		b.Queue(s.sql.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
+		b.Queue(s.onPartition(s.sql.insertFinished, f.CreatedAt), c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
 			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
 	case c != nil && !f.CreatedAt.IsZero():
 		q.kind = writeInsertKnown
-		b.Queue(s.sql.insertKey, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
+		b.Queue(s.onPartition(s.sql.insertKey, f.CreatedAt), c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
 			w.RecoveryPoint, json.RawMessage(w.Data), c.Lease.Milliseconds(), c.origin())
 	case c != nil:
 		q.kind = writeInsert
@@ -341,6 +341,12 @@ func insertErr(err error) error {
 		// shard's unique violation as an internal error.
 		pgErr.Code == "XX000" && strings.HasPrefix(pgErr.Message, "duplicate key value violates unique constraint")) {
 		return fmt.Errorf("insert key: %w: %w", ErrClaimExists, err)
+	}
+	if errors.As(err, &pgErr) && (partitionGone(pgErr) || outsidePartition(pgErr)) {
+		// A held insert sent to the partition of its created_at (onPartition) found it
+		// gone or not covering that time: as an insert through the key table that finds
+		// no partition, nothing is written and the attempt may be retried.
+		return fmt.Errorf("insert key: %w: no partition of the key table holds the new row's created_at: %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("insert key: %w", Classify(err))
 }

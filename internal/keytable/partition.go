@@ -484,8 +484,8 @@ func (s *Store) partitionOf(createdAt time.Time) string {
 
 // onPartition is sql, a per-key statement of sql.go on the row created at createdAt,
 // sent to the row's partition instead of the key table when s addresses partitions
-// by name: the key table's name after its UPDATE (or FROM, for the look-up) is
-// replaced by the partition's. Otherwise, or when createdAt is unknown (zero), sql.
+// by name: the key table's name after its UPDATE (or FROM, for the look-up, or INSERT
+// INTO, for a held claim's insert: insertOnPartition) is replaced by the partition's. Otherwise, or when createdAt is unknown (zero), sql.
 // The statement matches what it matched before: the row is in that partition or in
 // none (a row's partition is fixed by created_at, and every statement names the
 // created_at it is addressed by). A partition dropped since makes it fail with 42P01,
@@ -500,9 +500,9 @@ func (s *Store) onPartition(sql string, createdAt time.Time) string {
 		return t.(string)
 	}
 	t := sql
-	for _, verb := range []string{"UPDATE ", "FROM "} {
-		if before := verb + s.part.table + "\n"; strings.Count(sql, before) == 1 {
-			t = strings.Replace(sql, before, verb+s.part.ident(name)+"\n", 1)
+	for _, at := range [...]struct{ verb, after string }{{"UPDATE ", "\n"}, {"FROM ", "\n"}, {"INSERT INTO ", " ("}} {
+		if before := at.verb + s.part.table + at.after; strings.Count(sql, before) == 1 {
+			t = strings.Replace(sql, before, at.verb+s.part.ident(name)+at.after, 1)
 			break
 		}
 	}
@@ -515,6 +515,12 @@ func (s *Store) onPartition(sql string, createdAt time.Time) string {
 	}
 	s.part.texts.Store(k, t)
 	return t
+}
+
+// outsidePartition reports whether a row inserted into a partition by name was
+// refused by its bounds.
+func outsidePartition(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == "23514" && strings.Contains(pgErr.Message, "violates partition constraint")
 }
 
 // partitionGone reports whether a statement was sent to a partition that no longer
