@@ -485,11 +485,13 @@ func (s *Store) partitionOf(createdAt time.Time) string {
 // onPartition is sql, a per-key statement of sql.go on the row created at createdAt,
 // sent to the row's partition instead of the key table when s addresses partitions
 // by name: the key table's name after its UPDATE (or FROM, for the look-up, or INSERT
-// INTO, for a held claim's insert: insertOnPartition) is replaced by the partition's. Otherwise, or when createdAt is unknown (zero), sql.
+// INTO, for the insert under a claim that read the transaction's start) is replaced
+// by the partition's. Otherwise, or when createdAt is unknown (zero), sql.
 // The statement matches what it matched before: the row is in that partition or in
 // none (a row's partition is fixed by created_at, and every statement names the
 // created_at it is addressed by). A partition dropped since makes it fail with 42P01,
-// which Classify reports as ErrLeaseLost: the row is gone.
+// which Classify reports as ErrLeaseLost: the row is gone (for an insert, insertErr
+// reports ErrUnavailable: nothing was written).
 func (s *Store) onPartition(sql string, createdAt time.Time) string {
 	name := s.partitionOf(createdAt)
 	if name == "" {
