@@ -126,39 +126,81 @@ func TestPartitionedAcrossBoundary(t *testing.T) {
 	})
 }
 
-// TestPartitionedConcurrentDuplicates: attempts of the same keys race while every
-// insert lands, at random, in this minute's partition or the previous one, where no
-// unique index spans both: the claim lock still lets one row per key in.
+// TestPartitionedConcurrentDuplicates: attempts of the same keys race where no unique
+// index spans the partitions; the claim lock still lets one row per key in.
+//
+//   - ClaimAtCommit: a flow whose first phase is a call claims with the insert at its
+//     commit, through the key table, and every such insert lands, at random, in this
+//     minute's partition or the previous one (the column's default is made so).
+//   - GoCode: the Go-code claim at READ COMMITTED inserts into the partition of its
+//     transaction's start by name, which a column default cannot move; so half of the
+//     keys are claimed and finished first and their rows moved into the previous
+//     minute's partition, and then every key is raced: those must be found there
+//     under the lock (never a second row in this minute's), the others claimed once.
 func TestPartitionedConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupPartitioned(t)
-	_, err := b.db.Pool.Exec(ctx, `ALTER TABLE idemflow_keys ALTER COLUMN created_at
-	SET DEFAULT now() - (random() < 0.5)::int * interval '1 minute'`)
-	require.NoError(t, err)
-
 	const keys, racers = 40, 6
-	var wg sync.WaitGroup
-	for k := range keys {
-		for range racers {
-			wg.Go(func() {
-				// Losers answer at once (busy or a replay); only the outcome in the
-				// table matters here.
-				_, _ = b.engine.Do(ctx, chargeReq(fmt.Sprintf("k%d", k)))
-			})
+	race := func(b *bundle, req func(string) workflow.Request) {
+		var wg sync.WaitGroup
+		for k := range keys {
+			for range racers {
+				wg.Go(func() {
+					// Losers answer at once (busy or a replay); only the outcome in the
+					// table matters here.
+					_, _ = b.engine.Do(context.Background(), req(fmt.Sprintf("k%d", k)))
+				})
+			}
 		}
+		wg.Wait()
 	}
-	wg.Wait()
-	var dups, spread int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT
+	check := func(t *testing.T, b *bundle) {
+		var dups, spread int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT
 	(SELECT count(*) FROM (SELECT 1 FROM idemflow_keys GROUP BY scope, idempotency_key HAVING count(*) > 1) d),
 	(SELECT count(DISTINCT date_trunc('minute', created_at)) FROM idemflow_keys)`).Scan(&dups, &spread)) // a minute a partition (tableoid names a shard on Citus)
-	require.Zero(t, dups, "no (scope, key) has two rows")
-	// Two partitions at least: a race that straddles a minute's end spans three.
-	require.GreaterOrEqual(t, spread, 2, "rows landed in both partitions")
-	var ledger int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) - count(DISTINCT idem_key) FROM ledger`).Scan(&ledger))
-	require.Zero(t, ledger, "one ledger row per key")
+		require.Zero(t, dups, "no (scope, key) has two rows")
+		// Two partitions at least: a race that straddles a minute's end spans three.
+		require.GreaterOrEqual(t, spread, 2, "rows in both partitions")
+		var ledger int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) - count(DISTINCT idem_key) FROM ledger`).Scan(&ledger))
+		require.Zero(t, ledger, "one ledger row per key")
+	}
+	t.Run("ClaimAtCommit", func(t *testing.T) {
+		t.Parallel()
+		b := setupPartitioned(t)
+		_, err := b.db.Pool.Exec(context.Background(), `ALTER TABLE idemflow_keys ALTER COLUMN created_at
+	SET DEFAULT now() - (random() < 0.5)::int * interval '1 minute'`)
+		require.NoError(t, err)
+		race(b, payFirstReq)
+		check(t, b)
+	})
+	t.Run("GoCode", func(t *testing.T) {
+		t.Parallel()
+		b := setupPartitioned(t)
+		ids := func() map[string]string {
+			rows, err := b.db.Pool.Query(context.Background(), `SELECT idempotency_key, id::text FROM idemflow_keys
+	WHERE idempotency_key = ANY(SELECT 'k' || g FROM generate_series(0, $1 - 1, 2) g)`, keys)
+			require.NoError(t, err)
+			m := map[string]string{}
+			for rows.Next() {
+				var k, id string
+				require.NoError(t, rows.Scan(&k, &id))
+				m[k] = id
+			}
+			require.NoError(t, rows.Err())
+			return m
+		}
+		for k := 0; k < keys; k += 2 {
+			_, err := b.engine.Do(context.Background(), chargeReq(fmt.Sprintf("k%d", k)))
+			require.NoError(t, err)
+			moveBack(t, b.db, fmt.Sprintf("k%d", k))
+		}
+		moved := ids()
+		require.Len(t, moved, keys/2)
+		race(b, chargeReq)
+		check(t, b)
+		require.Equal(t, moved, ids(), "the keys moved back kept their rows: found under the lock, never claimed again")
+	})
 }
 
 // TestSweeperPartitions: a pass creates partitions ahead, removes a partition past
