@@ -344,87 +344,63 @@ func TestTxPhaseOutlivesLease(t *testing.T) {
 	}
 }
 
-// TestTxClaimOutlivesLease: a new key's claim that is still running when the lease
-// runs out (its own round trip before the phase's function, as at REPEATABLE READ;
-// a lock on the key table holds its insert) is cancelled, and the attempt's error names the lease as
-// a phase's statement does. The phase's function never runs; nothing is written.
-func TestTxClaimOutlivesLease(t *testing.T) {
+// TestTxKeyRowInsertOutlivesLease: a new key's insert of its row that waits past the
+// lease (the key table held in SHARE mode: reads pass, on Citus too, where a trigger
+// on the distributed table would be refused) fails the attempt with ErrLeaseExpired,
+// inside a *TransientError, beside the statement's own deadline error, as a phase's
+// statement cut by the lease does; nothing is written.
+//
+//   - Claim: at REPEATABLE READ the claim inserts the row in its own round trip,
+//     before the phase's function, which never runs.
+//   - FirstCommit: at READ COMMITTED the claim (its lock and look-up) and the phase's
+//     own write pass, and the row is inserted with the commit, detached from the
+//     caller and bounded by a lease of its own. The phase must return within its own
+//     lease for the commit to be sent at all: 3 s leaves a loaded machine room.
+func TestTxKeyRowInsertOutlivesLease(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
-	require.NoError(t, err)
-	// The claim's insert waits for the key table, held in SHARE mode (reads pass; on
-	// Citus too, where a trigger on the distributed table would be refused) until the
-	// lease ends it.
-	holder, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx) //nolint:errcheck
-	_, err = holder.Exec(ctx, `LOCK TABLE idemflow_keys IN SHARE MODE`)
-	require.NoError(t, err)
-	e, err := workflow.New(db.Pool, &workflow.Config{Lease: time.Second})
-	require.NoError(t, err)
-	ran := make(chan struct{}, 1)
-	write := phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-		ran <- struct{}{}
-		if err := note(ctx, tx, run.Scope()); err != nil {
-			return nil, err
-		}
-		return tenants.Created(ctx, tx)
-	})
-	write.IsoLevel = pgx.RepeatableRead
-	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{write}}))
-	_, err = e.Do(ctx, tenants.Req("a"))
-	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
-	require.ErrorIs(t, err, workflow.ErrTransient)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "the claim's own error is kept")
-	require.Empty(t, ran, "the phase's function did not run")
-	require.NoError(t, holder.Rollback(ctx))
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
-	require.Zero(t, n, "nothing written")
-}
-
-// TestTxFirstCommitOutlivesLease: a new key's first commit (the key row's insert, with
-// the phase's writes) that waits past its lease fails the attempt with ErrLeaseExpired,
-// inside a *TransientError, beside the commit's own deadline error, as a phase's
-// statement or claim cut by the lease does; nothing is written.
-func TestTxFirstCommitOutlivesLease(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
-	require.NoError(t, err)
-	// The key table held in SHARE mode: the READ COMMITTED claim (its lock and look-up)
-	// and the phase's own write pass, the commit's insert of the key row waits.
-	holder, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx) //nolint:errcheck
-	_, err = holder.Exec(ctx, `LOCK TABLE idemflow_keys IN SHARE MODE`)
-	require.NoError(t, err)
-	// The phase must return within its own lease for the commit to be sent at all; 3 s
-	// leaves a loaded machine room for that.
-	e, err := workflow.New(db.Pool, &workflow.Config{Lease: 3 * time.Second})
-	require.NoError(t, err)
-	ran := make(chan struct{}, 1)
-	require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{
-		phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			ran <- struct{}{}
-			if err := note(ctx, tx, run.Scope()); err != nil {
-				return nil, err
-			}
-			return tenants.Created(ctx, tx)
-		}),
-	}}))
-	_, err = e.Do(ctx, tenants.Req("a"))
-	require.ErrorIs(t, err, workflow.ErrLeaseExpired)
-	require.ErrorIs(t, err, workflow.ErrTransient)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "the commit was sent, and its own error is kept")
-	require.Len(t, ran, 1, "the phase's function ran once")
-	require.NoError(t, holder.Rollback(ctx))
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
-	require.Zero(t, n, "nothing written")
+	for _, c := range []struct {
+		name  string
+		iso   pgx.TxIsoLevel
+		lease time.Duration
+		runs  int
+	}{
+		{"Claim", pgx.RepeatableRead, time.Second, 0},
+		{"FirstCommit", "", 3 * time.Second, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			_, err := db.Pool.Exec(ctx, `CREATE TABLE notes (name text PRIMARY KEY)`)
+			require.NoError(t, err)
+			holder, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx) //nolint:errcheck
+			_, err = holder.Exec(ctx, `LOCK TABLE idemflow_keys IN SHARE MODE`)
+			require.NoError(t, err)
+			e, err := workflow.New(db.Pool, &workflow.Config{Lease: c.lease})
+			require.NoError(t, err)
+			ran := make(chan struct{}, 1)
+			write := phases.Tx("write", func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
+				ran <- struct{}{}
+				if err := note(ctx, tx, run.Scope()); err != nil {
+					return nil, err
+				}
+				return tenants.Created(ctx, tx)
+			})
+			write.IsoLevel = c.iso
+			require.NoError(t, e.Register(phases.Flow{Name: "notes", Phases: []phases.Phase{write}}))
+			_, err = e.Do(ctx, tenants.Req("a"))
+			require.ErrorIs(t, err, workflow.ErrLeaseExpired)
+			require.ErrorIs(t, err, workflow.ErrTransient)
+			require.ErrorIs(t, err, context.DeadlineExceeded, "the insert's own error is kept: it was sent")
+			require.Len(t, ran, c.runs, "runs of the phase's function")
+			require.NoError(t, holder.Rollback(ctx))
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM notes) + (SELECT count(*) FROM idemflow_keys)`).Scan(&n))
+			require.Zero(t, n, "nothing written")
+		})
+	}
 }
 
 // TestTxConnectionWaitOutlivesLease: a lease that runs out while its first phase still
