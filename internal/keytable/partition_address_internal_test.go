@@ -236,51 +236,10 @@ func TestPartitionAddressedInsert(t *testing.T) {
 	require.NoError(t, err)
 	finished := &StoredResponse{Status: 201, Headers: []byte(`{}`), Body: []byte("ok"), History: History{Entry: []byte(`{"a":1}`), Keep: 10}}
 
-	// insert claims key in a transaction, the insert's created_at taken as at (zero:
-	// the one the claim lock read), and returns the key table's relations (the table,
-	// its partitions, their indexes) the transaction then held a write lock on (the
-	// look-up under the claim lock read every partition), the SQL text sent, and the
-	// insert's error.
-	insert := func(key string, at time.Time, resp *StoredResponse) ([]string, string, error) {
-		c := Claim{Scope: "s", Key: key, ID: "0190b1a4-7d2c-7000-8000-000000000001", Flow: "f", Method: "POST", Route: "/r",
-			Fingerprint: []byte("fp"), Body: []byte("{}"), Lease: time.Minute}
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
-		b := &pgx.Batch{}
-		look := s.QueueClaimLook(b, c)
-		br := tx.SendBatch(ctx, b)
-		locked, read, _, err := look.Read(br)
-		require.True(t, locked, key)
-		require.ErrorIs(t, err, ErrNotFound, key)
-		require.NoError(t, br.Close())
-		if at.IsZero() {
-			at = read
-		}
-		b = &pgx.Batch{}
-		q := s.QueueKeyWrite(b, KeyWrite{Claim: &c, Fence: Fence{Scope: "s", Key: key, ID: c.ID, CreatedAt: at}, Held: true,
-			RecoveryPoint: "started", Data: json.RawMessage(`{}`), Lease: time.Minute, Response: resp})
-		sent := b.QueuedQueries[0].SQL
-		br = tx.SendBatch(ctx, b)
-		_, ierr := q.Read(br)
-		cerr := br.Close()
-		if ierr != nil {
-			return nil, sent, ierr
-		}
-		require.NoError(t, cerr)
-		rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND c.relname LIKE 'idemflow\_keys%'
-ORDER BY 1`)
-		require.NoError(t, err)
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
-		return names, sent, nil
-	}
 	for i, resp := range []*StoredResponse{nil, finished} {
 		for round := range 7 { // past pgx's and PostgreSQL's custom-plan runs
 			key := fmt.Sprintf("k%d-%d", i, round)
-			locks, sent, err := insert(key, time.Time{}, resp)
+			locks, sent, err := claimInsert(t, conn, s, key, time.Time{}, resp)
 			require.NoError(t, err, key)
 			require.Contains(t, sent, `INSERT INTO "`+own+`" (`, "%s: sent to the row's partition", key)
 			require.Contains(t, locks, own, key)
@@ -306,11 +265,55 @@ DROP TABLE `+partitionName(now.Add(-4*time.Minute), time.Minute))
 		"gone":    now.Add(-4 * time.Minute), // dropped
 		"outside": now.Add(-2 * time.Minute), // attached, for another minute
 	} {
-		_, sent, err := insert(name, at, nil)
+		_, sent, err := claimInsert(t, conn, s, name, at, nil)
 		require.ErrorIs(t, err, ErrUnavailable, name)
 		require.Contains(t, sent, partitionName(at, time.Minute), name)
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM idemflow_keys WHERE idempotency_key = $1`, name).Scan(&n))
 		require.Zero(t, n, name)
 	}
+}
+
+// claimInsert claims key on conn in a transaction, the insert's created_at taken as
+// at (zero: the one the claim lock read), and returns the key table's relations (the table,
+// its partitions, their indexes) the transaction then held a write lock on (the
+// look-up under the claim lock read every partition), the SQL text sent, and the
+// insert's error.
+func claimInsert(t *testing.T, conn *pgxpool.Conn, s *Store, key string, at time.Time, resp *StoredResponse) ([]string, string, error) {
+	t.Helper()
+	ctx := context.Background()
+	c := Claim{Scope: "s", Key: key, ID: "0190b1a4-7d2c-7000-8000-000000000001", Flow: "f", Method: "POST", Route: "/r",
+		Fingerprint: []byte("fp"), Body: []byte("{}"), Lease: time.Minute}
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	b := &pgx.Batch{}
+	look := s.QueueClaimLook(b, c)
+	br := tx.SendBatch(ctx, b)
+	locked, read, _, err := look.Read(br)
+	require.True(t, locked, key)
+	require.ErrorIs(t, err, ErrNotFound, key)
+	require.NoError(t, br.Close())
+	if at.IsZero() {
+		at = read
+	}
+	b = &pgx.Batch{}
+	q := s.QueueKeyWrite(b, KeyWrite{Claim: &c, Fence: Fence{Scope: "s", Key: key, ID: c.ID, CreatedAt: at}, Held: true,
+		RecoveryPoint: "started", Data: json.RawMessage(`{}`), Lease: time.Minute, Response: resp})
+	sent := b.QueuedQueries[0].SQL
+	br = tx.SendBatch(ctx, b)
+	_, ierr := q.Read(br)
+	cerr := br.Close()
+	if ierr != nil {
+		return nil, sent, ierr
+	}
+	require.NoError(t, cerr)
+	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND c.relname LIKE 'idemflow\_keys%'
+ORDER BY 1`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	return names, sent, nil
 }
