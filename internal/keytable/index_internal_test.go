@@ -34,21 +34,29 @@ func TestIndexPlans(t *testing.T) {
 	if pgtest.CitusMode() {
 		t.Skip("skipped: a distributed statement's plan is the coordinator's (the shards' indexes are the same)")
 	}
+	onEachLayout(t, func(t *testing.T, db *pgtest.DB, s *Store, partitioned bool) {
+		ctx := context.Background()
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+		require.NoError(t, err)
+		checkIndexPlans(t, conn, s, partitioned)
+	})
+}
+
+// onEachLayout runs f as a parallel subtest on a fresh key table of each layout: plain,
+// and partitioned by the day (the default week ahead), with a Store of its own.
+func onEachLayout(t *testing.T, f func(t *testing.T, db *pgtest.DB, s *Store, partitioned bool)) {
 	for _, layout := range []string{"Plain", "Partitioned"} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			db := pgtest.New(t)
 			s := New()
 			if layout == "Partitioned" {
-				require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionDay, 0))
+				require.NoError(t, s.SetupPartitioned(context.Background(), db.Pool, PartitionDay, 0))
 			}
-			conn, err := db.Pool.Acquire(ctx)
-			require.NoError(t, err)
-			defer conn.Release()
-			_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-			require.NoError(t, err)
-			checkIndexPlans(t, conn, s, layout == "Partitioned")
+			f(t, db, s, layout == "Partitioned")
 		})
 	}
 }
@@ -281,44 +289,38 @@ func TestPerKeyPlans(t *testing.T) {
 	if pgtest.CitusMode() {
 		t.Skip("skipped: a distributed statement's plan is the coordinator's (the shards' indexes are the same)")
 	}
-	for _, layout := range []string{"Plain", "Partitioned"} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			db := pgtest.New(t)
-			s := New()
-			if layout == "Partitioned" {
-				require.NoError(t, s.SetupPartitioned(ctx, db.Pool, PartitionDay, 0))
-				_, err := s.CheckPartitions(ctx, db.Pool)
-				require.NoError(t, err)
-			}
-			// Statistics that see finished keys only, then a backlog they do not see (below
-			// autovacuum's analyze threshold: 50 and a tenth of the rows).
-			_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
+	onEachLayout(t, func(t *testing.T, db *pgtest.DB, s *Store, partitioned bool) {
+		ctx := context.Background()
+		if partitioned {
+			_, err := s.CheckPartitions(ctx, db.Pool)
+			require.NoError(t, err)
+		}
+		// Statistics that see finished keys only, then a backlog they do not see (below
+		// autovacuum's analyze threshold: 50 and a tenth of the rows).
+		_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
 	request_body, status, recovery_point, response_status, response_headers, response_body, finished_at, locked_until)
 SELECT 's' || (i % 8), 'done' || i, gen_random_uuid(), 'f', 'POST', '/r', sha256(i::text::bytea), '', 'finished', 'finished',
 	201, '{}', 'x', statement_timestamp(), NULL FROM generate_series(1, 20000) i`)
-			require.NoError(t, err)
-			_, err = db.Pool.Exec(ctx, `ANALYZE idemflow_keys`)
-			require.NoError(t, err)
-			_, err = db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `ANALYZE idemflow_keys`)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `INSERT INTO idemflow_keys (scope, idempotency_key, id, flow, method, route, fingerprint,
 	request_body, locked_until, next_attempt_at)
 SELECT 'b' || (i % 8), 'stuck' || i, gen_random_uuid(), 'f', 'POST', '/r', sha256(i::text::bytea), '{}',
 	statement_timestamp() - interval '1 minute', statement_timestamp() - interval '1 minute' FROM generate_series(1, 1500) i`)
+		require.NoError(t, err)
+		row, err := s.Lookup(ctx, db.Pool, "b7", "stuck7")
+		require.NoError(t, err)
+		f, at, lv := row.Fence(), row.CreatedAt, row.LockVersion
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			_, err = conn.Exec(ctx, `SET plan_cache_mode = `+mode)
 			require.NoError(t, err)
-			row, err := s.Lookup(ctx, db.Pool, "b7", "stuck7")
-			require.NoError(t, err)
-			f, at, lv := row.Fence(), row.CreatedAt, row.LockVersion
-			conn, err := db.Pool.Acquire(ctx)
-			require.NoError(t, err)
-			defer conn.Release()
-			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-				_, err = conn.Exec(ctx, `SET plan_cache_mode = `+mode)
-				require.NoError(t, err)
-				checkPerKeyPlans(t, conn, s, f, at, lv, mode)
-			}
-		})
-	}
+			checkPerKeyPlans(t, conn, s, f, at, lv, mode)
+		}
+	})
 }
 
 // checkPerKeyPlans is TestPerKeyPlans in one plan cache mode, for the key of fence f.
