@@ -34,7 +34,10 @@
 // server answers without ending the transaction, and after a guard that raised it
 // skips every message up to the next Sync, Parse included. The rest is sent, with
 // Sync, once the guard came back: the same two round trips on a new connection, one
-// once it prepared the batch's statements. pgx's describe-exec mode, which describes
+// once it prepared the batch's statements. A guard whose statements only check
+// something another transaction may change can have them sent again at the head of
+// that second round trip (SendRechecked), so that what they found holds as near to
+// the rest as in one round trip. pgx's describe-exec mode, which describes
 // every statement on every use, goes the same way for a guarded batch (two round
 // trips, as in pgx). pgx's exec mode (one pipeline) and simple protocol (one query
 // string, each statement parsed and analysed only once the one before it ran) need

@@ -36,9 +36,22 @@ func Send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) pgx.BatchResults {
 // pipeline, and the rest is sent once they came back (see the package doc). Guard 0
 // is Send.
 func SendGuarded(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard int) pgx.BatchResults {
+	return SendRechecked(ctx, conn, b, guard, 0)
+}
+
+// SendRechecked is SendGuarded for a guard whose last recheck statements only check
+// something another transaction may change (they change nothing and raise when they
+// say no, so running them twice is harmless). When the rest goes in a round trip of
+// its own (a statement of it not prepared on the connection yet), those statements are
+// sent again at its head: what they checked then holds as near to the rest as when
+// the whole batch goes in one round trip, rather than a round trip (and whatever
+// paused the caller in between) earlier. A recheck that raises is the error of the
+// rest's first statement, as a *RecheckError, and the server runs nothing of the rest.
+func SendRechecked(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard, recheck int) pgx.BatchResults {
 	if guard >= len(b.QueuedQueries) {
 		guard = 0
 	}
+	recheck = min(max(recheck, 0), guard)
 	r := registryOf(conn)
 	if r == nil || (!r.keep && guard == 0) {
 		return conn.SendBatch(ctx, b)
@@ -46,8 +59,27 @@ func SendGuarded(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard int) p
 	if !fits(b, guard > 0) {
 		return conn.SendBatch(ctx, b)
 	}
-	return r.send(ctx, conn, b, guard)
+	return r.send(ctx, conn, b, guard, recheck)
 }
+
+// RecheckError is the error of the first statement after a guard when a statement of
+// the guard, sent again ahead of it (SendRechecked), raised: the statement never ran.
+type RecheckError struct {
+	Index int   // the guard statement's index in the batch
+	Err   error // its error, the server's
+}
+
+func (e *RecheckError) Error() string {
+	return fmt.Sprintf("statement %d of the batch, sent again ahead of the rest: %v", e.Index, e.Err)
+}
+
+func (e *RecheckError) Unwrap() error { return e.Err }
+
+// Guardable reports whether a guard queued ahead of b's statements would keep them
+// from the server until it came back, in SendGuarded: whether each of them can go
+// through the registry (see the package doc). A batch it refuses goes to
+// conn.SendBatch with no guarantee.
+func Guardable(b *pgx.Batch) bool { return fits(b, true) }
 
 // rewrite applies the QueryRewriter (pgx.NamedArgs) that starts a statement's
 // arguments, in place, as pgx's SendBatch does.
@@ -173,7 +205,7 @@ func newRegistry(cfg *pgx.ConnConfig) *registry {
 // send sends b's statements in one pipeline, after a round trip that prepares the
 // statements the registry does not have; or, when a statement after the guard's is
 // one of those, as sendGuarded does.
-func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard int) *batchResults {
+func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard, recheck int) *batchResults {
 	br := &batchResults{ctx: ctx, conn: conn, r: r, b: b}
 	if r.tracer != nil {
 		br.ctx = r.tracer.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: b})
@@ -188,7 +220,7 @@ func (r *registry) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, guard
 	br.formats = br.formatsBuf[:0]
 	br.pipe = conn.PgConn().StartPipeline(br.ctx)
 	if guard > 0 && r.freshAfter(b, guard, fresh) {
-		return br.sendGuarded(guard, fresh)
+		return br.sendGuarded(guard, recheck, fresh)
 	}
 	if err := r.prepare(br.pipe, conn, fresh); err != nil {
 		return br.early(err)
@@ -223,8 +255,9 @@ func (r *registry) freshAfter(b *pgx.Batch, guard int, fresh []*pgconn.Statement
 // Parse. A fresh statement of the guard runs as pgx's exec mode sends it (the unnamed
 // statement, argument types from their Go values), so that no round trip precedes
 // the guard's. The rest of the batch is sent once its first result is asked for
-// (sendRest), or the batch is closed (Close).
-func (br *batchResults) sendGuarded(guard int, fresh []*pgconn.StatementDescription) *batchResults {
+// (sendRest), or the batch is closed (Close), after the guard's last recheck
+// statements, sent again.
+func (br *batchResults) sendGuarded(guard, recheck int, fresh []*pgconn.StatementDescription) *batchResults {
 	if err := br.queue(0, guard, guard); err != nil {
 		return br.early(err) // unsynced requests: pgconn closes the connection, as in pgx
 	}
@@ -239,7 +272,7 @@ func (br *batchResults) sendGuarded(guard int, fresh []*pgconn.StatementDescript
 	if err := br.pipe.Flush(); err != nil {
 		return br.early(err)
 	}
-	br.rest = &rest{from: guard, fresh: fresh, closing: closing}
+	br.rest = &rest{from: guard, recheck: recheck, fresh: fresh, closing: closing}
 	return br
 }
 

@@ -35,20 +35,25 @@ type batchResults struct {
 	// restErr is sendRest's failure when Proceed sent it: the next statement's.
 	rest    *rest
 	restErr error
-	rows    *rows // the last Query's
-	err     error
-	idx     int
-	closed  bool
-	traced  bool // TraceBatchEnd was called
+	// rechecks is how many results of guard statements sent again with the rest
+	// (SendRechecked), before the rest's first statement's, are not read yet.
+	rechecks int
+	rows     *rows // the last Query's
+	err      error
+	idx      int
+	closed   bool
+	traced   bool // TraceBatchEnd was called
 }
 
 var _ pgx.BatchResults = (*batchResults)(nil)
 
 // rest is the part of a guarded batch that waits for the guard's results: the
-// statements from from on, and the answers to the closing of closing and the preparing
-// of fresh, which the server sent after the guard's results.
+// statements from from on, preceded by the guard's last recheck statements sent again,
+// and the answers to the closing of closing and the preparing of fresh, which the
+// server sent after the guard's results.
 type rest struct {
 	from    int
+	recheck int
 	fresh   []*pgconn.StatementDescription
 	closing []string
 }
@@ -78,13 +83,40 @@ func (br *batchResults) sendRest() error {
 		}
 		return err
 	}
-	if err := br.queue(rs.from, len(br.b.QueuedQueries), 0); err != nil {
+	// The rechecked statements were prepared with the rest (fresh holds every
+	// statement of the batch the registry lacked), so they go by name.
+	if err := br.queue(rs.from-rs.recheck, len(br.b.QueuedQueries), 0); err != nil {
 		// The guard's statements ran and their transaction is open: a Sync would commit
 		// them alone. Closing the connection rolls them back, as in pgx.
 		br.pipe.Close()
 		return err
 	}
+	br.rechecks = rs.recheck
 	return br.pipe.Sync()
+}
+
+// readRechecks reads the results of the guard statements sent again ahead of the
+// rest, whose first statement is the next; the first that raised is returned as a
+// *RecheckError.
+func (br *batchResults) readRechecks() error {
+	for br.rechecks > 0 {
+		i := br.idx - br.rechecks
+		br.rechecks--
+		got, err := br.pipe.GetResults()
+		if err == nil {
+			res, ok := got.(*pgconn.ResultReader)
+			if !ok {
+				return fmt.Errorf("unexpected pipeline result: %T", got)
+			}
+			_, err = res.Close()
+		}
+		if err != nil {
+			br.r.failed(br.sds[i], err)
+			br.rechecks = 0
+			return &RecheckError{Index: i, Err: err}
+		}
+	}
+	return nil
 }
 
 // endRest ends a guarded batch whose rest was never sent because an error stopped
@@ -126,6 +158,9 @@ func (br *batchResults) next() (q *pgx.QueuedQuery, sd *pgconn.StatementDescript
 	}
 	if br.rest != nil && br.idx == br.rest.from {
 		br.restErr = br.sendRest()
+	}
+	if br.restErr == nil {
+		br.restErr = br.readRechecks()
 	}
 	if err := br.restErr; err != nil {
 		br.restErr, br.err = nil, err
