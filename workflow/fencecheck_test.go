@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,17 +41,18 @@ var settleStmts = map[string]settleStmt{
 		var id int64
 		return tx.QueryRow(ctx, goInsert+` RETURNING id`, run.Scope(), run.Key(), "settle").Scan(&id)
 	},
-	// No arguments, a batch, a savepoint: BEGIN and the check go in a round trip of
-	// their own first.
-	"ExecPlain": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
-		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ('%s', '%s', 'settle', 1)`,
-			run.Scope(), run.Key()))
-		return err
-	},
+	// A batch: pipelined with BEGIN and the check too.
 	"SendBatch": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		b := &pgx.Batch{}
 		b.Queue(goInsert, run.Scope(), run.Key(), "settle")
 		return tx.SendBatch(ctx, b).Close()
+	},
+	// No arguments, a savepoint: BEGIN and the check go in a round trip of their own
+	// first.
+	"ExecPlain": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO pipe_effects (scope, idem_key, phase, n) VALUES ('%s', '%s', 'settle', 1)`,
+			run.Scope(), run.Key()))
+		return err
 	},
 	"Savepoint": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		sp, err := tx.(pgx.Tx).Begin(ctx)
@@ -255,4 +257,50 @@ func TestTxFenceCheckLocksNothing(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrLeaseLost, "the commit's fence refused the first executor")
 	require.False(t, errors.Is(err, workflow.ErrTransient))
 	require.Equal(t, [2]int{1, 1}, effectRows(t, b, "held"))
+}
+
+// TestTxFenceCheckAgain: on a connection that has not prepared the phase's first
+// statement, the fence's check comes back a round trip before that statement is sent
+// (pgpipe keeps the statement from the server until the check passed). An executor
+// paused in that round trip (here, as it reads the check's result) while its key is
+// taken over and finished by another runs none of the phase's statements all the same:
+// the check goes again at the head of the statement's round trip. Each first
+// statement that rides with the check (arguments, a query, a batch) has its own text,
+// new to every connection of the pool.
+func TestTxFenceCheckAgain(t *testing.T) {
+	t.Parallel()
+	cold := map[string]settleStmt{
+		"ExecArgs": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			_, err := tx.Exec(ctx, goInsert+` -- cold Exec`, run.Scope(), run.Key(), "settle")
+			return err
+		},
+		"QueryRow": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			var id int64
+			return tx.QueryRow(ctx, goInsert+` RETURNING id -- cold QueryRow`, run.Scope(), run.Key(), "settle").Scan(&id)
+		},
+		"SendBatch": func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
+			b := &pgx.Batch{}
+			b.Queue(goInsert+` -- cold SendBatch`, run.Scope(), run.Key(), "settle")
+			return tx.SendBatch(ctx, b).Close()
+		},
+	}
+	for name, stmt := range cold {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := pipeSetup(t, pgx.QueryExecModeCacheStatement, "")
+			require.NoError(t, b.engine.Register(goGateFlow("go_cold", stmt, nil)))
+			inside, open := make(chan struct{}), make(chan struct{})
+			var once atomic.Bool
+			pause := func(d pgx.TraceBatchQueryData) {
+				// The stale executor's check, read: settle's statement is not sent yet.
+				if d.Err == nil && len(d.Args) == 5 && d.Args[1] == "stale" && strings.Contains(d.SQL, "1/count(*)") &&
+					once.CompareAndSwap(false, true) {
+					close(inside)
+					<-open
+				}
+			}
+			b.trips.onResult.Store(&pause)
+			staleSettle(t, b, "go_cold", inside, open)
+		})
+	}
 }

@@ -118,6 +118,9 @@ type tripCounter struct {
 	mu     sync.Mutex
 	user   int // statements on pipe_effects sent
 	ran    int // statements on pipe_effects that the server ran without error
+	// onResult, when set, is called with each statement's result of a batch as it is
+	// read, before the next statement's is asked for.
+	onResult atomic.Pointer[func(pgx.TraceBatchQueryData)]
 }
 
 func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -134,6 +137,9 @@ func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 	return ctx
 }
 func (c *tripCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if fn := c.onResult.Load(); fn != nil {
+		(*fn)(d)
+	}
 	if d.Err == nil && strings.Contains(d.SQL, "pipe_effects") {
 		c.mu.Lock()
 		c.ran++

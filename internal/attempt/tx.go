@@ -337,6 +337,42 @@ func (t *phaseTx) head(b *pgx.Batch) (guard int) {
 	return len(b.QueuedQueries)
 }
 
+// recheck is how many statements of the head are sent again ahead of the phase's
+// first statement when that statement waits for the head's round trip (a connection
+// that has not prepared it: pgpipe.SendRechecked): the fence's check, which locks
+// nothing, so that a takeover in that round trip (the key released by an operator or
+// its lease ended, taken over and run on by another executor) stops the statement as
+// it would have stopped it in one round trip. A claim or a locking fence holds what
+// it found until the transaction ends: nothing to send again.
+func (t *phaseTx) recheck() int {
+	if t.headed && t.opening.Claim == nil && !t.opening.Lock {
+		return 1
+	}
+	return 0
+}
+
+// rechecked is err, the phase's first statement's, or, when it is the error of the
+// fence's check sent again ahead of it (pgpipe.RecheckError: the statement never
+// ran), the phase's loss, as readHead makes it.
+func (t *phaseTx) rechecked(err error) error {
+	var re *pgpipe.RecheckError
+	if !errors.As(err, &re) {
+		return err
+	}
+	err = t.openingRead.Rechecked(re.Err)
+	t.lose(err)
+	return err
+}
+
+// lose records err as the reason the phase may commit nothing, unless one is already.
+func (t *phaseTx) lose(err error) {
+	t.mu.Lock()
+	if t.lost == nil {
+		t.lost = err
+	}
+	t.mu.Unlock()
+}
+
 // readHead reads the results of head. A head that refused, or whose answer is
 // unknown, fails the phase (lost): nothing of it may commit. A claim or a locking
 // fence that came back makes this transaction the key's holder (held); a claim also
@@ -362,11 +398,7 @@ func (t *phaseTx) readHead(br pgx.BatchResults) error {
 		t.keepCreated(at)
 	}
 	if err != nil {
-		t.mu.Lock()
-		if t.lost == nil {
-			t.lost = err
-		}
-		t.mu.Unlock()
+		t.lose(err)
 	}
 	return err
 }
@@ -399,12 +431,13 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	b := &pgx.Batch{}
 	guard := t.head(b)
 	b.Queue(sql, args...)
-	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
+	br := pgpipe.SendRechecked(ctx, t.conn, b, guard, t.recheck())
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
+	err = t.rechecked(err)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -441,7 +474,7 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 	b := &pgx.Batch{}
 	guard := t.head(b)
 	b.Queue(sql, args...)
-	br := pgpipe.SendGuarded(ctx, t.conn, b, guard)
+	br := pgpipe.SendRechecked(ctx, t.conn, b, guard, t.recheck())
 	if err := t.readHead(br); err != nil {
 		br.Close()
 		return err
@@ -449,7 +482,7 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 	rows, err := br.Query()
 	if err != nil {
 		br.Close()
-		return err
+		return t.rechecked(err)
 	}
 	r.rows, r.br = rows, br
 	return nil
@@ -462,8 +495,11 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return r
 }
 
-// SendBatch implements phases.DBTX. BEGIN (with the fence's check) goes first in its
-// own round trip. Each queued text is checked as Exec's, before anything is sent.
+// SendBatch implements phases.DBTX. Each queued text is checked as Exec's, before
+// anything is sent. As the phase's first statements, the batch goes behind BEGIN (and
+// the fence's check or the folded claim) in one pipeline, unless pgpipe cannot keep it
+// behind them (pgpipe.Guardable: an exec mode or result formats among its arguments, a
+// statement prepared by name): BEGIN then goes first in its own round trip.
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.enter(); err != nil {
 		return &errBatch{err: err}
@@ -472,10 +508,27 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if err := t.checkBatch(ctx, b); err != nil {
 		return &errBatch{err: err}
 	}
+	if !t.begun && pgpipe.Guardable(b) {
+		return t.sendHeaded(ctx, b)
+	}
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
 	}
 	return &txBatch{tx: t, br: t.conn.SendBatch(ctx, b)}
+}
+
+// sendHeaded sends b, the phase's first statements, behind the start of the
+// transaction (head) in one pipeline, as Exec sends its statement.
+func (t *phaseTx) sendHeaded(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	hb := &pgx.Batch{}
+	guard := t.head(hb)
+	hb.QueuedQueries = append(hb.QueuedQueries, b.QueuedQueries...)
+	br := pgpipe.SendRechecked(ctx, t.conn, hb, guard, t.recheck())
+	if err := t.readHead(br); err != nil {
+		br.Close()
+		return &errBatch{err: err}
+	}
+	return &txBatch{tx: t, br: br}
 }
 
 // CopyFrom implements phases.DBTX. BEGIN (with the fence's check) goes first in its
@@ -661,7 +714,8 @@ func (b *txBatch) Exec() (pgconn.CommandTag, error) {
 		return pgconn.CommandTag{}, err
 	}
 	defer b.tx.leave()
-	return b.br.Exec()
+	tag, err := b.br.Exec()
+	return tag, b.tx.rechecked(err)
 }
 
 func (b *txBatch) Query() (pgx.Rows, error) {
@@ -679,7 +733,7 @@ func (b *txBatch) query(r *txRows) (err error) {
 	}
 	defer b.tx.leave()
 	r.rows, err = b.br.Query()
-	return err
+	return b.tx.rechecked(err)
 }
 
 func (b *txBatch) QueryRow() pgx.Row {

@@ -226,6 +226,16 @@ func (q Queued) Read(br pgx.BatchResults) (time.Time, error) {
 	return at, err
 }
 
+// Rechecked is Read's error for err, the error of a fence's check (a Head without
+// Lock) that was sent again ahead of the statements behind it
+// (pgpipe.SendRechecked).
+func (q Queued) Rechecked(err error) error {
+	if q.kind == headCheck {
+		return fmt.Errorf("check fence again: %w", fenceErr(err))
+	}
+	return Classify(err)
+}
+
 // read is Read without the flushed statement's result.
 func (q Queued) read(br pgx.BatchResults) (time.Time, error) {
 	var at time.Time
