@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemflow/idemflow/workflow"
@@ -69,6 +71,20 @@ type Config struct {
 	// is 409 at once. Defaults to 0: no wait, 409 at once, as the IETF draft
 	// describes (docs/API.md says why). At most WaitMax.
 	Wait time.Duration
+	// ShedHold is how long the answer to an attempt the engine turned away because it
+	// is overloaded (workflow.ErrOverloaded: 503 with Retry-After) is held, on a
+	// timer, before it is written. Clients that ignore Retry-After and retry at once
+	// (a crowd whose requests time out and are sent again) then make one attempt per
+	// hold rather than one per refusal's few microseconds of CPU, and leave the CPU to
+	// the attempts the engine admitted. A held answer costs no CPU, only the request's
+	// goroutine and connection, which net/http keeps for it anyway; at most
+	// ShedHeldMax answers are held at once (beyond, they go at once). A client that
+	// goes away ends its hold, and a refusal of a draining engine (ErrDraining) is
+	// never held. Defaults to 0: every refusal is answered at once. At most one
+	// second, the Retry-After it is answered with, so that a client that does wait
+	// for Retry-After is not made to wait more than twice it. docs/OPERATIONS.md
+	// ("Overload") says when to set it.
+	ShedHold time.Duration
 }
 
 // Defaults for Config.
@@ -85,6 +101,10 @@ const (
 	// WaitMax is the longest Config.Wait: a request held longer than a minute meets
 	// the idle timeouts of proxies and clients, which end it without an answer.
 	WaitMax = time.Minute
+	// ShedHoldMax is the longest Config.ShedHold: the Retry-After of a refusal.
+	ShedHoldMax = shedRetryAfter
+	// ShedHeldMax is how many refusals a handler holds at once (Config.ShedHold).
+	ShedHeldMax = 10_000
 )
 
 // WithDefaults returns a copy of c with zero fields set to their defaults. Scope and
@@ -112,6 +132,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idemhttp: Config.MaxBodyBytes %d is outside 0..16 MiB", c.MaxBodyBytes)
 	case c.Wait < 0 || c.Wait > WaitMax:
 		return fmt.Errorf("idemhttp: Config.Wait %s is outside 0..%s", c.Wait, WaitMax)
+	case c.ShedHold < 0 || c.ShedHold > ShedHoldMax:
+		return fmt.Errorf("idemhttp: Config.ShedHold %s is outside 0..%s", c.ShedHold, ShedHoldMax)
 	case c.Retention >= 0 && c.Retention < time.Minute:
 		return fmt.Errorf("idemhttp: Config.Retention %s is under one minute (negative sends no header)", c.Retention)
 	}
@@ -132,6 +154,10 @@ type front struct {
 	cfg  *Config
 	log  *slog.Logger
 	shed *refusal // the answer to a refused attempt, rendered ahead (problem.go)
+	// held counts the refusals held now (Config.ShedHold); hold waits out one hold:
+	// holdFor, but in tests.
+	held atomic.Int64
+	hold func(ctx context.Context, d time.Duration)
 }
 
 func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
@@ -142,7 +168,7 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	f := &front{e: e, cfg: c, log: cmp.Or(c.Logger, e.Config().Logger)}
+	f := &front{e: e, cfg: c, log: cmp.Or(c.Logger, e.Config().Logger), hold: holdFor}
 	f.shed = f.newRefusal()
 	return f, nil
 }
@@ -208,8 +234,8 @@ func newFront(e *workflow.Engine, cfg *Config) (*front, error) {
 //   - 503 unavailable, with Retry-After: a transient failure or an unavailable
 //     database; nothing was stored and a retry resumes the work. Also the answer of
 //     an attempt turned away before its claim (a *workflow.ShedError: the engine is
-//     overloaded, workflow.Config.MaxInFlight and AdmitWait, or draining); nothing was
-//     written, and a body whose length is declared (Content-Length, at most the limit)
+//     overloaded, workflow.Config.MaxInFlight and AdmitWait, or draining; when
+//     overloaded, held for Config.ShedHold first); nothing was written, and a body whose length is declared (Content-Length, at most the limit)
 //     was not read: such a body is read only once the engine admits the attempt, which
 //     holds its place in flight while the body comes (bound the time a client may take
 //     with http.Server's ReadTimeout). A 5xx response of the flow is passed on as it

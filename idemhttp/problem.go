@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -139,6 +140,9 @@ func (f *front) newRefusal() *refusal {
 // refuse writes f.shed, the answer to out, a refused attempt, logged as answerAny
 // logs it (at debug level).
 func (f *front) refuse(w http.ResponseWriter, r *http.Request, req workflow.Request, out *workflow.Result) {
+	if f.cfg.ShedHold > 0 && errors.Is(out.Err, workflow.ErrOverloaded) {
+		f.holdRefusal(r.Context())
+	}
 	rf := f.shed
 	f.logFailure(r, req, slog.LevelDebug, http.StatusServiceUnavailable, out.Err)
 	h := w.Header()
@@ -149,6 +153,26 @@ func (f *front) refuse(w http.ResponseWriter, r *http.Request, req workflow.Requ
 	}
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(rf.body)
+}
+
+// holdRefusal holds a refusal for Config.ShedHold, unless ShedHeldMax are held
+// already.
+func (f *front) holdRefusal(ctx context.Context) {
+	defer f.held.Add(-1)
+	if f.held.Add(1) > ShedHeldMax {
+		return
+	}
+	f.hold(ctx, f.cfg.ShedHold)
+}
+
+// holdFor waits d, or until ctx ends.
+func holdFor(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // httpAnswer is what the result of an attempt means over HTTP.
