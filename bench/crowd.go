@@ -108,6 +108,7 @@ func runCrowdServer(args []string) error {
 	db := childDBFlags(fs)
 	maxInFlight := fs.Int("max-in-flight", 0, "workflow.Config.MaxInFlight")
 	admitWait := fs.Duration("admit-wait", 0, "workflow.Config.AdmitWait")
+	shedHold := fs.Duration("shed-hold", 0, "idemhttp.Config.ShedHold")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -129,7 +130,7 @@ func runCrowdServer(args []string) error {
 	}
 	h, err := idemhttp.Handler(eng, chargeflow.FlowName, &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
 		return r.Header.Get(refusalScope), nil
-	}})
+	}, ShedHold: *shedHold})
 	if err != nil {
 		return err
 	}
@@ -281,7 +282,7 @@ func (e *env) startCrowdServer(ctx context.Context, pinned bool) (*crowdServer, 
 		}
 	}
 	kid, err := e.startChild(ctx, "the crowd's server process", crowdPin(pinned, strings.Join(serverCPUs, ",")), crowdServerCommand,
-		"-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String())
+		"-max-in-flight", strconv.Itoa(o.crowdMaxInFlight), "-admit-wait", o.crowdAdmitWait.String(), "-shed-hold", o.crowdShedHold.String())
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +425,7 @@ func (e *env) setCrowdFigures(runs []crowdRun) {
 		texts = append(texts, fmt.Sprintf("%s: %.0f vs %.0f charges/s = %.2f× (rounds: %.2f–%.2f×), server CPU %.0f µs per request under the crowd, %.0f µs in the baseline",
 			how, median(good), median(base), median(ratios), slices.Min(ratios), slices.Max(ratios), median(srvCrowd), median(srvBase)))
 	}
-	settings := fmt.Sprintf("server MaxInFlight %d, AdmitWait %s (0: the defaults)", e.o.crowdMaxInFlight, e.o.crowdAdmitWait)
+	settings := fmt.Sprintf("server MaxInFlight %d, AdmitWait %s (0: the defaults), ShedHold %s", e.o.crowdMaxInFlight, e.o.crowdAdmitWait, e.o.crowdShedHold)
 	e.figs.set(figCrowdPinned, val, fmt.Sprintf("%s; %s; %s; %d rounds; %s", texts[0], texts[1], settings, e.o.rounds, uptime()))
 }
 

@@ -136,6 +136,7 @@ type options struct {
 	crowdCPU         int           // the CPU the pinned load generator runs on
 	crowdMaxInFlight int           // the server's workflow.Config.MaxInFlight
 	crowdAdmitWait   time.Duration // the server's workflow.Config.AdmitWait
+	crowdShedHold    time.Duration // the server's idemhttp.Config.ShedHold
 	crowdProfile     string        // where to write the server's CPU profile under the crowd
 	crowdClient      string        // the load generator's client: conn or transport
 }
@@ -182,6 +183,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.crowdCPU, "crowd-cpu", 1, "crowd part: the CPU of the pinned load generator (the server gets the others)")
 	fs.IntVar(&o.crowdMaxInFlight, "crowd-max-in-flight", 0, "crowd part: the server's workflow.Config.MaxInFlight (0: the default)")
 	fs.DurationVar(&o.crowdAdmitWait, "crowd-admit-wait", 0, "crowd part: the server's workflow.Config.AdmitWait (0: the default)")
+	fs.DurationVar(&o.crowdShedHold, "crowd-shed-hold", 500*time.Millisecond, "crowd part: the server's idemhttp.Config.ShedHold, as charges serve's -shed-hold (0: refusals answered at once)")
 	fs.StringVar(&o.crowdClient, "crowd-client", "conn", "crowd part: the load generator's client: conn (one connection per client, read with a socket deadline) or transport (net/http's client, to compare)")
 	fs.StringVar(&o.crowdProfile, "crowd-profile", "", "crowd part: write the server's CPU profile under the crowd (round 1, unpinned) to this file")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")

@@ -27,6 +27,7 @@ func serve(ctx context.Context, args []string) error {
 	withSweeper := fs.Bool("sweeper", true, "run the sweeper in this process")
 	grace := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGTERM, how long running attempts may finish before their keys are released for another server")
 	wait := fs.Duration("wait", 0, "how long a request whose key another attempt holds waits for its answer before 409 (idemhttp.Config.Wait; 0: 409 at once)")
+	shedHold := fs.Duration("shed-hold", 500*time.Millisecond, "how long the 503 to a request turned away under overload is held before it is sent, so that clients that retry at once are paced (idemhttp.Config.ShedHold; 0: at once)")
 	bare := fs.Bool("bare-control", false, "also serve POST /v1/bare: one plain INSERT, no idempotency (a load test's control)")
 	var c common
 	c.register(fs)
@@ -55,7 +56,7 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 
-	api, err := newAPI(e, *wait)
+	api, err := newAPI(e, idemhttp.Config{Wait: *wait, ShedHold: *shedHold})
 	if err != nil {
 		return err
 	}
@@ -189,12 +190,13 @@ func runProvider(ctx context.Context, args []string) error {
 	}
 }
 
-// newAPI is the charges HTTP API; wait is idemhttp.Config.Wait.
-func newAPI(e *env, wait time.Duration) (http.Handler, error) {
+// newAPI is the charges HTTP API; opts gives idemhttp.Config's Wait and ShedHold.
+func newAPI(e *env, opts idemhttp.Config) (http.Handler, error) {
 	create, err := idemhttp.Handler(e.engine, chargeflow.FlowName, &idemhttp.Config{
-		Scope:  bearerAccount,
-		Logger: e.log,
-		Wait:   wait,
+		Scope:    bearerAccount,
+		Logger:   e.log,
+		Wait:     opts.Wait,
+		ShedHold: opts.ShedHold,
 	})
 	if err != nil {
 		return nil, err
