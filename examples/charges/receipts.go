@@ -63,7 +63,12 @@ func newRiver(pool *pgxpool.Pool, mailURL string, log *slog.Logger) (*river.Clie
 			return nil, err
 		}
 		cfg.Workers = workers
-		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}
+		// A mail is a short HTTP call; River fetches at most MaxWorkers jobs a fetch, at
+		// most one fetch a FetchPollInterval when nothing wakes it. With 2 the queue
+		// worked about 20 receipts a second per worker, and the hour-long soak's two
+		// workers fell behind its two servers' 70 charges a second (docs/RELIABILITY.md,
+		// the soaks of 2026-12-07).
+		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}}
 		cfg.FetchPollInterval = 100 * time.Millisecond
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
