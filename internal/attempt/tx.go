@@ -428,12 +428,8 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		}
 		return t.conn.Exec(ctx, sql, args...)
 	}
-	b := &pgx.Batch{}
-	guard := t.head(b)
-	b.Queue(sql, args...)
-	br := pgpipe.SendRechecked(ctx, t.conn, b, guard, t.recheck())
-	if err := t.readHead(br); err != nil {
-		br.Close()
+	br, err := t.sendFirst(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
@@ -471,12 +467,8 @@ func (t *phaseTx) query(ctx context.Context, r *txRows, sql string, args []any) 
 		r.rows, err = t.conn.Query(ctx, sql, args...)
 		return err
 	}
-	b := &pgx.Batch{}
-	guard := t.head(b)
-	b.Queue(sql, args...)
-	br := pgpipe.SendRechecked(ctx, t.conn, b, guard, t.recheck())
-	if err := t.readHead(br); err != nil {
-		br.Close()
+	br, err := t.sendFirst(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+	if err != nil {
 		return err
 	}
 	rows, err := br.Query()
@@ -509,7 +501,11 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 		return &errBatch{err: err}
 	}
 	if !t.begun && pgpipe.Guardable(b) {
-		return t.sendHeaded(ctx, b)
+		br, err := t.sendFirst(ctx, b.QueuedQueries...)
+		if err != nil {
+			return &errBatch{err: err}
+		}
+		return &txBatch{tx: t, br: br}
 	}
 	if err := t.flush(ctx); err != nil {
 		return &errBatch{err: err}
@@ -517,18 +513,19 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return &txBatch{tx: t, br: t.conn.SendBatch(ctx, b)}
 }
 
-// sendHeaded sends b, the phase's first statements, behind the start of the
-// transaction (head) in one pipeline, as Exec sends its statement.
-func (t *phaseTx) sendHeaded(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	hb := &pgx.Batch{}
-	guard := t.head(hb)
-	hb.QueuedQueries = append(hb.QueuedQueries, b.QueuedQueries...)
-	br := pgpipe.SendRechecked(ctx, t.conn, hb, guard, t.recheck())
+// sendFirst sends qs, the phase's first statements, behind the start of the
+// transaction (head) in one pipeline, and reads the head's results: the batch's
+// results are then those of qs. The head's error, if any, ends the batch.
+func (t *phaseTx) sendFirst(ctx context.Context, qs ...*pgx.QueuedQuery) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	guard := t.head(b)
+	b.QueuedQueries = append(b.QueuedQueries, qs...)
+	br := pgpipe.SendRechecked(ctx, t.conn, b, guard, t.recheck())
 	if err := t.readHead(br); err != nil {
 		br.Close()
-		return &errBatch{err: err}
+		return nil, err
 	}
-	return &txBatch{tx: t, br: br}
+	return br, nil
 }
 
 // CopyFrom implements phases.DBTX. BEGIN (with the fence's check) goes first in its
