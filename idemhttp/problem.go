@@ -158,11 +158,11 @@ func (f *front) refuse(w http.ResponseWriter, r *http.Request, req workflow.Requ
 // holdRefusal holds a refusal for Config.ShedHold, unless ShedHeldMax are held
 // already.
 func (f *front) holdRefusal(ctx context.Context) {
+	n := f.held.Add(1)
 	defer f.held.Add(-1)
-	if f.held.Add(1) > ShedHeldMax {
-		return
+	if n <= ShedHeldMax {
+		f.hold(ctx, f.cfg.ShedHold)
 	}
-	f.hold(ctx, f.cfg.ShedHold)
 }
 
 // holdFor waits d, or until ctx ends.
