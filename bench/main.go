@@ -109,6 +109,9 @@ type options struct {
 	// partitionCleanup: run the partitions part's cleanup experiment (else only the
 	// retained-keys cells).
 	partitionCleanup bool
+	// partitionCleanupWidth: the width of the cleanup experiment's partitions; a day
+	// of keys is removed a step whatever the width.
+	partitionCleanupWidth time.Duration
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
@@ -170,6 +173,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
 	fs.BoolVar(&o.partitionGeneric, "partition-generic-plans", false, "partitions part: also run the week-partitioned sides with plan_cache_mode = force_generic_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
+	fs.DurationVar(&o.partitionCleanupWidth, "partition-cleanup-width", 24*time.Hour, "partitions part: the width of the cleanup experiment's partitions, a divisor of a day in whole minutes (24h: one partition a day; 1h: each day in 24, a step removing the day's 24, each with its own detach and drop)")
 	fs.StringVar(&partSides, "partition-sides", strings.Join(partitionSideNames, ","), "partitions part: the sides of the retained-keys cells (empty is always run: the reference)")
 	fs.StringVar(&o.partitionConfigs, "partition-configs", "production,default", "partitions part: the server configurations it runs on, one after the other (as -growth-configs); budget lines from the first")
 	fs.IntVar(&o.partitionDayKeys, "partition-day-keys", 0, "partitions part: simulate a week of this many keys a day, 2-day retention, and log table+index sizes, batched deletes vs partition drops (0: not run)")
@@ -251,6 +255,9 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
+	}
+	if w := o.partitionCleanupWidth; w < time.Minute || w%time.Minute != 0 || (24*time.Hour)%w != 0 {
+		return fmt.Errorf("-partition-cleanup-width: %s does not divide a day into whole minutes", w)
 	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phaseList, ",") {

@@ -17,14 +17,14 @@ import (
 )
 
 // The cleanup experiment of the partitions part (issue 28), interleaved: each side
-// holds N finished keys created 50 to 40 days ago (ten day partitions on the
-// partitioned side), loaded with the indexes dropped and built after, then a
-// CHECKPOINT. Live fresh requests then run in pairs of windows, one without cleanup and
-// one with a cleanup step started at its beginning (the order alternating from pair to
-// pair), until the cleanup is done: on the partitioned side a step is
-// Store.RemovePartitions with the retention that makes exactly the oldest remaining
-// partition due (ten steps); on the plain side it is Store.ExpireFinished, 1000 a
-// statement, for the window's length. Figures pool every window of a kind:
+// holds N finished keys created 50 to 40 days ago (ten days of partitions on the
+// partitioned side, -partition-cleanup-width wide), loaded with the indexes dropped
+// and built after, then a CHECKPOINT. Live fresh requests then run in pairs of windows,
+// one without cleanup and one with a cleanup step started at its beginning (the order
+// alternating from pair to pair), until the cleanup is done: on the partitioned side a
+// step is Store.RemovePartitions with the retention that makes exactly the oldest
+// remaining day's partitions due (ten steps); on the plain side it is
+// Store.ExpireFinished, 1000 a statement, for the window's length. Figures pool every window of a kind:
 //
 //   - live p50/p99 of requests in windows without, in windows with, and of the requests
 //     that overlapped a step itself (begun before it ended and ended after it began);
@@ -40,7 +40,7 @@ import (
 //   - pg_locks every 5 ms for a live backend waiting (the cleanup has its own
 //     connection and application name).
 
-// cleanupDays is how many day partitions the expired keys span.
+// cleanupDays is how many days the expired keys span.
 const cleanupDays = 10
 
 // appCleanup is the application name of the cleanup's and the WAL analysis'
@@ -76,6 +76,7 @@ func (k *cleanupKind) waited() (other, extend int) {
 type cleanupRun struct {
 	side, load      string
 	keys            int
+	width           time.Duration // of the partitions (0: the plain table)
 	without, with   cleanupKind
 	overlap         []time.Duration // requests overlapping a step
 	steps           int
@@ -159,6 +160,20 @@ func (run *cleanupRun) addMode(w *partCleanupWin) {
 	run.stepMode, run.marks = "", nil
 }
 
+// widthName names a partition width: day, hour, its duration, or none (the plain
+// table).
+func widthName(w time.Duration) string {
+	switch w {
+	case 0:
+		return "none"
+	case 24 * time.Hour:
+		return "day"
+	case time.Hour:
+		return "hour"
+	}
+	return w.String()
+}
+
 // loadAvg is the machine's load averages, as uptime prints them.
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -204,17 +219,20 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 	}
 }
 
-// removalStep removes the oldest remaining of the expired day partitions (from
-// oldest, the first one's start), one a step, in the removal modes in turn, and logs
+// removalStep removes the oldest remaining day of the expired partitions of width w
+// (from oldest, the first one's start: one partition a step for day partitions, 24 for
+// hour ones, each with its own detach and drop), in the removal modes in turn, and logs
 // what the removal reported; each step's phases go to run.marks.
-func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep {
+func removalStep(conn *pgx.Conn, oldest time.Time, w time.Duration, run *cleanupRun) cleanupStep {
 	k := 0
+	perDay := int(24 * time.Hour / w)
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
 		run.stepMode, run.marks = removalModes[k%2], nil
 		var heap, indexes int64
-		name := "idemflow_keys_p" + oldest.Add(time.Duration(k)*24*time.Hour).UTC().Format("20060102")
-		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_relation_size(to_regclass($1)), 0), coalesce(pg_indexes_size(to_regclass($1)), 0)`,
-			name).Scan(&heap, &indexes); err != nil {
+		day := oldest.Add(time.Duration(k) * 24 * time.Hour).UTC()
+		if err := conn.QueryRow(ctx, `SELECT coalesce(sum(pg_relation_size(c.oid)), 0)::bigint, coalesce(sum(pg_indexes_size(c.oid)), 0)::bigint
+			FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname LIKE $1 || '%'`,
+			"idemflow_keys_p"+day.Format("20060102")).Scan(&heap, &indexes); err != nil {
 			return false, nil, err
 		}
 		run.size = fmtBytes(heap) + "+" + fmtBytes(indexes)
@@ -223,10 +241,10 @@ func removalStep(conn *pgx.Conn, oldest time.Time, run *cleanupRun) cleanupStep 
 		if err := conn.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now); err != nil {
 			return false, nil, err
 		}
-		upper := oldest.Add(time.Duration(k+1) * 24 * time.Hour)
+		upper := day.Add(24 * time.Hour)
 		r, err := retention.RemovePartitions(ctx, conn, now.Sub(upper)-time.Minute, run.stepMode == "one-drop", trace)
-		if err == nil && r.Removed != 1 {
-			err = fmt.Errorf("step %d removed %d partitions, not 1", k+1, r.Removed)
+		if err == nil && r.Removed != perDay {
+			err = fmt.Errorf("step %d removed %d partitions, not %d", k+1, r.Removed, perDay)
 		}
 		if err != nil {
 			return false, nil, err
@@ -257,17 +275,18 @@ func cleanupConn(ctx context.Context, s *growthDB) (*pgx.Conn, int, error) {
 }
 
 // interleavedCleanup fills s with n expired keys and runs the pairs of windows until
-// the cleanup is done.
-func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, partitioned bool, n, conc int) (*cleanupRun, error) {
-	run := &cleanupRun{side: s.name, keys: n, doing: map[string]int{}, modes: map[string]*modeRun{}}
+// the cleanup is done: on partitions of width (a day's a step), or on the plain table
+// (width 0).
+func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, width time.Duration, n, conc int) (*cleanupRun, error) {
+	run := &cleanupRun{side: s.name, keys: n, width: width, doing: map[string]int{}, modes: map[string]*modeRun{}}
 	run.without.waits, run.with.waits = map[string]int{}, map[string]int{}
 	var midnight time.Time
 	if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
 		return nil, err
 	}
 	oldest := midnight.Add(-50 * 24 * time.Hour)
-	if partitioned {
-		if err := attachDays(ctx, s, 50, 50-cleanupDays+1); err != nil {
+	if width > 0 {
+		if err := attachSpan(ctx, s, oldest, oldest.Add(cleanupDays*24*time.Hour), width); err != nil {
 			return nil, err
 		}
 	}
@@ -292,8 +311,8 @@ func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, partitioned b
 		run.noInspect = true
 	}
 	step := batchedStep(conn)
-	if partitioned {
-		step = removalStep(conn, oldest, run)
+	if width > 0 {
+		step = removalStep(conn, oldest, width, run)
 	}
 	run.load = loadAvg()
 	cpu0, _ := backendCPU(pid)

@@ -122,7 +122,7 @@ func (e *env) partitionsOn(ctx context.Context, serverURL string, judged bool) e
 		return sideW(name, 0)
 	}
 	if e.o.partitionCleanup {
-		if err := e.cleanupSides(ctx, side, n, conc); err != nil {
+		if err := e.cleanupSides(ctx, sideW, n, conc); err != nil {
 			return err
 		}
 	}
@@ -199,27 +199,27 @@ func partitionSidesOf(list string) ([]string, error) {
 
 // cleanupSides runs the interleaved cleanup experiment (partcleanup.go) on a plain side
 // (batched deletes of -partition-batched-keys keys) and a partitioned one (removal of
-// n keys' ten day partitions).
-func (e *env) cleanupSides(ctx context.Context, side func(string, bool) (*growthDB, error), n, conc int) error {
+// n keys' ten days of partitions, -partition-cleanup-width wide).
+func (e *env) cleanupSides(ctx context.Context, side func(string, time.Duration) (*growthDB, error), n, conc int) error {
 	var results []*cleanupRun // batched, then partitioned
 	defer func() { e.cleanupFigures(results) }()
 	for _, c := range []struct {
-		name        string
-		partitioned bool
-		keys        int
-	}{{"pt_batched", false, cmp.Or(e.o.partitionBatchedKeys, n)}, {"pt_partitioned", true, n}} {
-		s, err := side(c.name, c.partitioned)
+		name  string
+		width time.Duration // 0: the plain table
+		keys  int
+	}{{"pt_batched", 0, cmp.Or(e.o.partitionBatchedKeys, n)}, {"pt_partitioned", e.o.partitionCleanupWidth, n}} {
+		s, err := side(c.name, c.width)
 		if err != nil {
 			return err
 		}
-		res, err := e.interleavedCleanup(ctx, s, c.partitioned, c.keys, conc)
+		res, err := e.interleavedCleanup(ctx, s, c.width, c.keys, conc)
 		if err != nil {
 			return fmt.Errorf("partitions: cleanup %s: %w", c.name, err)
 		}
 		res.log()
 		results = append(results, res)
-		if c.partitioned {
-			if err := e.creationLocks(ctx, s, conc); err != nil {
+		if c.width > 0 {
+			if err := e.creationLocks(ctx, s, c.width, conc); err != nil {
 				return fmt.Errorf("partitions: creation %s: %w", c.name, err)
 			}
 		}
@@ -250,8 +250,8 @@ func (r *cleanupRun) log() {
 	perReq := func(k cleanupKind) float64 { return float64(k.cpu) / float64(max(k.n, 1)) / float64(time.Microsecond) }
 	rps := func(k cleanupKind) float64 { return float64(k.n) / max(k.elapsed.Seconds(), 1e-9) }
 	att, est := r.walPerKey()
-	logf("partitions cleanup %-14s keys=%d steps=%d (%s in all, longest %s; cleanup backend CPU %s) load %s",
-		r.side, r.keys, r.steps, r.stepTime.Round(time.Millisecond), r.longestStep.Round(time.Millisecond), r.cleanupCPU, r.load)
+	logf("partitions cleanup %-14s keys=%d partitions=%s steps=%d (%s in all, longest %s; cleanup backend CPU %s) load %s",
+		r.side, r.keys, widthName(r.width), r.steps, r.stepTime.Round(time.Millisecond), r.longestStep.Round(time.Millisecond), r.cleanupCPU, r.load)
 	logf("partitions cleanup %-14s live without: n=%d %.0f req/s p50 %.2f p99 %.2f ms CPU %.0f µs/req; with: n=%d %.0f req/s p50 %.2f p99 %.2f ms CPU %.0f µs/req (p99 ×%.3f); overlapping a step: n=%d p50 %.2f p99 %.2f ms (×%.3f)",
 		r.side, r.without.n, rps(r.without), q(r.without.lats, 0.5), q(r.without.lats, 0.99), perReq(r.without),
 		r.with.n, rps(r.with), q(r.with.lats, 0.5), q(r.with.lats, 0.99), perReq(r.with), r.p99Ratio(r.with.lats),
@@ -295,10 +295,11 @@ func (r *cleanupRun) logModes() {
 	}
 }
 
-// creationLocks creates the partitions of the next 60 days on s (Store.EnsurePartitions)
-// while live fresh requests run, sampling pg_locks, and hands the report the samples in
-// which a live request waited.
-func (e *env) creationLocks(ctx context.Context, s *growthDB, conc int) error {
+// creationLocks creates partitions of width w on s up to 60 widths ahead (a week more
+// for partitions narrower than a day, whose set-up made a week ahead) with
+// Store.EnsurePartitions while live fresh requests run, sampling pg_locks, and hands
+// the report the samples in which a live request waited.
+func (e *env) creationLocks(ctx context.Context, s *growthDB, w time.Duration, conc int) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -310,19 +311,23 @@ func (e *env) creationLocks(ctx context.Context, s *growthDB, conc int) error {
 	}
 	var rep store.PartitionReport
 	create := func() (err error) {
-		rep, err = store.New().EnsurePartitions(ctx, conn, 60*24*time.Hour)
+		ahead := 60 * w
+		if w < 24*time.Hour {
+			ahead += 7 * 24 * time.Hour // the set-up made a week ahead already
+		}
+		rep, err = store.New().EnsurePartitions(ctx, conn, ahead)
 		if err == nil && rep.Created == 0 {
 			err = errors.New("created no partition")
 		}
 		return err
 	}
-	w, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, create, pid)
+	lw, err := e.liveWindow(ctx, s, conc, e.o.liveWindow, create, pid)
 	if err != nil {
 		return err
 	}
-	logf("partitions creation %s: %d partitions created under live traffic; lock waits seen: %v", s.name, rep.Created, w.kinds)
-	e.figs.set(figPartLockWaitsCreate, float64(w.lockWaits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting, while %d partitions were created and attached",
-		w.lockWaits, w.samples, rep.Created))
+	logf("partitions creation %s: %d partitions created under live traffic; lock waits seen: %v", s.name, rep.Created, lw.kinds)
+	e.figs.set(figPartLockWaitsCreate, float64(lw.lockWaits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting, while %d partitions were created and attached",
+		lw.lockWaits, lw.samples, rep.Created))
 	return nil
 }
 
@@ -344,8 +349,8 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
 		alt = fmt.Sprintf("; the same run's %d paced removals (indexes shed first): %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
 	}
-	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×)",
-		x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats)))
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×)",
+		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats)))
 	other, extend := p.with.waited()
 	_, extendWithout := p.without.waited()
 	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",
@@ -475,6 +480,28 @@ func attachDays(ctx context.Context, s *growthDB, from, to int) error {
 		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
 			day.UTC().Format(time.RFC3339), day.Add(24*time.Hour).UTC().Format(time.RFC3339)))
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// attachSpan creates and attaches the partitions of width w from from to to, named as
+// the Store names its own (the lower bound to the day, hour or minute, as w needs).
+func attachSpan(ctx context.Context, s *growthDB, from, to time.Time, w time.Duration) error {
+	layout := "200601021504"
+	switch {
+	case w%(24*time.Hour) == 0:
+		layout = "20060102"
+	case w%time.Hour == 0:
+		layout = "2006010215"
+	}
+	for p := from.UTC(); p.Before(to); p = p.Add(w) {
+		name := pgx.Identifier{"idemflow_keys_p" + p.Format(layout)}.Sanitize()
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
+			p.Format(time.RFC3339), p.Add(w).Format(time.RFC3339)))
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", name, err)
 		}
