@@ -145,7 +145,7 @@ func computeSoakLines(cfg soakConfig, samplesPath, latenciesPath, killsPath stri
 		return tb[:min(len(tb), len(ib))]
 	}
 	out.all = append(out.all, quarterRatio("median key table+index bytes last quarter / second quarter", size))
-	out.all = append(out.all, rowBound(cfg, samples))
+	out.all = append(out.all, rowBound(cfg, samples), outboxLine(cfg, samples, end))
 	lats, err := readCSV(latenciesPath)
 	if err != nil {
 		return nil, err

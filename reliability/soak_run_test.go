@@ -34,6 +34,9 @@ type soak struct {
 	// heap by itself.
 	mail  *httptest.Server
 	mails atomic.Int64
+	// mailMu guards mailKeys: each Idempotency-Key mailed, and how often.
+	mailMu   sync.Mutex
+	mailKeys map[string]int
 }
 
 // soakFile is one CSV file the soak appends to as it goes, so that a run stopped
@@ -44,7 +47,7 @@ type soakFile struct {
 }
 
 func newSoak(t testing.TB, env *env, cfg soakConfig) *soak {
-	s := &soak{t: t, env: env, cfg: cfg, procs: map[string]*soakProc{}, files: map[string]*soakFile{}}
+	s := &soak{t: t, env: env, cfg: cfg, procs: map[string]*soakProc{}, files: map[string]*soakFile{}, mailKeys: map[string]int{}}
 	s.load = newSoakLoad(s)
 	s.mail = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.URL.Path != "/v1/mail" || r.Header.Get("Idempotency-Key") == "" {
@@ -52,10 +55,24 @@ func newSoak(t testing.TB, env *env, cfg soakConfig) *soak {
 			return
 		}
 		s.mails.Add(1)
+		s.mailMu.Lock()
+		s.mailKeys[r.Header.Get("Idempotency-Key")]++
+		s.mailMu.Unlock()
 		w.WriteHeader(http.StatusAccepted)
 	}))
 	t.Cleanup(s.mail.Close)
 	return s
+}
+
+// mailedKeys is how many distinct keys were mailed, and how many mails repeated one.
+func (s *soak) mailedKeys() (distinct, repeats int64) {
+	s.mailMu.Lock()
+	defer s.mailMu.Unlock()
+	for _, n := range s.mailKeys {
+		distinct++
+		repeats += int64(n - 1)
+	}
+	return distinct, repeats
 }
 
 func (s *soak) samplesPath() string   { return filepath.Join(s.cfg.out, "samples.csv") }
@@ -146,7 +163,7 @@ func sampleCols() []string {
 	for _, k := range latNames {
 		cols = append(cols, k+"_n", k+"_p50_ms", k+"_p99_ms")
 	}
-	return append(cols, "submitted", "shed")
+	return append(cols, "submitted", "shed", "outbox_backlog")
 }
 
 // sample writes one row of samples.csv and the interval's timed requests to
@@ -180,7 +197,7 @@ func (s *soak) sample(since time.Duration) time.Duration {
 		}
 		row = append(row, float64(len(ms)), quantile(ms, 0.5), quantile(ms, 0.99))
 	}
-	row = append(row, float64(s.load.submitted.Load()), float64(s.load.shed.Load()))
+	row = append(row, float64(s.load.submitted.Load()), float64(s.load.shed.Load()), s.outboxBacklog())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.appendRow(s.samplesPath(), sampleCols(), formatRow(row)); err != nil {

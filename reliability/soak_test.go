@@ -162,6 +162,8 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	t.Logf("soak: capacity %.1f fresh req/s at concurrency 8 over %s; offering %.1f req/s (%.0f%%) for %s; retention %s; layout %s; a kill every %s; files in %s",
 		capacity, cfg.capacityFor, rate, cfg.load*100, cfg.duration, cfg.retention, cfg.layoutName(), cfg.killEvery, cfg.out)
 	s.run(rate)
+	drained := s.drainOutbox(t)
+	t.Logf("soak: the outbox drained %s after the load", drained.Round(100*time.Millisecond))
 	s.stopProcs()
 	require.NoError(t, s.writeFiles())
 
@@ -185,6 +187,7 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	}
 	require.Positive(t, s.kills(), "a server was killed and restarted")
 	require.Positive(t, s.mails.Load(), "the workers mailed receipts (their River client works)")
+	s.requireReceipts(t)
 	c.require(t)
 
 	samples, err := readCSV(s.samplesPath())
