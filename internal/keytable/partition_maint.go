@@ -369,7 +369,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 			err = shedIndexes(ctx, db, l, p.Name, r, o)
 		}
 	}
-	if isPgCode(err, "42P01") { // dropped by another process
+	if isPgCode(err, "42P01") || err != nil && droppedMeanwhile(ctx, db, l, p.Name) { // dropped by another process
 		return false, nil
 	}
 	if err != nil {
@@ -406,7 +406,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		r.DropLock = max(r.DropLock, time.Since(locked))
 	}
 	switch {
-	case isPgCode(err, "42P01"): // dropped by another process
+	case isPgCode(err, "42P01"), err != nil && droppedMeanwhile(ctx, db, l, p.Name): // dropped by another process
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("drop partition %s: %w", p.Name, Classify(err))
@@ -414,6 +414,17 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 		return false, fmt.Errorf("%w: %s, attached back", ErrLiveKeysInDetached, p.Name)
 	}
 	return true, nil
+}
+
+// droppedMeanwhile reports whether the table name is gone, after an error in its
+// removal: another process removed it. PostgreSQL says so (42P01); Citus 12.1, when
+// the other process's drop reached the shards first, can report a failure of its own
+// ("failure on connection marked as essential", XX000), which this tells apart from a
+// real one by asking again. A look-up that fails says nothing: the error stands.
+func droppedMeanwhile(ctx context.Context, db PartitionDB, l *partitionLayout, name string) bool {
+	var gone bool
+	err := queryRow(ctx, db, []any{&gone}, sqlRelationGone, l.ident(name))
+	return err == nil && gone
 }
 
 // removalOptions are the bench's and the tests' knobs on RemovePartitions; the zero

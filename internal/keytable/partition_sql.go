@@ -157,3 +157,7 @@ func sqlLive(part string) string {
 }
 
 const sqlConstraintExclusion = `SET LOCAL constraint_exclusion = on`
+
+// sqlRelationGone says whether the relation $1 (as to_regclass reads it) no longer
+// exists.
+const sqlRelationGone = `SELECT to_regclass($1) IS NULL`
