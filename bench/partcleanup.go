@@ -24,7 +24,8 @@ import (
 // alternating from pair to pair), until the cleanup is done: on the partitioned side a
 // step is Store.RemovePartitions with the retention that makes exactly the oldest
 // remaining day's partitions due (ten steps); on the plain side it is
-// Store.ExpireFinished, 1000 a statement, for the window's length. Figures pool every window of a kind:
+// Store.ExpireFinished, 1000 a statement, for the window's length. Figures pool every
+// window of a kind:
 //
 //   - live p50/p99 of requests in windows without, in windows with, and of the requests
 //     that overlapped a step itself (begun before it ended and ended after it began);
