@@ -80,6 +80,7 @@ type cleanupRun struct {
 	width           time.Duration // of the partitions (0: the plain table)
 	without, with   cleanupKind
 	overlap         []time.Duration // requests overlapping a step
+	pairs           []pairRatio     // each pair's p99 ratios, the spread of the pooled ones
 	steps           int
 	stepTime        time.Duration // all steps
 	longestStep     time.Duration
@@ -93,6 +94,26 @@ type cleanupRun struct {
 	stepMode        string      // the removal mode of the step just run
 	marks           []phaseMark // its phases
 	size            string      // its partition's heap and indexes
+}
+
+// pairRatio is one pair of windows' live p99 with the step ÷ without it: over the
+// window, and over the requests that overlapped the step.
+type pairRatio struct{ window, overlap float64 }
+
+// pairSpread is the spread over pairs of their p99 ratios: median, least and most, of
+// the windows' and of the overlapping requests'.
+func (run *cleanupRun) pairSpread() string {
+	if len(run.pairs) == 0 {
+		return "no pairs"
+	}
+	var w, o []float64
+	for _, p := range run.pairs {
+		w, o = append(w, p.window), append(o, p.overlap)
+	}
+	slices.Sort(w)
+	slices.Sort(o)
+	return fmt.Sprintf("per pair, windows with a step %.2f× (%.2f–%.2f×), requests overlapping it %.2f× (%.2f–%.2f×), %d pairs",
+		median(w), w[0], w[len(w)-1], median(o), o[0], o[len(o)-1], len(run.pairs))
 }
 
 // removalModes are the two removals the partitioned side alternates, step by step,
@@ -334,6 +355,14 @@ func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, width time.Du
 // order), and attributes the step's WAL.
 func (e *env) cleanupPair(ctx context.Context, s *growthDB, conc int, run *cleanupRun, step cleanupStep, wi *pgx.Conn, withFirst bool) (bool, error) {
 	var done bool
+	var without, with *partCleanupWin
+	defer func() {
+		if without != nil && with != nil {
+			p99 := func(d []time.Duration) float64 { return float64(quantile(sortedDur(d), 0.99)) }
+			base := max(p99(without.lats), 1)
+			run.pairs = append(run.pairs, pairRatio{window: p99(with.lats) / base, overlap: p99(with.overlap) / base})
+		}
+	}()
 	for i := range 2 {
 		if (i == 0) != withFirst {
 			w, err := e.partCleanupWindow(ctx, s, conc, nil)
@@ -341,6 +370,7 @@ func (e *env) cleanupPair(ctx context.Context, s *growthDB, conc int, run *clean
 				return false, err
 			}
 			run.add(&run.without, w)
+			without = w
 			continue
 		}
 		w, err := e.partCleanupWindow(ctx, s, conc, step)
@@ -348,6 +378,7 @@ func (e *env) cleanupPair(ctx context.Context, s *growthDB, conc int, run *clean
 			return false, err
 		}
 		run.add(&run.with, w)
+		with = w
 		run.overlap = append(run.overlap, w.overlap...)
 		run.addMode(w)
 		run.steps++

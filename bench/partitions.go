@@ -260,6 +260,7 @@ func (r *cleanupRun) log() {
 		r.side, fmtBytes(r.stepWAL), fmtBytes(r.cleanupWAL), att, est,
 		float64(r.without.wal)/float64(max(r.without.n, 1)), float64(r.with.wal-r.cleanupWAL)/float64(max(r.with.n, 1)),
 		r.with.waits, r.with.samples, r.without.waits, r.without.samples)
+	logf("partitions cleanup %-14s live p99 %s", r.side, r.pairSpread())
 	if len(r.removal) > 0 {
 		logf("partitions cleanup %-14s each removal's time: %v; longest drop lock hold: %v", r.side, r.removal, r.stalls)
 	}
@@ -349,8 +350,8 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
 		alt = fmt.Sprintf("; the same run's %d paced removals (indexes shed first): %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
 	}
-	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×)",
-		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats)))
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×); both modes %s",
+		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats), p.pairSpread()))
 	other, extend := p.with.waited()
 	_, extendWithout := p.without.waited()
 	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",
