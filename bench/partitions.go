@@ -488,18 +488,11 @@ ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s'
 	return nil
 }
 
-// attachSpan creates and attaches the partitions of width w from from to to, named as
-// the Store names its own (the lower bound to the day, hour or minute, as w needs).
+// attachSpan creates and attaches the partitions of width w from from to to, under
+// the names the Store gives its own.
 func attachSpan(ctx context.Context, s *growthDB, from, to time.Time, w time.Duration) error {
-	layout := "200601021504"
-	switch {
-	case w%(24*time.Hour) == 0:
-		layout = "20060102"
-	case w%time.Hour == 0:
-		layout = "2006010215"
-	}
 	for p := from.UTC(); p.Before(to); p = p.Add(w) {
-		name := pgx.Identifier{"idemflow_keys_p" + p.Format(layout)}.Sanitize()
+		name := pgx.Identifier{retention.PartitionName(p, w)}.Sanitize()
 		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
 			p.Format(time.RFC3339), p.Add(w).Format(time.RFC3339)))

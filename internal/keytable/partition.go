@@ -313,6 +313,10 @@ func partitionName(from time.Time, w time.Duration) string {
 	return partitionPrefix + from.UTC().Format(layout)
 }
 
+// PartitionName is the name the Store gives the partition of width w that begins at
+// from (partitionName), for the benchmark's hand-made partitions (testkit/retention).
+func PartitionName(from time.Time, w time.Duration) string { return partitionName(from, w) }
+
 // partitionStart parses a name partitionName made: its lower bound.
 func partitionStart(name string) (time.Time, bool) {
 	rest, ok := strings.CutPrefix(name, partitionPrefix)

@@ -37,3 +37,10 @@ func RemovePartitions(ctx context.Context, db store.PartitionDB, olderThan time.
 	st.SetRemovalOptions(!oneDrop, trace)
 	return st.RemovePartitions(ctx, db, olderThan)
 }
+
+// PartitionName is the name the Store gives the partition of width w of the key table
+// that begins at from (UTC): the bench makes partitions in the past by hand under the
+// names the Store's removal finds.
+func PartitionName(from time.Time, w time.Duration) string {
+	return keytable.PartitionName(from, w)
+}
