@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemflow/idemflow/sweeper"
 	"github.com/idemflow/idemflow/testkit/testflow"
+	"github.com/idemflow/idemflow/workflow"
 )
 
 func TestConfigWithDefaultsIsIdempotent(t *testing.T) {
@@ -28,6 +29,7 @@ func TestConfigWithDefaultsIsIdempotent(t *testing.T) {
 		"Everything": {
 			Interval: time.Millisecond, Grace: -1, BatchSize: 1, Concurrency: 2, MaxAttempts: 3,
 			Retention: time.Hour, CleanupBatch: 5, CleanupShare: 0.25, Hooks: hooks, Logger: logger,
+			PartitionRemoval: workflow.DailyWindow{From: 22 * time.Hour, To: 2 * time.Hour},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

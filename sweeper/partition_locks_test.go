@@ -46,12 +46,7 @@ func TestPartitionMaintenanceUnderTraffic(t *testing.T) {
 	ctx := context.Background()
 	b := setupPartitioned(t)
 	old := addMinutePartition(t, b.db, -30)
-	_, err := b.db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
-	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, status,
-	 recovery_point, response_status, response_headers, response_body, finished_at)
-SELECT 'acct', 'old', gen_random_uuid(), 'f', 'POST', '/r', sha256('x'), '', c, 'finished', 'finished', 200, '{}', '', c
-FROM (SELECT date_trunc('minute', statement_timestamp()) - interval '30 minutes' + interval '1 second' AS c) t`)
-	require.NoError(t, err)
+	insertFinishedAt(t, b.db, "old", 30)
 
 	app, maintApp := "idemflow_traffic_"+b.db.Schema, "idemflow_maint_"+b.db.Schema
 	traffic := namedPool(t, b.db.URL, app)

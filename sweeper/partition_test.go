@@ -36,6 +36,18 @@ func setupPartitioned(t *testing.T) *bundle {
 	return b
 }
 
+// insertFinishedAt inserts a finished key row created (and finished) m minutes before
+// the database clock's minute, plus a second: into that minute's partition.
+func insertFinishedAt(t *testing.T, db *pgtest.DB, key string, m int) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO idemflow_keys
+	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, status,
+	 recovery_point, response_status, response_headers, response_body, finished_at)
+SELECT 'acct', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('x'), '', c, 'finished', 'finished', 200, '{}', '', c
+FROM (SELECT date_trunc('minute', statement_timestamp()) - $2 * interval '1 minute' + interval '1 second' AS c) t`, key, m)
+	require.NoError(t, err, key)
+}
+
 // addMinutePartition attaches the minute partition m minutes from now by the database
 // clock (m < 0: in the past), named as the Store names its own.
 func addMinutePartition(t *testing.T, db *pgtest.DB, m int) string {

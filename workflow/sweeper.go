@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,16 @@ type SweeperConfig struct {
 	// then it is deleted, and a retry with its key starts a new operation. Defaults to
 	// 30 days; at least one minute. -1 keeps parked keys forever.
 	ParkedRetention time.Duration
+	// PartitionRemoval is when, on a partitioned key table (docs/PARTITIONS.md), a pass
+	// may remove the partitions past Retention: a daily window of the database clock,
+	// in UTC. The zero value is any time. Outside it a pass still creates partitions
+	// ahead. A removal's drop slows the live requests that overlap it (tens of
+	// milliseconds per half gigabyte of partition, measured), and on Citus its detach
+	// makes every statement on the key table wait for it: a window puts it at the
+	// service's quietest hour. A partition waits up to a day for the window, its keys
+	// replayed meanwhile (the batched expiry leaves them to the removal for that day).
+	// A window shorter than Interval may be passed over.
+	PartitionRemoval DailyWindow
 	// CleanupBatch is the most expired keys deleted by one statement. Defaults to 1000;
 	// 1..100000.
 	CleanupBatch int
@@ -139,6 +150,100 @@ func (c *SweeperConfig) validate() error {
 		return fmt.Errorf("sweeper: CleanupBatch %d is outside 1..100000", c.CleanupBatch)
 	case !(c.CleanupShare > 0 && c.CleanupShare <= 1):
 		return fmt.Errorf("sweeper: CleanupShare %g is outside (0, 1]", c.CleanupShare)
+	}
+	if err := c.PartitionRemoval.validate(); err != nil {
+		return fmt.Errorf("sweeper: PartitionRemoval: %w", err)
+	}
+	return nil
+}
+
+// DailyWindow is a span of every day, by the clock of UTC: from From, included, to To,
+// excluded, each an offset from midnight in whole minutes under 24h. A window whose
+// From is after its To runs over midnight (22:00 to 02:00). The zero value, and only
+// it, is the whole day.
+type DailyWindow struct {
+	From, To time.Duration
+}
+
+// Contains reports whether t is in the window.
+func (w DailyWindow) Contains(t time.Time) bool {
+	if w == (DailyWindow{}) {
+		return true
+	}
+	t = t.UTC()
+	at := time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute +
+		time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())
+	if w.From < w.To {
+		return at >= w.From && at < w.To
+	}
+	return at >= w.From || at < w.To
+}
+
+// String is the window as HH:MM-HH:MM UTC, or "any time".
+func (w DailyWindow) String() string {
+	if w == (DailyWindow{}) {
+		return "any time"
+	}
+	hm := func(d time.Duration) string {
+		return fmt.Sprintf("%02d:%02d", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return hm(w.From) + "-" + hm(w.To) + " UTC"
+}
+
+// MarshalText writes the window as HH:MM-HH:MM (UTC), and the whole day as nothing.
+func (w DailyWindow) MarshalText() ([]byte, error) {
+	if w == (DailyWindow{}) {
+		return nil, nil
+	}
+	if err := w.validate(); err != nil {
+		return nil, err
+	}
+	return []byte(strings.TrimSuffix(w.String(), " UTC")), nil
+}
+
+// UnmarshalText reads HH:MM-HH:MM (UTC, 24-hour; 22:00-02:00 runs over midnight), or
+// nothing for the whole day, as a flag (flag.TextVar) or a configuration file gives
+// it. Anything else is an error, and w is left as it was.
+func (w *DailyWindow) UnmarshalText(text []byte) error {
+	if len(text) == 0 {
+		*w = DailyWindow{}
+		return nil
+	}
+	from, to, ok := strings.Cut(string(text), "-")
+	var got DailyWindow
+	var err error
+	if ok {
+		if got.From, err = timeOfDay(from); err == nil {
+			got.To, err = timeOfDay(to)
+		}
+	}
+	if !ok || err != nil {
+		return fmt.Errorf("daily window %q: want HH:MM-HH:MM (UTC)", text)
+	}
+	if err := got.validate(); err != nil {
+		return fmt.Errorf("daily window %q: %w", text, err)
+	}
+	*w = got
+	return nil
+}
+
+// timeOfDay reads HH:MM as an offset from midnight.
+func timeOfDay(s string) (time.Duration, error) {
+	t, err := time.Parse("15:04", s)
+	if err != nil || len(s) != len("15:04") {
+		return 0, fmt.Errorf("%q is not HH:MM", s)
+	}
+	return time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute, nil
+}
+
+func (w DailyWindow) validate() error {
+	for _, d := range []time.Duration{w.From, w.To} {
+		if d < 0 || d >= 24*time.Hour || d%time.Minute != 0 {
+			return fmt.Errorf("%s is not a time of day in whole minutes (0 to 23h59m)", d)
+		}
+	}
+	if w.From == w.To && w != (DailyWindow{}) {
+		return fmt.Errorf("From and To are both %s: an empty window; the zero value is the whole day", w.From)
 	}
 	return nil
 }
@@ -225,10 +330,28 @@ func (e *Engine) newSweep(cfg *SweeperConfig) (*sweep, error) {
 		takeover: e.takeoverService(env, c),
 		expirer: &maintenance.Expirer{Env: env, ClientOnly: e.clientOnlyFlows, Rest: e.sweeping.rest,
 			Config: maintenance.ExpirerConfig{Finished: c.Retention, Dead: c.DeadRetention, Parked: c.ParkedRetention,
-				Batch: c.CleanupBatch, Share: c.CleanupShare}},
+				Batch: c.CleanupBatch, Share: c.CleanupShare, RemovalWait: removalWait(c.PartitionRemoval)}},
 		partitioner: &maintenance.Partitioner{Env: env, Warned: &e.sweeping.warned,
-			Config: maintenance.PartitionerConfig{Retention: c.Retention}},
+			Config: maintenance.PartitionerConfig{Retention: c.Retention, RemoveAt: removeAt(c.PartitionRemoval)}},
 	}, nil
+}
+
+// removeAt is w's test of the database clock for the partitioner: nil for the whole
+// day, so that the removal does not even ask.
+func removeAt(w DailyWindow) func(time.Time) bool {
+	if w == (DailyWindow{}) {
+		return nil
+	}
+	return w.Contains
+}
+
+// removalWait is how long a partition past its removal may wait for w: a day with a
+// window (the expiry then leaves its keys to the removal that long), none without.
+func removalWait(w DailyWindow) time.Duration {
+	if w == (DailyWindow{}) {
+		return 0
+	}
+	return 24 * time.Hour
 }
 
 // Start runs the engine's sweeper in the background until Stop, and returns at once:

@@ -26,6 +26,15 @@ import (
 // dropped, and the layout's saving (no delete's WAL, no vacuum of the key table) would
 // never come (docs/PARTITIONS.md, "Removing, never losing").
 func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Duration, limit int) (int64, error) {
+	return s.ExpireFinishedWaiting(ctx, db, olderThan, limit, 0)
+}
+
+// ExpireFinishedWaiting is ExpireFinished for a sweeper whose partition removal waits
+// up to wait for its window (SweeperConfig.PartitionRemoval: a day): on a partitioned
+// key table it deletes the finished keys of a partition only once the partition has
+// been past its removal for wait too, so that a partition waiting for the window goes
+// whole, as one without a window does. On a plain key table wait changes nothing.
+func (s *Store) ExpireFinishedWaiting(ctx context.Context, db DBTX, olderThan time.Duration, limit int, wait time.Duration) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("expire finished keys: limit %d is not positive", limit)
 	}
@@ -40,7 +49,7 @@ func (s *Store) ExpireFinished(ctx context.Context, db DBTX, olderThan time.Dura
 		// A row created more than olderThan + w ago is in a partition whose upper
 		// bound is more than olderThan ago, and every row of such a partition was.
 		x.scan = s.sql.scanFinishedRemovable
-		scanArgs = append(scanArgs, (olderThan + w).Milliseconds())
+		scanArgs = append(scanArgs, (olderThan + w + max(wait, 0)).Milliseconds())
 	}
 	return s.expire(ctx, db, x, ms, []any{ms, limit}, scanArgs)
 }

@@ -195,7 +195,14 @@ func attach(ctx context.Context, db DBTX, l *partitionLayout, name string, from,
 // all is attached back, never dropped, and the error is ErrLiveKeysInDetached. It
 // returns ErrNotPartitioned when the key table is not partitioned, and an error for
 // a retention that is not positive.
-func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention time.Duration) (r PartitionReport, err error) {
+func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
+	return s.removePartitions(ctx, db, retention, nil)
+}
+
+// removePartitions is RemovePartitions that, when at is not nil, removes nothing
+// unless at says yes to the database clock as it reads the layout (a sweeper's
+// removal window: MaintainPartitionsAt). It answers Ahead either way.
+func (s *Store) removePartitions(ctx context.Context, db PartitionDB, retention time.Duration, at func(time.Time) bool) (r PartitionReport, err error) {
 	if retention <= 0 {
 		return r, fmt.Errorf("remove partitions: retention %s is not positive", retention)
 	}
@@ -213,6 +220,9 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 		return r, fmt.Errorf("remove partitions: %w", err)
 	}
 	r.Ahead = l.ahead()
+	if at != nil && !at(l.now) {
+		return r, nil
+	}
 	citus, _, err := s.scanLayout(ctx, db)
 	if err != nil {
 		return r, fmt.Errorf("remove partitions: %w", err)
@@ -582,6 +592,13 @@ func (s *Store) KnownUnpartitioned() bool { return s.learnt.partitioned.Load() =
 // it does so without asking the database again (a table is moved to the layout with
 // the sweepers stopped: docs/PARTITIONS.md).
 func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
+	return s.MaintainPartitionsAt(ctx, db, retention, nil)
+}
+
+// MaintainPartitionsAt is MaintainPartitions whose removal runs only when at, if not
+// nil, says yes to the database clock (a sweeper's removal window); the creation ahead
+// runs every time.
+func (s *Store) MaintainPartitionsAt(ctx context.Context, db PartitionDB, retention time.Duration, at func(time.Time) bool) (PartitionReport, error) {
 	if s.learnt.partitioned.Load() == 1 {
 		return PartitionReport{}, ErrNotPartitioned
 	}
@@ -594,7 +611,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 		return r, err
 	}
 	s.learnt.partitioned.Store(2)
-	rr, err := s.RemovePartitions(ctx, db, retention)
+	rr, err := s.removePartitions(ctx, db, retention, at)
 	r.Removed, r.Kept, r.Stall, r.Removal, r.DropLock = rr.Removed, rr.Kept, rr.Stall, rr.Removal, rr.DropLock
 	return r, err
 }

@@ -28,6 +28,11 @@ type ExpirerConfig struct {
 	// after each full batch it rests for as long as the batch took, times
 	// (1-Share)/Share.
 	Share float64
+	// RemovalWait is how long, on a partitioned key table, a partition past its
+	// removal may wait for the removal's window (PartitionerConfig.RemoveAt): its
+	// finished keys are deleted one by one only after that (keytable's
+	// ExpireFinishedWaiting). 0 without a window.
+	RemovalWait time.Duration
 }
 
 // Expirer deletes keys past their retention: finished, dead-lettered and parked keys,
@@ -143,7 +148,7 @@ func (s *Expirer) Expire(ctx context.Context, kind Kind, retention time.Duration
 	case Parked:
 		return st.ExpireParked(ctx, db, flows, retention, limit)
 	}
-	return st.ExpireFinished(ctx, db, retention, limit)
+	return st.ExpireFinishedWaiting(ctx, db, retention, limit, s.Config.RemovalWait)
 }
 
 // restFor waits d, or until stop is closed or ctx ends.

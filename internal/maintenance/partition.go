@@ -17,6 +17,9 @@ type PartitionerConfig struct {
 	// creation: a partition is removed once its newest possible row is Retention old
 	// (and it holds no unfinished or dead-lettered key). Not positive: none is removed.
 	Retention time.Duration
+	// RemoveAt, when not nil, says whether the database clock's time is in the window in
+	// which partitions may be removed; outside it a step only creates partitions ahead.
+	RemoveAt func(time.Time) bool
 }
 
 // Partitioner maintains a partitioned key table (docs/PARTITIONS.md): it creates
@@ -72,5 +75,5 @@ func (s *Partitioner) maintain(ctx context.Context) (keytable.PartitionReport, e
 		return keytable.PartitionReport{}, fmt.Errorf("workflow: maintain partitions: %w", keytable.Classify(err))
 	}
 	defer conn.Release()
-	return st.MaintainPartitions(ctx, conn, s.Config.Retention)
+	return st.MaintainPartitionsAt(ctx, conn, s.Config.Retention, s.Config.RemoveAt)
 }
