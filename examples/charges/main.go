@@ -92,6 +92,9 @@ type common struct {
 	distribute    bool
 	sweepGrace    time.Duration
 	retention     time.Duration
+	// partitionRemoval is -partition-removal: when the sweeper may remove partitions
+	// of a partitioned key table.
+	partitionRemoval workflow.DailyWindow
 	// maxInFlight and admitWait are serve's -max-in-flight and -admit-wait (0: the
 	// engine's defaults).
 	maxInFlight int
@@ -111,6 +114,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.distribute, "distribute", false, "on Citus: distribute charges by account and idemflow's keys by scope, colocated, after migrating (safe when several processes start at once)")
 	fs.DurationVar(&c.sweepGrace, "sweep-grace", 0, "how old a stuck charge must be before the sweeper takes it (0: the sweeper default)")
 	fs.DurationVar(&c.retention, "retention", 0, "how long the sweeper keeps finished keys, at least 1m (0: the sweeper default, 24h)")
+	fs.TextVar(&c.partitionRemoval, "partition-removal", workflow.DailyWindow{}, "on a partitioned key table, when the sweeper may remove partitions past retention: HH:MM-HH:MM of the database clock, UTC (empty: any time)")
 }
 
 // env is what serve and worker run on.
@@ -277,7 +281,8 @@ func crashHooks() workflow.Hooks {
 
 // sweeperConfig is the settings of the engine's sweeper (Engine.Start), from the flags.
 func sweeperConfig(e *env, c *common) *workflow.SweeperConfig {
-	return &workflow.SweeperConfig{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention, Logger: e.log, Hooks: c.sweeperHooks}
+	return &workflow.SweeperConfig{Interval: c.sweepInterval, Grace: c.sweepGrace, Retention: c.retention,
+		PartitionRemoval: c.partitionRemoval, Logger: e.log, Hooks: c.sweeperHooks}
 }
 
 func logger(w io.Writer) *slog.Logger {
