@@ -243,7 +243,7 @@ func (w DailyWindow) validate() error {
 		}
 	}
 	if w.From == w.To && w != (DailyWindow{}) {
-		return fmt.Errorf("From and To are both %s: an empty window; the zero value is the whole day", w.From)
+		return fmt.Errorf("an empty window (From and To both %s); the zero value is the whole day", w.From)
 	}
 	return nil
 }
