@@ -368,8 +368,25 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 // probes do not use are dropped one a transaction (shedIndexes), so that the files
 // removed at each commit are a part of the table's (docs/PARTITIONS.md). A
 // table already dropped (by another process) is not an error; the result says whether
-// this call dropped it.
+// this call dropped it. On Citus two removals racing over one table can fail each
+// other with a distributed error (XX000) while the table is still there, the other
+// not yet committed: such a try is made again, up to removalTries times, its lock
+// waiting for the other's end.
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
+	for try := 1; ; try++ {
+		dropped, err := dropDetachedOnce(ctx, db, l, p, r, o)
+		if try == removalTries || !isPgCode(err, "XX000") {
+			return dropped, err
+		}
+	}
+}
+
+// removalTries is how many times dropDetached tries a table that a distributed error
+// left in place.
+const removalTries = 3
+
+// dropDetachedOnce is one try of dropDetached.
+func dropDetachedOnce(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
 	back := false
 	o.at("recheck")
 	live, err := holdsLiveKeys(ctx, db, l, p.Name)
