@@ -463,60 +463,42 @@ func backendCPU(pid int) (time.Duration, error) {
 }
 
 // attachDays creates and attaches the day partitions from `from` days ago to `to`
-// days ago (from ≥ to), named as the Store names its own.
+// days ago (from ≥ to), by the database clock, skipping those that exist.
 func attachDays(ctx context.Context, s *growthDB, from, to int) error {
-	for d := from; d >= to; d-- {
-		var day time.Time
-		if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - $1 * interval '1 day'`, d).Scan(&day); err != nil {
-			return err
-		}
-		name := pgx.Identifier{"idemflow_keys_p" + day.UTC().Format("20060102")}.Sanitize()
-		var exists bool
-		if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || exists {
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
-			day.UTC().Format(time.RFC3339), day.Add(24*time.Hour).UTC().Format(time.RFC3339)))
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", name, err)
-		}
+	var midnight time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
+		return err
 	}
-	return nil
+	day := 24 * time.Hour
+	return attachSpan(ctx, s, midnight.Add(-time.Duration(from)*day), midnight.Add(-time.Duration(to-1)*day), day)
 }
 
-// attachSpan creates and attaches the partitions of width w from from to to, under
-// the names the Store gives its own.
-func attachSpan(ctx context.Context, s *growthDB, from, to time.Time, w time.Duration) error {
-	for p := from.UTC(); p.Before(to); p = p.Add(w) {
-		name := pgx.Identifier{retention.PartitionName(p, w)}.Sanitize()
-		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
-			p.Format(time.RFC3339), p.Add(w).Format(time.RFC3339)))
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", name, err)
-		}
-	}
-	return nil
-}
-
-// attachWeeks creates and attaches the week partitions (Monday to Monday, UTC, named
-// as the Store names its own) from the one holding `days` days ago up to the current
-// one, which SetupPartitioned created.
+// attachWeeks creates and attaches the week partitions (Monday to Monday, UTC) from the
+// one holding `days` days ago up to the current one, which SetupPartitioned created.
 func attachWeeks(ctx context.Context, s *growthDB, days int) error {
 	var now time.Time
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return err
 	}
-	cur := now.UTC().Truncate(store.PartitionWeek)
-	for from := now.UTC().Add(-time.Duration(days) * 24 * time.Hour).Truncate(store.PartitionWeek); from.Before(cur); from = from.Add(store.PartitionWeek) {
-		name := pgx.Identifier{"idemflow_keys_p" + from.Format("20060102")}.Sanitize()
+	w := store.PartitionWeek
+	return attachSpan(ctx, s, now.UTC().Add(-time.Duration(days)*24*time.Hour).Truncate(w), now.UTC().Truncate(w), w)
+}
+
+// attachSpan creates and attaches the partitions of width w from from to to, under
+// the names the Store gives its own, skipping those that exist.
+func attachSpan(ctx context.Context, s *growthDB, from, to time.Time, w time.Duration) error {
+	for p := from.UTC(); p.Before(to); p = p.Add(w) {
+		name := pgx.Identifier{retention.PartitionName(p, w)}.Sanitize()
+		var exists bool
+		if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			continue
+		}
 		_, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE idemflow_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE idemflow_keys ATTACH PARTITION %[1]s FOR VALUES FROM ('%s') TO ('%s')`, name,
-			from.Format(time.RFC3339), from.Add(store.PartitionWeek).Format(time.RFC3339)))
+			p.Format(time.RFC3339), p.Add(w).Format(time.RFC3339)))
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", name, err)
 		}
