@@ -201,7 +201,7 @@ func (s *Store) RemovePartitions(ctx context.Context, db PartitionDB, retention 
 
 // removePartitions is RemovePartitions that, when at is not nil, removes nothing
 // unless at says yes to the database clock as it reads the layout (a sweeper's
-// removal window: MaintainPartitionsAt). It answers Ahead either way.
+// removal window: MaintainPartitions). It answers Ahead either way.
 func (s *Store) removePartitions(ctx context.Context, db PartitionDB, retention time.Duration, at func(time.Time) bool) (r PartitionReport, err error) {
 	if retention <= 0 {
 		return r, fmt.Errorf("remove partitions: retention %s is not positive", retention)
@@ -604,18 +604,12 @@ func (s *Store) KnownUnpartitioned() bool { return s.learnt.partitioned.Load() =
 
 // MaintainPartitions is one maintenance step of a partitioned key table, as the
 // sweepers run it every pass: EnsurePartitions with the default ahead, then
-// RemovePartitions with retention (skipped when retention is not positive). On a key
+// RemovePartitions with retention (skipped when retention is not positive), only when
+// at, if not nil, says yes to the database clock (a sweeper's removal window). On a key
 // table that is not partitioned it returns ErrNotPartitioned, and after the first time
 // it does so without asking the database again (a table is moved to the layout with
 // the sweepers stopped: docs/PARTITIONS.md).
-func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retention time.Duration) (PartitionReport, error) {
-	return s.MaintainPartitionsAt(ctx, db, retention, nil)
-}
-
-// MaintainPartitionsAt is MaintainPartitions whose removal runs only when at, if not
-// nil, says yes to the database clock (a sweeper's removal window); the creation ahead
-// runs every time.
-func (s *Store) MaintainPartitionsAt(ctx context.Context, db PartitionDB, retention time.Duration, at func(time.Time) bool) (PartitionReport, error) {
+func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retention time.Duration, at func(time.Time) bool) (PartitionReport, error) {
 	if s.learnt.partitioned.Load() == 1 {
 		return PartitionReport{}, ErrNotPartitioned
 	}

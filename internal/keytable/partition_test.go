@@ -441,7 +441,7 @@ func TestPartitionedInSchema(t *testing.T) {
 	parts, err := st.Partitions(ctx, pool)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(parts), 4)
-	r, err := st.MaintainPartitions(ctx, pool, time.Hour)
+	r, err := st.MaintainPartitions(ctx, pool, time.Hour, nil)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, r.Ahead, 3)
 
@@ -466,12 +466,12 @@ func TestMaintainPartitionsPlain(t *testing.T) {
 	db := pgtest.New(t)
 	st := keytable.New()
 	require.False(t, st.KnownUnpartitioned())
-	_, err := st.MaintainPartitions(ctx, db.Pool, time.Hour)
+	_, err := st.MaintainPartitions(ctx, db.Pool, time.Hour, nil)
 	require.ErrorIs(t, err, keytable.ErrNotPartitioned)
 	require.True(t, st.KnownUnpartitioned())
 	closed := db.NewPool(t)
 	closed.Close()
-	_, err = st.MaintainPartitions(ctx, closed, time.Hour)
+	_, err = st.MaintainPartitions(ctx, closed, time.Hour, nil)
 	require.ErrorIs(t, err, keytable.ErrNotPartitioned, "answered without the (closed) pool")
 }
 

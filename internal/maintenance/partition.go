@@ -18,7 +18,8 @@ type PartitionerConfig struct {
 	// (and it holds no unfinished or dead-lettered key). Not positive: none is removed.
 	Retention time.Duration
 	// RemoveAt, when not nil, says whether the database clock's time is in the window in
-	// which partitions may be removed; outside it a step only creates partitions ahead.
+	// which partitions may be removed (SweeperConfig.PartitionRemoval.Contains, true all
+	// day without a window); outside it a step only creates partitions ahead.
 	RemoveAt func(time.Time) bool
 }
 
@@ -75,5 +76,5 @@ func (s *Partitioner) maintain(ctx context.Context) (keytable.PartitionReport, e
 		return keytable.PartitionReport{}, fmt.Errorf("workflow: maintain partitions: %w", keytable.Classify(err))
 	}
 	defer conn.Release()
-	return st.MaintainPartitionsAt(ctx, conn, s.Config.Retention, s.Config.RemoveAt)
+	return st.MaintainPartitions(ctx, conn, s.Config.Retention, s.Config.RemoveAt)
 }
