@@ -240,17 +240,8 @@ func (e *Engine) newSweep(cfg *SweeperConfig) (*sweep, error) {
 			Config: maintenance.ExpirerConfig{Finished: c.Retention, Dead: c.DeadRetention, Parked: c.ParkedRetention,
 				Batch: c.CleanupBatch, Share: c.CleanupShare, RemovalWait: removalWait(c.PartitionRemoval)}},
 		partitioner: &maintenance.Partitioner{Env: env, Warned: &e.sweeping.warned,
-			Config: maintenance.PartitionerConfig{Retention: c.Retention, RemoveAt: removeAt(c.PartitionRemoval)}},
+			Config: maintenance.PartitionerConfig{Retention: c.Retention, RemoveAt: c.PartitionRemoval.Contains}},
 	}, nil
-}
-
-// removeAt is w's test of the database clock for the partitioner: nil for the whole
-// day, so that the removal does not even ask.
-func removeAt(w DailyWindow) func(time.Time) bool {
-	if w == (DailyWindow{}) {
-		return nil
-	}
-	return w.Contains
 }
 
 // removalWait is how long a partition past its removal may wait for w: a day with a

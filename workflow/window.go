@@ -33,10 +33,15 @@ func (w DailyWindow) String() string {
 	if w == (DailyWindow{}) {
 		return "any time"
 	}
+	return w.text() + " UTC"
+}
+
+// text is the window as HH:MM-HH:MM.
+func (w DailyWindow) text() string {
 	hm := func(d time.Duration) string {
 		return fmt.Sprintf("%02d:%02d", int(d/time.Hour), int(d%time.Hour/time.Minute))
 	}
-	return hm(w.From) + "-" + hm(w.To) + " UTC"
+	return hm(w.From) + "-" + hm(w.To)
 }
 
 // MarshalText writes the window as HH:MM-HH:MM (UTC), and the whole day as nothing.
@@ -47,7 +52,7 @@ func (w DailyWindow) MarshalText() ([]byte, error) {
 	if err := w.validate(); err != nil {
 		return nil, err
 	}
-	return []byte(strings.TrimSuffix(w.String(), " UTC")), nil
+	return []byte(w.text()), nil
 }
 
 // UnmarshalText reads HH:MM-HH:MM (UTC, 24-hour; 22:00-02:00 runs over midnight), or
