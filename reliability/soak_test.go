@@ -172,7 +172,7 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	ctx := context.Background()
 	deleted, dropped, parts := retiredCounts(ctx, t, env, cfg.layout)
 	t.Logf("soak: %s kills=%d retired=%d (deleted %d, dropped with their partition %d; partitions dropped %d) receipts_mailed=%d",
-		c, s.kills(), r.Retired, deleted, dropped, parts, s.mails.Load())
+		c, s.kills(), r.Retired, deleted, dropped, parts, s.mailsSent())
 	require.Zero(t, r.DuplicateEffects+r.DuplicatePayments, "duplicate effects")
 	require.Zero(t, r.Unfinished, "unfinished keys")
 	require.Positive(t, r.Retired, "the cleanup deleted finished keys during the run")
@@ -186,7 +186,7 @@ func runSoak(t *testing.T, cfg soakConfig) {
 		t.Logf("soak: %d partitions removed since the first, each drop captured", n)
 	}
 	require.Positive(t, s.kills(), "a server was killed and restarted")
-	require.Positive(t, s.mails.Load(), "the workers mailed receipts (their River client works)")
+	require.Positive(t, s.mailsSent(), "the workers mailed receipts (their River client works)")
 	s.requireReceipts(t)
 	c.require(t)
 
