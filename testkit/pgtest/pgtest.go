@@ -122,8 +122,10 @@ type DB struct {
 }
 
 // New creates a uniquely named schema on the shared server, applies migrations.Migrate
-// in it (and, when EnvCitus is set, migrations.Distribute) and opens a pool on it. When the test ends the pool is closed and the schema
-// dropped with everything in it. It fails the test if there is no server.
+// in it (and, when EnvCitus is set, migrations.Distribute) and opens a pool on it. When the test ends every key row left
+// is checked against the state rules (CheckKeyStates: the test fails on a row that
+// breaks them), then the pool is closed and the schema dropped with everything in it.
+// It fails the test if there is no server.
 func New(t testing.TB) *DB {
 	t.Helper()
 	db := NewEmpty(t)
@@ -135,6 +137,7 @@ func New(t testing.TB) *DB {
 	if err := distributeForTest(ctx, db); err != nil {
 		t.Fatalf("pgtest: distribute the key table of schema %s: %v", db.Schema, err)
 	}
+	checkStatesAtEnd(t, db)
 	return db
 }
 
