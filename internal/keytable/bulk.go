@@ -2,7 +2,6 @@ package keytable
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -90,18 +89,17 @@ type Cancel struct {
 // c describes (same id, lock version and recovery point, in progress or dead-lettered),
 // bumping its lock version. It returns ErrNotFound when it is not.
 func (s *Store) CancelKey(ctx context.Context, db DBTX, scope, key string, c Cancel) error {
+	if !c.Response.storable() {
+		return fmt.Errorf("cancel key: %w: response status %d is never stored", errInvalid, c.Response.Status)
+	}
 	return s.execOne(ctx, db, "cancel key", s.admin.cancel, c.args(scope, key))
 }
 
 // args are the arguments of the cancel's statements (sqlCancel, sqlCancelFenced).
 func (c *Cancel) args(scope, key string) []any {
 	e, keep := c.Response.History.args()
-	body := c.Response.Body
-	if body == nil {
-		body = []byte{}
-	}
-	return []any{scope, key, c.ID, c.LockVersion, c.RecoveryPoint, c.Response.Status,
-		json.RawMessage(c.Response.Headers), body, e, keep, c.CreatedAt}
+	status, headers, body := c.Response.columns()
+	return []any{scope, key, c.ID, c.LockVersion, c.RecoveryPoint, status, headers, body, e, keep, c.CreatedAt}
 }
 
 // execOne runs a statement on one key: ErrNotFound unless it changed exactly one row.

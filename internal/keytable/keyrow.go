@@ -107,6 +107,7 @@ const (
 	writeInsertFinished                   // the insert of a finished row
 	writeFenced                           // the fenced update that raises when it misses
 	writeLocked                           // the plain update of a row the fence locked
+	writeRefused                          // sqlRefuseResponse, in place of a write of a response never stored
 )
 
 // QueueHead adds h to b, and returns its reader.
@@ -136,7 +137,16 @@ func (s *Store) QueueHead(b *pgx.Batch, h Head) Queued {
 func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 	q := Queued{s: s, flushed: w.Flushed}
 	c, f, resp := w.Claim, w.Fence, w.Response
+	var status int
+	var headers json.RawMessage
+	var body []byte
+	if resp != nil {
+		status, headers, body = resp.columns()
+	}
 	switch {
+	case resp != nil && !resp.storable() || w.Cancel != nil && !w.Cancel.Response.storable():
+		q.kind = writeRefused
+		b.Queue(sqlRefuseResponse)
 	case w.Cancel != nil:
 		q.kind = writeFenced
 		b.Queue(s.admin.cancelFenced, w.Cancel.args(f.Scope, f.Key)...)
@@ -145,11 +155,11 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 		e, _ := resp.History.args()
 		if s.queueClaimChecks(b, *c) { // a partitioned key table: docs/PARTITIONS.md
 			b.Queue(s.part.insertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-				resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+				status, headers, body, e, c.origin())
 			break
 		}
 		b.Queue(s.sql.claimInsertFinished, c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin(), claimHash(c.Scope, c.Key))
+			status, headers, body, e, c.origin(), claimHash(c.Scope, c.Key))
 	case c != nil && !w.Held:
 		q.kind = writeClaim
 		if s.queueClaimChecks(b, *c) { // a partitioned key table: docs/PARTITIONS.md
@@ -163,7 +173,7 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 		q.kind = writeInsertFinished
 		e, _ := resp.History.args()
 		b.Queue(s.onPartition(s.sql.insertFinished, f.CreatedAt), c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint,
-			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, c.origin())
+			status, headers, body, e, c.origin())
 	case c != nil && !f.CreatedAt.IsZero():
 		q.kind = writeInsertKnown
 		b.Queue(s.onPartition(s.sql.insertKey, f.CreatedAt), c.Scope, c.Key, c.ID, c.Flow, c.Method, c.Route, c.Fingerprint, c.Body,
@@ -176,7 +186,7 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 		q.kind = writeLocked
 		e, keep := resp.History.args()
 		b.Queue(s.onPartition(s.pipe.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
-			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep)
+			status, headers, body, e, keep)
 	case w.Held:
 		q.kind = writeLocked
 		b.Queue(s.onPartition(s.pipe.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion, f.CreatedAt,
@@ -185,7 +195,7 @@ func (s *Store) QueueKeyWrite(b *pgx.Batch, w KeyWrite) Queued {
 		q.kind = writeFenced
 		e, keep := resp.History.args()
 		b.Queue(s.onPartition(s.sql.finish, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion,
-			resp.Status, json.RawMessage(resp.Headers), resp.Body, e, keep, f.CreatedAt)
+			status, headers, body, e, keep, f.CreatedAt)
 	default:
 		q.kind = writeFenced
 		b.Queue(s.onPartition(s.sql.advance, f.CreatedAt), f.Scope, f.Key, f.ID, f.LockVersion,
@@ -262,6 +272,9 @@ func (q Queued) read(br pgx.BatchResults) (time.Time, error) {
 		if _, err := br.Exec(); err != nil {
 			return at, fmt.Errorf("fenced update: %w", fenceErr(err))
 		}
+	case writeRefused:
+		_, err := br.Exec()
+		return at, fmt.Errorf("write key: %w", Classify(err))
 	case writeLocked:
 		tag, err := br.Exec()
 		switch {

@@ -247,3 +247,11 @@ WHERE ` + pipeRow
 // setting lasts until the transaction ends, at the protocol's Sync, and is read when
 // it commits. It returns one row when it changed the setting, none otherwise.
 const sqlCommitFlushed = `SELECT set_config('synchronous_commit', 'local', true) WHERE current_setting('synchronous_commit') = 'off'`
+
+// sqlRefuseResponse is queued in place of a write that would store a response no key
+// may hold (StoredResponse.storable): it raises check_violation (23514, errInvalid),
+// aborting the transaction and so the phase's writes, as the CHECK constraint on the
+// stored status did before migration 004. The engine never sends it: it refuses such a
+// response before it writes.
+const sqlRefuseResponse = `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = 'check_violation',
+	MESSAGE = 'idemflow: a response status outside 100-499 is never stored'; END$$`

@@ -114,6 +114,26 @@ type StoredResponse struct {
 	History History
 }
 
+// storable reports whether r may be stored: a status of 100-499 (a 5xx is transient
+// by definition, never an answer to replay). The engine refuses any other before it
+// writes (attempt.Exec.storable, workflow.Engine.CancelKey); this is the table's own
+// guard since migration 004 dropped the CHECK constraint that was (sqlRefuseResponse).
+func (r *StoredResponse) storable() bool { return r.Status >= 100 && r.Status <= 499 }
+
+// columns are r's response columns as the statements that finish a key write them:
+// headers and body are never NULL (a finished row carries its whole response), an
+// absent one is written empty.
+func (r *StoredResponse) columns() (status int, headers json.RawMessage, body []byte) {
+	headers, body = r.Headers, r.Body
+	if headers == nil {
+		headers = json.RawMessage(`{}`)
+	}
+	if body == nil {
+		body = []byte{}
+	}
+	return r.Status, headers, body
+}
+
 // Release is what Release writes on a key row after a transient failure.
 type Release struct {
 	// RecoveryPoint and Data are what is durable in the caller's view (it may carry a

@@ -137,10 +137,30 @@ func TestStatements(t *testing.T) {
 		require.ErrorIs(t, err, keytable.ErrNotFound)
 	})
 
-	t.Run("FiveHundredRefusedByTheDatabase", func(t *testing.T) {
+	// A 5xx is never stored. Since migration 004 no CHECK constraint says so: the table's
+	// writer refuses it (the fenced write raises in its place, aborting the transaction;
+	// the cancel refuses before any SQL), and the row stays as it was.
+	t.Run("FiveHundredRefusedBeforeTheWrite", func(t *testing.T) {
 		fo := keytable.Fence{Scope: "s2", Key: "k", ID: idOther, LockVersion: 1, CreatedAt: createdAt(t, db, "s2", "k")}
-		err := finish(ctx, db, fo, keytable.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")})
-		require.ErrorIs(t, err, keytable.ErrInvalid)
+		fiveHundred := keytable.StoredResponse{Status: 503, Headers: []byte(`{}`), Body: []byte("x")}
+		require.ErrorIs(t, finish(ctx, db, fo, fiveHundred), keytable.ErrInvalid)
+		cancel := keytable.Cancel{ID: idOther, LockVersion: 1, RecoveryPoint: "started", CreatedAt: fo.CreatedAt, Response: fiveHundred}
+		require.ErrorIs(t, st.CancelKey(ctx, db.Pool, "s2", "k", cancel), keytable.ErrInvalid)
+
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		b := &pgx.Batch{}
+		q := st.QueueKeyWrite(b, keytable.KeyWrite{Fence: fo, Cancel: &cancel})
+		br := tx.SendBatch(ctx, b)
+		_, err = q.Read(br)
+		require.ErrorIs(t, err, keytable.ErrInvalid, "the compensation's fenced cancel")
+		require.Error(t, br.Close())
+
+		row, err := st.Lookup(ctx, db.Pool, "s2", "k")
+		require.NoError(t, err)
+		require.Equal(t, keytable.StatusInProgress, row.Status, "nothing changed")
+		require.EqualValues(t, 1, row.LockVersion)
 	})
 }
 
