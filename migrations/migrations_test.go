@@ -218,11 +218,13 @@ func testMigrateConcurrent(t *testing.T, all []migrations.Migration, latest int)
 	}
 }
 
-// TestConstraints checks that the database itself rejects rows that break the key
-// table's state invariants, whatever code writes them. Lengths and formats are the
-// engine's to check before any SQL (since 002, whose reason is the cost of CHECKs on
-// every write): a key the engine refuses is stored if some other code writes it, and
-// workflow.ValidateKey refuses every such key.
+// TestConstraints checks what the database itself rejects and what it leaves to the
+// engine. Since 004 its one CHECK is the status (one of three); lengths and formats
+// (since 002) and the rules tying a finished row to its whole response (since 004) are
+// the engine's, for the cost of CHECKs on every write: a key the engine refuses is
+// stored if some other code writes it, and workflow.ValidateKey refuses every such key;
+// a row that breaks the state rules is stored too, and pgtest.SQLKeyStatesBroken, which
+// every test schema runs over its rows at the end, names it.
 func TestConstraints(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -232,7 +234,10 @@ func TestConstraints(t *testing.T) {
 		status         string
 		responseStatus int // 0: unfinished row; otherwise a finished row with this status
 	}
-	insert := func(ctx context.Context, scope string, r row) error {
+	type execer interface {
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	}
+	insert := func(ctx context.Context, db execer, scope string, r row) error {
 		status, recoveryPoint := "in_progress", "started"
 		var respStatus, respHeaders, respBody, finishedAt any
 		if r.responseStatus != 0 {
@@ -242,7 +247,7 @@ func TestConstraints(t *testing.T) {
 		if r.status != "" {
 			status = r.status
 		}
-		_, err := db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
+		_, err := db.Exec(ctx, `INSERT INTO idemflow_keys
 			(scope, idempotency_key, id, flow, method, route, fingerprint, request_body,
 			 status, recovery_point, response_status, response_headers, response_body, finished_at)
 			VALUES ($1, $2, gen_random_uuid(), 'create_charge', 'POST', '/charges', sha256('{}'::bytea), '{}'::bytea,
@@ -254,7 +259,7 @@ func TestConstraints(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		row        row
-		constraint string // "" when the row is valid; "engine" when only the engine refuses it
+		constraint string // "" when the row is valid; "engine" when only the engine refuses it; "states" when it breaks the state rules
 	}{
 		{"ValidUnfinished", row{key: "order-1"}, ""},
 		{"ValidFinished", row{key: "order-1", responseStatus: 201}, ""},
@@ -268,12 +273,28 @@ func TestConstraints(t *testing.T) {
 		{"KeyDelete", row{key: "order\x7f"}, "engine"},
 		{"KeyNonASCII", row{key: "ordér"}, "engine"},
 		{"StatusBogus", row{key: "order-1", status: "bogus"}, "idemflow_keys_status"},
-		{"ResponseStatus5xx", row{key: "order-1", responseStatus: 503}, "idemflow_keys_response_status"},
-		{"FinishedWithoutResponse", row{key: "order-1", status: "finished"}, "idemflow_keys_finished"},
+		{"ResponseStatus5xx", row{key: "order-1", responseStatus: 503}, "states"},
+		{"FinishedWithoutResponse", row{key: "order-1", status: "finished"}, "states"},
+		{"UnfinishedWithResponse", row{key: "order-1", status: "in_progress", responseStatus: 201}, "states"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := insert(t.Context(), tc.name, tc.row) // scope = case name: no key collisions
+			if tc.constraint == "states" {
+				// In a transaction rolled back at the end: the row is stored, the
+				// check names it, and no other case's check sees it.
+				tx, err := db.Pool.Begin(t.Context())
+				require.NoError(t, err)
+				defer tx.Rollback(context.Background()) //nolint:errcheck // nothing to keep
+				require.NoError(t, insert(t.Context(), tx, tc.name, tc.row), "since 004 the table leaves the state rules to the engine")
+				rows, err := tx.Query(t.Context(), pgtest.SQLKeyStatesBroken)
+				require.NoError(t, err)
+				broken, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				require.NoError(t, err)
+				require.Len(t, broken, 1)
+				require.True(t, strings.HasPrefix(broken[0], tc.name+" order-1 "), "the check names the row: %v", broken)
+				return
+			}
+			err := insert(t.Context(), db.Pool, tc.name, tc.row) // scope = case name: no key collisions
 			switch tc.constraint {
 			case "":
 				require.NoError(t, err)
@@ -298,8 +319,9 @@ func TestConstraints(t *testing.T) {
 	}
 }
 
-// TestLeanChecks checks that 002 keeps exactly the state checks, and that going back
-// to 001 puts the length and format checks back.
+// TestLeanChecks checks that the table keeps exactly the status check (004), that going
+// back to 003 puts the two state checks back (002 kept three) and going back to 001
+// the length and format checks.
 func TestLeanChecks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -312,12 +334,14 @@ func TestLeanChecks(t *testing.T) {
 		require.NoError(t, err)
 		return names
 	}
-	require.Equal(t, []string{"idemflow_keys_finished", "idemflow_keys_response_status", "idemflow_keys_status"}, checks())
+	require.Equal(t, []string{"idemflow_keys_status"}, checks())
 
+	require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 3))
+	require.Equal(t, []string{"idemflow_keys_finished", "idemflow_keys_response_status", "idemflow_keys_status"}, checks())
 	require.NoError(t, migrations.MigrateTo(ctx, db.Pool, 1))
 	require.Len(t, checks(), 16, "001's checks are back")
 	require.NoError(t, migrations.Migrate(ctx, db.Pool))
-	require.Len(t, checks(), 3)
+	require.Equal(t, []string{"idemflow_keys_status"}, checks())
 }
 
 func tableExists(t *testing.T, pool *pgxpool.Pool, name string) bool {

@@ -55,6 +55,7 @@ func TestStatementsOfTheFiles(t *testing.T) {
 	require.Equal(t, map[string]int{
 		"idemflow_keys up": 4, "idemflow_keys down": 2,
 		"idemflow_keys_lean up": 1, "idemflow_keys_lean down": 13,
+		"idemflow_keys_status_check up": 1, "idemflow_keys_status_check down": 2,
 		"idemflow_keys_history up": 2, "idemflow_keys_history down": 2,
 	}, count)
 	last := migrations.Statements(all[0].Up)[3]

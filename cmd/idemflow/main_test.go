@@ -387,12 +387,12 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
 	b := &bundle{db: db}
-	require.Equal(t, "schema at version 0 of 3 (3 pending), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "status").ok(t).stdout)
-	require.Equal(t, "applied 001_idemflow_keys\napplied 002_idemflow_keys_lean\napplied 003_idemflow_keys_history\nnow at version 3\n"+
-		"schema at version 3 of 3 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout)
-	require.Equal(t, "schema at version 3 of 3 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout, "nothing to do: only the status")
-	require.Equal(t, []map[string]any{{"version": 2.0, "latest": 3.0, "key_table": true}}, b.cli(t, "migrate", "-json", "down").ok(t).lines(t))
-	require.Equal(t, []map[string]any{{"version": 3.0, "latest": 3.0, "key_table": true, "applied": []any{3.0}}}, b.cli(t, "migrate", "-json", "up").ok(t).lines(t))
+	require.Equal(t, "schema at version 0 of 4 (4 pending), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "status").ok(t).stdout)
+	require.Equal(t, "applied 001_idemflow_keys\napplied 002_idemflow_keys_lean\napplied 003_idemflow_keys_history\napplied 004_idemflow_keys_status_check\nnow at version 4\n"+
+		"schema at version 4 of 4 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout)
+	require.Equal(t, "schema at version 4 of 4 (up to date), as recorded in idemflow_schema_migrations\n", b.cli(t, "migrate", "up").ok(t).stdout, "nothing to do: only the status")
+	require.Equal(t, []map[string]any{{"version": 3.0, "latest": 4.0, "key_table": true}}, b.cli(t, "migrate", "-json", "down").ok(t).lines(t))
+	require.Equal(t, []map[string]any{{"version": 4.0, "latest": 4.0, "key_table": true, "applied": []any{4.0}}}, b.cli(t, "migrate", "-json", "up").ok(t).lines(t))
 	require.Empty(t, b.cli(t, "keys", "list", "-json").ok(t).lines(t), "the table is there, empty")
 }
 
