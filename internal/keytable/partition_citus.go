@@ -31,7 +31,8 @@ type citusDistribution struct {
 // it), its distribution column, its colocation group's shard count and replication
 // factor, whether that group is the default one (the lowest-numbered group of that
 // shard count, replication factor and column type outside a tenant schema, as Citus
-// picks it), and another table of its colocation group, if any.
+// picks it), and another table of its colocation group, if any (one of the key
+// table's own schema first), with whether it is in that schema.
 //
 // The colocation group's row can be missing (seen on Citus 12.1 when another schema's
 // set-up committed while this one waited for the set-up lock: the table still names
@@ -45,11 +46,14 @@ const sqlCitusDistribution = `SELECT pg_catalog.column_to_column_name(p.logicalr
 		WHERE (d.shardcount, d.replicationfactor, d.distributioncolumntype, d.distributioncolumncollation)
 				= (c.shardcount, c.replicationfactor, c.distributioncolumntype, c.distributioncolumncollation)
 			AND NOT EXISTS (SELECT 1 FROM pg_dist_schema s WHERE s.colocationid = d.colocationid)),
-	coalesce((SELECT o.logicalrelid::text FROM pg_dist_partition o
-		WHERE o.colocationid = p.colocationid AND o.logicalrelid <> p.logicalrelid
-			AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = o.logicalrelid)
-		ORDER BY o.logicalrelid LIMIT 1), 'default')
+	coalesce(o.name, 'default'), coalesce(o.same_schema, false)
 FROM pg_dist_partition p LEFT JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
+	LEFT JOIN LATERAL (SELECT o.logicalrelid::text AS name, oc.relnamespace = pc.relnamespace AS same_schema
+		FROM pg_dist_partition o JOIN pg_catalog.pg_class oc ON oc.oid = o.logicalrelid,
+			pg_catalog.pg_class pc
+		WHERE pc.oid = p.logicalrelid AND o.colocationid = p.colocationid AND o.logicalrelid <> p.logicalrelid
+			AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = o.logicalrelid)
+		ORDER BY oc.relnamespace <> pc.relnamespace, o.logicalrelid LIMIT 1) o ON true
 	CROSS JOIN LATERAL (SELECT count(DISTINCT s.shardid)::int AS shards, count(pl.placementid)::int AS placements
 		FROM pg_dist_shard s LEFT JOIN pg_dist_placement pl ON pl.shardid = s.shardid
 		WHERE s.logicalrelid = p.logicalrelid) sh
@@ -74,17 +78,22 @@ func readCitusDistribution(ctx context.Context, tx pgx.Tx, l *partitionLayout) (
 		return nil, err
 	}
 	d := &citusDistribution{}
-	var isDefault bool
-	err := queryRow(ctx, tx, []any{&d.column, &d.shards, &d.replicas, &isDefault, &d.colocate}, sqlCitusDistribution, l.ident(keyTable))
+	var isDefault, sameSchema bool
+	err := queryRow(ctx, tx, []any{&d.column, &d.shards, &d.replicas, &isDefault, &d.colocate, &sameSchema}, sqlCitusDistribution, l.ident(keyTable))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the key table's distribution: %w", err)
 	}
-	if isDefault {
-		// Named by its kind, not by another table: that table could be dropped (its
-		// schema with it) before the distribution resolves its name.
+	if isDefault && !sameSchema {
+		// Named by its kind, not by another table: a table of another schema could be
+		// dropped (its schema with it) before the distribution resolves its name. A
+		// table of the key table's own schema is named even in the default group:
+		// Citus picks "the default group" as the first matching row of
+		// pg_dist_colocation in its index, which, once groups were created and
+		// removed, need not be the lowest-numbered one this query takes for it (a
+		// Citus run of TestPartitionsUnderTraffic saw the new table in another group).
 		d.colocate = "default"
 	}
 	return d, nil
