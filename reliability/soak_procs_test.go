@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -98,6 +99,12 @@ func (s *soak) startProc(slot string) (*soakProc, error) {
 	p := &soakProc{done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), envStatsEvery+"=1s")
+	if strings.HasPrefix(slot, "sw") {
+		// Heap profiles every quarter of the run (the quarters the heap line compares),
+		// for `go tool pprof -base` when a worker's heap grows (docs/RELIABILITY.md).
+		p.cmd.Env = append(p.cmd.Env, envHeapProfileDir+"="+filepath.Join(s.cfg.out, "heap-"+slot),
+			envHeapProfileEvery+"="+(s.cfg.duration/4).String())
+	}
 	p.cmd.Stderr = p
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -131,8 +138,13 @@ func (s *soak) startProc(slot string) (*soakProc, error) {
 	}
 }
 
-// envStatsEvery is examples/charges' CHARGES_STATS_EVERY.
-const envStatsEvery = "CHARGES_STATS_EVERY"
+// envStatsEvery is examples/charges' CHARGES_STATS_EVERY, and the heap profiles'
+// variables are its CHARGES_HEAP_PROFILE_DIR and CHARGES_HEAP_PROFILE_EVERY.
+const (
+	envStatsEvery       = "CHARGES_STATS_EVERY"
+	envHeapProfileDir   = "CHARGES_HEAP_PROFILE_DIR"
+	envHeapProfileEvery = "CHARGES_HEAP_PROFILE_EVERY"
+)
 
 // stop signals the process, unless it has exited, and waits for it.
 func (p *soakProc) stop(sig syscall.Signal) {

@@ -199,6 +199,14 @@ func runSoak(t *testing.T, cfg soakConfig) {
 			require.Positive(t, quantile(v, 0.5), "%s", slot+m)
 		}
 	}
+	for _, slot := range soakSlots[2:] {
+		dir := filepath.Join(cfg.out, "heap-"+slot)
+		profiles, err := filepath.Glob(filepath.Join(dir, "heap-*.pb.gz"))
+		require.NoError(t, err)
+		require.NotEmpty(t, profiles, "%s wrote heap profiles (CHARGES_HEAP_PROFILE_DIR)", slot)
+		t.Logf("soak: %s wrote %d heap profiles in %s, one each %s (go tool pprof -base <earlier> <later>)",
+			slot, len(profiles), dir, cfg.duration/4)
+	}
 	lines, err := computeSoakLines(cfg, s.samplesPath(), s.latenciesPath(), s.killsPath())
 	require.NoError(t, err)
 	for _, l := range lines.all {

@@ -202,6 +202,9 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 	if err := startStats(sctx, pool, os.Stderr); err != nil {
 		return nil, err
 	}
+	if err := startHeapProfiles(sctx); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 

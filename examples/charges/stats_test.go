@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -57,4 +60,33 @@ func TestStatsLines(t *testing.T) {
 	require.Positive(t, st.HeapLive)
 	require.Positive(t, st.Goroutines)
 	require.Positive(t, st.PoolTotal, "pgtest.New's pool has a connection open")
+}
+
+// TestHeapProfiles checks CHARGES_HEAP_PROFILE_DIR and CHARGES_HEAP_PROFILE_EVERY:
+// gzipped heap profiles written into the directory one after another, and a clear
+// error for an interval that is not a duration or a variable set without the other.
+func TestHeapProfiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "heap")
+	t.Setenv(envHeapProfileDir, dir)
+	t.Setenv(envHeapProfileEvery, "")
+	require.ErrorContains(t, startHeapProfiles(context.Background()), "go together")
+	t.Setenv(envHeapProfileEvery, "abc")
+	require.ErrorContains(t, startHeapProfiles(context.Background()), "want a positive duration")
+	_, err := os.Stat(dir)
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing made for a refused setting")
+
+	t.Setenv(envHeapProfileEvery, "10ms")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, startHeapProfiles(ctx))
+	var files []string
+	require.Eventually(t, func() bool {
+		files, _ = filepath.Glob(filepath.Join(dir, fmt.Sprintf("heap-%d-*.pb.gz", os.Getpid())))
+		return len(files) >= 2
+	}, time.Minute, 10*time.Millisecond)
+	cancel()
+	raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("heap-%d-1.pb.gz", os.Getpid())))
+	require.NoError(t, err)
+	require.Greater(t, len(raw), 2)
+	require.Equal(t, []byte{0x1f, 0x8b}, raw[:2], "gzipped")
 }
