@@ -20,6 +20,17 @@ const (
 	envHeapProfileEvery = "CHARGES_HEAP_PROFILE_EVERY"
 )
 
+// heapProfileRate is runtime.MemProfileRate in a process that writes heap profiles: one
+// sample per 4 KiB allocated on average. The default, one per 512 KiB, leaves a worker
+// whose live heap is 2 MiB with a handful of samples, too few to tell what grew.
+const heapProfileRate = 4 << 10
+
+func init() {
+	if os.Getenv(envHeapProfileDir) != "" {
+		runtime.MemProfileRate = heapProfileRate // before the process allocates much
+	}
+}
+
 // startHeapProfiles starts the heap profile writer when the variables are set; it stops
 // when ctx ends. A directory that cannot be made, an interval that is not a positive
 // duration, or one variable without the other is an error. A profile that cannot be
