@@ -19,9 +19,6 @@ import (
 // partition that kept the others would go on paying for them on every write.
 func TestStatusCheckOnPartitions(t *testing.T) {
 	t.Parallel()
-	if pgtest.CitusMode() {
-		t.Skip("skipped: the layout on Citus is covered by TestPartitionsUnderTraffic (docs/PARTITIONS.md)")
-	}
 	ctx := t.Context()
 	db := pgtest.NewEmpty(t)
 	st := store.New()
