@@ -89,11 +89,11 @@ func readCitusDistribution(ctx context.Context, tx pgx.Tx, l *partitionLayout) (
 	if isDefault && !sameSchema {
 		// Named by its kind, not by another table: a table of another schema could be
 		// dropped (its schema with it) before the distribution resolves its name. A
-		// table of the key table's own schema is named even in the default group:
-		// Citus picks "the default group" as the first matching row of
-		// pg_dist_colocation in its index, which, once groups were created and
-		// removed, need not be the lowest-numbered one this query takes for it (a
-		// Citus run of TestPartitionsUnderTraffic saw the new table in another group).
+		// table of the key table's own schema is named even in the default group, so
+		// that the new table's group never depends on which group is the default when
+		// create_distributed_table runs. (A Citus run of TestPartitionsUnderTraffic
+		// once saw the new table in another group. Not explained: Citus 12.1 takes the
+		// lowest-numbered matching group outside tenant schemas, as this query does.)
 		d.colocate = "default"
 	}
 	return d, nil
