@@ -25,7 +25,17 @@ type DistributeOptions struct {
 	// the scope. A name without a schema is resolved by the connection's search_path.
 	// Defaults to "": Citus's default group for a text column, which colocates the key
 	// table with every other table distributed by a text column with the default shard
-	// count.
+	// count. "none" (Citus's keyword) makes a new group: the first of Tables starts it
+	// and the others and the key table join it; without Tables the key table is alone
+	// in it.
+	//
+	// DDL that creates shards in a group (create_distributed_table colocated with it,
+	// a partition attached to one of its partitioned tables: the partitioned key
+	// table's partitions ahead included) holds a share lock on the group's first table
+	// for its whole transaction, and the partitioned key table's removal (a plain
+	// DETACH on Citus) waits behind it when that table is the key table
+	// (docs/PARTITIONS.md, "Citus 12.1"). Tables are distributed before the key table,
+	// so in a new group one of them is first.
 	ColocateWith string
 	// Tables are the application's tables to distribute in the same transaction, in
 	// order, before the key table: each is colocated with ColocateWith (the table
@@ -104,6 +114,10 @@ func (m *Migrator) Distribute(ctx context.Context, db Beginner, opts *Distribute
 		}
 		if err := distribute(ctx, tx, t.Name, t.Column, with); err != nil {
 			return err
+		}
+		if colocate == "none" {
+			// The first table started a group of its own; the rest join it.
+			colocate = t.Name
 		}
 	}
 	if err := allowPartitionedTrigger(ctx, tx, table); err != nil {

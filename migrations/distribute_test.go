@@ -65,6 +65,36 @@ func TestDistributeConcurrently(t *testing.T) {
 	require.True(t, local, "the outbox is a Citus local table")
 }
 
+// ColocateWith "none" makes a new colocation group: the first application table starts
+// it, the second and the key table join it, and no other table is in it (the decoy,
+// distributed by text before them, holds the lowest-numbered group of their kind, the
+// one "default" would pick).
+func TestDistributeNewGroup(t *testing.T) {
+	t.Parallel()
+	if !pgtest.CitusMode() {
+		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
+	}
+	ctx := context.Background()
+	db := pgtest.NewEmpty(t)
+	require.NoError(t, migrations.Migrate(ctx, db.Pool))
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE decoy (scope text NOT NULL);
+		SELECT create_distributed_table('decoy', 'scope', colocate_with => 'default');
+		CREATE TABLE orders (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id));
+		CREATE TABLE refunds (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id))`)
+	require.NoError(t, err)
+	opts := &migrations.DistributeOptions{ColocateWith: "none",
+		Tables: []migrations.Table{{Name: "orders", Column: "tenant"}, {Name: "refunds", Column: "tenant"}}}
+	require.NoError(t, migrations.Distribute(ctx, db.Pool, opts))
+	var groups int
+	var members []string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(DISTINCT p.colocationid),
+	(SELECT array_agg(o.logicalrelid::text ORDER BY o.logicalrelid::text) FROM pg_dist_partition o
+		WHERE o.colocationid = min(p.colocationid))
+FROM pg_dist_partition p WHERE p.logicalrelid IN ('orders'::regclass, 'refunds'::regclass, 'idemflow_keys'::regclass)`).Scan(&groups, &members))
+	require.Equal(t, 1, groups, "colocated")
+	require.Equal(t, []string{"idemflow_keys", "orders", "refunds"}, members, "a group of their own")
+}
+
 // A key table distributed at an older version is migrated up, down to nothing and up
 // again: on Citus every statement of every file runs on the distributed table.
 func TestMigrateDistributed(t *testing.T) {
