@@ -20,8 +20,8 @@ import (
 // citusDistribution is how Citus distributes a key table: by column, in a colocation
 // group of shards shards, each placed replicas times. When the group is the default one
 // for its kind (the one create_distributed_table picks for colocate_with 'default'),
-// colocate is "default"; otherwise it is another table of the group (or "default" when
-// the key table was alone in it).
+// colocate is "default"; otherwise it is another table of the group, or "none" when the
+// key table was alone in a group of its own (which the new table keeps).
 type citusDistribution struct {
 	column, colocate string
 	shards, replicas int
@@ -46,7 +46,7 @@ const sqlCitusDistribution = `SELECT pg_catalog.column_to_column_name(p.logicalr
 		WHERE (d.shardcount, d.replicationfactor, d.distributioncolumntype, d.distributioncolumncollation)
 				= (c.shardcount, c.replicationfactor, c.distributioncolumntype, c.distributioncolumncollation)
 			AND NOT EXISTS (SELECT 1 FROM pg_dist_schema s WHERE s.colocationid = d.colocationid)),
-	coalesce(o.name, 'default'), coalesce(o.same_schema, false)
+	coalesce(o.name, ''), coalesce(o.same_schema, false)
 FROM pg_dist_partition p LEFT JOIN pg_dist_colocation c ON c.colocationid = p.colocationid
 	LEFT JOIN LATERAL (SELECT o.logicalrelid::text AS name, oc.relnamespace = pc.relnamespace AS same_schema
 		FROM pg_dist_partition o JOIN pg_catalog.pg_class oc ON oc.oid = o.logicalrelid,
@@ -86,7 +86,17 @@ func readCitusDistribution(ctx context.Context, tx pgx.Tx, l *partitionLayout) (
 	if err != nil {
 		return nil, fmt.Errorf("read the key table's distribution: %w", err)
 	}
-	if isDefault && !sameSchema {
+	switch {
+	case d.colocate == "" && !isDefault:
+		// Alone in a group of its own (distributed with colocate_with 'none'): the new
+		// table gets one too. Joining the default group instead would share it with
+		// every other table distributed by text, whose DDL then locks the key table
+		// (Citus locks a group's first table while it creates shards in the group)
+		// and holds up the removal's plain detach.
+		d.colocate = "none"
+	case d.colocate == "":
+		d.colocate = "default"
+	case isDefault && !sameSchema:
 		// Named by its kind, not by another table: a table of another schema could be
 		// dropped (its schema with it) before the distribution resolves its name. A
 		// table of the key table's own schema is named even in the default group, so
@@ -111,14 +121,15 @@ func (d *citusDistribution) distribute(ctx context.Context, tx pgx.Tx, l *partit
 		return err
 	}
 	var err error
-	if d.colocate == "default" {
-		// The default group of the old table's shard count and replication factor,
-		// whatever the session's citus.shard_count and citus.shard_replication_factor.
+	if d.colocate == "default" || d.colocate == "none" {
+		// The default group, or a new one, of the old table's shard count and
+		// replication factor, whatever the session's citus.shard_count and
+		// citus.shard_replication_factor.
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL citus.shard_replication_factor = %d`, d.replicas)); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => 'default', shard_count => $3)`,
-			l.ident(keyTable), d.column, d.shards)
+		_, err = tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => $3, shard_count => $4)`,
+			l.ident(keyTable), d.column, d.colocate, d.shards)
 	} else {
 		_, err = tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)`,
 			l.ident(keyTable), d.column, d.colocate)

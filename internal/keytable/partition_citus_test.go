@@ -304,7 +304,7 @@ WHERE p.logicalrelid = 'idemflow_keys'::regclass AND w.logicalrelid = 'colocatio
 }
 
 // colocationWitness distributes a table of its own in the plain key table's colocation
-// group (the default one: pgtest distributes the key table so), so that the group
+// group (one of its own: pgtest distributes the key table so), so that the group
 // outlives the plain key table when the set-up drops it and requireDistributed can
 // tell it from a new one.
 func colocationWitness(t *testing.T, db *pgtest.DB) {
@@ -370,4 +370,47 @@ func logStalls(t *testing.T, citus bool, done []liveRequest, windows []window) {
 		t.Logf("%s: %s took %s, reported stall %s; %d live requests overlapped it, slowest %s",
 			server, w.what, w.end.Sub(w.start).Round(time.Millisecond), w.stall.Round(time.Millisecond), n, slowest.Round(time.Millisecond))
 	}
+}
+
+// On Citus a key table alone in a colocation group of its own (distributed with
+// colocate_with 'none', as the tests' are) keeps a group of its own through the
+// partitioned set-up: the new table and its partitions share their group with no other
+// table, with the old shard count. Joining the default group (the lowest-numbered one
+// of its kind: here the decoy's, made first) would let the DDL of every other table
+// there lock the key table, and hold up the removal's plain detach.
+func TestPartitionedKeepsItsOwnGroup(t *testing.T) {
+	t.Parallel()
+	if !pgtest.CitusMode() {
+		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
+	}
+	ctx := context.Background()
+	decoy := pgtest.NewEmpty(t)
+	_, err := decoy.Pool.Exec(ctx, `CREATE TABLE decoy (scope text NOT NULL)`)
+	require.NoError(t, err)
+	var shards int
+	require.NoError(t, decoy.Pool.QueryRow(ctx, `SELECT current_setting('citus.shard_count')::int`).Scan(&shards))
+	_, err = decoy.Pool.Exec(ctx, `SELECT create_distributed_table('decoy', 'scope', colocate_with => 'none', shard_count => $1)`, shards)
+	require.NoError(t, err)
+
+	db := pgtest.New(t) // its key table in a group of its own, made after the decoy's
+	var oldShards int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'idemflow_keys'::regclass`).Scan(&oldShards))
+	require.NoError(t, keytable.New().SetupPartitioned(ctx, db.Pool, keytable.PartitionMinute, 3*time.Minute))
+
+	var others []string
+	var newShards int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(o.logicalrelid::text) FILTER (WHERE o.logicalrelid <> p.logicalrelid
+			AND o.logicalrelid NOT IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = p.logicalrelid)), '{}'),
+		(SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = p.logicalrelid)
+FROM pg_dist_partition p JOIN pg_dist_partition o ON o.colocationid = p.colocationid
+WHERE p.logicalrelid = 'idemflow_keys'::regclass
+GROUP BY p.logicalrelid`).Scan(&others, &newShards))
+	require.Empty(t, others, "the partitioned key table's group holds it and its partitions only")
+	require.Equal(t, oldShards, newShards, "the old shard count")
+	require.NotEmpty(t, partitionNames(t, db))
+	var apart int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits i
+WHERE i.inhparent = 'idemflow_keys'::regclass AND NOT EXISTS (SELECT 1 FROM pg_dist_partition o, pg_dist_partition p
+	WHERE o.logicalrelid = i.inhrelid AND p.logicalrelid = i.inhparent AND o.colocationid = p.colocationid)`).Scan(&apart))
+	require.Zero(t, apart, "every partition distributed in the table's group as it was attached")
 }

@@ -49,7 +49,7 @@ func Example(ctx context.Context) (*pgxpool.Pool, func(), error) {
 	}
 	err = migrations.Migrate(ctx, pool)
 	if err == nil && CitusMode() {
-		err = migrations.Distribute(ctx, pool, nil)
+		err = migrations.Distribute(ctx, pool, testColocation)
 	}
 	if err != nil {
 		pool.Close()
