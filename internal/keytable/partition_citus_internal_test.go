@@ -2,6 +2,7 @@ package keytable
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -30,9 +31,14 @@ func TestDetachBounded(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	_, err = tx.Exec(ctx, `SELECT count(*) FROM idemflow_keys`)
 	require.NoError(t, err)
+	var holder int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
 
 	stall, err := detachBounded(ctx, db.Pool, l, last)
 	require.True(t, isPgCode(err, "55P03"), "lock timeout, after every try: %v", err)
+	require.ErrorContains(t, err, fmt.Sprintf("the key table is held by pid %d (AccessShareLock, client backend,", holder),
+		"the error names who holds the table")
+	require.NotContains(t, err.Error(), "count(*)", "never a holder's query text")
 	require.GreaterOrEqual(t, stall, citusDetachTimeout, "each try waited its lock timeout")
 	parts, err := s.Partitions(ctx, db.Pool)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -324,7 +325,8 @@ const (
 // detachBounded detaches p with the plain DETACH PARTITION in a transaction whose
 // lock_timeout is citusDetachTimeout, retried up to citusDetachTries times on a lock
 // timeout (55P03). It returns the longest of its transactions: how long a live
-// statement on the key table may have waited behind it.
+// statement on the key table may have waited behind it. After the last timeout the
+// error names the backends that still hold a lock on the key table (lockHolders).
 func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition) (time.Duration, error) {
 	var stall time.Duration
 	pause := citusDetachTimeout
@@ -343,7 +345,10 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 			return err
 		})
 		stall = max(stall, time.Since(start))
-		if err == nil || !isPgCode(err, "55P03") || try == citusDetachTries {
+		if err != nil && isPgCode(err, "55P03") && try == citusDetachTries {
+			return stall, lockHolders(ctx, db, l, err)
+		}
+		if err == nil || !isPgCode(err, "55P03") {
 			return stall, err
 		}
 		t := time.NewTimer(pause)
@@ -355,6 +360,43 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 		}
 		pause *= 2
 	}
+}
+
+// sqlLockHolders lists, on the server it runs on, the other backends holding a lock on
+// the table $1, longest in their transaction first: pid, lock mode, backend type,
+// application name, state and seconds in the transaction. Never their query text,
+// which may hold an application's data.
+const sqlLockHolders = `SELECT a.pid, l.mode, coalesce(a.backend_type, ''), coalesce(a.application_name, ''),
+	coalesce(a.state, ''), coalesce(extract(epoch FROM statement_timestamp() - a.xact_start)::float8, 0)
+FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
+ORDER BY a.xact_start NULLS LAST, a.pid
+LIMIT 5`
+
+// lockHolders returns err (a detach's lock timeout) with the backends that hold a lock
+// on l's key table named after it, for an operator to look up (on Citus the usual one
+// is DDL elsewhere in the key table's colocation group: docs/PARTITIONS.md, "Citus
+// 12.1"); err as it is when none is seen or the query fails.
+func lockHolders(ctx context.Context, db PartitionDB, l *partitionLayout, err error) error {
+	rows, qerr := db.Query(ctx, sqlLockHolders, l.ident(keyTable))
+	if qerr != nil {
+		return err
+	}
+	var held []string
+	for rows.Next() {
+		var pid int
+		var mode, backend, app, state string
+		var secs float64
+		if rows.Scan(&pid, &mode, &backend, &app, &state, &secs) != nil {
+			break
+		}
+		held = append(held, fmt.Sprintf("pid %d (%s, %s, application %q, %s, %.1f s in its transaction)", pid, mode, backend, app, state, secs))
+	}
+	rows.Close()
+	if len(held) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; the key table is held by %s", err, strings.Join(held, ", "))
 }
 
 // dropDetached drops the detached partition p after checking that it holds no
