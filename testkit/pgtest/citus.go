@@ -176,8 +176,9 @@ func distributeForTest(ctx context.Context, db *DB) error {
 // one of its partitioned tables) it holds a share lock on the group's first table
 // for the whole transaction, and in one shared group that table is another test's
 // key table, whose plain DETACH (a partition's removal) or DROP SCHEMA then waits on
-// it. A loaded Citus run of sweeper.TestSweeperPartitions saw its detach time out
-// five times behind another schema's ATTACH PARTITION so.
+// it. A loaded Citus run of the sweeper's tests saw a detach wait so behind another
+// schema's ATTACH PARTITION, 10 s into its transaction; sweeper.TestSweeperPartitions
+// had failed so, its detach timing out five times.
 var testColocation = &migrations.DistributeOptions{ColocateWith: "none"}
 
 // hostPort returns the host and port of a URL-form connection string.
