@@ -49,6 +49,7 @@ type machine struct {
 	syncCommit  string
 	sharedBufs  string
 	maxWalSize  string
+	dataFS      string // the file system under the data directory (datafs.go)
 	throwaway   bool
 	sharedDB    bool   // a schema in an existing database: pg_stat_database counts others too
 	loadAverage string // at the start
@@ -88,6 +89,8 @@ type env struct {
 	seq      seqCounter
 
 	figs *figures // figures parts of the run hand the report's budget (partitionChecks)
+
+	partFS string // the partitions part's server: its data directory's file system (datafs.go)
 
 	onClose []func() // what variants hold for the whole run (held claim locks), let go first by close
 }
@@ -383,6 +386,7 @@ func (e *env) describe(ctx context.Context) error {
 		return fmt.Errorf("read server settings: %w", err)
 	}
 	fmt.Sscanf(versionNum, "%d", &m.pgVersionN)
+	m.dataFS = discardNote(dataFileSystem(ctx, e.db.serverURL))
 	if m.pgVersionN < 150000 {
 		return fmt.Errorf("PostgreSQL %s: the bench needs 15 or later (pg_stat_force_next_flush, pg_current_snapshot)", m.pgVersion)
 	}

@@ -88,7 +88,7 @@ func (e *env) growth(ctx context.Context) ([]*growthResult, error) {
 		if err != nil {
 			return out, err
 		}
-		logf("growth: the %s configuration %v", c.name, c.settings)
+		logf("growth: the %s configuration %v; %s", c.name, c.settings, discardNote(dataFileSystem(ctx, url)))
 		res, err := e.growthOn(ctx, url, c)
 		stop()
 		if err != nil {

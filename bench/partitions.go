@@ -61,7 +61,8 @@ func (e *env) partitionsRun(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		logf("partitions: the %s configuration %v", c.name, c.settings)
+		e.partFS = discardNote(dataFileSystem(ctx, url))
+		logf("partitions: the %s configuration %v; %s", c.name, c.settings, e.partFS)
 		err = e.partitionsOn(ctx, url, i == 0)
 		stop()
 		if err != nil {
@@ -350,8 +351,8 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
 		alt = fmt.Sprintf("; the same run's %d paced removals (indexes shed first): %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
 	}
-	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×); both modes %s",
-		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats), p.pairSpread()))
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×); both modes %s; %s",
+		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats), p.pairSpread(), e.partFS))
 	other, extend := p.with.waited()
 	_, extendWithout := p.without.waited()
 	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",

@@ -250,6 +250,7 @@ func (r *report) mdMachine(b *strings.Builder) {
 	p("| memory | %s |\n", orDash(m.memory))
 	p("| Go | %s |\n", m.goVersion)
 	p("| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, max_wal_size=%s |\n", m.pgVersion, m.fsync, m.syncCommit, m.sharedBufs, m.maxWalSize)
+	p("| file system | %s |\n", orDash(m.dataFS))
 	server := "`-db` / `$DATABASE_URL` / `TEST_DATABASE_URL`"
 	if m.throwaway {
 		server = "throwaway server from local binaries (testkit/pgtest), same machine, TCP on 127.0.0.1"
