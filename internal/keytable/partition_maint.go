@@ -278,7 +278,10 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	if !p.DetachPending {
 		o.at("check")
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
-		if isPgCode(err, "42P01") { // dropped by another process since the listing
+		// 42P01: dropped by another process since the listing. 40P01: cancelled in a
+		// deadlock with another process's DETACH … FINALIZE of it (see below), which
+		// goes on and removes it.
+		if isPgCode(err, "42P01", "40P01") {
 			return partitionBusy, nil
 		}
 		if err != nil || live {
@@ -300,8 +303,15 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	}
 	switch {
 	// 42P01: not a partition any more, 55000: a detach already pending (another
-	// process removes it); the next step sees how it ended.
-	case isPgCode(err, "42P01", "55000"):
+	// process removes it); the next step sees how it ended. 40P01: a deadlock with
+	// another process's detach of a partition of the same key table, which PostgreSQL
+	// ended by cancelling this one. A FINALIZE holds the key table's SHARE UPDATE
+	// EXCLUSIVE lock and the partition's ACCESS EXCLUSIVE lock while it waits for
+	// every transaction whose snapshot is not newer than its own, and a concurrent
+	// detach or FINALIZE (two removals that both found the detach pending) waits for
+	// that lock under such a snapshot: the other one goes on, and this one's
+	// transaction was rolled back, so it is the same case.
+	case isPgCode(err, "42P01", "55000", "40P01"):
 		return partitionBusy, nil
 	case err != nil:
 		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
@@ -413,18 +423,23 @@ func lockHolders(ctx context.Context, db PartitionDB, l *partitionLayout, err er
 // this call dropped it. On Citus two removals racing over one table can fail each
 // other with a distributed error (XX000) while the table is still there, the other
 // not yet committed: such a try is made again, up to removalTries times, its lock
-// waiting for the other's end.
+// waiting for the other's end. So is a try that PostgreSQL cancelled in a deadlock
+// (40P01) with another process's DETACH … FINALIZE of the table, which its layout
+// still showed pending: the FINALIZE holds the table's lock while it waits for every
+// transaction whose snapshot is not newer than its own, a statement of this try among
+// them, which waits for that lock (the check's, an index drop's); once that try is
+// cancelled, the FINALIZE finds the table no longer a partition and gives up.
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
 	for try := 1; ; try++ {
 		dropped, err := dropDetachedOnce(ctx, db, l, p, r, o)
-		if try == removalTries || !isPgCode(err, "XX000") {
+		if try == removalTries || !isPgCode(err, "XX000", "40P01") {
 			return dropped, err
 		}
 	}
 }
 
 // removalTries is how many times dropDetached tries a table that a distributed error
-// left in place.
+// or a deadlock left in place.
 const removalTries = 3
 
 // dropDetachedOnce is one try of dropDetached.
@@ -501,9 +516,12 @@ func droppedMeanwhile(ctx context.Context, db PartitionDB, l *partitionLayout, n
 type removalOptions struct {
 	// paced sheds a detached table's indexes one a transaction, resting between them,
 	// before the drop (shedIndexes). An experiment the bench compares with the one
-	// drop: it showed no gain in live p99, and a CI run met a deadlock between two
-	// concurrent removals in it, so it is not the library's removal
-	// (docs/PARTITIONS.md).
+	// drop: no gain in live p99 where the file system discards freed blocks online,
+	// some where it does not (docs/PARTITIONS.md, removal step 6), so it is not the
+	// library's removal yet. A CI run met a deadlock between two concurrent removals
+	// in it (its log is gone); the deadlocks such removals can meet are with a DETACH …
+	// FINALIZE (removePartition, dropDetached), and the one drop meets them as well
+	// (partition_finalize_test.go): the index drops are only more statements that can.
 	paced bool
 	// trace, when not nil, is called with each phase's name as the phase starts.
 	trace func(phase string)

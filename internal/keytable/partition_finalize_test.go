@@ -1,0 +1,260 @@
+package keytable_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemflow/idemflow/internal/keytable"
+	"github.com/idemflow/idemflow/testkit/pgtest"
+)
+
+// The deadlocks of a DETACH … FINALIZE with a concurrent removal. A FINALIZE takes the
+// key table's SHARE UPDATE EXCLUSIVE lock and the partition's ACCESS EXCLUSIVE lock,
+// then waits for every transaction whose snapshot is not newer than its own
+// (WaitForOlderSnapshots). A statement of another removal that took its snapshot
+// before that and then waits for one of those locks closes a cycle, which PostgreSQL
+// ends by cancelling one of the two after deadlock_timeout. The tests line the two up
+// with the removals' trace and a reader that holds the FINALIZE back, the key table's
+// lock taken, until the other statement has queued; they are not parallel, since a
+// transaction of another test ending between the two snapshots would make the other
+// statement's snapshot newer than the FINALIZE's, and no cycle would form.
+
+// heldRemoval is a RemovePartitions on a pool of its own, named app, held at the
+// first start of phase until the test closes release.
+type heldRemoval struct {
+	app     string
+	at      chan struct{}
+	release chan struct{}
+	done    chan heldOut
+}
+
+type heldOut struct {
+	r   keytable.PartitionReport
+	err error
+}
+
+// startHeld starts a removal of db's partitions past 10 minutes, paced or not, to be
+// held at phase.
+func startHeld(t *testing.T, db *pgtest.DB, name string, paced bool, phase string) *heldRemoval {
+	t.Helper()
+	ctx := context.Background()
+	x := &heldRemoval{app: name + "_" + db.Schema, at: make(chan struct{}), release: make(chan struct{}), done: make(chan heldOut, 1)}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = x.app
+	// PostgreSQL looks for the cycle deadlock_timeout after a backend began to wait
+	// (1 s by default), and untilWaits must see it formed before then: 3 s leaves a
+	// loaded machine's polls room.
+	cfg.ConnConfig.RuntimeParams["deadlock_timeout"] = "3s"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, held := keytable.New(), false
+	st.SetRemovalOptions(paced, func(p string) {
+		if p == phase && !held {
+			held = true
+			x.at <- struct{}{}
+			<-x.release
+		}
+	})
+	go func() {
+		r, err := st.RemovePartitions(ctx, pool, 10*time.Minute)
+		x.done <- heldOut{r, err}
+	}()
+	return x
+}
+
+// arrive waits until x is held at its phase. It fails the test if x returns first.
+func arrive(t *testing.T, x *heldRemoval) {
+	t.Helper()
+	select {
+	case <-x.at:
+	case out := <-x.done:
+		t.Fatalf("%s returned before the phase it is held at: %+v", x.app, out)
+	}
+}
+
+// untilWaits polls until the backend of x waits, running a statement LIKE one of
+// patterns, for a lock of locktype held (when holder is not nil) by holder's backend.
+// It fails the test if one of removals returns first.
+func untilWaits(t *testing.T, db *pgtest.DB, x *heldRemoval, patterns []string, locktype string, holder *heldRemoval, removals ...*heldRemoval) {
+	t.Helper()
+	holderApp := ""
+	if holder != nil {
+		holderApp = holder.app
+	}
+	for {
+		var waits bool
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1
+FROM pg_catalog.pg_locks w JOIN pg_catalog.pg_stat_activity wa ON wa.pid = w.pid
+WHERE wa.application_name = $1 AND wa.query LIKE ANY($2) AND NOT w.granted AND w.locktype = $3
+	AND ($4 = '' OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks h JOIN pg_catalog.pg_stat_activity ha ON ha.pid = h.pid
+		WHERE h.granted AND h.locktype = 'virtualxid' AND h.virtualxid = w.virtualxid AND ha.application_name = $4)))`,
+			x.app, patterns, locktype, holderApp).Scan(&waits))
+		if waits {
+			return
+		}
+		for _, r := range removals {
+			require.Empty(t, r.done, "%s returned before %s waited for a %s lock", r.app, x.app, locktype)
+		}
+	}
+}
+
+// addFinished adds the minute partition beginning at from, holding one finished key.
+func addFinished(t *testing.T, db *pgtest.DB, from time.Time) string {
+	t.Helper()
+	name := addPartition(t, db, from)
+	at := `'` + from.Add(time.Second).Format(time.RFC3339) + `'`
+	insertRaw(t, db, "old", "00000000-0000-4000-8000-000000000002", "f", at, finishedSet+`, finished_at = `+at)
+	return name
+}
+
+// readPartition begins a transaction that holds a lock on the table name, rolled back
+// when the test ends.
+func readPartition(t *testing.T, db *pgtest.DB, name string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SELECT count(*) FROM `+name)
+	require.NoError(t, err)
+	return tx
+}
+
+// requireRemovedOnce requires that neither removal failed, that one of them removed
+// the table name and that it is gone.
+func requireRemovedOnce(t *testing.T, db *pgtest.DB, name string, a, b *heldRemoval) {
+	t.Helper()
+	ra, rb := <-a.done, <-b.done
+	require.NoError(t, ra.err, a.app)
+	require.NoError(t, rb.err, b.app)
+	require.Equal(t, 1, ra.r.Removed+rb.r.Removed, "removed once: %+v %+v", ra.r, rb.r)
+	var gone bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NULL`, name).Scan(&gone))
+	require.True(t, gone, "dropped")
+}
+
+var finalizing = []string{"%DETACH PARTITION%FINALIZE"}
+
+// TestRemovePartitionsConcurrentFinalize: two removals find the same detach left
+// pending by an interrupted removal and both finalize it; the second FINALIZE queues
+// for the key table's lock, which the first holds while it waits for the second's
+// snapshot. PostgreSQL cancels one of the two; that one counts the partition as
+// busy, the other removes it, and neither fails. The cycle is the detach's, the same
+// with the paced removal and without.
+func TestRemovePartitionsConcurrentFinalize(t *testing.T) {
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there")
+	}
+	for _, paced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paced=%t", paced), func(t *testing.T) {
+			ctx := context.Background()
+			db := setupPartitioned(t)
+			old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-41*time.Minute))
+			// A removal terminated in its detach's second phase leaves the detach pending.
+			holder := readPartition(t, db, "idemflow_keys")
+			err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
+			require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
+			require.NoError(t, holder.Rollback(ctx))
+			parts, err := keytable.New().Partitions(ctx, db.Pool)
+			require.NoError(t, err)
+			require.True(t, parts[0].DetachPending)
+
+			reader := readPartition(t, db, old)
+			a, b := startHeld(t, db, "idemflow_a", paced, "detach"), startHeld(t, db, "idemflow_b", paced, "detach")
+			arrive(t, a)
+			arrive(t, b)
+			close(b.release)
+			untilWaits(t, db, b, finalizing, "relation", nil, a, b) // for the partition, behind the reader
+			close(a.release)
+			untilWaits(t, db, a, finalizing, "relation", nil, a, b) // for the key table, behind b
+			require.NoError(t, reader.Rollback(ctx))
+			untilWaits(t, db, b, finalizing, "virtualxid", a, a, b) // the cycle
+			requireRemovedOnce(t, db, old, a, b)
+		})
+	}
+}
+
+// TestRemovePartitionsFinalizeAfterDetach: a removal's layout shows a partition whose
+// detach another removal is running; that detach finishes, and the first removal
+// finalizes it all the same: its FINALIZE takes the detached table's lock and waits
+// for the snapshot of the other removal's next statement on the table, which waits
+// for that lock: its check (either removal), or the paced removal's first index drop.
+// PostgreSQL cancels one of the two: the FINALIZE then counts the table as busy, the
+// other removal's step is tried again and removes it, and neither fails.
+func TestRemovePartitionsFinalizeAfterDetach(t *testing.T) {
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no layout ever shows a detach pending there")
+	}
+	for _, c := range []struct {
+		paced    bool
+		phase    string   // where a is held once its detach is done
+		patterns []string // a's statement there
+	}{
+		{false, "recheck", []string{"SELECT EXISTS%"}},
+		{true, "shed", []string{"DROP INDEX%", "ALTER TABLE%DROP CONSTRAINT%"}},
+	} {
+		t.Run(fmt.Sprintf("paced=%t/%s", c.paced, c.phase), func(t *testing.T) {
+			ctx := context.Background()
+			db := setupPartitioned(t)
+			old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-43*time.Minute))
+			// A transaction that has read the key table holds a's detach in its second
+			// phase, the detach pending, while b reads the layout.
+			holder := readPartition(t, db, "idemflow_keys")
+			a := startHeld(t, db, "idemflow_a", c.paced, c.phase)
+			untilWaits(t, db, a, []string{"%DETACH PARTITION%CONCURRENTLY"}, "virtualxid", nil, a)
+			b := startHeld(t, db, "idemflow_b", c.paced, "detach")
+			arrive(t, b)
+			require.NoError(t, holder.Rollback(ctx))
+			arrive(t, a)
+			require.NotContains(t, partitionNames(t, db), old, "detached by a")
+
+			reader := readPartition(t, db, old)
+			close(b.release)
+			untilWaits(t, db, b, finalizing, "relation", nil, a, b) // for the table, behind the reader
+			close(a.release)
+			untilWaits(t, db, a, c.patterns, "relation", nil, a, b) // for the table, behind b
+			require.NoError(t, reader.Rollback(ctx))
+			untilWaits(t, db, b, finalizing, "virtualxid", a, a, b) // the cycle
+			requireRemovedOnce(t, db, old, a, b)
+		})
+	}
+}
+
+// TestRemovePartitionsCheckWhileFinalized: a removal's layout shows a partition
+// attached; another process then leaves its detach pending, and a second removal
+// finalizes it while the first one's check of it waits for the partition's lock under
+// an older snapshot. PostgreSQL cancels the check; the first removal counts the
+// partition as busy, the second removes it, and neither fails.
+func TestRemovePartitionsCheckWhileFinalized(t *testing.T) {
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there")
+	}
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-45*time.Minute))
+	a := startHeld(t, db, "idemflow_a", false, "check")
+	arrive(t, a)
+	holder := readPartition(t, db, "idemflow_keys")
+	err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	b := startHeld(t, db, "idemflow_b", false, "detach")
+	arrive(t, b)
+
+	reader := readPartition(t, db, old)
+	close(b.release)
+	untilWaits(t, db, b, finalizing, "relation", nil, a, b) // for the partition, behind the reader
+	close(a.release)
+	untilWaits(t, db, a, []string{"SELECT EXISTS%"}, "relation", nil, a, b) // for the partition, behind b
+	require.NoError(t, reader.Rollback(ctx))
+	untilWaits(t, db, b, finalizing, "virtualxid", a, a, b) // the cycle
+	requireRemovedOnce(t, db, old, a, b)
+}
