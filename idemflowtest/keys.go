@@ -127,7 +127,7 @@ const expireInPartitionSQL = `
 	SET locked_until = CASE WHEN locked_until IS NULL THEN NULL ELSE timestamptz '2000-01-01 00:00:00+00' END,
 		next_attempt_at = statement_timestamp() - interval '1 millisecond',
 		created_at = least(created_at, greatest(statement_timestamp() - interval '1 hour', (
-			SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']*)''\)')::timestamptz
+			SELECT substring(pg_get_expr(c.relpartbound, 0) FROM 'FROM \(''([^'']*)''\)')::timestamptz
 			FROM pg_class c WHERE c.oid = idemflow_keys.tableoid)))
 	WHERE status = 'in_progress'`
 

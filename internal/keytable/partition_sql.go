@@ -15,15 +15,19 @@ import (
 // table adds to the key row's are in partition.go beside the addressing they need.
 
 // The catalog look-ups. $1 is the key table's name as to_regclass reads it. The first
-// also asks whether the database has the citus extension (SendExplicit).
+// also asks whether the database has the citus extension (SendExplicit). The second
+// deparses the partitions' bounds with no relation (0): given one, pg_get_expr locks
+// it, and the listing would wait behind a removal's drop or locked probes of a
+// detached table still listed pending, or close a deadlock with another removal's
+// DETACH … FINALIZE; a bound holds only constants, which print the same either way.
 const (
 	sqlPartitionTable = `SELECT n.nspname, c.relkind = 'p', statement_timestamp(),
 	EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 	sqlPartitions = `SELECT c.relname,
-	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
-	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz,
+	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, 0), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
+	(regexp_match(pg_catalog.pg_get_expr(c.relpartbound, 0), 'TO \(''([^'']+)''\)'))[1]::timestamptz,
 	i.inhdetachpending
 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = to_regclass($1)

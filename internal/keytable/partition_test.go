@@ -712,3 +712,56 @@ func TestExpireFinishedPartitioned(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, keytable.StatusFinished, r.Status, "a retry of it is still a replay")
 }
+
+// TestPartitionsListedPastALock: the layout is read from the catalogs without locking
+// a partition (its bounds deparsed with no relation), so that reading it never waits
+// behind a lock on one: a removal's drop, which holds the detached table's ACCESS
+// EXCLUSIVE lock, another removal's locked probes, or an operator's LOCK TABLE.
+func TestPartitionsListedPastALock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	old := addPartition(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-30*time.Minute))
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `LOCK TABLE `+old+` IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	type listed struct {
+		parts []keytable.Partition
+		err   error
+	}
+	done := make(chan listed, 1)
+	go func() {
+		parts, err := keytable.New().Partitions(ctx, conn)
+		done <- listed{parts, err}
+	}()
+	got := false
+	defer func() { // a listing that waits ends with the lock, before conn goes back
+		_ = holder.Rollback(ctx)
+		if !got {
+			<-done
+		}
+	}()
+	for {
+		select {
+		case l := <-done:
+			got = true
+			require.NoError(t, l.err)
+			var names []string
+			for _, p := range l.parts {
+				names = append(names, p.Name)
+			}
+			require.Contains(t, names, old)
+			return
+		default:
+		}
+		var waiting bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE pid = $1 AND NOT granted)`, pid).Scan(&waiting))
+		require.False(t, waiting, "listing the partitions waits for the lock on %s", old)
+	}
+}
