@@ -45,8 +45,8 @@ func TestPartitionMaintenanceUnderTraffic(t *testing.T) {
 	}
 	ctx := context.Background()
 	b := setupPartitioned(t)
-	old := addMinutePartition(t, b.db, -30)
-	insertFinishedAt(t, b.db, "old", 30)
+	old, from := addMinutePartition(t, b.db, -30)
+	insertFinishedAt(t, b.db, "old", from)
 
 	app, maintApp := "idemflow_traffic_"+b.db.Schema, "idemflow_maint_"+b.db.Schema
 	traffic := namedPool(t, b.db.URL, app)

@@ -36,26 +36,28 @@ func setupPartitioned(t *testing.T) *bundle {
 	return b
 }
 
-// insertFinishedAt inserts a finished key row created (and finished) m minutes before
-// the database clock's minute, plus a second: into that minute's partition.
-func insertFinishedAt(t *testing.T, db *pgtest.DB, key string, m int) {
+// insertFinishedAt inserts a finished key row created (and finished) a second into
+// the minute that begins at from: into that minute's partition. The minute comes from
+// the partition's own set-up (addMinutePartition), never from the clock again: the
+// database's minute may have turned in between.
+func insertFinishedAt(t *testing.T, db *pgtest.DB, key string, from time.Time) {
 	t.Helper()
 	_, err := db.Pool.Exec(context.Background(), `INSERT INTO idemflow_keys
 	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, status,
 	 recovery_point, response_status, response_headers, response_body, finished_at)
 SELECT 'acct', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('x'), '', c, 'finished', 'finished', 200, '{}', '', c
-FROM (SELECT date_trunc('minute', statement_timestamp()) - $2 * interval '1 minute' + interval '1 second' AS c) t`, key, m)
+FROM (SELECT $2::timestamptz + interval '1 second' AS c) t`, key, from)
 	require.NoError(t, err, key)
 }
 
 // addMinutePartition attaches the minute partition m minutes from now by the database
-// clock (m < 0: in the past), named as the Store names its own.
-func addMinutePartition(t *testing.T, db *pgtest.DB, m int) string {
+// clock, and returns its name and the minute it begins at.
+func addMinutePartition(t *testing.T, db *pgtest.DB, m int) (string, time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	var from time.Time
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT date_trunc('minute', statement_timestamp() + $1 * interval '1 minute')`, m).Scan(&from))
-	return attachMinuteAt(t, db, from)
+	return attachMinuteAt(t, db, from), from
 }
 
 // attachMinuteAt attaches the minute partition beginning at from, named as the Store
@@ -229,8 +231,11 @@ func TestSweeperPartitions(t *testing.T) {
 	// many minutes a slow set-up (on Citus) crossed before the pass.
 	sw := b.newSweeper(t, &sweeper.Config{Retention: 10 * time.Minute, Logger: logger})
 
-	oldDone, oldDead := addMinutePartition(t, b.db, -30), addMinutePartition(t, b.db, -29)
-	insertOld := func(key, status string, m int) {
+	// One minute read from the clock for both partitions and their rows: two reads may
+	// fall on either side of a minute's turn.
+	oldDone, doneFrom := addMinutePartition(t, b.db, -30)
+	oldDead := attachMinuteAt(t, b.db, doneFrom.Add(time.Minute))
+	insertOld := func(key, status string, from time.Time) {
 		_, err := b.db.Pool.Exec(ctx, `INSERT INTO idemflow_keys
 	(scope, idempotency_key, id, flow, method, route, fingerprint, request_body, created_at, status,
 	 recovery_point, response_status, response_headers, response_body, finished_at)
@@ -238,11 +243,11 @@ SELECT 'acct', $1, gen_random_uuid(), 'f', 'POST', '/r', sha256('x'), '', c, $2,
 	CASE WHEN $2 = 'finished' THEN 'finished' ELSE 'started' END,
 	CASE WHEN $2 = 'finished' THEN 200 END, CASE WHEN $2 = 'finished' THEN '{}'::jsonb END,
 	CASE WHEN $2 = 'finished' THEN ''::bytea END, CASE WHEN $2 = 'finished' THEN c END
-FROM (SELECT date_trunc('minute', statement_timestamp()) + $3 * interval '1 minute' + interval '1 second' AS c) t`, key, status, m)
+FROM (SELECT $3::timestamptz + interval '1 second' AS c) t`, key, status, from)
 		require.NoError(t, err, key)
 	}
-	insertOld("old-finished", "finished", -30)
-	insertOld("old-dead", "dead", -29)
+	insertOld("old-finished", "finished", doneFrom)
+	insertOld("old-dead", "dead", doneFrom.Add(time.Minute))
 
 	st, err := sw.RunOnce(ctx)
 	require.NoError(t, err)

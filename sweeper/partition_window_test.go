@@ -20,8 +20,8 @@ func TestSweeperPartitionRemovalWindow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupPartitioned(t)
-	old := addMinutePartition(t, b.db, -30)
-	insertFinishedAt(t, b.db, "old-finished", 30)
+	old, from := addMinutePartition(t, b.db, -30)
+	insertFinishedAt(t, b.db, "old-finished", from)
 	var now time.Time
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now))
 	day := func(d time.Duration) time.Duration { return ((d % (24 * time.Hour)) + 24*time.Hour) % (24 * time.Hour) }

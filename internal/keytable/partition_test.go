@@ -400,8 +400,10 @@ func TestPartitionsThroughPgbouncer(t *testing.T) {
 	st := keytable.New()
 	require.NoError(t, st.SetupPartitioned(ctx, p.DB.Pool, keytable.PartitionMinute, 3*time.Minute))
 	claimNow(t, p.DB, claim("s", "live", "00000000-0000-4000-8000-000000000001"))
-	old := addPartition(t, p.Direct, dbNow(t, p.Direct).UTC().Truncate(time.Minute).Add(-30*time.Minute))
-	insertRaw(t, p.Direct, "old", "00000000-0000-4000-8000-000000000002", "f", `date_trunc('minute', now()) - interval '30 minutes'`,
+	from := dbNow(t, p.Direct).UTC().Truncate(time.Minute).Add(-30 * time.Minute)
+	old := addPartition(t, p.Direct, from)
+	// Into the partition just made, by its own minute: the clock's may have turned.
+	insertRaw(t, p.Direct, "old", "00000000-0000-4000-8000-000000000002", "f", `'`+from.Format(time.RFC3339)+`'`,
 		finishedSet+`, finished_at = now() - interval '29 minutes'`)
 
 	r, err := st.EnsurePartitions(ctx, p.DB.Pool, 5*time.Minute)
