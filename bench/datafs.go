@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,8 +22,12 @@ import (
 
 // dataFileSystem describes the file system under the data directory of the server at
 // serverURL when that directory is on this machine: its type, its mount options and
-// its super block's ("ext4 rw,relatime; rw,discard"), and whether it discards online.
-// A server elsewhere gives "not on this machine".
+// its super block's ("ext4 rw,relatime; rw,discard"), and whether it discards online,
+// and pg_wal's when that is elsewhere. A server elsewhere (a data directory this
+// machine does not have) gives "not on this machine"; a server in a container or on
+// another host whose path this machine has too would be described by this machine's
+// mount, which is why the report says where the server ran. On Citus it is the
+// coordinator's: the partitions live on the workers.
 func dataFileSystem(ctx context.Context, serverURL string) (desc string, discard bool) {
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
@@ -32,15 +38,24 @@ func dataFileSystem(ctx context.Context, serverURL string) (desc string, discard
 	if err := conn.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dir); err != nil {
 		return "unknown (" + err.Error() + ")", false
 	}
-	return mountOf(dir)
+	desc, discard = mountOf(dir)
+	// The WAL is flushed where pg_wal is, which may be a link to another file system.
+	if wal, wdiscard := mountOf(filepath.Join(dir, "pg_wal")); wal != desc {
+		desc += ", pg_wal on " + wal
+		discard = discard || wdiscard
+	}
+	return desc, discard
 }
 
 // mountOf finds the mount that holds path in /proc/self/mountinfo (the longest mount
 // point that is path or one of its parents).
 func mountOf(path string) (desc string, discard bool) {
 	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return "not on this machine", false
+	case err != nil:
+		return "unknown (" + err.Error() + ")", false
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -62,12 +77,13 @@ func mountIn(r io.Reader, real string) (desc string, discard bool) {
 			continue
 		}
 		point := unescapeMount(l[4])
-		if !within(real, point) || len(point) <= best {
+		// Of two mounts on one point, the later hides the earlier.
+		if !within(real, point) || len(point) < best {
 			continue
 		}
 		best = len(point)
 		desc = r[0] + " " + l[5] + "; " + r[2]
-		discard = hasOption(l[5], "discard") || hasOption(r[2], "discard")
+		discard = discards(l[5]) || discards(r[2])
 	}
 	if best < 0 {
 		return "unknown (no mount holds " + real + ")", false
@@ -80,10 +96,11 @@ func within(path, dir string) bool {
 	return dir == "/" || path == dir || strings.HasPrefix(path, dir+"/")
 }
 
-// hasOption reports whether the comma-separated options hold name itself.
-func hasOption(options, name string) bool {
+// discards reports whether the comma-separated mount options turn online discard on:
+// discard itself (ext4, XFS) or discard=sync and discard=async (btrfs).
+func discards(options string) bool {
 	for o := range strings.SplitSeq(options, ",") {
-		if o == name {
+		if o == "discard" || strings.HasPrefix(o, "discard=") {
 			return true
 		}
 	}

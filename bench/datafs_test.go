@@ -17,6 +17,10 @@ func TestMountIn(t *testing.T) {
 31 22 254:1 / /srv/pg\040data rw,noatime shared:6 - xfs /dev/vdb rw,nodiscard
 32 22 254:2 / /srv/pgx rw,noatime,discard - ext4 /dev/vdc rw
 33 22 254:3 / /srv rw,noatime - ext4 /dev/vdd rw
+34 22 254:4 / /btr rw - btrfs /dev/vde rw,ssd,discard=async
+35 22 254:5 / /btr rw - btrfs /dev/vdf rw,ssd,nodiscard
+36 22 254:6 / /x rw - xfs /dev/vdg rw,discard
+37 22 254:7 / /b2 rw - btrfs /dev/vdh rw,ssd,discard=async
 `
 	for _, c := range []struct {
 		path    string
@@ -29,6 +33,9 @@ func TestMountIn(t *testing.T) {
 		{"/srv/pgx", "ext4 rw,noatime,discard; rw", true},
 		{"/srv/pgxy", "ext4 rw,noatime; rw", false}, // not below /srv/pgx
 		{"/srv", "ext4 rw,noatime; rw", false},
+		{"/btr/data", "btrfs rw; rw,ssd,nodiscard", false}, // the later of two mounts on /btr hides the earlier
+		{"/x/data", "xfs rw; rw,discard", true},
+		{"/b2", "btrfs rw; rw,ssd,discard=async", true},
 	} {
 		desc, discard := mountIn(strings.NewReader(info), c.path)
 		require.Equal(t, c.desc, desc, c.path)
