@@ -38,9 +38,7 @@ import (
 //     use two-phase commit for the whole transaction, the plain table's row included.
 func TestCitusCoordinatorTableCommit(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	c := pgtest.RequireCitus(t) // its own cluster: a worker's settings change
 	// Recovery of prepared transactions runs when the test calls it, not also on its
 	// own in the coordinator's maintenance daemon, so that the test sees what a crash

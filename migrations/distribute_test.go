@@ -29,9 +29,7 @@ func TestDistributeWithoutCitus(t *testing.T) {
 // with it; the outbox on the coordinator is added to Citus's metadata.
 func TestDistributeConcurrently(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	ctx := context.Background()
 	db := pgtest.NewEmpty(t)
 	require.NoError(t, migrations.Migrate(ctx, db.Pool))
@@ -71,9 +69,7 @@ func TestDistributeConcurrently(t *testing.T) {
 // one "default" would pick).
 func TestDistributeNewGroup(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	ctx := context.Background()
 	db := pgtest.NewEmpty(t)
 	require.NoError(t, migrations.Migrate(ctx, db.Pool))
@@ -99,9 +95,7 @@ FROM pg_dist_partition p WHERE p.logicalrelid IN ('orders'::regclass, 'refunds':
 // again: on Citus every statement of every file runs on the distributed table.
 func TestMigrateDistributed(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	ctx := context.Background()
 	all, err := migrations.All()
 	require.NoError(t, err)

@@ -39,9 +39,7 @@ func (w *noteWorker) Work(_ context.Context, job *river.Job[noteArgs]) error {
 // two-phase commit (TestCitusCoordinatorTableCommit).
 func TestRiverBesideLocalOutbox(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	db := pgtest.New(t) // key table distributed

@@ -380,9 +380,7 @@ func logStalls(t *testing.T, citus bool, done []liveRequest, windows []window) {
 // there lock the key table, and hold up the removal's plain detach.
 func TestPartitionedKeepsItsOwnGroup(t *testing.T) {
 	t.Parallel()
-	if !pgtest.CitusMode() {
-		t.Skip("skipped: needs a Citus cluster (set " + pgtest.EnvCitus + "=1 where Citus is installed)")
-	}
+	pgtest.SkipUnlessCitus(t)
 	ctx := context.Background()
 	decoy := pgtest.NewEmpty(t)
 	_, err := decoy.Pool.Exec(ctx, `CREATE TABLE decoy (scope text NOT NULL)`)

@@ -47,6 +47,15 @@ type Citus struct {
 // CitusMode reports whether EnvCitus asks for Citus.
 func CitusMode() bool { v := os.Getenv(EnvCitus); return v != "" && v != "0" }
 
+// SkipUnlessCitus skips a test that only means something on a Citus cluster when the
+// run is not in Citus mode, saying how to run it.
+func SkipUnlessCitus(t testing.TB) {
+	t.Helper()
+	if !CitusMode() {
+		t.Skip("skipped: needs a Citus cluster (set " + EnvCitus + "=1 where Citus is installed)")
+	}
+}
+
 // StartCitus starts a coordinator and two workers from the local PostgreSQL server
 // binaries and the installed Citus extension (citus.so in the server's library
 // directory, `pg_config --pkglibdir`), and joins them into a cluster. It fails with an
