@@ -279,8 +279,8 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 		o.at("check")
 		live, err := holdsLiveKeys(ctx, db, l, p.Name)
 		// 42P01: dropped by another process since the listing. 40P01: cancelled in a
-		// deadlock with another process's DETACH … FINALIZE of it (see below), which
-		// goes on and removes it.
+		// deadlock with another removal's DETACH … FINALIZE of it (finalizeDeadlock),
+		// which goes on and removes it.
 		if isPgCode(err, "42P01", "40P01") {
 			return partitionBusy, nil
 		}
@@ -303,14 +303,9 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	}
 	switch {
 	// 42P01: not a partition any more, 55000: a detach already pending (another
-	// process removes it); the next step sees how it ended. 40P01: a deadlock with
-	// another process's detach of a partition of the same key table, which PostgreSQL
-	// ended by cancelling this one. A FINALIZE holds the key table's SHARE UPDATE
-	// EXCLUSIVE lock and the partition's ACCESS EXCLUSIVE lock while it waits for
-	// every transaction whose snapshot is not newer than its own, and a concurrent
-	// detach or FINALIZE (two removals that both found the detach pending) waits for
-	// that lock under such a snapshot: the other one goes on, and this one's
-	// transaction was rolled back, so it is the same case.
+	// process removes it); the next step sees how it ended. 40P01: this detach was
+	// cancelled in a deadlock with another removal's FINALIZE (finalizeDeadlock),
+	// which goes on: the same case.
 	case isPgCode(err, "42P01", "55000", "40P01"):
 		return partitionBusy, nil
 	case err != nil:
@@ -355,7 +350,7 @@ func detachBounded(ctx context.Context, db PartitionDB, l *partitionLayout, p Pa
 			return err
 		})
 		stall = max(stall, time.Since(start))
-		if err != nil && isPgCode(err, "55P03") && try == citusDetachTries {
+		if isPgCode(err, "55P03") && try == citusDetachTries {
 			return stall, lockHolders(ctx, db, l, err)
 		}
 		if err == nil || !isPgCode(err, "55P03") {
@@ -424,11 +419,18 @@ func lockHolders(ctx context.Context, db PartitionDB, l *partitionLayout, err er
 // other with a distributed error (XX000) while the table is still there, the other
 // not yet committed: such a try is made again, up to removalTries times, its lock
 // waiting for the other's end. So is a try that PostgreSQL cancelled in a deadlock
-// (40P01) with another process's DETACH … FINALIZE of the table, which its layout
-// still showed pending: the FINALIZE holds the table's lock while it waits for every
-// transaction whose snapshot is not newer than its own, a statement of this try among
-// them, which waits for that lock (the check's, an index drop's); once that try is
-// cancelled, the FINALIZE finds the table no longer a partition and gives up.
+// (40P01) with another removal's DETACH … FINALIZE of the table (finalizeDeadlock):
+// once that try is cancelled, the FINALIZE finds the table no longer a partition and
+// gives up.
+//
+// finalizeDeadlock: a DETACH … FINALIZE holds the key table's SHARE UPDATE EXCLUSIVE
+// lock and the partition's ACCESS EXCLUSIVE lock while it waits for every backend
+// whose snapshot's horizon (xmin) is not newer than its own snapshot's. Another
+// removal's statement under such a snapshot (begun before it, or after it while no
+// transaction ended) that waits for one of those locks closes a cycle: its detach or
+// FINALIZE of the same pending partition, its check, its recheck or index drop of a
+// table it detached itself. PostgreSQL cancels one side (docs/PARTITIONS.md, removal
+// step 8).
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
 	for try := 1; ; try++ {
 		dropped, err := dropDetachedOnce(ctx, db, l, p, r, o)
