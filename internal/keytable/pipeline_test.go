@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,10 +130,9 @@ func TestSendExplicitCitus(t *testing.T) {
 	require.Equal(t, want, n, "the key row after the implicit transaction failed")
 }
 
-// pipeID is a new key row id.
+// pipeID is a new key row id; parallel tests call it.
 func pipeID() string {
-	pipeIDs++
-	return fmt.Sprintf("00000000-0000-4000-8000-%012d", pipeIDs)
+	return fmt.Sprintf("00000000-0000-4000-8000-%012d", pipeIDs.Add(1))
 }
 
-var pipeIDs int
+var pipeIDs atomic.Int64
