@@ -12,7 +12,7 @@ require (
 	github.com/georgysavva/scany/v2 v2.1.4 // indirect
 	github.com/go-json-experiment/json v1.27.2 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.47.0

@@ -14,7 +14,7 @@ require (
 	github.com/georgysavva/scany/v2 v2.1.4 // indirect
 	github.com/go-json-experiment/json v1.27.2 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/riverqueue/river v0.51.2

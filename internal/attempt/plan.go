@@ -297,10 +297,13 @@ func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
 }
 
 // lostAnswer is err, unless it says that a batch sent on an open connection never
-// reached the server: in the exec and simple-protocol query exec modes pgx (v5.12)
-// reports a connection lost while a batch's answer is read as closed before the
-// request ("conn closed", safe to retry), though the batch was written and may have
-// committed. Such an error becomes ErrUnavailable alone: an outcome to resolve. It
+// reached the server: in the exec and simple-protocol query exec modes pgx before
+// v5.13 reported a connection lost while a batch's answer was read as closed before
+// the request ("conn closed", safe to retry), though the batch was written and may
+// have committed (v5.13 reports it as not safe to retry, which Classify reads as
+// ErrUnavailable; a driver's word that a written batch was not sent is never taken
+// for a commit's outcome). Such an error becomes ErrUnavailable alone: an outcome to
+// resolve. It
 // applies to every batch that carries a COMMIT or is an implicit transaction (send);
 // what only opens a transaction (claim, head) commits nothing, and the server rolls it
 // back when the connection dies.

@@ -129,7 +129,10 @@ func Classify(err error) error {
 	if pgconn.SafeToRetry(err) {
 		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNotSent, err)
 	}
-	if pgconn.Timeout(err) || isNetwork(err) {
+	if pgconn.Timeout(err) || isNetwork(err) || errors.Is(err, pgconn.ErrConnClosed) {
+		// pgx (v5.13 on) reports a connection that a failure closed while a request was
+		// in flight as ErrConnClosed, not safe to retry: what the request carried may
+		// have taken effect.
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err

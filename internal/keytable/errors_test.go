@@ -48,6 +48,16 @@ func TestClassify(t *testing.T) {
 			require.ErrorIs(t, got, c.err, "the original error stays in the chain")
 		})
 	}
+	t.Run("ClosedMidRequest", func(t *testing.T) {
+		// pgx v5.13's report of a connection closed by a failure while a batch's answer
+		// was read: not safe to retry, the outcome unknown, so never ErrNotSent.
+		err := fmt.Errorf("read batch: %w", pgconn.ErrConnClosed)
+		require.False(t, pgconn.SafeToRetry(err))
+		got := keytable.Classify(err)
+		require.ErrorIs(t, got, keytable.ErrUnavailable)
+		require.NotErrorIs(t, got, keytable.ErrNotSent)
+		require.ErrorIs(t, got, err)
+	})
 	t.Run("OthersUnchanged", func(t *testing.T) {
 		// read-only standby, lock timeout, Citus's internal errors: a retry may pass
 		for _, err := range []error{pg("23505"), pg("25006"), pg("55P03"), pg("XX000"), errors.New("plain"), context.Canceled} {
