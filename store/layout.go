@@ -61,12 +61,13 @@ type Partition = keytable.Partition
 // PartitionReport is what one maintenance step did: Ahead, how many partitions begin
 // after the database clock's now; Created and Removed, partitions created (or
 // attached) and dropped; Kept, partitions past retention kept because they hold an
-// unfinished or dead-lettered key; Busy, another process held the maintenance lock
-// and nothing was created; Stall, on Citus only, the longest plain detach of the step
-// (how long a live statement may have waited behind it); Want, how many partitions
-// the default ahead calls for. Its Low method reports fewer than half of Want ahead:
-// a row whose creation time has no partition cannot be inserted (its claim fails
-// with a retryable error), so that is worth a warning.
+// unfinished or dead-lettered key; Contended, partitions past retention left to
+// another process that was removing them at the same time; Busy, another process
+// held the maintenance lock and nothing was created; Stall, on Citus only, the
+// longest plain detach of the step (how long a live statement may have waited behind
+// it); Want, how many partitions the default ahead calls for. Its Low method reports
+// fewer than half of Want ahead: a row whose creation time has no partition cannot be
+// inserted (its claim fails with a retryable error), so that is worth a warning.
 type PartitionReport = keytable.PartitionReport
 
 // Store lays out and maintains idemflow's key table. The engine runs its own

@@ -264,7 +264,7 @@ FROM (SELECT $3::timestamptz + interval '1 second' AS c) t`, key, status, from)
 		require.Zero(t, st.Partitions.Stall, "no plain detach off Citus")
 	}
 	mu.Lock()
-	require.Contains(t, logs.String(), `msg="sweeper: removed key table partitions" removed=1 kept=1 took=`)
+	require.Contains(t, logs.String(), `msg="sweeper: removed key table partitions" removed=1 kept=1 contended=0 took=`)
 	mu.Unlock()
 	parts, err := store.New().Partitions(ctx, b.db.Pool)
 	require.NoError(t, err)

@@ -82,6 +82,12 @@ type PartitionReport struct {
 	// Kept counts partitions past retention that were kept: they hold an unfinished
 	// or dead-lettered key.
 	Kept int
+	// Contended counts partitions past retention that another process was removing
+	// at the same time (its detach pending or done, the table dropped since, or this
+	// step's statement cancelled in a deadlock with its DETACH … FINALIZE): left to
+	// that process, or to the next step. Often non-zero means several sweepers'
+	// removals overlap; none of them is lost.
+	Contended int
 	// Busy: another process held the maintenance lock; nothing was created.
 	Busy bool
 	// Stall, on Citus only (no concurrent detach there), is the longest plain detach

@@ -180,6 +180,10 @@ func requireRemovedOnce(t *testing.T, db *pgtest.DB, name string, a, b *heldRemo
 		removed = r.Removed
 	}
 	require.Equal(t, 1, removed, "removed once: %+v %+v", ra.r, rb.r)
+	for _, r := range []keytable.PartitionReport{ra.r, rb.r} {
+		require.Equal(t, 1, r.Removed+r.Contended, "each removal removed the partition or left it to the other: %+v %+v", ra.r, rb.r)
+		require.Zero(t, r.Kept)
+	}
 	var gone bool
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NULL`, name).Scan(&gone))
 	require.True(t, gone, "dropped")
@@ -300,4 +304,31 @@ func TestRemovePartitionsCheckWhileFinalized(t *testing.T) {
 	arrive(t, b)
 
 	closeCycle(t, db, old, a, b, []string{"SELECT EXISTS%"}) // a's check waits for the partition's lock
+}
+
+// TestRemovePartitionsDroppedByAnother: a removal detaches a partition, and before it
+// drops the table another removal finds the table detached (a table of the layout
+// attached to nothing) and drops it. The first one then finds the table gone: the
+// partition is removed once and counted once, Removed by the one that dropped it and
+// Contended by the other (before, both counted it Removed).
+func TestRemovePartitionsDroppedByAnother(t *testing.T) {
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-47*time.Minute))
+	a := startHeld(t, db, "idemflow_a", false, "recheck")
+	arrive(t, a)
+	require.NotContains(t, partitionNames(t, db), old, "detached by a")
+
+	r, err := keytable.New().RemovePartitions(ctx, db.Pool, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, keytable.PartitionReport{Removed: 1}, keytable.PartitionReport{Removed: r.Removed, Kept: r.Kept, Contended: r.Contended},
+		"the other removal drops the detached table")
+	a.free()
+	out := <-a.done
+	require.NoError(t, out.err)
+	require.Equal(t, keytable.PartitionReport{Contended: 1}, keytable.PartitionReport{Removed: out.r.Removed, Kept: out.r.Kept, Contended: out.r.Contended},
+		"the first one finds it gone")
+	var gone bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, old).Scan(&gone))
+	require.True(t, gone)
 }

@@ -242,6 +242,8 @@ func (s *Store) removePartitions(ctx context.Context, db PartitionDB, retention 
 			r.Removed++
 		case out == partitionKept:
 			r.Kept++
+		case out == partitionBusy:
+			r.Contended++
 		}
 	}
 	// Tables of the layout detached (or created) and not dropped by an interrupted
@@ -253,10 +255,13 @@ func (s *Store) removePartitions(ctx context.Context, db PartitionDB, retention 
 		}
 		to := from.Add(w)
 		dropped, err := dropDetached(ctx, db, l, Partition{Name: name, From: &from, To: &to}, &r, s.remove)
-		if err != nil {
+		switch {
+		case err != nil:
 			errs = append(errs, err)
-		} else if dropped {
+		case dropped:
 			r.Removed++
+		default: // dropped by another process meanwhile
+			r.Contended++
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -269,7 +274,7 @@ func (s *Store) removePartitions(ctx context.Context, db PartitionDB, retention 
 const (
 	partitionKept    = iota // it holds a live key
 	partitionRemoved        // detached and dropped
-	partitionBusy           // another process is detaching it
+	partitionBusy           // another process is removing it (Contended)
 )
 
 // removePartition removes the attached partition p if it holds no live key. On Citus
@@ -311,8 +316,11 @@ func removePartition(ctx context.Context, db PartitionDB, l *partitionLayout, p 
 	case err != nil:
 		return partitionKept, fmt.Errorf("detach partition %s: %w", p.Name, Classify(err))
 	}
-	if _, err := dropDetached(ctx, db, l, p, r, o); err != nil {
+	switch dropped, err := dropDetached(ctx, db, l, p, r, o); {
+	case err != nil:
 		return partitionKept, err
+	case !dropped: // dropped by another process once detached (an orphan to it)
+		return partitionBusy, nil
 	}
 	return partitionRemoved, nil
 }
@@ -685,7 +693,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 	}
 	s.learnt.partitioned.Store(2)
 	rr, err := s.removePartitions(ctx, db, retention, at)
-	r.Removed, r.Kept, r.Stall, r.Removal, r.DropLock = rr.Removed, rr.Kept, rr.Stall, rr.Removal, rr.DropLock
+	r.Removed, r.Kept, r.Contended, r.Stall, r.Removal, r.DropLock = rr.Removed, rr.Kept, rr.Contended, rr.Stall, rr.Removal, rr.DropLock
 	return r, err
 }
 

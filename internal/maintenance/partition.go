@@ -44,10 +44,10 @@ func (s *Partitioner) RunOnce(ctx context.Context) (keytable.PartitionReport, er
 		return keytable.PartitionReport{}, nil
 	}
 	log := s.Env.Logger
-	if r.Removed > 0 {
+	if r.Removed > 0 || r.Contended > 0 {
 		log.InfoContext(ctx, "sweeper: removed key table partitions",
-			slog.Int("removed", r.Removed), slog.Int("kept", r.Kept), slog.Duration("took", r.Removal),
-			slog.Duration("drop_lock", r.DropLock), slog.Duration("stall", r.Stall))
+			slog.Int("removed", r.Removed), slog.Int("kept", r.Kept), slog.Int("contended", r.Contended),
+			slog.Duration("took", r.Removal), slog.Duration("drop_lock", r.DropLock), slog.Duration("stall", r.Stall))
 	}
 	switch {
 	case r.Low() && !s.Warned.Swap(true):
