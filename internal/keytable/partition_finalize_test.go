@@ -332,3 +332,58 @@ func TestRemovePartitionsDroppedByAnother(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, old).Scan(&gone))
 	require.True(t, gone)
 }
+
+// TestEnsurePartitionsWhileFinalized: partitions are created ahead while a removal
+// finalizes a detach left pending. The FINALIZE holds the key table's lock while it
+// waits for older snapshots, one of them the creation's ATTACH, which waits for that
+// lock. PostgreSQL cancels one of the two: the ATTACH (its creation is tried again, the
+// FINALIZE then done) or the FINALIZE (the removal counts the partition busy, and the
+// next removal finishes it); neither fails, and the partitions are created.
+func TestEnsurePartitionsWhileFinalized(t *testing.T) {
+	if pgtest.CitusMode() {
+		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there")
+	}
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-49*time.Minute))
+	pinHorizon(t, db)
+	holder := readPartition(t, db, "idemflow_keys")
+	err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(ctx))
+	b := startHeld(t, db, "idemflow_b", false, "detach")
+	arrive(t, b)
+
+	reader := readPartition(t, db, old)
+	b.free()
+	untilWaits(t, db, b, finalizing, "relation", nil, b) // the FINALIZE holds the key table's lock
+	ens := &heldRemoval{app: "idemflow_ensure_" + db.Schema}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = ens.app
+	cfg.ConnConfig.RuntimeParams["deadlock_timeout"] = "3s" // as the FINALIZE's: see startHeld
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ensured := make(chan heldOut, 1)
+	go func() {
+		r, err := keytable.New().EnsurePartitions(ctx, pool, 30*time.Minute)
+		ensured <- heldOut{r, err}
+	}()
+	untilWaits(t, db, ens, []string{"%ATTACH PARTITION%"}, "relation", nil, b)
+	require.NoError(t, reader.Rollback(ctx))
+	untilWaits(t, db, b, finalizing, "virtualxid", ens, b) // the cycle
+
+	out := <-ensured
+	require.NoError(t, out.err, "creation ahead")
+	require.Positive(t, out.r.Created)
+	rb := <-b.done
+	require.NoError(t, rb.err, "the removal")
+	if rb.r.Removed == 0 {
+		require.Equal(t, 1, rb.r.Contended, "%+v", rb.r)
+		r, err := keytable.New().RemovePartitions(ctx, db.Pool, 10*time.Minute)
+		require.NoError(t, err, "the next removal")
+		require.Equal(t, 1, r.Removed)
+	}
+	require.NotContains(t, partitionNames(t, db), old)
+}

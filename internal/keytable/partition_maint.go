@@ -103,9 +103,22 @@ func readCommittedOnly(l *partitionLayout) []string {
 // then attaching it, which no live statement waits on (docs/PARTITIONS.md). It runs in
 // one short transaction under the key table's maintenance lock, taken without waiting:
 // when another process holds it, nothing is created and the report says Busy. A table
-// left created but not attached by an interrupted step is attached. It returns
-// ErrNotPartitioned when the key table is not partitioned.
-func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
+// left created but not attached by an interrupted step is attached. A transaction
+// PostgreSQL cancelled in a deadlock (40P01) with a removal's DETACH … FINALIZE
+// (finalizeDeadlock: the ATTACH waits for the key table's lock, which the FINALIZE
+// holds while it waits for the ATTACH's snapshot) is tried again, up to removalTries
+// times. It returns ErrNotPartitioned when the key table is not partitioned.
+func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (r PartitionReport, err error) {
+	for try := 1; ; try++ {
+		r, err = s.ensurePartitionsOnce(ctx, db, ahead)
+		if try == removalTries || !isPgCode(err, "40P01") {
+			return r, err
+		}
+	}
+}
+
+// ensurePartitionsOnce is one try of EnsurePartitions.
+func (s *Store) ensurePartitionsOnce(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
 	var r PartitionReport
 	local := time.Now()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -449,7 +462,7 @@ func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Par
 }
 
 // removalTries is how many times dropDetached tries a table that a distributed error
-// or a deadlock left in place.
+// or a deadlock left in place, and EnsurePartitions a creation cancelled in a deadlock.
 const removalTries = 3
 
 // dropDetachedOnce is one try of dropDetached.
