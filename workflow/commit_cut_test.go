@@ -19,9 +19,10 @@ import (
 
 // TestCommitAnswerLostExecModes: a Go-code phase's commit (the engine's key write and
 // COMMIT, after the phase's statements) commits, and the connection dies before its
-// answer reaches the engine, in every query exec mode. In the exec and simple-protocol
-// modes pgx reports that as a request never sent; the engine must still read the key
-// row, learn the commit happened, and go on: the first attempt answers, with one effect.
+// answer reaches the engine, in every query exec mode (in the exec and simple-protocol
+// modes pgx before v5.13 reported that as a request never sent, and v5.13 as a closed
+// connection); the engine must read the key row, learn the commit happened, and go on:
+// the first attempt answers, with one effect.
 // Reserve's commit carries the new key's claim (the key row's insert); settle's finishes
 // the key.
 func TestCommitAnswerLostExecModes(t *testing.T) {

@@ -297,16 +297,15 @@ func (t *phaseTx) endBusy(br pgx.BatchResults, busy error) error {
 }
 
 // lostAnswer is err, unless it says that a batch sent on an open connection never
-// reached the server: in the exec and simple-protocol query exec modes pgx before
-// v5.13 reported a connection lost while a batch's answer was read as closed before
-// the request ("conn closed", safe to retry), though the batch was written and may
-// have committed (v5.13 reports it as not safe to retry, which Classify reads as
-// ErrUnavailable; a driver's word that a written batch was not sent is never taken
-// for a commit's outcome). Such an error becomes ErrUnavailable alone: an outcome to
-// resolve. It
-// applies to every batch that carries a COMMIT or is an implicit transaction (send);
-// what only opens a transaction (claim, head) commits nothing, and the server rolls it
-// back when the connection dies.
+// reached the server. pgx before v5.13 said so of a connection lost while a batch's
+// answer was read in the exec and simple-protocol query exec modes ("conn closed",
+// safe to retry), though the batch was written and may have committed; v5.13, the
+// module's floor, reports it as not safe to retry, which Classify reads as
+// ErrUnavailable. This stays as a guard: a driver's word that a written batch was not
+// sent is never taken for a commit's outcome. Such an error becomes ErrUnavailable
+// alone: an outcome to resolve. It applies to every batch that carries a COMMIT or is
+// an implicit transaction (send); what only opens a transaction (claim, head) commits
+// nothing, and the server rolls it back when the connection dies.
 func lostAnswer(err error) error {
 	if err == nil || !errors.Is(err, keytable.ErrNotSent) {
 		return err

@@ -204,7 +204,14 @@ func (s *Store) layout(ctx context.Context, db DBTX) (*partitionLayout, error) {
 		return nil, Classify(err)
 	}
 	l.orphans, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	return l, Classify(err)
+	if err != nil {
+		return nil, Classify(err)
+	}
+	// A partition another process detached between the two listings is in both: the
+	// later listing holds, so that a removal handles (and counts) it once, as a
+	// detached table.
+	l.parts = slices.DeleteFunc(l.parts, func(p Partition) bool { return slices.Contains(l.orphans, p.Name) })
+	return l, nil
 }
 
 // Partitions lists the key table's partitions, oldest first. It returns
