@@ -117,9 +117,12 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 	}
 }
 
-// ensurePartitionsOnce is one try of EnsurePartitions.
+// ensurePartitionsOnce is one try of EnsurePartitions. When it fails its report's
+// Ahead counts the partitions that were there before (its transaction rolled back
+// what it created), so that Low still warns when creation keeps failing.
 func (s *Store) ensurePartitionsOnce(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
 	var r PartitionReport
+	var created, after int // committed with the transaction
 	local := time.Now()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
@@ -144,15 +147,19 @@ func (s *Store) ensurePartitionsOnce(ctx context.Context, db PartitionDB, ahead 
 			r.Busy, r.Ahead, r.Want = true, l.ahead(), int(defaultAhead(w)/w)
 			return nil
 		}
-		r.Created, err = createAhead(ctx, tx, l, w, ahead)
 		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
-		if err == nil {
-			s.learnAddress(ctx, tx, l, local)
+		if created, err = createAhead(ctx, tx, l, w, ahead); err != nil {
+			return err
 		}
-		return err
+		after = l.ahead()
+		s.learnAddress(ctx, tx, l, local)
+		return nil
 	})
 	if err != nil {
 		return r, fmt.Errorf("ensure partitions: %w", Classify(err))
+	}
+	if !r.Busy {
+		r.Created, r.Ahead = created, after
 	}
 	return r, nil
 }

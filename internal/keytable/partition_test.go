@@ -767,3 +767,29 @@ func TestPartitionsListedPastALock(t *testing.T) {
 		require.False(t, waiting, "listing the partitions waits for the lock on %s", old)
 	}
 }
+
+// TestEnsurePartitionsFailedReportsWhatExists: a creation step that fails part of the
+// way (a table named as a partition to come, of another shape, cannot be attached)
+// rolls back the partitions it had created, and its report says what exists: nothing
+// created, no more partitions ahead than before, so that Low still warns (before, it
+// counted the rolled-back ones, and a creation that kept failing silenced the warning).
+func TestEnsurePartitionsFailedReportsWhatExists(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	st := keytable.New()
+	before, err := st.CheckPartitions(ctx, db.Pool)
+	require.NoError(t, err)
+	require.True(t, before.Low(), "3 minute partitions ahead of the 10 wanted: %+v", before)
+	names := partitionNames(t, db)
+	blocker := "idemflow_keys_p" + dbNow(t, db).UTC().Truncate(time.Minute).Add(8*time.Minute).Format("200601021504")
+	_, err = db.Pool.Exec(ctx, `CREATE TABLE `+blocker+` (x int)`)
+	require.NoError(t, err)
+
+	r, err := st.EnsurePartitions(ctx, db.Pool, 12*time.Minute)
+	require.ErrorContains(t, err, blocker)
+	require.Zero(t, r.Created, "%+v", r)
+	require.LessOrEqual(t, r.Ahead, before.Ahead, "%+v", r)
+	require.True(t, r.Low(), "%+v", r)
+	require.Equal(t, names, partitionNames(t, db), "the step's partitions rolled back")
+}
