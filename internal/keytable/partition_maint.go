@@ -695,7 +695,10 @@ func (s *Store) KnownUnpartitioned() bool { return s.learnt.partitioned.Load() =
 // MaintainPartitions is one maintenance step of a partitioned key table, as the
 // sweepers run it every pass: EnsurePartitions with the default ahead, then
 // RemovePartitions with retention (skipped when retention is not positive), only when
-// at, if not nil, says yes to the database clock (a sweeper's removal window). On a key
+// at, if not nil, says yes to the database clock (a sweeper's removal window). The
+// removal runs when the creation failed too, and the error joins both: the two are
+// independent, and a creation that keeps failing (a table of another shape named as a
+// partition to come, a refused CREATE) must not stop retention as well. On a key
 // table that is not partitioned it returns ErrNotPartitioned, and after the first time
 // it does so without asking the database again (a table is moved to the layout with
 // the sweepers stopped: docs/PARTITIONS.md).
@@ -708,13 +711,19 @@ func (s *Store) MaintainPartitions(ctx context.Context, db PartitionDB, retentio
 		s.learnt.partitioned.Store(1)
 		return r, ErrNotPartitioned
 	}
-	if err != nil || retention <= 0 {
+	if err == nil {
+		s.learnt.partitioned.Store(2)
+	}
+	if retention <= 0 {
 		return r, err
 	}
-	s.learnt.partitioned.Store(2)
-	rr, err := s.removePartitions(ctx, db, retention, at)
+	rr, rerr := s.removePartitions(ctx, db, retention, at)
+	if errors.Is(rerr, ErrNotPartitioned) {
+		s.learnt.partitioned.Store(1)
+		return r, ErrNotPartitioned
+	}
 	r.Removed, r.Kept, r.Contended, r.Stall, r.Removal, r.DropLock = rr.Removed, rr.Kept, rr.Contended, rr.Stall, rr.Removal, rr.DropLock
-	return r, err
+	return r, errors.Join(err, rerr)
 }
 
 // CheckPartitions reads the key table's layout without changing anything: on a

@@ -793,3 +793,23 @@ func TestEnsurePartitionsFailedReportsWhatExists(t *testing.T) {
 	require.True(t, r.Low(), "%+v", r)
 	require.Equal(t, names, partitionNames(t, db), "the step's partitions rolled back")
 }
+
+// TestMaintainPartitionsRemovesWhenCreationFails: a maintenance step whose creation
+// ahead fails (a table of another shape named as a partition to come cannot be
+// attached) still removes the partitions past retention, and its error names the
+// creation's failure (before, a creation that kept failing stopped retention too).
+func TestMaintainPartitionsRemovesWhenCreationFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setupPartitioned(t)
+	now := dbNow(t, db).UTC().Truncate(time.Minute)
+	old := addFinished(t, db, now.Add(-51*time.Minute))
+	blocker := "idemflow_keys_p" + now.Add(8*time.Minute).Format("200601021504") // within the ten made ahead
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+blocker+` (x int)`)
+	require.NoError(t, err)
+
+	r, err := keytable.New().MaintainPartitions(ctx, db.Pool, 10*time.Minute, nil)
+	require.ErrorContains(t, err, blocker)
+	require.Equal(t, 1, r.Removed, "%+v", r)
+	require.NotContains(t, partitionNames(t, db), old)
+}
