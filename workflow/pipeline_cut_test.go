@@ -135,6 +135,7 @@ func TestPipelinedLostAnswer(t *testing.T) {
 			require.NoError(t, err)
 			cfg.ConnConfig.DefaultQueryExecMode = mode
 			cfg.ConnConfig.DialFunc = cut.dial
+			cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil // the cutter reads plain protocol
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
@@ -181,6 +182,7 @@ func init() {
 		}
 		cfg.ConnConfig.RuntimeParams["application_name"] = pipeCutApp
 		cfg.ConnConfig.DialFunc = cut.dial
+		cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil // the cutter reads plain protocol
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			childproc.Fail("connect", err)
