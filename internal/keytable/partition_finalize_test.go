@@ -189,6 +189,16 @@ func requireRemovedOnce(t *testing.T, db *pgtest.DB, name string, a, b *heldRemo
 	require.True(t, gone, "dropped")
 }
 
+// leavePending leaves the detach of db's partition past retention pending: a removal
+// terminated in its detach's second phase, where a reader of the key table holds it.
+func leavePending(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	holder := readPartition(t, db, "idemflow_keys")
+	err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
+	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
+	require.NoError(t, holder.Rollback(context.Background()))
+}
+
 var finalizing = []string{"%DETACH PARTITION%FINALIZE"}
 
 // closeCycle makes the cycle, a and b both held: b's FINALIZE of the table old waits
@@ -223,11 +233,7 @@ func TestRemovePartitionsConcurrentFinalize(t *testing.T) {
 			db := setupPartitioned(t)
 			old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-41*time.Minute))
 			pinHorizon(t, db)
-			// A removal terminated in its detach's second phase leaves the detach pending.
-			holder := readPartition(t, db, "idemflow_keys")
-			err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
-			require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
-			require.NoError(t, holder.Rollback(ctx))
+			leavePending(t, db)
 			parts, err := keytable.New().Partitions(ctx, db.Pool)
 			require.NoError(t, err)
 			require.True(t, parts[0].DetachPending)
@@ -290,16 +296,12 @@ func TestRemovePartitionsCheckWhileFinalized(t *testing.T) {
 	if pgtest.CitusMode() {
 		t.Skip("skipped on Citus: 12.1 has no DETACH … CONCURRENTLY, so no detach is ever left pending there")
 	}
-	ctx := context.Background()
 	db := setupPartitioned(t)
 	old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-45*time.Minute))
 	pinHorizon(t, db)
 	a := startHeld(t, db, "idemflow_a", false, "check")
 	arrive(t, a)
-	holder := readPartition(t, db, "idemflow_keys")
-	err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
-	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
-	require.NoError(t, holder.Rollback(ctx))
+	leavePending(t, db)
 	b := startHeld(t, db, "idemflow_b", false, "detach")
 	arrive(t, b)
 
@@ -347,10 +349,7 @@ func TestEnsurePartitionsWhileFinalized(t *testing.T) {
 	db := setupPartitioned(t)
 	old := addFinished(t, db, dbNow(t, db).UTC().Truncate(time.Minute).Add(-49*time.Minute))
 	pinHorizon(t, db)
-	holder := readPartition(t, db, "idemflow_keys")
-	err := killRemoval(t, db, keytable.New(), "idemflow_pending", "%DETACH PARTITION%CONCURRENTLY")
-	require.ErrorIs(t, err, keytable.ErrUnavailable, "the removal's backend was terminated")
-	require.NoError(t, holder.Rollback(ctx))
+	leavePending(t, db)
 	b := startHeld(t, db, "idemflow_b", false, "detach")
 	arrive(t, b)
 
