@@ -112,6 +112,9 @@ type options struct {
 	// partitionCleanupWidth: the width of the cleanup experiment's partitions; a day
 	// of keys is removed a step whatever the width.
 	partitionCleanupWidth time.Duration
+	// partitionCleanupDays: how many days the cleanup experiment's expired keys span,
+	// a step (and a pair of windows) a day.
+	partitionCleanupDays int
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
@@ -173,6 +176,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.partitionCustom, "partition-custom-plans", false, "partitions part: also run the day-partitioned sides with plan_cache_mode = force_custom_plan")
 	fs.BoolVar(&o.partitionGeneric, "partition-generic-plans", false, "partitions part: also run the week-partitioned sides with plan_cache_mode = force_generic_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
+	fs.IntVar(&o.partitionCleanupDays, "partition-cleanup-days", 10, "partitions part: how many days the cleanup experiment's expired keys span, ending 40 days ago: a removal step and a pair of windows per day, so more days resolve the live p99's ratio more finely (-partition-keys spread over them)")
 	fs.DurationVar(&o.partitionCleanupWidth, "partition-cleanup-width", 24*time.Hour, "partitions part: the width of the cleanup experiment's partitions, a divisor of a day in whole minutes (24h: one partition a day; 1h: each day in 24, a step removing the day's 24, each with its own detach and drop)")
 	fs.StringVar(&partSides, "partition-sides", strings.Join(partitionSideNames, ","), "partitions part: the sides of the retained-keys cells (empty is always run: the reference)")
 	fs.StringVar(&o.partitionConfigs, "partition-configs", "production,default", "partitions part: the server configurations it runs on, one after the other (as -growth-configs); budget lines from the first")
@@ -255,6 +259,9 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
+	}
+	if d := o.partitionCleanupDays; d < 1 || d > 365 {
+		return fmt.Errorf("-partition-cleanup-days: %d is not between 1 and 365", d)
 	}
 	if w := o.partitionCleanupWidth; w < time.Minute || w%time.Minute != 0 || (24*time.Hour)%w != 0 {
 		return fmt.Errorf("-partition-cleanup-width: %s does not divide a day into whole minutes", w)

@@ -17,13 +17,14 @@ import (
 )
 
 // The cleanup experiment of the partitions part (issue 28), interleaved: each side
-// holds N finished keys created 50 to 40 days ago (ten days of partitions on the
-// partitioned side, -partition-cleanup-width wide), loaded with the indexes dropped
+// holds N finished keys created over the -partition-cleanup-days days (ten by default)
+// that end 40 days ago (on the partitioned side, partitions -partition-cleanup-width
+// wide), loaded with the indexes dropped
 // and built after, then a CHECKPOINT. Live fresh requests then run in pairs of windows,
 // one without cleanup and one with a cleanup step started at its beginning (the order
 // alternating from pair to pair), until the cleanup is done: on the partitioned side a
 // step is Store.RemovePartitions with the retention that makes exactly the oldest
-// remaining day's partitions due (ten steps); on the plain side it is
+// remaining day's partitions due (a step a day); on the plain side it is
 // Store.ExpireFinished, 1000 a statement, for the window's length. Figures pool every
 // window of a kind:
 //
@@ -40,9 +41,6 @@ import (
 //     steps' WAL less the live traffic's at the rate of the windows without;
 //   - pg_locks every 5 ms for a live backend waiting (the cleanup has its own
 //     connection and application name).
-
-// cleanupDays is how many days the expired keys span.
-const cleanupDays = 10
 
 // appCleanup is the application name of the cleanup's and the WAL analysis'
 // connections, so that neither counts as live.
@@ -245,7 +243,7 @@ func batchedStep(conn *pgx.Conn) cleanupStep {
 // (from oldest, the first one's start: one partition a step for day partitions, 24 for
 // hour ones, each with its own detach and drop), in the removal modes in turn, and logs
 // what the removal reported; each step's phases go to run.marks.
-func removalStep(conn *pgx.Conn, oldest time.Time, w time.Duration, run *cleanupRun) cleanupStep {
+func removalStep(conn *pgx.Conn, oldest time.Time, w time.Duration, days int, run *cleanupRun) cleanupStep {
 	k := 0
 	perDay := int(24 * time.Hour / w)
 	return func(ctx context.Context, _ time.Duration) (bool, []string, error) {
@@ -274,7 +272,7 @@ func removalStep(conn *pgx.Conn, oldest time.Time, w time.Duration, run *cleanup
 		run.removal = append(run.removal, r.Removal.Round(time.Millisecond).String())
 		run.stalls = append(run.stalls, r.DropLock.Round(100*time.Microsecond).String())
 		k++
-		return k == cleanupDays, nil, nil
+		return k == days, nil, nil
 	}
 }
 
@@ -306,13 +304,14 @@ func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, width time.Du
 	if err := s.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&midnight); err != nil {
 		return nil, err
 	}
-	oldest := midnight.Add(-50 * 24 * time.Hour)
+	days := e.o.partitionCleanupDays
+	oldest := midnight.Add(-time.Duration(days+40) * 24 * time.Hour)
 	if width > 0 {
-		if err := attachSpan(ctx, s, oldest, oldest.Add(cleanupDays*24*time.Hour), width); err != nil {
+		if err := attachSpan(ctx, s, oldest, oldest.Add(time.Duration(days)*24*time.Hour), width); err != nil {
 			return nil, err
 		}
 	}
-	if err := bulkKeys(ctx, s, n, oldest, oldest.Add(cleanupDays*24*time.Hour-time.Second)); err != nil {
+	if err := bulkKeys(ctx, s, n, oldest, oldest.Add(time.Duration(days)*24*time.Hour-time.Second)); err != nil {
 		return nil, err
 	}
 	if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
@@ -334,7 +333,7 @@ func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, width time.Du
 	}
 	step := batchedStep(conn)
 	if width > 0 {
-		step = removalStep(conn, oldest, width, run)
+		step = removalStep(conn, oldest, width, days, run)
 	}
 	run.load = loadAvg()
 	cpu0, _ := backendCPU(pid)

@@ -200,7 +200,7 @@ func partitionSidesOf(list string) ([]string, error) {
 
 // cleanupSides runs the interleaved cleanup experiment (partcleanup.go) on a plain side
 // (batched deletes of -partition-batched-keys keys) and a partitioned one (removal of
-// n keys' ten days of partitions, -partition-cleanup-width wide).
+// n keys' -partition-cleanup-days days of partitions, -partition-cleanup-width wide).
 func (e *env) cleanupSides(ctx context.Context, side func(string, time.Duration) (*growthDB, error), n, conc int) error {
 	var results []*cleanupRun // batched, then partitioned
 	defer func() { e.cleanupFigures(results) }()
