@@ -108,11 +108,17 @@ func readCommittedOnly(l *partitionLayout) []string {
 // (finalizeDeadlock: the ATTACH waits for the key table's lock, which the FINALIZE
 // holds while it waits for the ATTACH's snapshot) is tried again, up to removalTries
 // times. It returns ErrNotPartitioned when the key table is not partitioned.
-func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (r PartitionReport, err error) {
+func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
+	return tryAgainOn(func() (PartitionReport, error) { return s.ensurePartitionsOnce(ctx, db, ahead) }, "40P01")
+}
+
+// tryAgainOn calls f until it returns no error of SQLSTATE codes, at most removalTries
+// times, and returns its last answer.
+func tryAgainOn[T any](f func() (T, error), codes ...string) (T, error) {
 	for try := 1; ; try++ {
-		r, err = s.ensurePartitionsOnce(ctx, db, ahead)
-		if try == removalTries || !isPgCode(err, "40P01") {
-			return r, err
+		v, err := f()
+		if try == removalTries || !isPgCode(err, codes...) {
+			return v, err
 		}
 	}
 }
@@ -121,8 +127,7 @@ func (s *Store) EnsurePartitions(ctx context.Context, db PartitionDB, ahead time
 // Ahead counts the partitions that were there before (its transaction rolled back
 // what it created), so that Low still warns when creation keeps failing.
 func (s *Store) ensurePartitionsOnce(ctx context.Context, db PartitionDB, ahead time.Duration) (PartitionReport, error) {
-	var r PartitionReport
-	var created, after int // committed with the transaction
+	var r, done PartitionReport // done: as the transaction leaves it, once committed
 	local := time.Now()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlPartitionLockTimeout); err != nil {
@@ -143,25 +148,24 @@ func (s *Store) ensurePartitionsOnce(ctx context.Context, db PartitionDB, ahead 
 		if err != nil {
 			return err
 		}
+		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
 		if !locked {
-			r.Busy, r.Ahead, r.Want = true, l.ahead(), int(defaultAhead(w)/w)
+			r.Busy = true
+			done = r
 			return nil
 		}
-		r.Ahead, r.Want = l.ahead(), int(defaultAhead(w)/w)
-		if created, err = createAhead(ctx, tx, l, w, ahead); err != nil {
+		done = r
+		if done.Created, err = createAhead(ctx, tx, l, w, ahead); err != nil {
 			return err
 		}
-		after = l.ahead()
+		done.Ahead = l.ahead()
 		s.learnAddress(ctx, tx, l, local)
 		return nil
 	})
 	if err != nil {
 		return r, fmt.Errorf("ensure partitions: %w", Classify(err))
 	}
-	if !r.Busy {
-		r.Created, r.Ahead = created, after
-	}
-	return r, nil
+	return done, nil
 }
 
 // createAhead creates and attaches, in tx, the partitions of width w missing from the
@@ -460,12 +464,7 @@ func lockHolders(ctx context.Context, db PartitionDB, l *partitionLayout, err er
 // table it detached itself. PostgreSQL cancels one side (docs/PARTITIONS.md, removal
 // step 8).
 func dropDetached(ctx context.Context, db PartitionDB, l *partitionLayout, p Partition, r *PartitionReport, o removalOptions) (bool, error) {
-	for try := 1; ; try++ {
-		dropped, err := dropDetachedOnce(ctx, db, l, p, r, o)
-		if try == removalTries || !isPgCode(err, "XX000", "40P01") {
-			return dropped, err
-		}
-	}
+	return tryAgainOn(func() (bool, error) { return dropDetachedOnce(ctx, db, l, p, r, o) }, "XX000", "40P01")
 }
 
 // removalTries is how many times dropDetached tries a table that a distributed error
