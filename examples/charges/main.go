@@ -21,13 +21,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/idemflow/idemflow/examples/charges/chargeflow"
 	"github.com/idemflow/idemflow/migrations"
 	"github.com/idemflow/idemflow/testkit/pgtest"
 	"github.com/idemflow/idemflow/workflow"
@@ -208,18 +209,25 @@ func setup(ctx context.Context, c *common, log *slog.Logger) (_ *env, err error)
 	return e, nil
 }
 
-// migrateCharges creates the example's own table and applies River's migrations (the
-// receipts outbox), serialised like migrations.Migrate.
 // newPool opens the example's pool. Each connection has
 // idle_in_transaction_session_timeout set to twice the lease: the server ends a
 // transaction left idle by a hung or paused process (ending its claim and row locks
 // with it), and no phase's transaction, which never outlives the lease, is cut short
 // (docs/RELIABILITY.md). It is set by a SET after connecting rather than as a startup
 // parameter, which pgbouncer refuses.
+//
+// Connections live ten minutes (plus up to two, spread) unless the URL says otherwise
+// (pool_max_conn_lifetime): pgxpool keeps a connection's blocks of handles as long as a
+// row that River's QueryRow returned still points into one, so a worker's heap grows
+// with the connection's age; recycling bounds it (docs/OPERATIONS.md, "Memory").
 func newPool(ctx context.Context, url string, lease time.Duration) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if !strings.Contains(url, "pool_max_conn_lifetime") {
+		cfg.MaxConnLifetime = connLifetime
+		cfg.MaxConnLifetimeJitter = connLifetimeJitter
 	}
 	idle := 2 * cmp.Or(lease, workflow.LeaseDefault)
 	set := fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", idle.Milliseconds())
@@ -234,6 +242,14 @@ func newPool(ctx context.Context, url string, lease time.Duration) (*pgxpool.Poo
 	return pool, nil
 }
 
+// Connection lifetimes of newPool, unless the URL sets one.
+const (
+	connLifetime       = 10 * time.Minute
+	connLifetimeJitter = 2 * time.Minute
+)
+
+// migrateCharges creates the example's own table and applies River's migrations (the
+// receipts outbox), serialised like migrations.Migrate.
 func migrateCharges(ctx context.Context, pool *pgxpool.Pool) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {

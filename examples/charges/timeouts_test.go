@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,4 +54,28 @@ func TestHTTPServerTimeouts(t *testing.T) {
 	require.Positive(t, hs.ReadTimeout)
 	require.Positive(t, hs.IdleTimeout)
 	require.Zero(t, hs.WriteTimeout, "an answer may take as long as the lease")
+}
+
+// TestPoolRecyclesConnections: the example's pool retires a connection after about ten
+// minutes, bounding what pgxpool keeps pinned per connection, unless the URL sets
+// pool_max_conn_lifetime, which then holds.
+func TestPoolRecyclesConnections(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := direct(t)
+	pool, err := newPool(ctx, db.URL, time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.Equal(t, connLifetime, pool.Config().MaxConnLifetime)
+	require.Equal(t, connLifetimeJitter, pool.Config().MaxConnLifetimeJitter)
+
+	sep := "?"
+	if strings.Contains(db.URL, "?") {
+		sep = "&"
+	}
+	own, err := newPool(ctx, db.URL+sep+"pool_max_conn_lifetime=1h30m", time.Second)
+	require.NoError(t, err)
+	t.Cleanup(own.Close)
+	require.Equal(t, 90*time.Minute, own.Config().MaxConnLifetime)
+	require.Zero(t, own.Config().MaxConnLifetimeJitter)
 }
