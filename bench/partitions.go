@@ -328,8 +328,8 @@ func (e *env) creationLocks(ctx context.Context, s *growthDB, w time.Duration, c
 		return err
 	}
 	logf("partitions creation %s: %d partitions created under live traffic; lock waits seen: %v", s.name, rep.Created, lw.kinds)
-	e.figs.set(figPartLockWaitsCreate, float64(lw.lockWaits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting, while %d partitions were created and attached",
-		lw.lockWaits, lw.samples, rep.Created))
+	e.figs.set(figPartLockWaitsCreate, float64(lw.lockWaits), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) with a live backend waiting on a lock other than relation extension, while %d partitions were created and attached (live inserts waiting on each other to extend the current partition: %d samples)",
+		lw.lockWaits, lw.samples, rep.Created, lw.extendWaits))
 	return nil
 }
 
@@ -361,22 +361,24 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 
 // liveWindow runs fresh requests for dur, or until cleanup (if given, run from the
 // window's start) ends if that is later, sampling pg_locks every 5 ms for a live
-// backend of s's database (not the cleanup's, cleanupPid) waiting on a lock; it
+// backend of s's database (not the cleanup's, cleanupPid) waiting on a lock, those
+// waiting only to extend a relation (live inserts into the current partition wait on
+// each other for that, cleanup or not, as in cleanupKind.waited) counted apart; it
 // returns the window with the WAL written during the cleanup (or the whole window
 // without one).
 func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Duration, cleanup func() error, cleanupPid int) (liveStatsSampled, error) {
 	var out liveStatsSampled
 	stop := make(chan struct{})
-	sampled := make(chan [2]int, 1)
+	sampled := make(chan [3]int, 1)
 	out.kinds = map[string]int{}
 	go func() {
-		waits, samples := 0, 0
+		waits, extends, samples := 0, 0, 0
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {
 			case <-stop:
-				sampled <- [2]int{waits, samples}
+				sampled <- [3]int{waits, extends, samples}
 				return
 			case <-t.C:
 			}
@@ -385,11 +387,16 @@ func (e *env) liveWindow(ctx context.Context, s *growthDB, conc int, dur time.Du
 	JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2 AND a.pid <> $3`, s.db.name, appLive, cleanupPid).Scan(&kinds); err == nil {
 				samples++
-				if len(kinds) > 0 {
-					waits++
-				}
+				other := false
 				for _, k := range kinds {
 					out.kinds[k]++ // read after stop
+					other = other || k != "extend ExclusiveLock"
+				}
+				switch {
+				case other:
+					waits++
+				case len(kinds) > 0:
+					extends++
 				}
 			}
 		}
@@ -424,14 +431,15 @@ WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2 AND a.pid <> 
 	}
 	out.liveStats = liveStats{N: l.n, RPS: float64(l.n) / l.elapsed.Seconds(), P50: quantile(l.lats, 0.5), P99: quantile(l.lats, 0.99),
 		walBytes: lsn1 - lsn0, elapsed: l.elapsed}
-	out.lockWaits, out.samples = ws[0], ws[1]
+	out.lockWaits, out.extendWaits, out.samples = ws[0], ws[1], ws[2]
 	return out, nil
 }
 
 // liveStatsSampled is a live window and its lock samples.
 type liveStatsSampled struct {
 	liveStats
-	lockWaits, samples int
+	lockWaits, samples int            // samples with a live backend waiting on a lock other than relation extension; all samples
+	extendWaits        int            // samples with live backends waiting on relation extension only
 	kinds              map[string]int // lock type and mode of each wait seen
 }
 
