@@ -57,12 +57,17 @@ type cleanupKind struct {
 	waits   map[string]int // samples with a live backend waiting, by the kinds of lock waited on
 }
 
+// extendWait is a relation extension lock waited on, as pg_locks' locktype and mode
+// read in the samples: live inserts extending the current partition wait on each other
+// for it, whatever else runs.
+const extendWait = "extend ExclusiveLock"
+
 // waited counts the samples with a live backend waiting on a lock other than a
 // relation extension lock (live inserts extending the current partition wait on each
 // other for those, cleanup or not), and those with one waiting on an extension lock.
 func (k *cleanupKind) waited() (other, extend int) {
 	for kinds, c := range k.waits {
-		if strings.Trim(strings.ReplaceAll(kinds, "extend ExclusiveLock", ""), ", ") != "" {
+		if strings.Trim(strings.ReplaceAll(kinds, extendWait, ""), ", ") != "" {
 			other += c
 		} else {
 			extend += c

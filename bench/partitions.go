@@ -390,7 +390,7 @@ WHERE NOT l.granted AND a.datname = $1 AND a.application_name = $2 AND a.pid <> 
 				other := false
 				for _, k := range kinds {
 					out.kinds[k]++ // read after stop
-					other = other || k != "extend ExclusiveLock"
+					other = other || k != extendWait
 				}
 				switch {
 				case other:
