@@ -115,6 +115,10 @@ type options struct {
 	// partitionCleanupDays: how many days the cleanup experiment's expired keys span,
 	// a step (and a pair of windows) a day.
 	partitionCleanupDays int
+	// partitionCleanupAttached: how many of those days' partitions are attached at
+	// once (0: all of them, from the start); the others wait detached and are attached
+	// one day at a time, before the pair that removes it, outside the windows.
+	partitionCleanupAttached int
 	// partitionCustom: the partitions part also runs its partitioned sides through
 	// pools with plan_cache_mode = force_custom_plan.
 	partitionCustom bool
@@ -126,6 +130,8 @@ type options struct {
 	// partitionConfigs: the server configurations the partitions part runs on
 	// (growthConfigsOf), one after the other; its budget figures come from the first.
 	partitionConfigs string
+	// partitionConc: the closed loops of live fresh requests in the partitions part.
+	partitionConc int
 	// partitionDayKeys: keys a simulated day of the partitions part's week of sizes
 	// (0: not run).
 	partitionDayKeys int
@@ -177,6 +183,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.partitionGeneric, "partition-generic-plans", false, "partitions part: also run the week-partitioned sides with plan_cache_mode = force_generic_plan")
 	fs.BoolVar(&o.partitionCleanup, "partition-cleanup", true, "partitions part: also run the cleanup experiment (false: only the retained-keys cells)")
 	fs.IntVar(&o.partitionCleanupDays, "partition-cleanup-days", 10, "partitions part: how many days the cleanup experiment's expired keys span, ending 40 days ago: a removal step and a pair of windows per day, so more days resolve the live p99's ratio more finely (-partition-keys spread over them)")
+	fs.IntVar(&o.partitionConc, "partition-conc", 8, "partitions part: closed loops of live fresh requests in its cells and windows (8 keeps this machine's two cores busy; fewer leave CPU idle, so that a removal's own CPU does not come out of the live requests' time)")
+	fs.IntVar(&o.partitionCleanupAttached, "partition-cleanup-attached", 0, "partitions part: how many of the cleanup experiment's expired days are attached at once (0: all, from the start); the rest wait detached and each is attached before the pair that removes it, with a warm-up after, so that a removal meets as many attached partitions as a production table's retention holds, however many pairs are run")
 	fs.DurationVar(&o.partitionCleanupWidth, "partition-cleanup-width", 24*time.Hour, "partitions part: the width of the cleanup experiment's partitions, a divisor of a day in whole minutes (24h: one partition a day; 1h: each day in 24, a step removing the day's 24, each with its own detach and drop)")
 	fs.StringVar(&partSides, "partition-sides", strings.Join(partitionSideNames, ","), "partitions part: the sides of the retained-keys cells (empty is always run: the reference)")
 	fs.StringVar(&o.partitionConfigs, "partition-configs", "production,default", "partitions part: the server configurations it runs on, one after the other (as -growth-configs); budget lines from the first")
@@ -262,6 +270,12 @@ func (o *options) parseLists(conc, only, phaseList string) error {
 	}
 	if d := o.partitionCleanupDays; d < 1 || d > 365 {
 		return fmt.Errorf("-partition-cleanup-days: %d is not between 1 and 365", d)
+	}
+	if c := o.partitionConc; c < 1 || c > 64 {
+		return fmt.Errorf("-partition-conc: %d is not between 1 and 64", c)
+	}
+	if a := o.partitionCleanupAttached; a < 0 || a > o.partitionCleanupDays {
+		return fmt.Errorf("-partition-cleanup-attached: %d is not between 0 and -partition-cleanup-days (%d)", a, o.partitionCleanupDays)
 	}
 	if w := o.partitionCleanupWidth; w < time.Minute || w%time.Minute != 0 || (24*time.Hour)%w != 0 {
 		return fmt.Errorf("-partition-cleanup-width: %s does not divide a day into whole minutes", w)

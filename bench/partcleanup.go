@@ -97,6 +97,7 @@ type cleanupRun struct {
 	stepMode        string      // the removal mode of the step just run
 	marks           []phaseMark // its phases
 	size            string      // its partition's heap and indexes
+	attached        []int       // partitions attached to the key table at each step's start
 }
 
 // pairRatio is one pair of windows' live p99 with the step ÷ without it: over the
@@ -281,6 +282,27 @@ func removalStep(conn *pgx.Conn, oldest time.Time, w time.Duration, days int, ru
 	}
 }
 
+// spanPartitions detaches (attach false) or attaches again the partitions of width w
+// that hold days [from, to) counted from oldest: the cleanup experiment keeps only
+// -partition-cleanup-attached days of them attached at once. A detached partition keeps
+// its rows and indexes, and attaching it again adopts its indexes; its partition
+// constraint is checked by a scan of its ~10–50 MiB, outside the windows.
+func spanPartitions(ctx context.Context, conn *pgx.Conn, oldest time.Time, w time.Duration, from, to int, attach bool) error {
+	start, end := oldest.Add(time.Duration(from)*24*time.Hour).UTC(), oldest.Add(time.Duration(to)*24*time.Hour).UTC()
+	for p := start; p.Before(end); p = p.Add(w) {
+		name := pgx.Identifier{retention.PartitionName(p, w)}.Sanitize()
+		sql := `ALTER TABLE idemflow_keys DETACH PARTITION ` + name
+		if attach {
+			sql = fmt.Sprintf(`ALTER TABLE idemflow_keys ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+				name, p.Format(time.RFC3339), p.Add(w).Format(time.RFC3339))
+		}
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("partitions cleanup: %s: %w", sql, err)
+		}
+	}
+	return nil
+}
+
 // cleanupConn is a connection to s's database of its own application name.
 func cleanupConn(ctx context.Context, s *growthDB) (*pgx.Conn, int, error) {
 	cfg, err := poolConfig(s.db.serverURL, s.db.name, s.db.schema, appCleanup, 1)
@@ -337,12 +359,37 @@ func (e *env) interleavedCleanup(ctx context.Context, s *growthDB, width time.Du
 		run.noInspect = true
 	}
 	step := batchedStep(conn)
+	attached := e.o.partitionCleanupAttached
 	if width > 0 {
 		step = removalStep(conn, oldest, width, days, run)
+		if attached > 0 && attached < days {
+			if err := spanPartitions(ctx, conn, oldest, width, attached, days, false); err != nil {
+				return nil, err
+			}
+		}
 	}
 	run.load = loadAvg()
 	cpu0, _ := backendCPU(pid)
 	for pair := 0; ; pair++ {
+		if width > 0 {
+			// The pair removes day `pair`: with attachments limited, its last day to
+			// be attached joins now, and the pools plan their statements again over
+			// the new set before the windows (the attach, like a detach, makes every
+			// connection plan again).
+			if d := pair + attached - 1; attached > 0 && pair > 0 && d < days {
+				if err := spanPartitions(ctx, conn, oldest, width, d, d+1, true); err != nil {
+					return nil, err
+				}
+				if l := e.runLoad(ctx, s.fresh, conc, e.o.warmup, nil); l.errs > 0 {
+					return nil, l.firstErr
+				}
+			}
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemflow_keys'::regclass`).Scan(&n); err != nil {
+				return nil, err
+			}
+			run.attached = append(run.attached, n)
+		}
 		done, err := e.cleanupPair(ctx, s, conc, run, step, wi, pair%2 == 1)
 		if err != nil || done {
 			if err == nil {

@@ -94,7 +94,7 @@ func (e *env) partitionsOn(ctx context.Context, serverURL string, judged bool) e
 	n := e.o.partitionKeys
 	prov := httptest.NewServer(chargeflow.NewProvider(0, 0).Handler())
 	defer prov.Close()
-	conc := 8
+	conc := e.o.partitionConc
 	var sides []*growthDB
 	defer func() {
 		for _, s := range sides {
@@ -262,6 +262,9 @@ func (r *cleanupRun) log() {
 		float64(r.without.wal)/float64(max(r.without.n, 1)), float64(r.with.wal-r.cleanupWAL)/float64(max(r.with.n, 1)),
 		r.with.waits, r.with.samples, r.without.waits, r.without.samples)
 	logf("partitions cleanup %-14s live p99 %s", r.side, r.pairSpread())
+	if len(r.attached) > 0 {
+		logf("partitions cleanup %-14s partitions attached to the key table at each step's start: %v", r.side, r.attached)
+	}
 	if len(r.removal) > 0 {
 		logf("partitions cleanup %-14s each removal's time: %v; longest drop lock hold: %v", r.side, r.removal, r.stalls)
 	}
@@ -351,8 +354,12 @@ func (e *env) cleanupFigures(rs []*cleanupRun) {
 		x, y, nw, no, steps = p.p99Ratio(pm.with), p.p99Ratio(pm.overlap), len(pm.with), len(pm.overlap), pm.steps
 		alt = fmt.Sprintf("; the same run's %d paced removals (indexes shed first): %.2f× and %.2f×", om.steps, p.p99Ratio(om.with), p.p99Ratio(om.overlap))
 	}
-	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×); both modes %s; %s",
-		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats), p.pairSpread(), e.partFS))
+	attached := ""
+	if len(p.attached) > 0 {
+		attached = fmt.Sprintf(", %d–%d partitions attached at a step's start", slices.Min(p.attached), slices.Max(p.attached))
+	}
+	e.figs.set(figPartCleanupP99, max(x, y), fmt.Sprintf("%s-wide partitions: windows with removal %.2f× (%d requests), requests overlapping a removal %.2f× (%d), against %d without, %d interleaved pairs%s (batched deletes: %.2f×); both modes %s; %d closed loops of live requests%s; %s",
+		widthName(p.width), x, nw, y, no, p.without.n, steps, alt, b.p99Ratio(b.with.lats), p.pairSpread(), e.o.partitionConc, attached, e.partFS))
 	other, extend := p.with.waited()
 	_, extendWithout := p.without.waited()
 	e.figs.set(figPartLockWaitsRemove, float64(other), fmt.Sprintf("%d of %d samples (pg_locks every 5 ms) in windows with a removal with a live backend waiting on a lock other than relation extension (live inserts waiting on each other to extend the current partition: %d samples with, %d of %d without)",
