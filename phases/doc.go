@@ -44,6 +44,12 @@
 //
 //	return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 //
+// A flow whose phases each need the request decodes it once per attempt with a Body:
+//
+//	var request = phases.NewBody(parseCharge) // func([]byte) (Charge, error)
+//
+//	req, err := request.Get(run) // in each phase: the attempt's first decoding
+//
 // The package example compiles this flow.
 //
 // This package imports none of idemflow's other packages except internal/runstate: a

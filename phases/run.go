@@ -2,6 +2,7 @@ package phases
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/idemflow/idemflow/internal/runstate"
@@ -96,4 +97,48 @@ func (s Slot[T]) Get(r *Run) (T, error) {
 		err = fmt.Errorf("phase data %q: %w", s.name, ErrNoValue)
 	}
 	return v, err
+}
+
+// Body is the request body decoded into a T once per attempt: the first phase of the
+// attempt that asks decodes it, and every later phase of the same attempt that asks
+// gets that result (the value or the error) without decoding again. A flow whose
+// phases each need the request (the first to write it, a call phase to send it, the
+// last to answer with it) reads it this way instead of parsing the body in each.
+//
+// decode must be deterministic, as a fingerprinted request is the same bytes on every
+// attempt: a resumed attempt, or the sweeper's, decodes the body again and must get the
+// same value. The value is shared by the attempt's phases, not copied: treat it as
+// read-only (a T holding maps, slices or pointers hands each phase the same ones). A
+// value that a later attempt needs whatever the body says belongs in a Slot instead.
+type Body[T any] struct {
+	decode func([]byte) (T, error)
+}
+
+// NewBody returns the Body decoded by decode. Each NewBody is a Body of its own, kept
+// apart from every other in a run: make it once, next to the flow, not in a phase.
+func NewBody[T any](decode func(body []byte) (T, error)) *Body[T] {
+	return &Body[T]{decode: decode}
+}
+
+// decoded is a Body's result as an attempt keeps it.
+type decoded[T any] struct {
+	v   T
+	err error
+}
+
+// Get returns the request body of r decoded by b's decode function: decoded now if
+// no phase of this attempt asked b before, else the result it got then.
+func (b *Body[T]) Get(r *Run) (T, error) {
+	if b == nil || b.decode == nil {
+		var zero T
+		return zero, errors.New("phases: a Body not made by NewBody")
+	}
+	if m, ok := r.state().Memo(b); ok {
+		d := m.(*decoded[T])
+		return d.v, d.err
+	}
+	d := &decoded[T]{}
+	d.v, d.err = b.decode(r.Body())
+	r.state().SetMemo(b, d)
+	return d.v, d.err
 }

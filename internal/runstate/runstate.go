@@ -40,7 +40,12 @@ type Run struct {
 	data  map[string]json.RawMessage
 	saved map[string]json.RawMessage // data at the last Enter, once changed since
 	dirty bool                       // data changed since the last Enter (saved holds it)
+	memo  []memo                     // values kept for the attempt (Memo, SetMemo)
 }
+
+// memo is a value a run keeps for the rest of its attempt, under a key of its
+// maker's choosing.
+type memo struct{ key, val any }
 
 // New returns a run with the stored phase data (a JSON object, or empty), or an error
 // if the data is not a JSON object.
@@ -88,6 +93,29 @@ func (r *Run) SetValue(name string, b json.RawMessage) {
 		r.saved, r.dirty = maps.Clone(r.data), true
 	}
 	r.data[name] = b
+}
+
+// Memo returns the value kept under key by SetMemo in this attempt, and whether there
+// is one. Memos are not phase data: they are neither stored nor undone by Revert, and
+// a takeover's run starts without them.
+func (r *Run) Memo(key any) (any, bool) {
+	for _, m := range r.memo {
+		if m.key == key {
+			return m.val, true
+		}
+	}
+	return nil, false
+}
+
+// SetMemo keeps val under key (a comparable value) for the rest of the attempt.
+func (r *Run) SetMemo(key, val any) {
+	for i := range r.memo {
+		if r.memo[i].key == key {
+			r.memo[i].val = val
+			return
+		}
+	}
+	r.memo = append(r.memo, memo{key, val})
 }
 
 // Data encodes the phase data as a JSON object, as json.Marshal does.

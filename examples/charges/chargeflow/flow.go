@@ -96,6 +96,9 @@ func ParseRequest(body []byte) (Request, error) {
 }
 
 var (
+	// request is the charge request, parsed once per attempt by the first phase that
+	// asks.
+	request   = phases.NewBody(ParseRequest)
 	chargeID  = phases.NewSlot[string]("charge_id")
 	paymentID = phases.NewSlot[string]("provider_payment_id")
 	declined  = phases.NewSlot[string]("decline_reason")
@@ -136,7 +139,7 @@ func FlowWithReceipts(provider *ProviderClient, receipts Receipts) phases.Flow {
 // goCreate inserts the pending charge, the database choosing its id.
 func goCreate() phases.Phase {
 	return phases.Tx(PhaseCreate, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-		req, err := ParseRequest(run.Body())
+		req, err := request.Get(run)
 		if err != nil {
 			return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 		}
@@ -161,7 +164,7 @@ func ChargeID(keyRowID string) string { return "ch_" + strings.ReplaceAll(keyRow
 // commit: its id and the phase data are known up front.
 func pipeCreate() phases.Phase {
 	return phases.Pipelined(PhaseCreate, func(run *phases.Run, p *phases.Pipeline) (*phases.Response, error) {
-		req, err := ParseRequest(run.Body())
+		req, err := request.Get(run)
 		if err != nil {
 			return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid request", err.Error(), nil)
 		}
@@ -175,7 +178,7 @@ func pipeCreate() phases.Phase {
 // providerPhase asks the provider for the payment, under the derived key.
 func providerPhase(provider *ProviderClient) phases.Phase {
 	return phases.Call(PhaseProvider, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
-		req, err := ParseRequest(run.Body())
+		req, err := request.Get(run)
 		if err != nil {
 			return nil, err
 		}
@@ -213,7 +216,7 @@ func pipeFinalize() phases.Phase {
 		if err != nil {
 			return nil, err
 		}
-		req, err := ParseRequest(run.Body())
+		req, err := request.Get(run)
 		if err != nil {
 			return nil, err
 		}

@@ -102,6 +102,8 @@ func Parse(body []byte) (Requested, error) {
 }
 
 var (
+	// requested is the message, parsed once per attempt by the first phase that asks.
+	requested  = phases.NewBody(Parse)
 	rowID      = phases.NewSlot[int64]("payout_row")
 	transferID = phases.NewSlot[string]("transfer_id")
 )
@@ -111,7 +113,7 @@ var (
 func Flow(bank *BankClient) phases.Flow {
 	return phases.Flow{Name: FlowName, Phases: []phases.Phase{
 		phases.Tx(PhaseRecord, func(ctx context.Context, tx phases.DBTX, run *phases.Run) (*phases.Response, error) {
-			req, err := Parse(run.Body())
+			req, err := requested.Get(run)
 			if err != nil {
 				return nil, phases.FailProblem(http.StatusBadRequest, "", "invalid payout", err.Error(), nil)
 			}
@@ -122,7 +124,7 @@ func Flow(bank *BankClient) phases.Flow {
 			return nil, rowID.Set(run, id)
 		}),
 		phases.Call(PhaseTransfer, func(ctx context.Context, run *phases.Run) (*phases.Response, error) {
-			req, err := Parse(run.Body())
+			req, err := requested.Get(run)
 			if err != nil {
 				return nil, err
 			}
