@@ -22,7 +22,7 @@ import (
 // transiently once for keys named "resume".
 type bodyProbe struct {
 	mu      sync.Mutex
-	decodes map[string]int      // decode calls by key
+	decodes map[string]int      // the counting Body's decode calls, by body
 	got     map[string][]string // each phase's reading, by key: the amount or the error
 	failed  map[string]bool
 	stray   error // what a Body not made by NewBody answered
