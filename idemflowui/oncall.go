@@ -58,7 +58,8 @@ type derivedKey struct {
 // each got by the key's recovery point: a call at or before it was sent and
 // completed; one after it but before the next tx phase may have been sent (the next
 // attempt sends it again, with the same key); a later one not yet. Of a finished key,
-// a call its history records as run was sent; without history, one may have been.
+// a call its history records as run was sent; without history, or when the finishing
+// attempt stored no entry (Attempt.Derived), one may have been.
 // known is false when the flow is not registered with engine, which then cannot tell
 // which phases are calls.
 func derivedKeys(engine *workflow.Engine, info *workflow.KeyInfo) (keys []derivedKey, known bool) {
@@ -66,10 +67,14 @@ func derivedKeys(engine *workflow.Engine, info *workflow.KeyInfo) (keys []derive
 	if !ok {
 		return nil, false
 	}
-	ran := map[string]bool{} // the phases the key's history says completed
+	ran := map[string]bool{}        // the phases the key's history says completed
+	stored := len(info.History) > 0 // the finishing attempt's phases are in the history
 	for _, a := range info.History {
 		for _, p := range a.Phases {
 			ran[p] = true
+		}
+		if a.Derived {
+			stored = false
 		}
 	}
 	at, err := f.Index(info.RecoveryPoint)
@@ -91,6 +96,8 @@ func derivedKeys(engine *workflow.Engine, info *workflow.KeyInfo) (keys []derive
 			state = "sent"
 		case finished && len(info.History) == 0:
 			state = "sent, unless the flow answered before it (no history kept)"
+		case finished && !stored:
+			state = "sent, unless the flow answered before it (the finishing attempt stored no entry)"
 		case finished:
 		case at == -2:
 			state = "unknown (recovery point " + info.RecoveryPoint + " is not in this build's flow)"

@@ -295,6 +295,9 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 	if err := json.Unmarshal(d.History, &info.History); err != nil {
 		return nil, fmt.Errorf("workflow: inspect key: decode history: %w", err)
 	}
+	if e.cfg.History > 0 {
+		info.History = withFinish(info.History, &info.KeySummary)
+	}
 	for i := len(info.History) - 1; i >= 0; i-- {
 		if p := info.History[i].Phase; p != "" {
 			info.FailedPhase = p
@@ -302,6 +305,26 @@ func (e *Engine) InspectKey(ctx context.Context, scope, key string) (*KeyInfo, e
 		}
 	}
 	return info, nil
+}
+
+// withFinish is the history h of key k with the entry of the attempt that finished k
+// derived from the row when none was stored (Config.HistoryOmitCleanFinish, or a writer
+// with history off): a finished key has exactly one finishing entry, its attempt's
+// or an operator's cancel.
+func withFinish(h []Attempt, k *KeySummary) []Attempt {
+	if k.Status != KeysFinished || k.FinishedAt == nil {
+		return h
+	}
+	for _, a := range h {
+		if a.Outcome == OutcomeFinished || a.Outcome == OutcomeOperatorCancelled {
+			return h
+		}
+	}
+	a := Attempt{Attempt: k.Attempts, Outcome: OutcomeFinished, At: *k.FinishedAt, Derived: true}
+	if k.Attempts == 1 && len(h) == 0 { // it ran from the claim, which set created_at
+		a.Millis = k.FinishedAt.Sub(k.CreatedAt).Milliseconds()
+	}
+	return append(h, a)
 }
 
 // ReleaseKey takes the lease of a key in progress away from whoever holds it, live or

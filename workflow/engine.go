@@ -120,6 +120,17 @@ type Config struct {
 	// keeps none. Entries ride in writes the engine sends anyway: no round trip or
 	// commit is added for them.
 	History int
+	// HistoryOmitCleanFinish stores no history entry for an attempt that finished its
+	// key in one go: the key's first attempt, run from the start to its answer. Such a
+	// key's history then shows one entry derived from the key row when it is inspected
+	// (Attempt.Derived: attempt 1, finished, at the row's finished_at, and the time from
+	// the claim to the finish as its ms; not the executor or the phases). It saves the
+	// entry's ~280 bytes of WAL and its JSON on every request that finishes cleanly
+	// (docs/BENCHMARKS.md); attempts that fail, resume or are taken over keep their
+	// entries. Every build from v0.5 derives the entry; v0.4 shows such a key's history
+	// empty, so turn it on once every process of the fleet runs v0.5 or later
+	// (docs/OPERATIONS.md, "Upgrades"). A later minor release turns it on by default.
+	HistoryOmitCleanFinish bool
 	// MaxInFlight caps the attempts (Do calls) this engine runs at once, so that
 	// under more load than the database can take the excess is answered at once
 	// (ErrOverloaded, 503) instead of queueing until its clients give up. An attempt
@@ -333,7 +344,8 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 		Store: st, Pool: pool, Hooks: &c.Hooks, Admission: e.adm,
 		Acquire: e.acquire, Keeps: e.keeps, Seal: e.sealResponse,
 		Lease: c.Lease, TxRetries: c.txRetries(), HistoryKeep: c.historyKeep(),
-		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax,
+		HistoryOmitCleanFinish: c.HistoryOmitCleanFinish,
+		BackoffBase:            c.BackoffBase, BackoffMax: c.BackoffMax,
 		MaxResponseBytes: c.MaxResponseBytes, MaxPhaseDataBytes: c.MaxPhaseDataBytes,
 		StandbyWait: c.StandbyWait, StandbyNames: c.StandbyNames,
 		ClaimWithFirstStatement: c.ClaimWithFirstStatement, Logger: c.Logger,

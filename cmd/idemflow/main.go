@@ -314,8 +314,12 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		if a.Reached != "" {
 			from = "reached " + a.Reached
 		}
+		outcome := escape(string(a.Outcome))
+		if a.Derived {
+			outcome += " (derived from the key row)"
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, escape(string(a.By)), stamp(a.At), escape(from),
-			escape(strings.Join(a.Phases, ",")), escape(string(a.Outcome)), escape(a.Phase), oneLine(a.Error, 60))
+			escape(strings.Join(a.Phases, ",")), outcome, escape(a.Phase), oneLine(a.Error, 60))
 	}
 	return tw.Flush()
 }

@@ -30,9 +30,12 @@ type Env struct {
 	// Seal seals a response's body when the engine has a Sealer, marking its headers.
 	Seal func(ctx context.Context, scope, key string, r keytable.StoredResponse) (keytable.StoredResponse, error)
 
-	Lease                   time.Duration
-	TxRetries               int // never negative
-	HistoryKeep             int // 0: no history
+	Lease       time.Duration
+	TxRetries   int // never negative
+	HistoryKeep int // 0: no history
+	// HistoryOmitCleanFinish: no entry for a first attempt that finished from the start
+	// (Config.HistoryOmitCleanFinish).
+	HistoryOmitCleanFinish  bool
 	BackoffBase, BackoffMax time.Duration
 	MaxResponseBytes        int
 	MaxPhaseDataBytes       int

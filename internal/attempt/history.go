@@ -14,11 +14,15 @@ import (
 const maxHistoryError = 500
 
 // history is the entry of the attempt x runs, ending with outcome (in phase, with
-// cause); none when history is off.
+// cause); none when history is off, or for a first attempt that finished from the
+// start when such entries are omitted.
 func (x *Exec) history(outcome vocab.Outcome, phase string, cause error) keytable.History {
 	keep := x.env.HistoryKeep
 	if keep == 0 {
 		return keytable.History{}
+	}
+	if outcome == vocab.OutcomeFinished && x.env.HistoryOmitCleanFinish && x.start == 0 && x.run.Attempt() == 1 {
+		return keytable.History{} // derived from the key row when shown (workflow.InspectKey)
 	}
 	done := x.done
 	if outcome == vocab.OutcomeFinished {
@@ -100,6 +104,9 @@ func appendJSON(buf []byte, a *vocab.Attempt) ([]byte, bool) {
 			return buf, false
 		}
 		buf = append(append(buf, `,"at":`...), at...)
+	}
+	if a.Derived {
+		buf = append(buf, `,"derived":true`...)
 	}
 	return append(buf, '}'), true
 }

@@ -20,6 +20,7 @@ func TestAttemptJSON(t *testing.T) {
 		{Attempt: 2, By: vocab.ExecutorSweeper, From: "reserve", Phases: []string{}, Outcome: vocab.OutcomeReleased, Phase: "pay",
 			Error: `provider: 503 "busy" <retry> & \ later` + "\n\t\x00\x1f", Millis: -1},
 		{Attempt: 7, Outcome: vocab.OutcomeAbandoned, Reached: "reserve", LeaseLive: true, At: at},
+		{Attempt: 1, Outcome: vocab.OutcomeFinished, Millis: 4, At: at, Derived: true},
 		{Attempt: -3, By: vocab.ExecutorOperator, Outcome: vocab.OutcomeRedriven, At: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC)},
 		{Outcome: "x", Error: "invalid \xff\xfe utf-8, \u2028 \u2029 é 世界 \U0001F600", Phases: []string{"\x7f", ""}},
 	}

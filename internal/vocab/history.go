@@ -37,4 +37,11 @@ type Attempt struct {
 	// At is when the entry was written, by the database clock: the end of the
 	// attempt, or when its abandonment was noticed.
 	At time.Time `json:"at,omitzero"`
+	// Derived marks an entry that was not stored but derived from the key row when it
+	// was shown: the finish of a key whose finishing attempt wrote no entry
+	// (Config.HistoryOmitCleanFinish, or a writer with history off). It has the
+	// attempt, the outcome and At (the row's finished_at), and Millis only when the
+	// attempt ran from the claim (attempt 1, nothing before it in the history); never
+	// By, From or Phases.
+	Derived bool `json:"derived,omitempty"`
 }

@@ -33,8 +33,11 @@ CREATE TABLE skew_effects (scope text NOT NULL, key text NOT NULL, phase text NO
 CREATE TABLE skew_remote (derived_key text PRIMARY KEY, key text NOT NULL);
 CREATE TABLE skew_remote_calls (derived_key text NOT NULL);`
 
-// build is one build of the driver.
-type build struct{ name, bin, url string }
+// build is one build of the driver, run with env added to the environment.
+type build struct {
+	name, bin, url string
+	env            []string
+}
 
 // answer is the driver's answer line.
 type answer struct {
@@ -50,9 +53,9 @@ type answer struct {
 func (b build) run(t *testing.T, crash string, args ...string) ([]byte, int) {
 	t.Helper()
 	cmd := exec.Command(b.bin, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_CRASH_AFTER="+crash)
+	cmd.Env = append(append(os.Environ(), b.env...), "DATABASE_URL="+b.url, "SKEW_CRASH_AFTER="+crash)
 	if crash == "fail" {
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url, "SKEW_FAIL_REMOTE=1")
+		cmd.Env = append(append(os.Environ(), b.env...), "DATABASE_URL="+b.url, "SKEW_FAIL_REMOTE=1")
 	}
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
@@ -120,6 +123,25 @@ func TestSkew(t *testing.T) {
 		w, r := pair[0], pair[1]
 		key := fmt.Sprintf("%s-then-%s/dead-lettered", w.name, r.name)
 		t.Run(key, func(t *testing.T) { deadCase(t, db, w, r, key) })
+	}
+	// This tree with workflow.Config.HistoryOmitCleanFinish, which an operator turns on
+	// once no process of the previous release is left: should one be, it still answers
+	// such keys as its own (the row differs only by its empty history).
+	omit := cur
+	omit.name, omit.env = "current-history-omitted", []string{"SKEW_HISTORY_OMIT=1"}
+	for _, at := range []string{"", "debit", "credit"} {
+		key := fmt.Sprintf("%s-then-%s/crash-after-%s/retry", omit.name, prev.name, cmpOr(at, "none"))
+		t.Run(key, func(t *testing.T) {
+			skewCase(t, db, omit, prev, key, at, "retry")
+			var history string
+			require.NoError(t, db.Pool.QueryRow(context.Background(),
+				`SELECT history::text FROM idemflow_keys WHERE scope = 'acct' AND idempotency_key = $1`, key).Scan(&history))
+			if at == "" || at == "credit" {
+				require.Equal(t, "[]", history, "the clean finish stored no entry")
+			} else {
+				require.NotEqual(t, "[]", history, "a resumed key stores its attempts' entries")
+			}
+		})
 	}
 	t.Run("fingerprint-version-3", func(t *testing.T) { v3Case(t, db, prev, cur) })
 	t.Run("sealed-answer", func(t *testing.T) { sealedCase(t, db, prev, cur) })
@@ -339,6 +361,8 @@ func buildBoth(t *testing.T) (prev, cur build) {
 	if _, err := os.Stat(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go")); errors.Is(err, fs.ErrNotExist) {
 		require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "sweep.go"), []byte(previousSweep), 0o644))
 	}
+	// Settings the previous release has not: this tree's options.go names them.
+	require.NoError(t, os.WriteFile(filepath.Join(old, "testkit", "skewtest", "driver", "options.go"), []byte(previousOptions), 0o644))
 	prev = build{name: "previous", bin: filepath.Join(dir, "driver-previous")}
 	cur = build{name: "current", bin: filepath.Join(dir, "driver-current")}
 	goBuild(t, old, prev.bin)
@@ -366,6 +390,15 @@ func sweep(ctx context.Context, e *workflow.Engine) (sweeper.Stats, error) {
 	}
 	return s.RunOnce(ctx)
 }
+`
+
+// previousOptions is the driver's options.go for the previous release: none of this
+// tree's settings.
+const previousOptions = `package main
+
+import "github.com/idemflow/idemflow/workflow"
+
+func options(*workflow.Config) {}
 `
 
 func goBuild(t *testing.T, dir, bin string) {

@@ -4,7 +4,8 @@
 // one schema. It uses only API that both releases have: workflow.New, Register, Do,
 // Resume, Hooks.PhaseEnd; keep it that way. A sweeper pass is the one call whose API
 // changed: sweep.go holds this tree's, and the skew test writes the previous
-// release's in its place (skew_test.go, previousSweep).
+// release's in its place (skew_test.go, previousSweep). Settings only this tree has
+// are set in options.go, which the skew test replaces the same way (previousOptions).
 //
 //	driver do KEY BODY    one attempt; prints its answer as a JSON line
 //	driver resume KEY     Engine.Resume; prints its answer
@@ -14,6 +15,7 @@
 // DATABASE_URL names the schema (by search_path). SKEW_CRASH_AFTER=phase makes the
 // process exit with status 3 right after that phase ends, with no cleanup: a crash at
 // that boundary. SKEW_FAIL_REMOTE=1 makes the remote call fail (a transient failure).
+// SKEW_HISTORY_OMIT=1 (this tree only) turns on workflow.Config.HistoryOmitCleanFinish.
 package main
 
 import (
@@ -58,7 +60,9 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	e, err := workflow.New(pool, &workflow.Config{Lease: 5 * time.Second, Hooks: crash(os.Getenv("SKEW_CRASH_AFTER"))})
+	cfg := &workflow.Config{Lease: 5 * time.Second, Hooks: crash(os.Getenv("SKEW_CRASH_AFTER"))}
+	options(cfg)
+	e, err := workflow.New(pool, cfg)
 	if err != nil {
 		return err
 	}
