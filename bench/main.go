@@ -73,6 +73,7 @@ const defaultPhases = "rounds,wal,slow,drain,retention,dups,losers,growth,partit
 
 // options are the command's flags.
 type options struct {
+	historyOmit   bool // -history-omit-clean
 	smoke         bool
 	rounds        int
 	cell          time.Duration
@@ -202,6 +203,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.crowdShedHold, "crowd-shed-hold", 500*time.Millisecond, "crowd part: the server's idemhttp.Config.ShedHold, as charges serve's -shed-hold (0: refusals answered at once)")
 	fs.StringVar(&o.crowdClient, "crowd-client", "conn", "crowd part: the load generator's client: conn (one connection per client, read with a socket deadline) or transport (net/http's client, to compare)")
 	fs.StringVar(&o.crowdProfile, "crowd-profile", "", "crowd part: write the server's CPU profile under the crowd (round 1, unpinned) to this file")
+	fs.BoolVar(&o.historyOmit, "history-omit-clean", true, "also run idemflow-pipelined with workflow.Config.HistoryOmitCleanFinish (idemflow-pipelined-omit), and its budget lines")
 	fs.BoolVar(&o.ops, "ops", false, "also run idemflow with no history (idemflow-nohistory) and with the OpenTelemetry adapter (idemflow-otel)")
 	fs.StringVar(&o.db, "db", "", "PostgreSQL URL of the server to run on (default $DATABASE_URL, else a throwaway server); "+
 		"on a Citus coordinator the bench works in a fresh schema of that database, with the key and charges tables distributed by scope")

@@ -15,17 +15,32 @@ const vIdemPipe = "idemflow-pipelined"
 
 func init() {
 	laterVariants = append(laterVariants, (*env).pipelinedVariant)
+	laterVariants = append(laterVariants, func(e *env, mk func(string) (*variant, error)) (*variant, error) {
+		if !e.o.historyOmit {
+			return nil, nil
+		}
+		return e.pipelinedVariantOf(mk, vIdemPipeOmit, true)
+	})
 }
+
+// vIdemPipeOmit is idemflow-pipelined with Config.HistoryOmitCleanFinish (-history-omit-clean).
+const vIdemPipeOmit = "idemflow-pipelined-omit"
 
 // pipelinedVariant makes the idemflow-pipelined variant: a fast and a slow engine on a
 // pool of its own, like idemflow's.
 func (e *env) pipelinedVariant(mk func(name string) (*variant, error)) (*variant, error) {
-	v, err := mk(vIdemPipe)
+	return e.pipelinedVariantOf(mk, vIdemPipe, false)
+}
+
+// pipelinedVariantOf is the variant name of the pipelined flow, its engines storing no
+// history entry for a clean finish when omit is set (Config.HistoryOmitCleanFinish).
+func (e *env) pipelinedVariantOf(mk func(name string) (*variant, error), name string, omit bool) (*variant, error) {
+	v, err := mk(name)
 	if err != nil {
 		return nil, err
 	}
 	engine := func(url string, hooks workflow.Hooks) (*workflow.Engine, error) {
-		eng, err := workflow.New(v.pool, &workflow.Config{Hooks: hooks})
+		eng, err := workflow.New(v.pool, &workflow.Config{Hooks: hooks, HistoryOmitCleanFinish: omit})
 		if err != nil {
 			return nil, err
 		}

@@ -151,7 +151,9 @@ func (e *env) newVariants(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		e.variants = append(e.variants, v)
+		if v != nil { // nil: a variant its flag leaves out
+			e.variants = append(e.variants, v)
+		}
 	}
 	if e.o.ops {
 		return e.opsVariants(mk)
