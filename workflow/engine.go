@@ -343,9 +343,9 @@ func New(pool Pool, cfg *Config) (*Engine, error) {
 	e.env = attempt.Env{
 		Store: st, Pool: pool, Hooks: &c.Hooks, Admission: e.adm,
 		Acquire: e.acquire, Keeps: e.keeps, Seal: e.sealResponse,
-		Lease: c.Lease, TxRetries: c.txRetries(), HistoryKeep: c.historyKeep(),
-		HistoryOmitCleanFinish: c.HistoryOmitCleanFinish,
-		BackoffBase:            c.BackoffBase, BackoffMax: c.BackoffMax,
+		Lease: c.Lease, TxRetries: c.txRetries(),
+		HistoryKeep: c.historyKeep(), HistoryOmitCleanFinish: c.HistoryOmitCleanFinish,
+		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax,
 		MaxResponseBytes: c.MaxResponseBytes, MaxPhaseDataBytes: c.MaxPhaseDataBytes,
 		StandbyWait: c.StandbyWait, StandbyNames: c.StandbyNames,
 		ClaimWithFirstStatement: c.ClaimWithFirstStatement, Logger: c.Logger,
