@@ -78,16 +78,7 @@ func TestDatabaseGoneMidPhase(t *testing.T) {
 	var killed atomic.Bool
 	e := b.newEngine(t, setupOpts{before: func(ctx context.Context, tx phases.DBTX, run *phases.Run) error {
 		if run.Phase() == testflow.Settle && killed.CompareAndSwap(false, true) {
-			// the phase's own backend is terminated under it
-			var pid int
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() WHERE $1::int > 0`, 1).Scan(&pid); err != nil {
-				return err
-			}
-			if _, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `SELECT 1 WHERE $1::int > 0`, 1)
-			return err
+			return terminateOwnBackend(ctx, tx, b.db.Pool)
 		}
 		return nil
 	}})

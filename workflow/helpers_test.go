@@ -90,3 +90,17 @@ func isInProgress(err error) (*workflow.InProgressError, bool) {
 	ok := errors.As(err, &ip)
 	return ip, ok
 }
+
+// terminateOwnBackend terminates, through admin, the backend of the transaction tx
+// runs on, and then sends tx a statement: the phase's connection dies under it.
+func terminateOwnBackend(ctx context.Context, tx phases.DBTX, admin *pgxpool.Pool) error {
+	var pid int
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() WHERE $1::int > 0`, 1).Scan(&pid); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `SELECT 1 WHERE $1::int > 0`, 1)
+	return err
+}

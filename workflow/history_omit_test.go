@@ -57,16 +57,7 @@ func TestHistoryOmitCleanFinish(t *testing.T) {
 			if run.Phase() != testflow.Settle || run.Key() != "killed" || !kill.CompareAndSwap(false, true) {
 				return nil
 			}
-			// The finish's own backend is terminated under it.
-			var pid int
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() WHERE $1::int > 0`, 1).Scan(&pid); err != nil {
-				return err
-			}
-			if _, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `SELECT 1 WHERE $1::int > 0`, 1)
-			return err
+			return terminateOwnBackend(ctx, tx, b.db.Pool) // the finish's own backend
 		}})
 
 	t.Run("CleanFinishStoresNone", func(t *testing.T) {
