@@ -167,21 +167,7 @@ func (r *report) checks() []check {
 		cs = append(cs, check{"issue 39", fmt.Sprintf("Pipelined fresh throughput at concurrency %d vs recipe-fused-safe", c), "≥ 0.95× recipe-fused-safe (stretch: ≥ 1.0×)",
 			"rounds", rpsVs(vIdemPipe, vSafe, c), atLeast(0.95)})
 	}
-	if r.opts.historyOmit {
-		// The same lines for the pipelined flow with Config.HistoryOmitCleanFinish: the
-		// history entry a clean finish stores is the WAL line's gap (docs/BENCHMARKS.md).
-		const omit = "Pipelined fresh request, HistoryOmitCleanFinish: "
-		cs = append(cs,
-			check{"issue 39", omit + "WAL vs recipe-fused-safe", "≤ 1.15× recipe-fused-safe's, at every concurrency", "rounds",
-				perReqVs(vIdemPipeOmit, vSafe, walBytes), atMost(1.15)},
-			check{"issue 39", omit + "server + client CPU vs recipe-fused-safe", "≤ 1.10× recipe-fused-safe's, at every concurrency", "rounds",
-				perReqVs(vIdemPipeOmit, vSafe, cpuTotal), atMost(1.10)},
-			check{"issue 39", omit + "round trips", "3", "rounds", roundTrips(vIdemPipeOmit), exactly(3)})
-		for _, c := range r.opts.conc {
-			cs = append(cs, check{"issue 39", fmt.Sprintf(omit+"throughput at concurrency %d vs recipe-fused-safe", c), "≥ 0.95× recipe-fused-safe (stretch: ≥ 1.0×)",
-				"rounds", rpsVs(vIdemPipeOmit, vSafe, c), atLeast(0.95)})
-		}
-	}
+	cs = append(cs, r.historyOmitChecks()...)
 	cs = append(cs, dupChecks...)
 	for _, v := range []string{vIdemPipe, vIdem, vSafe} {
 		for _, k := range loserCopies {
@@ -196,6 +182,28 @@ func (r *report) checks() []check {
 	cs = append(cs, refusalChecks...)
 	cs = append(cs, crowdChecks...)
 	return append(cs, partitionChecks...)
+}
+
+// historyOmitChecks are issue 39's lines for the pipelined flow with
+// Config.HistoryOmitCleanFinish (-history-omit-clean): the history entry a clean finish
+// stores is the WAL line's gap (docs/BENCHMARKS.md). None without the flag.
+func (r *report) historyOmitChecks() []check {
+	if !r.opts.historyOmit {
+		return nil
+	}
+	const omit = "Pipelined fresh request, HistoryOmitCleanFinish: "
+	cs := []check{
+		{"issue 39", omit + "WAL vs recipe-fused-safe", "≤ 1.15× recipe-fused-safe's, at every concurrency", "rounds",
+			perReqVs(vIdemPipeOmit, vSafe, walBytes), atMost(1.15)},
+		{"issue 39", omit + "server + client CPU vs recipe-fused-safe", "≤ 1.10× recipe-fused-safe's, at every concurrency", "rounds",
+			perReqVs(vIdemPipeOmit, vSafe, cpuTotal), atMost(1.10)},
+		{"issue 39", omit + "round trips", "3", "rounds", roundTrips(vIdemPipeOmit), exactly(3)},
+	}
+	for _, c := range r.opts.conc {
+		cs = append(cs, check{"issue 39", fmt.Sprintf(omit+"throughput at concurrency %d vs recipe-fused-safe", c), "≥ 0.95× recipe-fused-safe (stretch: ≥ 1.0×)",
+			"rounds", rpsVs(vIdemPipeOmit, vSafe, c), atLeast(0.95)})
+	}
+	return cs
 }
 
 // perReqField is one per-request column, named.
